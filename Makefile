@@ -1,0 +1,27 @@
+# Two commands do everything on a fresh machine: `make run` and `make test`.
+SHELL := /bin/bash
+VENV ?= .venv
+export VENV
+
+.PHONY: install run test lint format typecheck bench clean
+
+install:
+	@scripts/bootstrap.sh
+
+run: install  ## start PostgreSQL, Redis, web, worker, beat and Flower
+	@scripts/run.sh
+
+test: install  ## throwaway PostgreSQL and Redis, then ruff, mypy and pytest
+	@scripts/test.sh $(PYTEST_ARGS)
+
+lint: install
+	@$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+format: install
+	@$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .
+
+typecheck: install
+	@$(VENV)/bin/mypy .
+
+clean:  ## remove local data (the make-run database) and caches
+	rm -rf .data .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,54 @@
+"""The Celery application: queues, routes and the after-commit enqueue helper.
+
+Settings prefixed ``CELERY_`` in Django settings configure the app (see
+``config/settings/base.py`` for the reliability block); what is structural, the queues
+and the routing of task names onto them, is declared here in code.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from celery import Celery, Task
+from kombu import Queue
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+
+QUEUE_RUNS_HIGH = "runs.high_priority"
+QUEUE_RUNS_NORMAL = "runs.normal"
+QUEUE_STEPS = "steps"
+QUEUE_SWEEPS = "sweeps"
+ALL_QUEUES = (QUEUE_RUNS_HIGH, QUEUE_RUNS_NORMAL, QUEUE_STEPS, QUEUE_SWEEPS)
+
+app = Celery("orchestrator")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.update(
+    task_queues=tuple(Queue(name, routing_key=name) for name in ALL_QUEUES),
+    task_default_queue=QUEUE_RUNS_NORMAL,
+    task_default_routing_key=QUEUE_RUNS_NORMAL,
+    # Task names carry their kind: `orchestrator.runs.*`, `orchestrator.steps.*`,
+    # `orchestrator.sweeps.*`. A run's high-priority queue is chosen per message by the
+    # caller, everything else follows its name.
+    task_routes={
+        "orchestrator.runs.*": {"queue": QUEUE_RUNS_NORMAL},
+        "orchestrator.steps.*": {"queue": QUEUE_STEPS},
+        "orchestrator.sweeps.*": {"queue": QUEUE_SWEEPS},
+    },
+)
+app.autodiscover_tasks()
+
+
+def enqueue_on_commit(
+    task: Task[Any, Any], *args: Any, using: str | None = None, **options: Any
+) -> None:
+    """Publish ``task`` with ``args`` once the current transaction commits.
+
+    Work made necessary by a transaction must not run before that transaction is
+    visible (the worker would read the old rows) nor at all if it rolls back. Outside
+    a transaction Django runs the callback at once. ``options`` go to ``apply_async``
+    (``queue``, ``priority``, ``countdown``...).
+    """
+    from django.db import transaction
+
+    transaction.on_commit(lambda: task.apply_async(args=args, **options), using=using)

@@ -1,0 +1,232 @@
+"""Settings shared by every environment.
+
+Every value that can vary between deployments comes from the environment through
+``config.env.Env``; the thin ``local``, ``test`` and ``production`` modules only change
+defaults and make the production essentials mandatory. The README's configuration table
+lists each variable read here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import dj_database_url
+
+from config.env import Env
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+env = Env()
+
+# --------------------------------------------------------------------------- core
+DEBUG = env.boolean("DJANGO_DEBUG", False, "Django debug mode; never in production")
+SECRET_KEY = env.string(
+    "SECRET_KEY",
+    "insecure-local-development-key-0123456789-abcdefghijklmnopqrstuvwxyz",
+    "Django secret key (>= 50 random characters in production)",
+)
+ALLOWED_HOSTS = env.strings(
+    "ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"], "comma-separated host names"
+)
+CSRF_TRUSTED_ORIGINS = env.strings(
+    "CSRF_TRUSTED_ORIGINS", [], "comma-separated origins (https://host) for the admin"
+)
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_celery_beat",
+    "orchestrator",
+    "runs",
+    "billing",
+    "artifacts",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --------------------------------------------------------------------------- database
+DATABASE_URL = env.url(
+    "DATABASE_URL",
+    "postgres://orchestrator@127.0.0.1:55432/orchestrator",
+    "PostgreSQL URL, postgres://user:password@host:port/name",
+    schemes=("postgres", "postgresql", "pgsql"),
+)
+
+
+def database_config(url: str) -> dict[str, Any]:
+    config: dict[str, Any] = dict(
+        dj_database_url.parse(
+            url or "postgres://invalid/invalid",
+            conn_max_age=env.integer(
+                "DATABASE_CONN_MAX_AGE", 60, "seconds a connection is reused", minimum=0
+            ),
+            conn_health_checks=True,
+        )
+    )
+    config["OPTIONS"] = {
+        "connect_timeout": env.integer(
+            "DATABASE_CONNECT_TIMEOUT", 5, "seconds to wait for PostgreSQL", minimum=1
+        )
+    }
+    return config
+
+
+DATABASES = {"default": database_config(DATABASE_URL)}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --------------------------------------------------------------------------- i18n, static
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = env.string("STATIC_ROOT", str(BASE_DIR / ".data" / "static"), "collectstatic target")
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
+
+# --------------------------------------------------------------------------- security
+SESSION_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+
+# --------------------------------------------------------------------------- logging
+LOG_LEVEL = env.string("LOG_LEVEL", "INFO", "root log level")
+LOG_FORMAT = env.string("LOG_FORMAT", "json", "json (one object per line) or text")
+if LOG_FORMAT not in {"json", "text"}:
+    env.errors.append(f"LOG_FORMAT must be json or text, got {LOG_FORMAT!r}")
+LOGGING: dict[str, Any] = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "json": {"()": "config.logging.JsonFormatter"},
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
+
+# --------------------------------------------------------------------------- REST framework
+REST_FRAMEWORK: dict[str, Any] = {
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+}
+
+# --------------------------------------------------------------------------- Celery
+# Reliability settings (SPEC section 5): a message is acknowledged only after its task
+# finished, is handed back if the worker process dies, and each process holds at most
+# one unacknowledged message, so a crash loses nothing and a long task blocks nobody.
+CELERY_BROKER_URL = env.url(
+    "CELERY_BROKER_URL",
+    "redis://127.0.0.1:56379/0",
+    "Redis URL of the Celery broker",
+    schemes=("redis", "rediss"),
+)
+CELERY_RESULT_BACKEND = env.url(
+    "CELERY_RESULT_BACKEND",
+    CELERY_BROKER_URL,
+    "Redis URL for Celery results (chord joins); defaults to the broker",
+    schemes=("redis", "rediss"),
+)
+CELERY_TIMEZONE = TIME_ZONE
+CELERY_ENABLE_UTC = True
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_RESULT_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_IGNORE_RESULT = True  # PostgreSQL holds every outcome; opt in per task.
+CELERY_RESULT_EXPIRES = env.integer(
+    "CELERY_RESULT_EXPIRES", 3600, "seconds Celery keeps task results", minimum=60
+)
+CELERY_TASK_SOFT_TIME_LIMIT = env.integer(
+    "CELERY_TASK_SOFT_TIME_LIMIT", 300, "default soft time limit (s) of a task", minimum=1
+)
+CELERY_TASK_TIME_LIMIT = env.integer(
+    "CELERY_TASK_TIME_LIMIT", 360, "default hard time limit (s) of a task", minimum=1
+)
+if CELERY_TASK_TIME_LIMIT <= CELERY_TASK_SOFT_TIME_LIMIT:
+    env.errors.append("CELERY_TASK_TIME_LIMIT must be greater than CELERY_TASK_SOFT_TIME_LIMIT")
+# The visibility timeout must outlast the longest step, or Redis hands a message that
+# is still being worked on to a second worker.
+CELERY_VISIBILITY_TIMEOUT = env.integer(
+    "CELERY_VISIBILITY_TIMEOUT",
+    7200,
+    "seconds before Redis redelivers an unacknowledged message",
+    minimum=60,
+)
+if CELERY_VISIBILITY_TIMEOUT <= CELERY_TASK_TIME_LIMIT:
+    env.errors.append("CELERY_VISIBILITY_TIMEOUT must be greater than CELERY_TASK_TIME_LIMIT")
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": CELERY_VISIBILITY_TIMEOUT,
+    # One Redis list per priority 0..9; the worker polls them in ascending order, so a
+    # lower number is served first and equal priorities stay FIFO.
+    "priority_steps": list(range(10)),
+    "sep": ":",
+    "queue_order_strategy": "priority",
+    "socket_timeout": 10,
+    "socket_connect_timeout": 5,
+}
+CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_VISIBILITY_TIMEOUT}
+CELERY_TASK_DEFAULT_PRIORITY = 5
+CELERY_WORKER_SEND_TASK_EVENTS = env.boolean(
+    "CELERY_WORKER_SEND_TASK_EVENTS", True, "emit task events for Flower"
+)
+CELERY_TASK_SEND_SENT_EVENT = CELERY_WORKER_SEND_TASK_EVENTS
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BEAT_SCHEDULER = "orchestrator.beat:TrackingDatabaseScheduler"
+# Beat wakes at least this often; each wake-up records a tick that /healthz reads.
+CELERY_BEAT_MAX_LOOP_INTERVAL = 5
+
+# --------------------------------------------------------------------------- operations
+FLOWER_BASIC_AUTH = env.string(
+    "FLOWER_BASIC_AUTH", "", "user:password Flower requires (comma-separate several)"
+)
+HEALTH_WORKER_PING_TIMEOUT = env.number(
+    "HEALTH_WORKER_PING_TIMEOUT", 1.0, "seconds /healthz waits for a worker to answer a ping"
+)
+HEALTH_BEAT_MAX_AGE = env.integer(
+    "HEALTH_BEAT_MAX_AGE", 60, "seconds since beat's last tick before /healthz fails", minimum=5
+)
+FLOWER_PORT = env.integer("FLOWER_PORT", 5555, "Flower's HTTP port", minimum=1, maximum=65535)
+FLOWER_ADDRESS = env.string("FLOWER_ADDRESS", "127.0.0.1", "address Flower listens on")

@@ -1,0 +1,11 @@
+"""Developer machine: `make run` and `manage.py` default to this module."""
+
+from .base import *  # noqa: F403
+from .base import env
+
+DEBUG = env.boolean("DJANGO_DEBUG", True, "Django debug mode; never in production")
+FLOWER_BASIC_AUTH = env.string(
+    "FLOWER_BASIC_AUTH", "admin:admin", "user:password Flower requires (comma-separate several)"
+)
+
+env.raise_if_invalid()

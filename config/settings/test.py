@@ -1,0 +1,18 @@
+"""The test suite: `make test` points DATABASE_URL and CELERY_BROKER_URL at throwaway servers."""
+
+from .base import *  # noqa: F403
+from .base import env
+
+DEBUG = False
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed, tests only
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+# No collectstatic in tests: WhiteNoise would warn about the missing STATIC_ROOT.
+MIDDLEWARE = [m for m in MIDDLEWARE if not m.startswith("whitenoise.")]  # noqa: F405
+LOG_FORMAT = "text"
+LOGGING["handlers"]["console"]["formatter"] = "text"  # noqa: F405
+LOGGING["root"]["level"] = env.string("LOG_LEVEL", "WARNING", "root log level")  # noqa: F405
+
+env.raise_if_invalid()

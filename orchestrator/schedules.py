@@ -1,0 +1,30 @@
+"""Every periodic task, declared in code and installed into django-celery-beat.
+
+`python manage.py setup_periodic_tasks` (run by `make run` and at deploy) makes the
+database match this list: it creates or updates each schedule by name and removes
+schedules this project once installed but no longer declares. Sweeps are idempotent and
+batched, so two beats or a late tick do no harm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# Prefix of every schedule this project owns; others (added by hand in the admin) are
+# left alone.
+SCHEDULE_PREFIX = "orchestrator:"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str
+    task: str
+    every_seconds: int
+    queue: str = "sweeps"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    # Drop a tick that waited longer than one interval: the next one does the same work.
+    expires_seconds: int | None = None
+
+
+SCHEDULES: tuple[Schedule, ...] = ()

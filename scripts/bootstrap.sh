@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Install what is missing: Debian packages (redis-server, PostgreSQL server binaries when
+# absent), the virtualenv and the pinned Python requirements. Cheap when nothing is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@";
+  else echo "need root to run: $*" >&2; exit 1; fi
+}
+
+missing=()
+command -v redis-server >/dev/null || missing+=(redis-server)
+if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  missing+=(postgresql)
+fi
+command -v psql >/dev/null || missing+=(postgresql-client)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "==> installing Debian packages: ${missing[*]}"
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >/dev/null
+  # The Debian package starts its own Redis on 6379; ours run on their own ports.
+  if [[ " ${missing[*]} " == *" redis-server "* ]]; then
+    (as_root service redis-server stop || true) >/dev/null 2>&1
+  fi
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "==> creating virtualenv $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+stamp="$VENV/.requirements.sha"
+want=$(cat requirements.txt requirements-dev.txt | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "==> installing Python requirements"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+  echo "$want" > "$stamp"
+fi

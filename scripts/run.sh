@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# `make run`: local PostgreSQL and Redis (unless DATABASE_URL / CELERY_BROKER_URL are set),
+# migrations, an admin user, then web, worker, beat and Flower under honcho. Ctrl-C stops
+# every process this script started.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+export PATH="$PWD/$VENV/bin:$PATH"
+export DJANGO_SETTINGS_MODULE=${DJANGO_SETTINGS_MODULE:-config.settings.local}
+export WEB_PORT=${WEB_PORT:-8000}
+export FLOWER_PORT=${FLOWER_PORT:-5555}
+DATA=${DATA_DIR:-.data}
+mkdir -p "$DATA"
+chmod 755 "$DATA"
+
+started_services=0
+honcho_pid=""
+cleanup() {
+  trap - EXIT INT TERM
+  if [ -n "$honcho_pid" ] && kill -0 "$honcho_pid" 2>/dev/null; then
+    kill -TERM "$honcho_pid" 2>/dev/null || true
+    wait "$honcho_pid" 2>/dev/null || true
+  fi
+  if [ "$started_services" = 1 ]; then
+    echo "==> stopping local PostgreSQL and Redis"
+    python scripts/services.py stop --dir "$DATA"
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+service_args=()
+[ -n "${DATABASE_URL:-}" ] && service_args+=(--no-postgres)
+[ -n "${CELERY_BROKER_URL:-}" ] && service_args+=(--no-redis)
+if [ ${#service_args[@]} -lt 2 ]; then
+  echo "==> starting local servers in $DATA"
+  started_services=1
+  eval "$(python scripts/services.py start --dir "$DATA" \
+    --pg-port "${DEV_PG_PORT:-55432}" --redis-port "${DEV_REDIS_PORT:-56379}" "${service_args[@]}")"
+  export DATABASE_URL CELERY_BROKER_URL
+fi
+
+echo "==> migrating"
+python manage.py migrate --noinput -v 0
+python manage.py collectstatic --noinput -v 0
+python manage.py setup_periodic_tasks
+
+admin_password_file="$DATA/admin-password"
+[ -s "$admin_password_file" ] || python -c "import secrets; print(secrets.token_urlsafe(12))" > "$admin_password_file"
+python manage.py ensure_admin --username admin --password "$(cat "$admin_password_file")"
+
+echo "==> starting web, worker, beat and flower"
+honcho start -f Procfile &
+honcho_pid=$!
+
+python manage.py wait_healthy --url "http://127.0.0.1:$WEB_PORT/healthz" --timeout 60
+cat <<INFO
+
+  Orchestrator is up.
+    API and admin   http://127.0.0.1:$WEB_PORT/admin/   (admin / $(cat "$admin_password_file"))
+    Health          http://127.0.0.1:$WEB_PORT/healthz
+    Flower          http://127.0.0.1:$FLOWER_PORT/      (FLOWER_BASIC_AUTH, default admin:admin)
+    PostgreSQL      $DATABASE_URL
+    Redis broker    $CELERY_BROKER_URL
+  Press Ctrl-C to stop everything.
+
+INFO
+wait "$honcho_pid"

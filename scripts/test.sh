@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# `make test`: throwaway PostgreSQL and Redis on free loopback ports, then ruff, mypy and
+# pytest against them. The servers and their data are removed on exit, whatever happens.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+export PATH="$PWD/$VENV/bin:$PATH"
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/orchestrator-test.XXXXXX")
+chmod 755 "$tmp"
+cleanup() {
+  python scripts/services.py stop --dir "$tmp" || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+eval "$(python scripts/services.py start --dir "$tmp" --fast)"
+export DATABASE_URL CELERY_BROKER_URL
+export DJANGO_SETTINGS_MODULE=config.settings.test
+unset CELERY_RESULT_BACKEND
+
+echo "==> ruff"
+ruff check .
+ruff format --check .
+echo "==> mypy"
+mypy .
+echo "==> pytest"
+pytest "$@"

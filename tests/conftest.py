@@ -1,0 +1,61 @@
+"""Fixtures shared by the whole suite.
+
+Integration tests get a real Celery worker process (`celery_worker`) consuming every
+queue of the throwaway Redis and writing to the test database pytest-django created.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+
+from config.celery import ALL_QUEUES, app
+from tests.support import Child, child_env, python_cmd, wait_until
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[redis.Redis[bytes]]:
+    client: redis.Redis[bytes] = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    client.flushdb()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def celery_worker(
+    django_db_setup: None, broker: redis.Redis[bytes], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """Start one real worker process (prefork, 2 children); yield its hostname."""
+    hostname = f"test-{uuid.uuid4().hex[:8]}@localhost"
+    log: Path = tmp_path_factory.mktemp("worker") / "worker.log"
+    worker = Child(
+        python_cmd(
+            "-m", "celery", "-A", "config", "worker",
+            "--queues", ",".join(ALL_QUEUES),
+            "--concurrency", "2",
+            "--pool", "prefork",
+            "--hostname", hostname,
+            "--loglevel", "INFO",
+            "--without-mingle", "--without-gossip",
+        ),
+        child_env(),
+        log,
+    )  # fmt: skip
+
+    def answered() -> bool:
+        if not worker.alive():
+            raise AssertionError(f"worker exited early:\n{worker.output()}")
+        replies = app.control.ping(destination=[hostname], timeout=0.5) or []
+        return any(hostname in reply for reply in replies)
+
+    try:
+        wait_until(answered, timeout=60, what="the Celery worker to answer a ping")
+        yield hostname
+    finally:
+        worker.stop()
+        worker.kill_group()

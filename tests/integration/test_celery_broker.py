@@ -1,0 +1,67 @@
+"""Tasks travel through the real Redis broker to a real worker process and back."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from celery.signals import before_task_publish
+from django.db import transaction
+
+from config.celery import QUEUE_RUNS_NORMAL, QUEUE_STEPS, QUEUE_SWEEPS, app, enqueue_on_commit
+from orchestrator.tasks import echo_task
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+
+def test_a_task_goes_through_the_broker_to_the_worker_and_back(celery_worker: str) -> None:
+    payload = {"token": uuid.uuid4().hex, "n": [1, 2, 3]}
+
+    result = echo_task.apply_async(args=(payload,)).get(timeout=30)
+
+    assert result == {"payload": payload, "hostname": celery_worker}
+
+
+def test_work_enqueued_in_a_rolled_back_transaction_never_runs(celery_worker: str) -> None:
+    rolled_back, committed = uuid.uuid4().hex, uuid.uuid4().hex
+    published: list[Any] = []
+
+    def record(body: Any, **kwargs: Any) -> None:
+        published.append(body[0][0])  # args of the task
+
+    def enqueue_then_fail() -> None:
+        with transaction.atomic():
+            enqueue_on_commit(echo_task, rolled_back)
+            raise RuntimeError("roll back")
+
+    before_task_publish.connect(record, weak=False)
+    try:
+        with pytest.raises(RuntimeError):
+            enqueue_then_fail()
+        assert published == []  # nothing was handed to the broker
+
+        with transaction.atomic():
+            enqueue_on_commit(echo_task, committed, task_id=f"committed-{committed}")
+            assert published == []  # not before the commit either
+    finally:
+        before_task_publish.disconnect(record)
+
+    assert published == [committed]
+    result = app.AsyncResult(f"committed-{committed}").get(timeout=30)
+    assert result["payload"] == committed
+
+
+@pytest.mark.parametrize(
+    ("task_name", "queue"),
+    [
+        ("orchestrator.runs.pick_up", "runs.normal"),
+        ("orchestrator.steps.execute", "steps"),
+        ("orchestrator.sweeps.timeouts", "sweeps"),
+        ("orchestrator.diagnostics.echo", "runs.normal"),
+    ],
+)
+def test_task_names_route_to_their_queue(task_name: str, queue: str) -> None:
+    route = app.amqp.router.route({}, task_name)
+    assert route["queue"].name == queue
+    assert {QUEUE_RUNS_NORMAL, QUEUE_STEPS, QUEUE_SWEEPS} <= set(app.amqp.queues)

@@ -1,0 +1,131 @@
+"""Helpers for tests that run real processes: free ports, waiting on conditions, children."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TypeVar
+
+from django.conf import settings
+
+ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(
+    condition: Callable[[], T | None], *, timeout: float = 30.0, what: str = "condition"
+) -> T:
+    """Poll ``condition`` until it returns something truthy; fail after ``timeout``.
+
+    Used only to wait for another process to reach a state we can observe (a port open,
+    a row written); never as a stand-in for ordering inside the test process.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_database_url() -> str:
+    """URL of the database pytest-django created, for worker processes to share."""
+    db = settings.DATABASES["default"]
+    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
+    return f"postgres://{db['USER']}{password}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "config.settings.test",
+            "DATABASE_URL": test_database_url(),
+            "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+            "PYTHONUNBUFFERED": "1",
+            # The virtualenv's tools (celery, gunicorn, honcho) for scripts and Procfile.
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+    )
+    env.pop("CELERY_RESULT_BACKEND", None)
+    env.update(extra)
+    return env
+
+
+class Child:
+    """A child process in its own session, so that stopping it stops its descendants."""
+
+    def __init__(self, args: list[str], env: Mapping[str, str], log: Path) -> None:
+        self.log_path = log
+        self._log = log.open("wb")
+        self.proc = subprocess.Popen(
+            args,
+            cwd=ROOT,
+            env=dict(env),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def output(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.alive():
+            os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._log.close()
+        return int(self.proc.returncode)
+
+    def kill_group(self) -> None:
+        """SIGKILL every process left in the group (teardown safety net)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def python_cmd(*args: str) -> list[str]:
+    return [sys.executable, *args]
+
+
+def processes_with_env(marker: str) -> list[int]:
+    """Pids of live processes whose environment contains ``marker`` (reads /proc)."""
+    found = []
+    needle = marker.encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes():
+                status = (entry / "status").read_text()
+                if "State:\tZ" not in status:  # zombies are gone, just not reaped
+                    found.append(int(entry.name))
+        except (FileNotFoundError, PermissionError, ProcessLookupError):
+            continue
+    return found

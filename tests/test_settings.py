@@ -1,0 +1,88 @@
+"""Settings: environment parsing, and production refusing to start misconfigured."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from config.env import REQUIRED, Env
+from tests.support import ROOT
+
+PRODUCTION_ENV = {
+    "DJANGO_SETTINGS_MODULE": "config.settings.production",
+    "SECRET_KEY": "k" * 20 + "production-secret-key-with-enough-entropy-9f8e7d6c5b4a",
+    "ALLOWED_HOSTS": "orchestrator.example.com",
+    "DATABASE_URL": "postgres://app:secret@db.internal:5432/orchestrator",
+    "CELERY_BROKER_URL": "redis://redis.internal:6379/0",
+    "FLOWER_BASIC_AUTH": "sre:a-long-flower-password",
+}
+
+
+def run_manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if k not in PRODUCTION_ENV}
+    clean.update(env)
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_env_parses_types_and_collects_every_error() -> None:
+    env = Env(
+        environ={"A_BOOL": "yes", "A_INT": "12", "BAD_INT": "x", "A_LIST": "a, b,,c", "BAD": "2"}
+    )
+    assert env.boolean("A_BOOL") is True
+    assert env.integer("A_INT", minimum=1) == 12
+    assert env.integer("BAD_INT", 3) == 3
+    assert env.strings("A_LIST") == ["a", "b", "c"]
+    assert env.integer("BAD", 5, maximum=1) == 2
+    assert env.string("MISSING", REQUIRED) == ""
+    assert env.url("MISSING_URL", "mysql://x/y", schemes=("postgres",)) == "mysql://x/y"
+    assert len(env.errors) == 4
+    joined = "\n".join(env.errors)
+    for name in ("BAD_INT", "BAD", "MISSING", "MISSING_URL"):
+        assert name in joined
+
+
+def test_production_settings_pass_check_deploy() -> None:
+    result = run_manage(PRODUCTION_ENV, "check", "--deploy", "--fail-level", "WARNING")
+    assert result.returncode == 0, result.stderr
+    assert "System check identified no issues" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "variable",
+    ["SECRET_KEY", "ALLOWED_HOSTS", "DATABASE_URL", "CELERY_BROKER_URL", "FLOWER_BASIC_AUTH"],
+)
+def test_production_refuses_to_start_without_a_required_variable(variable: str) -> None:
+    env = {k: v for k, v in PRODUCTION_ENV.items() if k != variable}
+
+    result = run_manage(env, "check")
+
+    assert result.returncode != 0
+    assert f"{variable} is required but not set" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("DATABASE_URL", "mysql://app@db/orchestrator"),
+        ("CELERY_BROKER_URL", "amqp://guest@rabbit//"),
+        ("SECRET_KEY", "short"),
+        ("FLOWER_BASIC_AUTH", "no-colon"),
+        ("CELERY_TASK_TIME_LIMIT", "soon"),
+    ],
+)
+def test_production_refuses_a_malformed_variable_naming_it(variable: str, value: str) -> None:
+    result = run_manage({**PRODUCTION_ENV, variable: value}, "check")
+
+    assert result.returncode != 0
+    assert variable in result.stderr
+    assert "Invalid environment configuration" in result.stderr

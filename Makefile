@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 export VENV
 
-.PHONY: install run test lint format typecheck bench clean
+.PHONY: install run test lint format typecheck clean
 
 install:
 	@scripts/bootstrap.sh

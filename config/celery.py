@@ -13,7 +13,7 @@ from typing import Any
 from celery import Celery, Task
 from kombu import Queue
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
 
 QUEUE_RUNS_HIGH = "runs.high_priority"
 QUEUE_RUNS_NORMAL = "runs.normal"

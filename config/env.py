@@ -125,5 +125,6 @@ class Env:
 
     def raise_if_invalid(self) -> None:
         if self.errors:
-            lines = "\n  - ".join(self.errors)
+            # dict.fromkeys: a variable re-read by an override is reported once.
+            lines = "\n  - ".join(dict.fromkeys(self.errors))
             raise ImproperlyConfigured(f"Invalid environment configuration:\n  - {lines}")

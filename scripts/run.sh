@@ -57,11 +57,11 @@ python manage.py wait_healthy --url "http://127.0.0.1:$WEB_PORT/healthz" --timeo
 cat <<INFO
 
   Orchestrator is up.
-    API and admin   http://127.0.0.1:$WEB_PORT/admin/   (admin / $(cat "$admin_password_file"))
+    Admin           http://127.0.0.1:$WEB_PORT/admin/   (admin / $(cat "$admin_password_file"))
     Health          http://127.0.0.1:$WEB_PORT/healthz
     Flower          http://127.0.0.1:$FLOWER_PORT/      (FLOWER_BASIC_AUTH, default admin:admin)
-    PostgreSQL      $DATABASE_URL
-    Redis broker    $CELERY_BROKER_URL
+    PostgreSQL      ${DATABASE_URL//:*@/:***@}
+    Redis broker    ${CELERY_BROKER_URL//:*@/:***@}
   Press Ctrl-C to stop everything.
 
 INFO

@@ -246,8 +246,11 @@ def stop_redis(root: Path) -> None:
     except (FileNotFoundError, ValueError):
         return
     try:
+        # A stale pid file may name a recycled pid: only signal a Redis server.
+        if b"redis-server" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return
         os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
+    except (ProcessLookupError, FileNotFoundError):
         return
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:

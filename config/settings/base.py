@@ -230,3 +230,25 @@ HEALTH_BEAT_MAX_AGE = env.integer(
 )
 FLOWER_PORT = env.integer("FLOWER_PORT", 5555, "Flower's HTTP port", minimum=1, maximum=65535)
 FLOWER_ADDRESS = env.string("FLOWER_ADDRESS", "127.0.0.1", "address Flower listens on")
+
+# --------------------------------------------------------------------------- run plans
+# Size limits of a submitted plan (runs/spec.py): beyond them it is refused, whole.
+ORCHESTRATOR_PLAN_LIMITS = {
+    "max_spec_bytes": env.integer(
+        "PLAN_MAX_BYTES", 1_000_000, "largest accepted plan, bytes of JSON", minimum=1000
+    ),
+    "max_agents": env.integer("PLAN_MAX_AGENTS", 100, "agents per run", minimum=1),
+    "max_tasks_per_agent": env.integer(
+        "PLAN_MAX_TASKS_PER_AGENT", 5000, "tasks per agent", minimum=1
+    ),
+    "max_steps_per_task": env.integer("PLAN_MAX_STEPS_PER_TASK", 5000, "steps per task", minimum=1),
+    "max_steps_per_run": env.integer("PLAN_MAX_STEPS_PER_RUN", 20000, "steps per run", minimum=1),
+    "max_on_error": 5,
+    "max_json_depth": 32,
+    "max_variables_bytes": 100_000,
+    "max_retry_attempts": 20,
+    "max_step_timeout_ms": env.integer(
+        "PLAN_MAX_STEP_TIMEOUT", 3600, "longest step timeout a plan may ask, seconds", minimum=1
+    )
+    * 1000,
+}

@@ -1,0 +1,301 @@
+"""The run hierarchy: Run -> RunAttempt -> Agent -> Task -> Step, and RunEvent.
+
+Non-null foreign keys make an orphan impossible (seed 000 invariant 2). Counters carry
+check constraints so that they cannot go negative, and statuses are constrained to their
+tables' states. Rows are never changed except through ``runs.transitions`` and the
+services; nothing here has behaviour beyond small derived properties.
+"""
+
+from __future__ import annotations
+
+import uuid
+from decimal import Decimal
+
+from django.db import models
+from django.db.models import Q
+
+from billing.models import Organization
+from runs.states import NodeStatus, RunStatus, StepStatus
+
+
+class FailureMode(models.TextChoices):
+    FAIL_FAST = "fail-fast"
+    CONTINUE = "continue"
+    RETRY = "retry"
+
+
+class Mode(models.TextChoices):
+    """How a parent runs its children."""
+
+    SEQUENTIAL = "sequential"
+    PARALLEL = "parallel"
+    DAG = "dag"
+
+
+def _non_negative(model: str, *fields: str) -> list[models.CheckConstraint]:
+    return [
+        models.CheckConstraint(condition=Q(**{f"{field}__gte": 0}), name=f"{model}_{field}_gte_0")
+        for field in fields
+    ]
+
+
+def _status_in(model: str, choices: type[models.TextChoices]) -> models.CheckConstraint:
+    return models.CheckConstraint(
+        condition=Q(status__in=choices.values), name=f"{model}_status_valid"
+    )
+
+
+class Timestamps(models.Model):
+    """When an entity started, finished, and last changed state."""
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    status_changed_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+
+class Run(Timestamps):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="runs")
+    name = models.CharField(max_length=200)
+    status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.CREATED)
+    priority = models.PositiveSmallIntegerField(default=5)
+    spec = models.JSONField(help_text="The specification as submitted.")
+    failure_mode = models.CharField(
+        max_length=12, choices=FailureMode.choices, default=FailureMode.FAIL_FAST
+    )
+    mode = models.CharField(max_length=12, choices=Mode.choices, default=Mode.PARALLEL)
+    max_attempts = models.PositiveSmallIntegerField(default=3)
+    attempt_number = models.PositiveSmallIntegerField(default=0)
+    agent_count = models.IntegerField(default=0)
+    last_error = models.JSONField(null=True, blank=True)
+    cancel_reason = models.TextField(blank=True)
+    created_by = models.CharField(max_length=200, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    picked_up_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(
+                fields=["organization", "status", "-created_at"], name="run_org_status_created"
+            ),
+            models.Index(fields=["organization", "-created_at"], name="run_org_created"),
+            models.Index(
+                fields=["organization", "priority", "created_at"], name="run_org_priority"
+            ),
+            models.Index(fields=["status", "status_changed_at"], name="run_status_changed"),
+        ]
+        constraints = [
+            _status_in("run", RunStatus),
+            *_non_negative("run", "agent_count"),
+            models.CheckConstraint(condition=Q(priority__lte=9), name="run_priority_0_9"),
+            models.CheckConstraint(condition=Q(max_attempts__gte=1), name="run_max_attempts_gte_1"),
+            models.CheckConstraint(
+                condition=Q(attempt_number__lte=models.F("max_attempts")),
+                name="run_attempt_number_lte_max",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.id})"
+
+
+class RunAttempt(models.Model):
+    """One try of a run. Every earlier attempt keeps its agents, tasks and steps."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempts")
+    attempt_number = models.PositiveSmallIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=20, choices=RunStatus.choices, blank=True)
+
+    class Meta:
+        ordering = ["run", "attempt_number"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "attempt_number"], name="attempt_unique_number"),
+            models.CheckConstraint(condition=Q(attempt_number__gte=1), name="attempt_number_gte_1"),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.attempt_number} of {self.run_id}"
+
+
+class Agent(Timestamps):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="agents")
+    attempt = models.ForeignKey(RunAttempt, on_delete=models.CASCADE, related_name="agents")
+    # Copied from the attempt so events and filters need no join.
+    attempt_number = models.PositiveSmallIntegerField()
+    name = models.CharField(max_length=100)
+    position = models.PositiveIntegerField()
+    status = models.CharField(max_length=20, choices=NodeStatus.choices, default=NodeStatus.PENDING)
+    mode = models.CharField(max_length=12, choices=Mode.choices, default=Mode.SEQUENTIAL)
+    failure_mode = models.CharField(
+        max_length=12, choices=FailureMode.choices, default=FailureMode.FAIL_FAST
+    )
+    max_concurrent_tasks = models.PositiveIntegerField(default=5)
+    depends_on = models.JSONField(default=list, blank=True)
+    pending_dependencies = models.IntegerField(default=0)
+    task_count = models.IntegerField(default=0)
+    retry_count = models.IntegerField(default=0)
+    timeout_ms = models.BigIntegerField(null=True, blank=True)
+    last_error = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["attempt", "position"]
+        indexes = [models.Index(fields=["run", "status"], name="agent_run_status")]
+        constraints = [
+            models.UniqueConstraint(fields=["attempt", "name"], name="agent_unique_name"),
+            _status_in("agent", NodeStatus),
+            *_non_negative("agent", "pending_dependencies", "task_count", "retry_count"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Task(Timestamps):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tasks")
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="tasks")
+    # Copied from the attempt so events and filters need no join.
+    attempt_number = models.PositiveSmallIntegerField()
+    name = models.CharField(max_length=100)
+    position = models.PositiveIntegerField()
+    # An agent-level retry runs the agent's tasks again as new rows of the next
+    # generation, so the failed generation stays as it ended, for audit.
+    generation = models.PositiveSmallIntegerField(default=0)
+    status = models.CharField(max_length=20, choices=NodeStatus.choices, default=NodeStatus.PENDING)
+    mode = models.CharField(max_length=12, choices=Mode.choices, default=Mode.SEQUENTIAL)
+    failure_mode = models.CharField(
+        max_length=12, choices=FailureMode.choices, default=FailureMode.FAIL_FAST
+    )
+    max_concurrent_steps = models.PositiveIntegerField(default=3)
+    depends_on = models.JSONField(default=list, blank=True)
+    pending_dependencies = models.IntegerField(default=0)
+    step_count = models.IntegerField(default=0)
+    retry_count = models.IntegerField(default=0)
+    timeout_ms = models.BigIntegerField(null=True, blank=True)
+    last_error = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["agent", "generation", "position"]
+        indexes = [
+            models.Index(fields=["run", "status"], name="task_run_status"),
+            models.Index(fields=["agent", "generation", "position"], name="task_agent_position"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["agent", "generation", "name"], name="task_unique_name"
+            ),
+            _status_in("task", NodeStatus),
+            *_non_negative("task", "pending_dependencies", "step_count", "retry_count"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Step(Timestamps):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="steps")
+    # Copied from the attempt so events and filters need no join.
+    attempt_number = models.PositiveSmallIntegerField()
+    name = models.CharField(max_length=100)
+    position = models.PositiveIntegerField()
+    generation = models.PositiveSmallIntegerField(default=0)
+    tool = models.CharField(max_length=64)
+    params = models.JSONField(default=dict, blank=True)
+    when = models.TextField(blank=True)
+    on_error = models.JSONField(default=list, blank=True)
+    # Set on an `on_error` handler step: the step whose failure it handles.
+    handler_for = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="handlers"
+    )
+    retry = models.JSONField(default=dict, blank=True)
+    timeout_ms = models.BigIntegerField(null=True, blank=True)
+    depends_on = models.JSONField(default=list, blank=True)
+    pending_dependencies = models.IntegerField(default=0)
+    status = models.CharField(max_length=20, choices=StepStatus.choices, default=StepStatus.PENDING)
+    attempts = models.IntegerField(default=0)
+    failures = models.IntegerField(default=0)
+    reclaims = models.IntegerField(default=0)
+    next_run_at = models.DateTimeField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    worker = models.CharField(max_length=200, blank=True)
+    output = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    cost = models.DecimalField(max_digits=18, decimal_places=6, default=Decimal("0"))
+
+    class Meta:
+        ordering = ["task", "generation", "position"]
+        indexes = [
+            models.Index(fields=["run", "status"], name="step_run_status"),
+            models.Index(fields=["task", "generation", "position"], name="step_task_position"),
+            models.Index(
+                fields=["next_run_at"], name="step_pending_due", condition=Q(status="pending")
+            ),
+            models.Index(
+                fields=["lease_expires_at"],
+                name="step_running_lease",
+                condition=Q(status="running"),
+            ),
+        ]
+        constraints = [
+            models.UniqueConstraint(fields=["task", "generation", "name"], name="step_unique_name"),
+            _status_in("step", StepStatus),
+            *_non_negative(
+                "step", "pending_dependencies", "attempts", "failures", "reclaims", "cost"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class EventKind(models.TextChoices):
+    CREATED = "created"
+    TRANSITION = "transition"
+    RETRY = "retry"
+    CHARGE = "charge"
+    APPROVAL = "approval"
+    ERROR = "error"
+    OPERATOR = "operator"
+
+
+class RunEvent(models.Model):
+    """Append-only history of a run: the audit trail and the source of its timeline."""
+
+    id = models.BigAutoField(primary_key=True)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    attempt_number = models.PositiveSmallIntegerField(default=0)
+    entity = models.CharField(max_length=10)
+    entity_id = models.CharField(max_length=40)
+    kind = models.CharField(max_length=12, choices=EventKind.choices)
+    from_status = models.CharField(max_length=20, blank=True)
+    to_status = models.CharField(max_length=20, blank=True)
+    actor = models.CharField(max_length=200, blank=True)
+    message = models.TextField(blank=True)
+    payload = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "id"]
+        indexes = [models.Index(fields=["run", "id"], name="event_run_order")]
+
+    def __str__(self) -> str:
+        return f"{self.entity} {self.entity_id}: {self.kind} {self.from_status}->{self.to_status}"
+
+    def save(self, *args: object, **kwargs: object) -> None:
+        if not self._state.adding:
+            raise ValueError("run events are append-only")
+        super().save(*args, **kwargs)  # type: ignore[arg-type]
+
+    def delete(self, *args: object, **kwargs: object) -> tuple[int, dict[str, int]]:
+        raise ValueError("run events are append-only")

@@ -12,8 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import dj_database_url
+import django_stubs_ext
 
 from config.env import Env
+
+# Lets classes such as admin.ModelAdmin[Run] be subscripted at run time, as typed.
+django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 env = Env()

@@ -1,0 +1,53 @@
+"""The catalogue of step error codes, and which of them are worth retrying.
+
+Seed 000 section 6.1 lists the families: transient network and service errors, rate
+limits and resource exhaustion are retryable; bad input, auth, missing things and
+business refusals are not. A step's `retry.retry_on` may narrow the retryable set.
+"""
+
+from __future__ import annotations
+
+RETRYABLE_CODES = frozenset(
+    {
+        "timeout",
+        "connection_error",
+        "rate_limited",
+        "bad_gateway",
+        "service_unavailable",
+        "gateway_timeout",
+        "server_error",
+        "resource_exhausted",
+        "llm_rate_limited",
+        "llm_timeout",
+        "llm_service_error",
+        "worker_lost",
+        "transient",
+    }
+)
+
+NON_RETRYABLE_CODES = frozenset(
+    {
+        "invalid_input",
+        "invalid_output",
+        "auth_error",
+        "permission_denied",
+        "not_found",
+        "insufficient_credits",
+        "budget_exhausted",
+        "quota_exceeded",
+        "tool_error",
+        "template_error",
+        "condition_error",
+        "approval_rejected",
+        "cancelled",
+        "attempt_budget_exhausted",
+        "failure_budget_exhausted",
+        "dependency_failed",
+    }
+)
+
+ERROR_CODES = RETRYABLE_CODES | NON_RETRYABLE_CODES
+
+
+def is_retryable(code: str) -> bool:
+    return code in RETRYABLE_CODES

@@ -1,0 +1,275 @@
+"""Operators' view of runs: find them, see the hierarchy and the history, steer them.
+
+Everything here is read-only; the actions call the same services as the API. Pages
+run a bounded number of queries whatever the size of the table (`list_select_related`,
+aggregated hierarchy, a capped event list).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from runs import services
+from runs.models import Agent, Run, RunAttempt, RunEvent, Step, Task
+from runs.states import InvalidTransition
+
+EVENTS_SHOWN = 200
+
+
+def _actor(request: HttpRequest) -> str:
+    return f"admin:{request.user.get_username()}"
+
+
+class RunAttemptInline(admin.TabularInline[RunAttempt, Run]):
+    model = RunAttempt
+    extra = 0
+    can_delete = False
+    fields = ("attempt_number", "created_at", "finished_at", "outcome")
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Run)
+class RunAdmin(admin.ModelAdmin[Run]):
+    list_display = (
+        "name",
+        "id",
+        "organization",
+        "status",
+        "priority",
+        "attempt_number",
+        "created_at",
+        "completed_at",
+    )
+    list_filter = ("status", "priority", "created_at", "completed_at")
+    date_hierarchy = "created_at"
+    search_fields = ("=id", "name")
+    list_select_related = ("organization",)
+    show_full_result_count = False  # a COUNT(*) over millions of rows per page is waste
+    ordering = ("-created_at",)
+    inlines = (RunAttemptInline,)
+    actions = ("cancel_runs", "pause_runs", "resume_runs", "retry_runs", "start_runs")
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "id",
+                    "name",
+                    "organization",
+                    "status",
+                    "priority",
+                    "failure_mode",
+                    "mode",
+                    "attempt_number",
+                    "max_attempts",
+                    "agent_count",
+                    "last_error",
+                    "cancel_reason",
+                    "created_by",
+                )
+            },
+        ),
+        (
+            "Time",
+            {
+                "fields": (
+                    "created_at",
+                    "started_at",
+                    "picked_up_at",
+                    "completed_at",
+                    "cancelled_at",
+                    "duration_ms",
+                    "last_heartbeat",
+                    "deleted_at",
+                )
+            },
+        ),
+        ("Hierarchy (current attempt)", {"fields": ("hierarchy",)}),
+        ("Events", {"fields": ("event_list",)}),
+        ("Specification", {"classes": ("collapse",), "fields": ("spec",)}),
+    )
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Run | None = None) -> list[str]:
+        fields: list[str] = []
+        for _, options in self.fieldsets:
+            fields.extend(options["fields"])  # type: ignore[arg-type]
+        return fields
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # runs are created from a validated plan, through the API or CLI
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # audit: runs are cancelled or soft-deleted, never removed
+
+    @admin.display(description="hierarchy")
+    def hierarchy(self, run: Run) -> SafeString:
+        """Agents, their tasks, and step counts by status: three queries for any size."""
+        agents = list(
+            Agent.objects.filter(run=run, attempt_number=run.attempt_number).order_by("position")
+        )
+        if not agents:
+            return format_html("<em>{}</em>", "no agents yet (materialised at pick-up)")
+        tasks: dict[int, list[Task]] = defaultdict(list)
+        for task in Task.objects.filter(agent__in=agents).order_by("generation", "position"):
+            tasks[task.agent_id].append(task)
+        counts: dict[int, Counter[str]] = defaultdict(Counter)
+        step_rows = (
+            Step.objects.filter(task__agent__in=agents)
+            .values("task_id", "status")
+            .annotate(n=Count("*"))
+            .order_by()
+        )
+        for row in step_rows:
+            counts[row["task_id"]][row["status"]] = row["n"]
+        rows = []
+        for agent in agents:
+            rows.append((f"agent {agent.name}", agent.status, agent.mode, ""))
+            for task in tasks[agent.pk]:
+                summary = ", ".join(f"{n} {s}" for s, n in sorted(counts[task.pk].items()))
+                label = f"    task {task.name}" + (
+                    f" (gen {task.generation})" if task.generation else ""
+                )
+                rows.append((label, task.status, task.mode, summary))
+        body = format_html_join(
+            "",
+            "<tr><td style='white-space:pre'>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            rows,
+        )
+        return format_html(
+            "<table><tr><th>node</th><th>status</th><th>mode</th><th>steps</th></tr>{}</table>",
+            body,
+        )
+
+    @admin.display(description="events")
+    def event_list(self, run: Run) -> SafeString:
+        events = list(RunEvent.objects.filter(run=run).order_by("-id")[:EVENTS_SHOWN])
+        events.reverse()
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{} {}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    event.created_at.isoformat(timespec="milliseconds"),
+                    event.attempt_number,
+                    event.entity,
+                    event.entity_id,
+                    event.kind,
+                    f"{event.from_status} -> {event.to_status}" if event.to_status else "",
+                    event.message,
+                )
+                for event in events
+            ),
+        )
+        link = reverse("admin:runs_runevent_changelist") + f"?run__id__exact={run.pk}"
+        return format_html(
+            "<p>Latest {} events, oldest first. <a href='{}'>All events of this run</a></p>"
+            "<table><tr><th>at</th><th>attempt</th><th>entity</th><th>kind</th>"
+            "<th>transition</th><th>message</th></tr>{}</table>",
+            EVENTS_SHOWN,
+            link,
+            rows,
+        )
+
+    def _apply(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Run],
+        verb: str,
+        operation: Callable[[Run], Any],
+    ) -> None:
+        done, refused = 0, []
+        for run in queryset:
+            try:
+                operation(run)
+                done += 1
+            except (InvalidTransition, services.AttemptsExhausted, services.RunDeleted) as exc:
+                refused.append(f"{run.name}: {exc}")
+        if done:
+            self.message_user(request, f"{verb}: {done} run(s)")
+        for message in refused:
+            self.message_user(request, message, messages.ERROR)
+
+    @admin.action(description="Cancel selected runs")
+    def cancel_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        actor = _actor(request)
+        self._apply(
+            request,
+            queryset,
+            "cancelled",
+            lambda run: services.run_cancel(
+                run_id=run.pk, reason=f"cancelled by {actor}", actor=actor
+            ),
+        )
+
+    @admin.action(description="Pause selected runs")
+    def pause_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        actor = _actor(request)
+        self._apply(
+            request, queryset, "paused", lambda run: services.run_pause(run_id=run.pk, actor=actor)
+        )
+
+    @admin.action(description="Resume selected runs")
+    def resume_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        actor = _actor(request)
+        self._apply(
+            request,
+            queryset,
+            "resumed",
+            lambda run: services.run_resume(run_id=run.pk, actor=actor),
+        )
+
+    @admin.action(description="Retry selected failed runs")
+    def retry_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        actor = _actor(request)
+        self._apply(
+            request, queryset, "retried", lambda run: services.run_retry(run_id=run.pk, actor=actor)
+        )
+
+    @admin.action(description="Start selected created runs")
+    def start_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        actor = _actor(request)
+        self._apply(
+            request, queryset, "started", lambda run: services.run_start(run_id=run.pk, actor=actor)
+        )
+
+
+@admin.register(RunEvent)
+class RunEventAdmin(admin.ModelAdmin[RunEvent]):
+    list_display = (
+        "created_at",
+        "run",
+        "attempt_number",
+        "entity",
+        "entity_id",
+        "kind",
+        "from_status",
+        "to_status",
+        "actor",
+        "message",
+    )
+    list_filter = ("kind", "entity", "created_at")
+    list_select_related = ("run",)
+    search_fields = ("=run__id", "=entity_id")
+    ordering = ("-id",)
+    show_full_result_count = False
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

@@ -1,0 +1,176 @@
+"""Invariants of the run hierarchy and its state machines (seed 000 section 2)."""
+
+from __future__ import annotations
+
+from django.db.models import Count, Exists, F, IntegerField, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Coalesce
+
+from orchestrator.invariants import LIMIT, invariant
+from runs.models import Agent, Run, RunAttempt, Step, Task
+from runs.states import NODE_TERMINAL, RUN_TERMINAL, STEP_TERMINAL, NodeStatus, RunStatus
+
+NODE_OPEN = [s for s in NodeStatus.values if s not in NODE_TERMINAL]
+
+
+def _count(model: type[Agent] | type[Task] | type[Step], **filters: object) -> Coalesce:
+    counted = (
+        model.objects.filter(**filters)
+        .order_by()
+        .values(*filters.keys())
+        .annotate(n=Count("*"))
+        .values("n")
+    )
+    return Coalesce(Subquery(counted[:1], output_field=IntegerField()), 0)
+
+
+def _current_agents(**filters: object) -> QuerySet[Agent]:
+    return Agent.objects.filter(
+        run=OuterRef("pk"), attempt_number=OuterRef("attempt_number"), **filters
+    )
+
+
+def _ids(query: QuerySet[Run], message: str) -> list[str]:
+    return [message.format(pk=pk) for pk in query.values_list("pk", flat=True)[:LIMIT]]
+
+
+@invariant("hierarchy.counts", "counters equal the rows they count")
+def hierarchy_counts() -> list[str]:
+    problems: list[str] = []
+    runs = Run.objects.annotate(
+        actual=_count(Agent, run=OuterRef("pk"), attempt_number=OuterRef("attempt_number"))
+    ).exclude(agent_count=F("actual"))
+    problems += [
+        f"run {r.pk}: agent_count {r.agent_count} but {r.actual} agents in attempt "
+        f"{r.attempt_number}"
+        for r in runs[:LIMIT]
+    ]
+    agents = Agent.objects.annotate(actual=_count(Task, agent=OuterRef("pk"))).exclude(
+        task_count=F("actual")
+    )
+    problems += [
+        f"agent {a.pk}: task_count {a.task_count} but {a.actual} tasks" for a in agents[:LIMIT]
+    ]
+    tasks = Task.objects.annotate(actual=_count(Step, task=OuterRef("pk"))).exclude(
+        step_count=F("actual")
+    )
+    problems += [
+        f"task {t.pk}: step_count {t.step_count} but {t.actual} steps" for t in tasks[:LIMIT]
+    ]
+    return problems
+
+
+@invariant("hierarchy.links", "denormalised run and attempt links agree with the parents")
+def hierarchy_links() -> list[str]:
+    problems: list[str] = []
+    for agent in Agent.objects.exclude(run_id=F("attempt__run_id"))[:LIMIT]:
+        problems.append(f"agent {agent.pk}: run differs from its attempt's run")
+    for agent in Agent.objects.exclude(attempt_number=F("attempt__attempt_number"))[:LIMIT]:
+        problems.append(f"agent {agent.pk}: attempt_number differs from its attempt")
+    for task in Task.objects.exclude(run_id=F("agent__run_id"))[:LIMIT]:
+        problems.append(f"task {task.pk}: run differs from its agent's run")
+    for task in Task.objects.exclude(attempt_number=F("agent__attempt_number"))[:LIMIT]:
+        problems.append(f"task {task.pk}: attempt_number differs from its agent")
+    for step in Step.objects.exclude(run_id=F("task__run_id"))[:LIMIT]:
+        problems.append(f"step {step.pk}: run differs from its task's run")
+    for step in Step.objects.exclude(attempt_number=F("task__attempt_number"))[:LIMIT]:
+        problems.append(f"step {step.pk}: attempt_number differs from its task")
+    return problems
+
+
+@invariant("runs.attempts", "a run has exactly the attempts 1..attempt_number")
+def run_attempts() -> list[str]:
+    runs = Run.objects.annotate(
+        n=_count(RunAttempt, run=OuterRef("pk")),  # type: ignore[arg-type]
+        has_current=Exists(
+            RunAttempt.objects.filter(run=OuterRef("pk"), attempt_number=OuterRef("attempt_number"))
+        ),
+    ).filter(~Q(n=F("attempt_number")) | Q(attempt_number__gt=0, has_current=False))
+    return [
+        f"run {r.pk}: attempt_number {r.attempt_number} but {r.n} attempts" for r in runs[:LIMIT]
+    ]
+
+
+@invariant("runs.state_consistency", "a run's state agrees with its agents (seed 000 inv. 3)")
+def run_state_consistency() -> list[str]:
+    open_agent = Exists(_current_agents(status__in=NODE_OPEN))
+    active_agent = Exists(_current_agents(status__in=[NodeStatus.PENDING, NodeStatus.RUNNING]))
+    any_agent = Exists(_current_agents())
+    failed_agent = Exists(_current_agents(status=NodeStatus.FAILED))
+    unfinished_for = {
+        RunStatus.COMPLETED: [s for s in NodeStatus.values if s not in ("completed", "skipped")],
+        RunStatus.CANCELLED: NODE_OPEN,
+    }
+    problems: list[str] = []
+    problems += _ids(
+        Run.objects.filter(status=RunStatus.CREATED).filter(Q(attempt_number__gt=0) | any_agent),
+        "run {pk}: created but has an attempt or agents",
+    )
+    problems += _ids(
+        Run.objects.filter(status__in=[RunStatus.PENDING, RunStatus.RETRYING]).filter(any_agent),
+        "run {pk}: agents exist before the attempt was picked up",
+    )
+    problems += _ids(
+        Run.objects.filter(status=RunStatus.RUNNING).exclude(active_agent),
+        "run {pk}: running but no agent is pending or running",
+    )
+    problems += _ids(
+        Run.objects.filter(status=RunStatus.PAUSED).filter(active_agent),
+        "run {pk}: paused but an agent is pending or running",
+    )
+    for status, bad in unfinished_for.items():
+        problems += _ids(
+            Run.objects.filter(status=status).filter(Exists(_current_agents(status__in=bad))),
+            f"run {{pk}}: {status} but an agent is in one of {', '.join(bad)}",
+        )
+    problems += _ids(
+        Run.objects.filter(status=RunStatus.COMPLETED).exclude(any_agent),
+        "run {pk}: completed without agents",
+    )
+    problems += _ids(
+        Run.objects.filter(status=RunStatus.FAILED, agent_count__gt=0).exclude(failed_agent),
+        "run {pk}: failed but no agent failed",
+    )
+    problems += _ids(
+        Run.objects.filter(status=RunStatus.FAILED, last_error__isnull=True),
+        "run {pk}: failed without last_error",
+    )
+    problems += _ids(
+        Run.objects.filter(status__in=RUN_TERMINAL).filter(open_agent),
+        "run {pk}: finished but an agent is still open",
+    )
+    open_steps = Step.objects.filter(
+        run=OuterRef("pk"), attempt_number=OuterRef("attempt_number")
+    ).exclude(status__in=STEP_TERMINAL)
+    problems += _ids(
+        Run.objects.filter(status__in=RUN_TERMINAL).filter(Exists(open_steps)),
+        "run {pk}: finished but a step is still open",
+    )
+    return problems
+
+
+@invariant("runs.timestamps", "timestamps match states")
+def run_timestamps() -> list[str]:
+    problems: list[str] = []
+    problems += _ids(
+        Run.objects.filter(status__in=RUN_TERMINAL).filter(
+            Q(completed_at__isnull=True) | Q(duration_ms__isnull=True)
+        ),
+        "run {pk}: finished without completed_at or duration_ms",
+    )
+    problems += _ids(
+        Run.objects.filter(status=RunStatus.CANCELLED, cancelled_at__isnull=True),
+        "run {pk}: cancelled without cancelled_at",
+    )
+    problems += _ids(
+        Run.objects.exclude(status=RunStatus.CREATED)
+        .filter(attempt_number__gt=0)
+        .filter(started_at__isnull=True),
+        "run {pk}: started without started_at",
+    )
+    for model, terminal in ((Agent, NODE_TERMINAL), (Task, NODE_TERMINAL), (Step, STEP_TERMINAL)):
+        rows = model.objects.filter(status__in=terminal, completed_at__isnull=True)
+        problems += [
+            f"{model.__name__.lower()} {pk}: finished without completed_at"
+            for pk in rows.values_list("pk", flat=True)[:LIMIT]
+        ]
+    return problems

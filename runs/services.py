@@ -1,0 +1,484 @@
+"""Every operation on a run, one service function each.
+
+API views, admin actions, CLI commands and Celery tasks call these and nothing else
+changes a run's state. Each service runs in one transaction, locks the run row first
+(the lock order everywhere is run -> agent -> task -> step, so that two services never
+wait on each other in a cycle), changes state only through ``runs.transitions`` and
+records what it did as RunEvents.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from django.db import transaction
+from django.utils import timezone
+
+from billing.models import Organization
+from runs.materialize import materialize
+from runs.models import Agent, EventKind, Run, RunAttempt, Step, Task
+from runs.spec import Plan, parse_plan
+from runs.states import InvalidTransition, NodeStatus, RunStatus, StepStatus
+from runs.transitions import record_event, transition, transition_many
+
+RunId = UUID | str
+
+NODE_OPEN = (NodeStatus.PENDING, NodeStatus.RUNNING, NodeStatus.PAUSED)
+STEP_OPEN = (
+    StepStatus.PENDING,
+    StepStatus.RUNNING,
+    StepStatus.WAITING_APPROVAL,
+    StepStatus.PAUSED,
+)
+
+
+class RunNotFound(Exception):
+    code = "not_found"
+
+
+class RunDeleted(Exception):
+    code = "run_deleted"
+
+
+class StepNotFound(Exception):
+    code = "not_found"
+
+
+def error_payload(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"code": code, "message": message, **extra}
+
+
+def lock_run(run_id: RunId, organization: Organization | None = None) -> Run:
+    """The run, locked for the rest of the transaction; scoped to ``organization``."""
+    query = Run.objects.select_for_update()
+    if organization is not None:
+        query = query.filter(organization=organization)
+    try:
+        return query.get(pk=run_id)
+    except (Run.DoesNotExist, ValueError) as exc:
+        raise RunNotFound(f"run {run_id} not found") from exc
+
+
+def current_attempt(run: Run) -> RunAttempt:
+    return RunAttempt.objects.get(run=run, attempt_number=run.attempt_number)
+
+
+def plan_of(run: Run) -> Plan:
+    return parse_plan(run.spec)
+
+
+# --------------------------------------------------------------------------- create
+def run_create(
+    *, organization: Organization, spec: Any, actor: str = "system", size_hint: int | None = None
+) -> Run:
+    """Validate the plan and store a CREATED run. Nothing is stored if the plan is invalid."""
+    plan = parse_plan(spec, size_hint=size_hint)
+    with transaction.atomic():
+        run = Run.objects.create(
+            organization=organization,
+            name=plan.name,
+            priority=plan.priority,
+            spec=spec,
+            failure_mode=plan.failure_mode,
+            mode=plan.mode,
+            max_attempts=plan.max_attempts,
+            created_by=actor,
+        )
+        record_event(
+            run,
+            EventKind.CREATED,
+            actor=actor,
+            message=f"run created with {plan.step_count} steps",
+            payload={"priority": plan.priority, "steps": plan.step_count},
+        )
+        return run
+
+
+# --------------------------------------------------------------------------- start, pick up
+@transaction.atomic
+def run_start(
+    *, run_id: RunId, organization: Organization | None = None, actor: str = "system"
+) -> Run:
+    """CREATED -> PENDING: open attempt 1. Already PENDING (or later): returned unchanged."""
+    run = lock_run(run_id, organization)
+    if run.deleted_at is not None:
+        raise RunDeleted(f"run {run.pk} was deleted")
+    if run.status != RunStatus.CREATED:
+        # Same-state request (or the run has moved on): idempotent, unless it is a state
+        # start() can never lead to, which the table refuses explicitly.
+        if run.status == RunStatus.PENDING:
+            return run
+        return transition(Run, run.pk, RunStatus.PENDING, actor=actor).obj
+    run = transition(Run, run.pk, RunStatus.PENDING, actor=actor, updates={"attempt_number": 1}).obj
+    RunAttempt.objects.create(run=run, attempt_number=1)
+    return run
+
+
+@transaction.atomic
+def run_pick_up(*, run_id: RunId, actor: str = "worker") -> tuple[Run, bool]:
+    """PENDING -> RUNNING and materialise the attempt's agents, tasks and steps.
+
+    Returns ``(run, picked)``: ``picked`` is False when the run was not PENDING (a
+    duplicate delivery, or a run cancelled while queued), which callers treat as a no-op.
+    """
+    run = lock_run(run_id)
+    if run.status != RunStatus.PENDING:
+        return run, False
+    attempt = current_attempt(run)
+    agents = materialize(run, attempt, plan_of(run))
+    now = timezone.now()
+    run = transition(
+        Run,
+        run.pk,
+        RunStatus.RUNNING,
+        actor=actor,
+        now=now,
+        updates={"agent_count": len(agents), "last_heartbeat": now},
+    ).obj
+    return run, True
+
+
+# --------------------------------------------------------------------------- finishing
+def _close_children(run: Run, to_status: str, actor: str, message: str) -> None:
+    """Move every unfinished agent, task and step of the current attempt to ``to_status``."""
+    node_to = NodeStatus(to_status)
+    step_to = StepStatus(to_status)
+    attempt = run.attempt_number
+    transition_many(
+        Agent,
+        Agent.objects.filter(run=run, attempt_number=attempt),
+        node_to,
+        from_states=NODE_OPEN,
+        actor=actor,
+        message=message,
+    )
+    transition_many(
+        Task,
+        Task.objects.filter(run=run, attempt_number=attempt),
+        node_to,
+        from_states=NODE_OPEN,
+        actor=actor,
+        message=message,
+    )
+    transition_many(
+        Step,
+        Step.objects.filter(run=run, attempt_number=attempt),
+        step_to,
+        from_states=STEP_OPEN,
+        actor=actor,
+        message=message,
+    )
+
+
+def _finish_attempt(run: Run) -> None:
+    RunAttempt.objects.filter(run=run, attempt_number=run.attempt_number).update(
+        outcome=run.status, finished_at=run.completed_at or timezone.now()
+    )
+
+
+@transaction.atomic
+def run_complete(*, run_id: RunId, actor: str = "system") -> Run:
+    """RUNNING -> COMPLETED, when every agent has completed (or was skipped)."""
+    run = lock_run(run_id)
+    result = transition(Run, run.pk, RunStatus.COMPLETED, actor=actor)
+    if result.changed:
+        _finish_attempt(result.obj)
+    return result.obj
+
+
+@transaction.atomic
+def run_fail(
+    *,
+    run_id: RunId,
+    code: str,
+    message: str,
+    actor: str = "system",
+) -> Run:
+    """Fail the run with ``last_error``; its unfinished work ends FAILED (or as asked)."""
+    run = lock_run(run_id)
+    error = error_payload(code, message)
+    result = transition(
+        Run,
+        run.pk,
+        RunStatus.FAILED,
+        actor=actor,
+        message=message,
+        payload=error,
+        updates={"last_error": error},
+    )
+    if result.changed:
+        # Running agents fail with the run (seed 000: a FAILED run has a FAILED agent);
+        # work that never started is cancelled.
+        agents = Agent.objects.filter(run=run, attempt_number=run.attempt_number)
+        transition_many(
+            Agent,
+            agents.filter(status=NodeStatus.RUNNING),
+            NodeStatus.FAILED,
+            from_states=[NodeStatus.RUNNING],
+            actor=actor,
+            message=message,
+            updates={"last_error": error},
+        )
+        _close_children(result.obj, "cancelled", actor, message)
+        _finish_attempt(result.obj)
+    return result.obj
+
+
+# --------------------------------------------------------------------------- control
+@transaction.atomic
+def run_cancel(
+    *,
+    run_id: RunId,
+    reason: str = "",
+    organization: Organization | None = None,
+    actor: str = "system",
+) -> Run:
+    """Cancel from any non-terminal state; unfinished children end CANCELLED."""
+    run = lock_run(run_id, organization)
+    reason = reason.strip()[:1000] or "cancelled"
+    result = transition(
+        Run,
+        run.pk,
+        RunStatus.CANCELLED,
+        actor=actor,
+        message=reason,
+        payload={"reason": reason},
+        updates={"cancel_reason": reason},
+    )
+    if result.changed:
+        _close_children(result.obj, "cancelled", actor, reason)
+        if result.obj.attempt_number:
+            _finish_attempt(result.obj)
+    return result.obj
+
+
+@transaction.atomic
+def run_pause(
+    *, run_id: RunId, organization: Organization | None = None, actor: str = "system"
+) -> Run:
+    """RUNNING -> PAUSED: nothing new starts; running steps finish and keep their results."""
+    run = lock_run(run_id, organization)
+    result = transition(Run, run.pk, RunStatus.PAUSED, actor=actor)
+    if result.changed:
+        attempt = run.attempt_number
+        for model in (Agent, Task):
+            transition_many(
+                model,  # type: ignore[type-var]
+                model.objects.filter(run=run, attempt_number=attempt),
+                NodeStatus.PAUSED,
+                from_states=[NodeStatus.PENDING, NodeStatus.RUNNING],
+                actor=actor,
+            )
+        transition_many(
+            Step,
+            Step.objects.filter(run=run, attempt_number=attempt),
+            StepStatus.PAUSED,
+            from_states=[StepStatus.PENDING],
+            actor=actor,
+        )
+    return result.obj
+
+
+@transaction.atomic
+def run_resume(
+    *, run_id: RunId, organization: Organization | None = None, actor: str = "system"
+) -> Run:
+    """PAUSED -> RESUMING: paused agents, tasks and steps go back to PENDING.
+
+    The engine then re-dispatches what is pending and calls ``run_resumed``.
+    """
+    run = lock_run(run_id, organization)
+    result = transition(Run, run.pk, RunStatus.RESUMING, actor=actor)
+    if result.changed:
+        attempt = run.attempt_number
+        for model in (Agent, Task):
+            transition_many(
+                model,  # type: ignore[type-var]
+                model.objects.filter(run=run, attempt_number=attempt),
+                NodeStatus.PENDING,
+                from_states=[NodeStatus.PAUSED],
+                actor=actor,
+            )
+        transition_many(
+            Step,
+            Step.objects.filter(run=run, attempt_number=attempt),
+            StepStatus.PENDING,
+            from_states=[StepStatus.PAUSED],
+            actor=actor,
+        )
+    return result.obj
+
+
+@transaction.atomic
+def run_resumed(*, run_id: RunId, actor: str = "worker") -> Run:
+    """RESUMING -> RUNNING once the pending work has been re-enqueued."""
+    run = lock_run(run_id)
+    now = timezone.now()
+    return transition(
+        Run, run.pk, RunStatus.RUNNING, actor=actor, now=now, updates={"last_heartbeat": now}
+    ).obj
+
+
+class AttemptsExhausted(Exception):
+    code = "attempts_exhausted"
+
+
+@transaction.atomic
+def run_retry(
+    *, run_id: RunId, organization: Organization | None = None, actor: str = "system"
+) -> Run:
+    """FAILED -> RETRYING with a new attempt; earlier attempts keep all their records.
+
+    Already RETRYING: returned unchanged. Refused once ``max_attempts`` is reached.
+    """
+    run = lock_run(run_id, organization)
+    if run.status == RunStatus.RETRYING:
+        return run
+    if run.status == RunStatus.FAILED and run.attempt_number >= run.max_attempts:
+        raise AttemptsExhausted(
+            f"run {run.pk} has used {run.attempt_number} of {run.max_attempts} attempts"
+        )
+    number = run.attempt_number + 1
+    result = transition(
+        Run,
+        run.pk,
+        RunStatus.RETRYING,
+        actor=actor,
+        payload={"attempt_number": number},
+        updates={"attempt_number": number, "agent_count": 0, "last_error": None},
+    )
+    RunAttempt.objects.create(run=result.obj, attempt_number=number)
+    return result.obj
+
+
+@transaction.atomic
+def run_requeue(*, run_id: RunId, actor: str = "worker") -> Run:
+    """RETRYING -> PENDING: the retry's pick-up message is on its way."""
+    run = lock_run(run_id)
+    return transition(Run, run.pk, RunStatus.PENDING, actor=actor).obj
+
+
+@dataclass(frozen=True)
+class ApprovalResult:
+    run: Run
+    steps: list[Step]
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.steps)
+
+
+def _waiting_steps(run: Run, step_id: int | None) -> Any:
+    steps = Step.objects.filter(
+        run=run, attempt_number=run.attempt_number, status=StepStatus.WAITING_APPROVAL
+    )
+    if step_id is not None:
+        if not Step.objects.filter(run=run, pk=step_id).exists():
+            raise StepNotFound(f"step {step_id} is not part of run {run.pk}")
+        steps = steps.filter(pk=step_id)
+    return steps
+
+
+def _decide(
+    *,
+    run_id: RunId,
+    step_id: int | None,
+    comment: str,
+    organization: Organization | None,
+    actor: str,
+    approve: bool,
+) -> ApprovalResult:
+    run = lock_run(run_id, organization)
+    comment = comment.strip()[:2000]
+    decision = {"approved": approve, "comment": comment, "by": actor}
+    if approve:
+        updates: dict[str, Any] = {"output": decision}
+        to_status = StepStatus.COMPLETED
+    else:
+        message = comment or "approval rejected"
+        updates = {"error": {**error_payload("approval_rejected", message), "retryable": False}}
+        to_status = StepStatus.FAILED
+    steps = transition_many(
+        Step,
+        _waiting_steps(run, step_id),
+        to_status,
+        from_states=[StepStatus.WAITING_APPROVAL],
+        actor=actor,
+        message=comment,
+        payload=decision,
+        updates=updates,
+    )
+    if steps:
+        record_event(
+            run,
+            EventKind.APPROVAL,
+            actor=actor,
+            message=comment,
+            payload={**decision, "steps": [step.pk for step in steps]},
+        )
+        if run.status == RunStatus.WAITING_APPROVAL:
+            run = transition(Run, run.pk, RunStatus.RUNNING, actor=actor).obj
+    return ApprovalResult(run, steps)
+
+
+@transaction.atomic
+def run_approve(
+    *,
+    run_id: RunId,
+    step_id: int | None = None,
+    comment: str = "",
+    organization: Organization | None = None,
+    actor: str = "system",
+) -> ApprovalResult:
+    """Complete the steps waiting for approval (one, or all). Nothing waiting: no-op."""
+    return _decide(
+        run_id=run_id,
+        step_id=step_id,
+        comment=comment,
+        organization=organization,
+        actor=actor,
+        approve=True,
+    )
+
+
+@transaction.atomic
+def run_reject(
+    *,
+    run_id: RunId,
+    step_id: int | None = None,
+    comment: str = "",
+    organization: Organization | None = None,
+    actor: str = "system",
+) -> ApprovalResult:
+    """Fail the steps waiting for approval with `approval_rejected`. Nothing waiting: no-op."""
+    return _decide(
+        run_id=run_id,
+        step_id=step_id,
+        comment=comment,
+        organization=organization,
+        actor=actor,
+        approve=False,
+    )
+
+
+@transaction.atomic
+def run_delete(
+    *, run_id: RunId, organization: Organization | None = None, actor: str = "system"
+) -> Run:
+    """Soft delete, CREATED only: the run is cancelled and hidden from lists."""
+    run = lock_run(run_id, organization)
+    if run.deleted_at is not None:
+        return run
+    if run.status != RunStatus.CREATED:
+        raise InvalidTransition("run", run.status, "deleted", "only a created run can be deleted")
+    run = transition(
+        Run,
+        run.pk,
+        RunStatus.CANCELLED,
+        actor=actor,
+        message="deleted",
+        updates={"deleted_at": timezone.now(), "cancel_reason": "deleted"},
+    ).obj
+    return run

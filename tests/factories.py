@@ -1,0 +1,103 @@
+"""Builders for test data: organizations, keys, plans and runs in any state."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from billing.models import Organization
+from billing.services import api_key_create, organization_create
+from runs.models import Agent, Run, RunAttempt, Step, Task
+from runs.services import run_create
+
+_counter = itertools.count()
+
+
+def org(name: str | None = None) -> Organization:
+    return organization_create(name=name or f"org-{next(_counter)}")
+
+
+def org_with_key(name: str | None = None) -> tuple[Organization, str]:
+    organization = org(name)
+    _, raw = api_key_create(organization=organization)
+    return organization, raw
+
+
+def step(name: str = "s1", tool: str = "noop", **extra: Any) -> dict[str, Any]:
+    return {"name": name, "tool": tool, **extra}
+
+
+def plan(
+    *,
+    name: str = "test-run",
+    agents: int = 1,
+    tasks: int = 1,
+    steps: int = 2,
+    tool: str = "noop",
+    **extra: Any,
+) -> dict[str, Any]:
+    """A valid plan of ``agents`` x ``tasks`` x ``steps`` sequential no-op steps."""
+    return {
+        "name": name,
+        "agents": [
+            {
+                "name": f"agent-{a}",
+                "tasks": [
+                    {
+                        "name": f"task-{t}",
+                        "steps": [step(f"step-{s}", tool) for s in range(steps)],
+                    }
+                    for t in range(tasks)
+                ],
+            }
+            for a in range(agents)
+        ],
+        **extra,
+    }
+
+
+def run(organization: Organization | None = None, **plan_options: Any) -> Run:
+    return run_create(organization=organization or org(), spec=plan(**plan_options))
+
+
+def hierarchy(status: dict[str, str] | None = None) -> tuple[Run, Agent, Task, Step]:
+    """A run with one attempt, agent, task and step, rows written directly in any state."""
+    status = status or {}
+    organization = org()
+    the_run = Run.objects.create(
+        organization=organization,
+        name="direct",
+        spec=plan(),
+        status=status.get("run", "running"),
+        attempt_number=1,
+        agent_count=1,
+    )
+    attempt = RunAttempt.objects.create(run=the_run, attempt_number=1)
+    agent = Agent.objects.create(
+        run=the_run,
+        attempt=attempt,
+        attempt_number=1,
+        name="a",
+        position=0,
+        task_count=1,
+        status=status.get("agent", "running"),
+    )
+    task = Task.objects.create(
+        run=the_run,
+        agent=agent,
+        attempt_number=1,
+        name="t",
+        position=0,
+        step_count=1,
+        status=status.get("task", "running"),
+    )
+    the_step = Step.objects.create(
+        run=the_run,
+        task=task,
+        attempt_number=1,
+        name="s",
+        position=0,
+        tool="noop",
+        status=status.get("step", "pending"),
+    )
+    return the_run, agent, task, the_step

@@ -3,7 +3,7 @@
 API views, admin actions, CLI commands and Celery tasks call these and nothing else
 changes a run's state. Each service runs in one transaction, locks the run row first
 (the lock order everywhere is run -> agent -> task -> step, so that two services never
-wait on each other in a cycle), changes state only through ``runs.transitions`` and
+wait on each other in a cycle), changes state only through ``runs.transitions`` (FOR NO KEY UPDATE locks; see there) and
 records what it did as RunEvents.
 """
 
@@ -52,13 +52,26 @@ def error_payload(code: str, message: str, **extra: Any) -> dict[str, Any]:
 
 def lock_run(run_id: RunId, organization: Organization | None = None) -> Run:
     """The run, locked for the rest of the transaction; scoped to ``organization``."""
-    query = Run.objects.select_for_update()
+    query = Run.objects.select_for_update(no_key=True)
     if organization is not None:
         query = query.filter(organization=organization)
     try:
         return query.get(pk=run_id)
     except (Run.DoesNotExist, ValueError) as exc:
         raise RunNotFound(f"run {run_id} not found") from exc
+
+
+def require_source(run: Run, source: str, target: str) -> bool:
+    """For engine-side steps that have one source state: False if already at ``target``.
+
+    The table alone would let, say, RETRYING's requeue (-> PENDING) start a CREATED run
+    without an attempt; these services only ever continue their own step.
+    """
+    if run.status == target:
+        return False
+    if run.status != source:
+        raise InvalidTransition("run", run.status, target, f"only from {source}")
+    return True
 
 
 def current_attempt(run: Run) -> RunAttempt:
@@ -182,6 +195,14 @@ def _finish_attempt(run: Run) -> None:
 def run_complete(*, run_id: RunId, actor: str = "system") -> Run:
     """RUNNING -> COMPLETED, when every agent has completed (or was skipped)."""
     run = lock_run(run_id)
+    if run.status != RunStatus.COMPLETED:
+        unfinished = Agent.objects.filter(run=run, attempt_number=run.attempt_number).exclude(
+            status__in=[NodeStatus.COMPLETED, NodeStatus.SKIPPED]
+        )
+        if unfinished.exists():
+            raise InvalidTransition(
+                "run", run.status, RunStatus.COMPLETED, "some agents have not completed"
+            )
     result = transition(Run, run.pk, RunStatus.COMPLETED, actor=actor)
     if result.changed:
         _finish_attempt(result.obj)
@@ -209,14 +230,13 @@ def run_fail(
         updates={"last_error": error},
     )
     if result.changed:
-        # Running agents fail with the run (seed 000: a FAILED run has a FAILED agent);
-        # work that never started is cancelled.
-        agents = Agent.objects.filter(run=run, attempt_number=run.attempt_number)
+        # Unfinished agents fail with the run (seed 000: a FAILED run has a FAILED
+        # agent); their unfinished tasks and steps are cancelled.
         transition_many(
             Agent,
-            agents.filter(status=NodeStatus.RUNNING),
+            Agent.objects.filter(run=run, attempt_number=run.attempt_number),
             NodeStatus.FAILED,
-            from_states=[NodeStatus.RUNNING],
+            from_states=[NodeStatus.PENDING, NodeStatus.RUNNING],
             actor=actor,
             message=message,
             updates={"last_error": error},
@@ -315,6 +335,8 @@ def run_resume(
 def run_resumed(*, run_id: RunId, actor: str = "worker") -> Run:
     """RESUMING -> RUNNING once the pending work has been re-enqueued."""
     run = lock_run(run_id)
+    if not require_source(run, RunStatus.RESUMING, RunStatus.RUNNING):
+        return run
     now = timezone.now()
     return transition(
         Run, run.pk, RunStatus.RUNNING, actor=actor, now=now, updates={"last_heartbeat": now}
@@ -357,6 +379,8 @@ def run_retry(
 def run_requeue(*, run_id: RunId, actor: str = "worker") -> Run:
     """RETRYING -> PENDING: the retry's pick-up message is on its way."""
     run = lock_run(run_id)
+    if not require_source(run, RunStatus.RETRYING, RunStatus.PENDING):
+        return run
     return transition(Run, run.pk, RunStatus.PENDING, actor=actor).obj
 
 

@@ -71,9 +71,11 @@ RUN_TRANSITIONS: dict[str, frozenset[str]] = {
 }
 
 # Agents and tasks. A child that fails for good under a parent whose failure mode is
-# `continue` ends SKIPPED (its error kept), hence running -> skipped.
+# `continue` ends SKIPPED (its error kept), hence running -> skipped. pending -> failed:
+# a run that fails (timeout, lost worker) fails the agents it had not started yet too,
+# so that a FAILED run always has a FAILED agent (seed 000 invariant 3).
 NODE_TRANSITIONS: dict[str, frozenset[str]] = {
-    N.PENDING: frozenset({N.RUNNING, N.PAUSED, N.SKIPPED, N.CANCELLED}),
+    N.PENDING: frozenset({N.RUNNING, N.PAUSED, N.FAILED, N.SKIPPED, N.CANCELLED}),
     N.RUNNING: frozenset({N.COMPLETED, N.FAILED, N.SKIPPED, N.PAUSED, N.CANCELLED}),
     N.PAUSED: frozenset({N.PENDING, N.CANCELLED}),
     N.COMPLETED: frozenset(),

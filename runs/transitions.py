@@ -1,10 +1,15 @@
 """The one door through which every state change passes.
 
-``transition()`` locks the row (``SELECT ... FOR UPDATE``), checks the entity's table in
+``transition()`` locks the row (``SELECT ... FOR NO KEY UPDATE``), checks the entity's table in
 ``runs.states``, sets the timestamps that go with the new state, saves, and writes a
 RunEvent, all in one transaction. Asking for the state a row is already in is a no-op
 that returns it unchanged and writes nothing. Anything else not in the table raises
 ``InvalidTransition`` and changes nothing.
+
+The lock is FOR NO KEY UPDATE, not FOR UPDATE: it serialises state changes just the
+same, but does not block the KEY SHARE locks that PostgreSQL takes on a run when a child
+row or a RunEvent referencing it is inserted. With FOR UPDATE, a service holding the run
+and waiting for a step deadlocks with a step transition waiting to insert its event.
 
 ``transition_many()`` is the same for a set of rows at once (cascades such as cancelling
 every pending step of a run): rows not in one of the given source states are left alone.
@@ -120,7 +125,7 @@ def transition(
     """
     entity = entity_name(model)
     with transaction.atomic():
-        obj = model.objects.select_for_update().get(pk=pk)
+        obj = model.objects.select_for_update(no_key=True).get(pk=pk)
         from_status = obj.status
         if not check_transition(entity, from_status, to_status):
             return Transition(obj, False, from_status)
@@ -159,7 +164,7 @@ def transition_many(
         if not is_allowed(entity, source, to_status):
             check_transition(entity, source, to_status)  # raises with the details
     with transaction.atomic():
-        locked = list(rows.select_for_update().filter(status__in=sources).order_by("pk"))
+        locked = list(rows.select_for_update(no_key=True).filter(status__in=sources).order_by("pk"))
         if not locked:
             return []
         now = now or timezone.now()

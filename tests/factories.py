@@ -101,3 +101,21 @@ def hierarchy(status: dict[str, str] | None = None) -> tuple[Run, Agent, Task, S
         status=status.get("step", "pending"),
     )
     return the_run, agent, task, the_step
+
+
+def finish_all_work(run: Run, status: str = "completed") -> None:
+    """Stand in for the engine: move every open node of the current attempt to ``status``.
+
+    Goes through the real transition service, pending -> running -> ``status``.
+    """
+    from runs.transitions import transition
+
+    for model in (Step, Task, Agent):
+        rows = model.objects.filter(run=run, attempt_number=run.attempt_number)  # type: ignore[attr-defined]
+        for row in rows.exclude(status__in=["completed", "failed", "skipped", "cancelled"]):
+            if row.status in ("pending", "paused", "waiting_approval"):
+                if row.status == "paused":
+                    transition(model, row.pk, "pending")
+                if row.status != "waiting_approval":
+                    transition(model, row.pk, "running")
+            transition(model, row.pk, status)

@@ -1,0 +1,67 @@
+"""Management commands: create_org and check_invariants."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+
+from billing.models import Organization
+from billing.services import api_key_authenticate
+from runs import services
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+
+
+def test_create_org_prints_the_organization_and_a_working_key() -> None:
+    out = StringIO()
+
+    call_command("create_org", "Acme Research", stdout=out)
+
+    result = json.loads(out.getvalue())
+    organization = Organization.objects.get(pk=result["organization_id"])
+    assert organization.name == "Acme Research"
+    key = api_key_authenticate(result["api_key"])
+    assert key is not None
+    assert key.organization == organization
+
+
+def test_create_org_refuses_a_duplicate_name() -> None:
+    call_command("create_org", "Acme", stdout=StringIO())
+
+    with pytest.raises(CommandError, match="already exists"):
+        call_command("create_org", "Acme", stdout=StringIO())
+
+    assert Organization.objects.filter(name="Acme").count() == 1
+
+
+def test_check_invariants_passes_on_a_consistent_database() -> None:
+    run = factories.run(agents=2)
+    services.run_start(run_id=run.pk)
+    services.run_pick_up(run_id=run.pk)
+    out = StringIO()
+
+    call_command("check_invariants", stdout=out)
+
+    assert "invariants hold" in out.getvalue()
+
+
+def test_check_invariants_lists_each_violation_and_fails() -> None:
+    run = factories.run(agents=2)
+    services.run_start(run_id=run.pk)
+    services.run_pick_up(run_id=run.pk)
+    with connection.cursor() as cursor:  # corrupt it behind the services' back
+        cursor.execute("UPDATE runs_run SET agent_count = 5 WHERE id = %s", [run.pk])
+        cursor.execute("UPDATE runs_agent SET status = 'completed' WHERE run_id = %s", [run.pk])
+    out = StringIO()
+
+    with pytest.raises(CommandError, match="invariants violated"):
+        call_command("check_invariants", stdout=out)
+
+    report = out.getvalue()
+    assert f"run {run.pk}: agent_count 5 but 2 agents" in report
+    assert f"run {run.pk}: running but no agent is pending or running" in report

@@ -3,8 +3,8 @@
 API views, admin actions, CLI commands and Celery tasks call these and nothing else
 changes a run's state. Each service runs in one transaction, locks the run row first
 (the lock order everywhere is run -> agent -> task -> step, so that two services never
-wait on each other in a cycle), changes state only through ``runs.transitions`` (FOR NO KEY UPDATE locks; see there) and
-records what it did as RunEvents.
+wait on each other in a cycle), changes state only through ``runs.transitions`` (FOR NO
+KEY UPDATE locks; see there) and records what it did as RunEvents.
 """
 
 from __future__ import annotations

@@ -110,8 +110,9 @@ def finish_all_work(run: Run, status: str = "completed") -> None:
     """
     from runs.transitions import transition
 
-    for model in (Step, Task, Agent):
-        rows = model.objects.filter(run=run, attempt_number=run.attempt_number)  # type: ignore[attr-defined]
+    models: tuple[Any, ...] = (Step, Task, Agent)
+    for model in models:
+        rows = model.objects.filter(run=run, attempt_number=run.attempt_number)
         for row in rows.exclude(status__in=["completed", "failed", "skipped", "cancelled"]):
             if row.status in ("pending", "paused", "waiting_approval"):
                 if row.status == "paused":

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import uuid
+from decimal import Decimal
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.forms import ModelForm
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 
-from billing.models import ApiKey, Organization
-from billing.services import api_key_create, api_key_revoke
+from billing.models import ApiKey, LedgerEntry, Organization
+from billing.services import api_key_create, api_key_revoke, credits_grant
+
+
+class GrantCreditsForm(forms.Form):
+    amount = forms.DecimalField(min_value=Decimal("0.000001"), max_digits=18, decimal_places=6)
+    reason = forms.CharField(max_length=500)
+    # One key per rendered form: a double-submitted form grants once.
+    idempotency_key = forms.UUIDField(widget=forms.HiddenInput)
 
 
 class ApiKeyInline(admin.TabularInline[ApiKey, Organization]):
@@ -27,10 +38,77 @@ class ApiKeyInline(admin.TabularInline[ApiKey, Organization]):
 
 @admin.register(Organization)
 class OrganizationAdmin(admin.ModelAdmin[Organization]):
-    list_display = ("name", "id", "created_at")
+    list_display = (
+        "name",
+        "id",
+        "credits_available",
+        "credits_reserved",
+        "credits_spent",
+        "created_at",
+    )
     search_fields = ("name", "=id")
-    readonly_fields = ("id", "created_at")
+    readonly_fields = ("id", "created_at", "credits_available", "credits_reserved", "credits_spent")
+    fields = ("name", *readonly_fields)
     inlines = (ApiKeyInline,)
+    actions = ("grant_credits",)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.action(description="Grant credits to selected organizations")
+    def grant_credits(
+        self, request: HttpRequest, queryset: QuerySet[Organization]
+    ) -> HttpResponse | None:
+        if "apply" in request.POST:
+            form = GrantCreditsForm(request.POST)
+            if form.is_valid():
+                for organization in queryset:
+                    credits_grant(
+                        organization=organization,
+                        amount=form.cleaned_data["amount"],
+                        reason=form.cleaned_data["reason"],
+                        idempotency_key=f"{form.cleaned_data['idempotency_key']}:{organization.pk}",
+                        actor=f"admin:{request.user.get_username()}",
+                    )
+                self.message_user(
+                    request,
+                    f"granted {form.cleaned_data['amount']} credits to {queryset.count()} "
+                    "organization(s)",
+                )
+                return None
+        else:
+            form = GrantCreditsForm(initial={"idempotency_key": uuid.uuid4()})
+        return TemplateResponse(
+            request,
+            "admin/billing/grant_credits.html",
+            {**self.admin_site.each_context(request), "form": form, "organizations": queryset},
+        )
+
+
+@admin.register(LedgerEntry)
+class LedgerEntryAdmin(admin.ModelAdmin[LedgerEntry]):
+    """The ledger, read-only: entries are written by the billing services alone."""
+
+    list_display = (
+        "created_at",
+        "organization",
+        "type",
+        "amount",
+        "run",
+        "step",
+        "reason",
+        "actor",
+    )
+    list_filter = ("type", "organization", "created_at")
+    list_select_related = ("organization", "run", "step")
+    search_fields = ("=run__id", "idempotency_key", "reason")
+    show_full_result_count = False
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from decimal import Decimal
 
 from django.db import models
 
@@ -13,9 +14,25 @@ class Organization(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(max_length=200, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Balances cached from the ledger, changed only in the transaction that appends the
+    # entry (billing.services); `check_invariants` recomputes them from the ledger.
+    credits_available = models.DecimalField(max_digits=18, decimal_places=6, default=Decimal(0))
+    credits_reserved = models.DecimalField(max_digits=18, decimal_places=6, default=Decimal(0))
+    credits_spent = models.DecimalField(max_digits=18, decimal_places=6, default=Decimal(0))
 
     class Meta:
         ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(credits_available__gte=0), name="org_available_gte_0"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(credits_reserved__gte=0), name="org_reserved_gte_0"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(credits_spent__gte=0), name="org_spent_gte_0"
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -50,3 +67,83 @@ class ApiKey(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+
+class EntryType(models.TextChoices):
+    GRANT = "grant"
+    RESERVE = "reserve"
+    CHARGE = "charge"
+    REFUND = "refund"
+
+
+class LedgerEntry(models.Model):
+    """One movement of credits. Append-only: a database trigger refuses UPDATE and DELETE.
+
+    - grant: credits added to the organization (available +)
+    - reserve: held for a run attempt (available -, reserved +)
+    - charge: a step attempt's cost, taken from the attempt's reservation (reserved -)
+    - refund: what a settled attempt did not use, back to available (reserved -)
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(
+        Organization, on_delete=models.PROTECT, related_name="ledger_entries"
+    )
+    run = models.ForeignKey(
+        "runs.Run", null=True, blank=True, on_delete=models.PROTECT, related_name="ledger_entries"
+    )
+    attempt = models.ForeignKey(
+        "runs.RunAttempt",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="ledger_entries",
+    )
+    step = models.ForeignKey(
+        "runs.Step", null=True, blank=True, on_delete=models.PROTECT, related_name="ledger_entries"
+    )
+    type = models.CharField(max_length=10, choices=EntryType.choices)
+    amount = models.DecimalField(max_digits=18, decimal_places=6)
+    idempotency_key = models.CharField(max_length=200)
+    reason = models.CharField(max_length=500, blank=True)
+    actor = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name_plural = "ledger entries"
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["organization", "-created_at"], name="ledger_org_created"),
+            models.Index(fields=["attempt", "type"], name="ledger_attempt_type"),
+            models.Index(fields=["run"], name="ledger_run"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(amount__gt=0), name="ledger_amount_positive"),
+            models.UniqueConstraint(
+                fields=["organization", "idempotency_key"], name="ledger_unique_key"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(type__in=EntryType.values), name="ledger_type_valid"
+            ),
+            # Everything but a grant belongs to a run attempt; a charge to a step too.
+            models.CheckConstraint(
+                condition=models.Q(type="grant")
+                | models.Q(run__isnull=False, attempt__isnull=False),
+                name="ledger_run_entries_have_attempt",
+            ),
+            models.CheckConstraint(
+                condition=~models.Q(type="charge") | models.Q(step__isnull=False),
+                name="ledger_charge_has_step",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.type} {self.amount} ({self.organization_id})"
+
+    def save(self, *args: object, **kwargs: object) -> None:
+        if not self._state.adding:
+            raise ValueError("the ledger is append-only")
+        super().save(*args, **kwargs)  # type: ignore[arg-type]
+
+    def delete(self, *args: object, **kwargs: object) -> tuple[int, dict[str, int]]:
+        raise ValueError("the ledger is append-only")

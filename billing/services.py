@@ -1,17 +1,22 @@
-"""Writes for organizations and API keys. (The ledger services arrive with billing.)"""
+"""Writes for organizations, API keys and the credit ledger."""
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+import uuid
 from datetime import timedelta
+from decimal import ROUND_HALF_UP, Decimal
+from uuid import UUID
 
 from django.db import transaction
 from django.utils import timezone
 
-from billing.models import ApiKey, Organization
+from billing.models import ApiKey, EntryType, LedgerEntry, Organization
+from runs.models import RunAttempt, Step
 
 API_KEY_PREFIX = "ork"
+CREDIT_QUANTUM = Decimal("0.000001")
 # last_used_at is a hint for operators, not an audit log: write it at most this often.
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
@@ -68,3 +73,201 @@ def api_key_authenticate(raw_key: str) -> ApiKey | None:
         ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=now)
         api_key.last_used_at = now
     return api_key
+
+
+# --------------------------------------------------------------------------- credits
+#
+# Lock order, as everywhere: run -> agent -> task -> step -> attempt -> organization.
+# The organization row is the account: every entry locks it (FOR NO KEY UPDATE), so two
+# reservations can never both see the same available balance, whatever the connection.
+
+
+class InsufficientCredits(Exception):
+    """The organization cannot cover a reservation. API: 402 `insufficient_credits`."""
+
+    code = "insufficient_credits"
+
+    def __init__(self, needed: Decimal, available: Decimal) -> None:
+        self.needed = needed
+        self.available = available
+        super().__init__(f"needs {needed} credits, {available} available")
+
+
+class BudgetExhausted(Exception):
+    """A charge beyond the attempt's reservation (the step fails, not retryable)."""
+
+    code = "budget_exhausted"
+
+    def __init__(self, amount: Decimal, remaining: Decimal) -> None:
+        self.amount = amount
+        self.remaining = remaining
+        super().__init__(f"charge of {amount} exceeds the {remaining} credits left reserved")
+
+
+def to_credits(value: Decimal | int | str) -> Decimal:
+    amount = Decimal(str(value)).quantize(CREDIT_QUANTUM, rounding=ROUND_HALF_UP)
+    if not amount.is_finite():
+        raise ValueError(f"not a finite amount: {value!r}")
+    return amount
+
+
+def _existing(organization_id: UUID, key: str) -> LedgerEntry | None:
+    return LedgerEntry.objects.filter(organization_id=organization_id, idempotency_key=key).first()
+
+
+def _lock_org(organization_id: UUID) -> Organization:
+    return Organization.objects.select_for_update(no_key=True).get(pk=organization_id)
+
+
+def _lock_attempt(attempt: RunAttempt) -> RunAttempt:
+    return (
+        RunAttempt.objects.select_for_update(no_key=True).select_related("run").get(pk=attempt.pk)
+    )
+
+
+@transaction.atomic
+def credits_grant(
+    *,
+    organization: Organization,
+    amount: Decimal | int | str,
+    reason: str,
+    idempotency_key: str | None = None,
+    actor: str = "system",
+) -> LedgerEntry:
+    """Add credits. A repeated call with the same key returns the first entry."""
+    amount = to_credits(amount)
+    if amount <= 0:
+        raise ValueError("a grant must be positive")
+    key = f"grant:{idempotency_key or uuid.uuid4()}"
+    org = _lock_org(organization.pk)
+    existing = _existing(org.pk, key)
+    if existing:
+        return existing
+    entry = LedgerEntry.objects.create(
+        organization=org,
+        type=EntryType.GRANT,
+        amount=amount,
+        idempotency_key=key,
+        reason=reason.strip()[:500],
+        actor=actor,
+    )
+    org.credits_available += amount
+    org.save(update_fields=["credits_available"])
+    return entry
+
+
+@transaction.atomic
+def credits_reserve(
+    *, attempt: RunAttempt, amount: Decimal | int | str, actor: str = "system"
+) -> LedgerEntry:
+    """Hold ``amount`` for a run attempt; raise InsufficientCredits if it is not available.
+
+    Keyed by the attempt: a retried call returns the first reservation.
+    """
+    amount = to_credits(amount)
+    if amount <= 0:
+        raise ValueError("a reservation must be positive")
+    attempt = _lock_attempt(attempt)
+    run = attempt.run
+    key = f"reserve:{attempt.pk}"
+    org = _lock_org(run.organization_id)
+    existing = _existing(org.pk, key)
+    if existing:
+        return existing
+    if org.credits_available < amount:
+        raise InsufficientCredits(amount, org.credits_available)
+    entry = LedgerEntry.objects.create(
+        organization=org,
+        run=run,
+        attempt=attempt,
+        type=EntryType.RESERVE,
+        amount=amount,
+        idempotency_key=key,
+        reason=f"run {run.pk} attempt {attempt.attempt_number}",
+        actor=actor,
+    )
+    org.credits_available -= amount
+    org.credits_reserved += amount
+    org.save(update_fields=["credits_available", "credits_reserved"])
+    attempt.credits_reserved += amount
+    attempt.save(update_fields=["credits_reserved"])
+    return entry
+
+
+@transaction.atomic
+def credits_charge(
+    *,
+    attempt: RunAttempt,
+    step: Step,
+    step_attempt: int,
+    amount: Decimal | int | str,
+    actor: str = "system",
+) -> LedgerEntry | None:
+    """Charge one step attempt against the run attempt's reservation.
+
+    Keyed by step and step attempt, so a duplicate delivery charges nothing more. A zero
+    cost writes nothing. Beyond the reservation: BudgetExhausted, nothing written.
+    """
+    amount = to_credits(amount)
+    if amount < 0:
+        raise ValueError("a charge cannot be negative")
+    if amount == 0:
+        return None
+    attempt = _lock_attempt(attempt)
+    run = attempt.run
+    key = f"charge:{step.pk}:{step_attempt}"
+    org = _lock_org(run.organization_id)
+    existing = _existing(org.pk, key)
+    if existing:
+        return existing
+    if attempt.settled_at is not None:
+        raise BudgetExhausted(amount, Decimal(0))
+    remaining = attempt.credits_reserved - attempt.credits_charged - attempt.credits_refunded
+    if amount > remaining:
+        raise BudgetExhausted(amount, remaining)
+    entry = LedgerEntry.objects.create(
+        organization=org,
+        run=run,
+        attempt=attempt,
+        step=step,
+        type=EntryType.CHARGE,
+        amount=amount,
+        idempotency_key=key,
+        reason=f"step {step.name} attempt {step_attempt}",
+        actor=actor,
+    )
+    org.credits_reserved -= amount
+    org.credits_spent += amount
+    org.save(update_fields=["credits_reserved", "credits_spent"])
+    attempt.credits_charged += amount
+    attempt.save(update_fields=["credits_charged"])
+    return entry
+
+
+@transaction.atomic
+def credits_settle(*, attempt: RunAttempt, actor: str = "system") -> LedgerEntry | None:
+    """On a terminal state: refund whatever is reserved and not charged. Idempotent."""
+    attempt = _lock_attempt(attempt)
+    if attempt.settled_at is not None:
+        return _existing(attempt.run.organization_id, f"refund:{attempt.pk}")
+    org = _lock_org(attempt.run.organization_id)
+    remaining = attempt.credits_reserved - attempt.credits_charged - attempt.credits_refunded
+    entry = None
+    if remaining > 0:
+        entry = LedgerEntry.objects.create(
+            organization=org,
+            run=attempt.run,
+            attempt=attempt,
+            type=EntryType.REFUND,
+            amount=remaining,
+            idempotency_key=f"refund:{attempt.pk}",
+            reason=f"settled run {attempt.run_id} attempt {attempt.attempt_number}",
+            actor=actor,
+        )
+        org.credits_reserved -= remaining
+        org.credits_available += remaining
+        org.save(update_fields=["credits_reserved", "credits_available"])
+        attempt.credits_refunded += remaining
+    attempt.settled_at = timezone.now()
+    attempt.save(update_fields=["credits_refunded", "settled_at"])
+    return entry

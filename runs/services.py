@@ -17,6 +17,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.models import Organization
+from billing.pricing import plan_reservation
+from billing.services import credits_reserve, credits_settle
 from runs.materialize import materialize
 from runs.models import Agent, EventKind, Run, RunAttempt, Step, Task
 from runs.spec import Plan, parse_plan
@@ -114,7 +116,11 @@ def run_create(
 def run_start(
     *, run_id: RunId, organization: Organization | None = None, actor: str = "system"
 ) -> Run:
-    """CREATED -> PENDING: open attempt 1. Already PENDING (or later): returned unchanged."""
+    """CREATED -> PENDING: open attempt 1 and reserve its credits.
+
+    Already PENDING: returned unchanged. Too little available: InsufficientCredits, and
+    the whole transaction rolls back, so the run stays CREATED.
+    """
     run = lock_run(run_id, organization)
     if run.deleted_at is not None:
         raise RunDeleted(f"run {run.pk} was deleted")
@@ -125,8 +131,23 @@ def run_start(
             return run
         return transition(Run, run.pk, RunStatus.PENDING, actor=actor).obj
     run = transition(Run, run.pk, RunStatus.PENDING, actor=actor, updates={"attempt_number": 1}).obj
-    RunAttempt.objects.create(run=run, attempt_number=1)
+    _open_attempt(run, actor)
     return run
+
+
+def _open_attempt(run: Run, actor: str) -> RunAttempt:
+    """Create the run's current attempt and reserve its credits (same transaction)."""
+    attempt = RunAttempt.objects.create(run=run, attempt_number=run.attempt_number)
+    amount = plan_reservation(plan_of(run))
+    entry = credits_reserve(attempt=attempt, amount=amount, actor=actor)
+    record_event(
+        run,
+        EventKind.CHARGE,
+        actor=actor,
+        message=f"reserved {entry.amount} credits",
+        payload={"type": "reserve", "amount": str(entry.amount)},
+    )
+    return attempt
 
 
 @transaction.atomic
@@ -185,10 +206,21 @@ def _close_children(run: Run, to_status: str, actor: str, message: str) -> None:
     )
 
 
-def _finish_attempt(run: Run) -> None:
-    RunAttempt.objects.filter(run=run, attempt_number=run.attempt_number).update(
-        outcome=run.status, finished_at=run.completed_at or timezone.now()
-    )
+def _finish_attempt(run: Run, actor: str = "system") -> None:
+    """Close the current attempt on a terminal state and settle its credits with it."""
+    attempt = current_attempt(run)
+    attempt.outcome = run.status
+    attempt.finished_at = run.completed_at or timezone.now()
+    attempt.save(update_fields=["outcome", "finished_at"])
+    refund = credits_settle(attempt=attempt, actor=actor)
+    if refund is not None:
+        record_event(
+            run,
+            EventKind.CHARGE,
+            actor=actor,
+            message=f"refunded {refund.amount} credits",
+            payload={"type": "refund", "amount": str(refund.amount)},
+        )
 
 
 @transaction.atomic
@@ -205,7 +237,7 @@ def run_complete(*, run_id: RunId, actor: str = "system") -> Run:
             )
     result = transition(Run, run.pk, RunStatus.COMPLETED, actor=actor)
     if result.changed:
-        _finish_attempt(result.obj)
+        _finish_attempt(result.obj, actor)
     return result.obj
 
 
@@ -242,7 +274,7 @@ def run_fail(
             updates={"last_error": error},
         )
         _close_children(result.obj, "cancelled", actor, message)
-        _finish_attempt(result.obj)
+        _finish_attempt(result.obj, actor)
     return result.obj
 
 
@@ -270,7 +302,7 @@ def run_cancel(
     if result.changed:
         _close_children(result.obj, "cancelled", actor, reason)
         if result.obj.attempt_number:
-            _finish_attempt(result.obj)
+            _finish_attempt(result.obj, actor)
     return result.obj
 
 
@@ -371,7 +403,7 @@ def run_retry(
         payload={"attempt_number": number},
         updates={"attempt_number": number, "agent_count": 0, "last_error": None},
     )
-    RunAttempt.objects.create(run=result.obj, attempt_number=number)
+    _open_attempt(result.obj, actor)
     return result.obj
 
 

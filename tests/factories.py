@@ -6,15 +6,20 @@ import itertools
 from typing import Any
 
 from billing.models import Organization
-from billing.services import api_key_create, organization_create
+from billing.services import api_key_create, credits_grant, organization_create
 from runs.models import Agent, Run, RunAttempt, Step, Task
 from runs.services import run_create
 
 _counter = itertools.count()
 
 
-def org(name: str | None = None) -> Organization:
-    return organization_create(name=name or f"org-{next(_counter)}")
+def org(name: str | None = None, credits: int | str = 1000) -> Organization:
+    """An organization, with ``credits`` granted (0 for none)."""
+    organization = organization_create(name=name or f"org-{next(_counter)}")
+    if credits:
+        credits_grant(organization=organization, amount=credits, reason="test setup")
+        organization.refresh_from_db()
+    return organization
 
 
 def org_with_key(name: str | None = None) -> tuple[Organization, str]:

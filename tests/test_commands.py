@@ -65,3 +65,19 @@ def test_check_invariants_lists_each_violation_and_fails() -> None:
     report = out.getvalue()
     assert f"run {run.pk}: agent_count 5 but 2 agents" in report
     assert f"run {run.pk}: running but no agent is pending or running" in report
+
+
+def test_create_org_grants_initial_credits() -> None:
+    out = StringIO()
+
+    call_command("create_org", "Funded", "--credits", "250.5", stdout=out)
+
+    organization = Organization.objects.get(pk=json.loads(out.getvalue())["organization_id"])
+    assert str(organization.credits_available) == "250.500000"
+    assert organization.ledger_entries.get().type == "grant"
+
+
+def test_create_org_refuses_bad_credits() -> None:
+    with pytest.raises(CommandError, match="--credits"):
+        call_command("create_org", "Broke", "--credits", "lots", stdout=StringIO())
+    assert not Organization.objects.filter(name="Broke").exists()

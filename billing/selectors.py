@@ -1,0 +1,56 @@
+"""Reads of balances and the ledger."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+
+from django.db.models import Q, QuerySet, Sum
+from django.db.models.functions import Coalesce
+
+from billing.models import EntryType, LedgerEntry, Organization
+
+ZERO = Decimal(0)
+
+
+@dataclass(frozen=True)
+class Balance:
+    available: Decimal
+    reserved: Decimal
+    spent: Decimal
+
+    @property
+    def total(self) -> Decimal:
+        return self.available + self.reserved
+
+
+def organization_balance(organization: Organization) -> Balance:
+    """The cached balances (kept in step with the ledger by billing.services)."""
+    return Balance(
+        available=organization.credits_available,
+        reserved=organization.credits_reserved,
+        spent=organization.credits_spent,
+    )
+
+
+def _sum(entry_type: str) -> Coalesce:
+    return Coalesce(Sum("amount", filter=Q(type=entry_type)), ZERO)
+
+
+def ledger_totals(entries: QuerySet[LedgerEntry]) -> dict[str, Decimal]:
+    """Sum of each entry type over ``entries``."""
+    return entries.aggregate(**{entry_type: _sum(entry_type) for entry_type in EntryType.values})
+
+
+def balance_from_ledger(organization: Organization) -> Balance:
+    """The balances recomputed from the ledger alone (what the cache must equal)."""
+    totals = ledger_totals(LedgerEntry.objects.filter(organization=organization))
+    return Balance(
+        available=totals["grant"] - totals["reserve"] + totals["refund"],
+        reserved=totals["reserve"] - totals["charge"] - totals["refund"],
+        spent=totals["charge"],
+    )
+
+
+def ledger_for(organization: Organization) -> QuerySet[LedgerEntry]:
+    return LedgerEntry.objects.filter(organization=organization).order_by("-created_at", "-id")

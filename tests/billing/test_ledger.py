@@ -1,0 +1,269 @@
+"""The credit ledger: append-only, exactly-once, never overdrawn, always balanced."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
+
+import pytest
+from django.db import DatabaseError, connection, connections, transaction
+
+from billing.models import LedgerEntry, Organization
+from billing.selectors import balance_from_ledger, organization_balance
+from billing.services import (
+    BudgetExhausted,
+    InsufficientCredits,
+    credits_charge,
+    credits_grant,
+    credits_reserve,
+    credits_settle,
+)
+from orchestrator.invariants import check_all
+from runs import services
+from runs.models import Run, RunAttempt, Step
+from tests import factories
+from tests.factories import finish_all_work
+
+pytestmark = pytest.mark.django_db
+
+
+def assert_invariants_hold() -> None:
+    assert {name: found for name, found in check_all().items() if found} == {}
+
+
+def assert_settled(run: Run) -> RunAttempt:
+    run = Run.objects.get(pk=run.pk)
+    attempt = RunAttempt.objects.get(run=run, attempt_number=run.attempt_number)
+    assert attempt.settled_at is not None
+    assert attempt.credits_charged + attempt.credits_refunded == attempt.credits_reserved
+    return attempt
+
+
+@pytest.mark.parametrize(
+    "statement",
+    ["UPDATE billing_ledgerentry SET amount = 1", "DELETE FROM billing_ledgerentry"],
+)
+def test_raw_sql_cannot_change_or_delete_ledger_entries(statement: str) -> None:
+    organization = factories.org(credits=10)
+
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+        connection.cursor().execute(statement)
+
+    assert LedgerEntry.objects.filter(organization=organization).count() == 1
+
+
+@pytest.mark.parametrize(
+    "statement", ["UPDATE runs_runevent SET message = 'x'", "DELETE FROM runs_runevent"]
+)
+def test_raw_sql_cannot_change_or_delete_run_events(statement: str) -> None:
+    factories.run()
+
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+        connection.cursor().execute(statement)
+
+
+def test_the_model_refuses_to_update_or_delete_an_entry() -> None:
+    organization = factories.org(credits=10)
+    entry = LedgerEntry.objects.get(organization=organization)
+
+    with pytest.raises(ValueError, match="append-only"):
+        entry.save()
+    with pytest.raises(ValueError, match="append-only"):
+        entry.delete()
+
+
+def test_start_reserves_the_plans_credits_and_the_estimate_otherwise() -> None:
+    organization = factories.org(credits=100)
+    explicit = factories.run(organization, credits=12.5)
+    estimated = factories.run(organization, steps=4)  # 4 noop x 0.01 x 3 attempts
+
+    services.run_start(run_id=explicit.pk)
+    services.run_start(run_id=estimated.pk)
+
+    assert RunAttempt.objects.get(run=explicit).credits_reserved == Decimal("12.5")
+    assert RunAttempt.objects.get(run=estimated).credits_reserved == Decimal("0.12")
+    organization.refresh_from_db()
+    assert organization_balance(organization).available == Decimal("87.38")
+    assert organization_balance(organization).reserved == Decimal("12.62")
+    assert_invariants_hold()
+
+
+def test_start_with_too_little_available_fails_and_the_run_stays_created() -> None:
+    organization = factories.org(credits=5)
+    run = factories.run(organization, credits=10)
+
+    with pytest.raises(InsufficientCredits) as raised:
+        services.run_start(run_id=run.pk)
+
+    assert raised.value.code == "insufficient_credits"
+    stored = Run.objects.get(pk=run.pk)
+    assert (stored.status, stored.attempt_number) == ("created", 0)
+    assert not RunAttempt.objects.filter(run=run).exists()
+    assert LedgerEntry.objects.filter(run=run).count() == 0
+    assert_invariants_hold()
+
+
+def test_the_same_charge_applied_twice_writes_one_entry() -> None:
+    run = factories.run(credits=10)
+    services.run_start(run_id=run.pk)
+    services.run_pick_up(run_id=run.pk)
+    attempt = RunAttempt.objects.get(run=run)
+    step = Step.objects.filter(run=run).first()
+    assert step is not None
+
+    first = credits_charge(attempt=attempt, step=step, step_attempt=1, amount="0.5")
+    second = credits_charge(attempt=attempt, step=step, step_attempt=1, amount="0.5")
+
+    assert first == second
+    assert LedgerEntry.objects.filter(step=step, type="charge").count() == 1
+    attempt.refresh_from_db()
+    assert attempt.credits_charged == Decimal("0.5")
+
+
+def test_a_charge_beyond_the_reservation_is_refused_with_budget_exhausted() -> None:
+    run = factories.run(credits=1)
+    services.run_start(run_id=run.pk)
+    services.run_pick_up(run_id=run.pk)
+    attempt = RunAttempt.objects.get(run=run)
+    step = Step.objects.filter(run=run).first()
+    assert step is not None
+    credits_charge(attempt=attempt, step=step, step_attempt=1, amount="0.75")
+
+    with pytest.raises(BudgetExhausted) as raised:
+        credits_charge(attempt=attempt, step=step, step_attempt=2, amount="0.5")
+
+    assert raised.value.code == "budget_exhausted"
+    assert LedgerEntry.objects.filter(step=step, type="charge").count() == 1
+
+
+def _started_with_charges(credits: int = 10) -> Run:
+    run = factories.run(credits=credits, steps=2)
+    services.run_start(run_id=run.pk)
+    services.run_pick_up(run_id=run.pk)
+    attempt = RunAttempt.objects.get(run=run)
+    for number, step in enumerate(Step.objects.filter(run=run).order_by("pk"), start=1):
+        credits_charge(attempt=attempt, step=step, step_attempt=1, amount=number)
+    return Run.objects.get(pk=run.pk)
+
+
+def test_completed_run_refunds_what_was_not_charged() -> None:
+    run = _started_with_charges()
+
+    with transaction.atomic():
+        finish_all_work(services.lock_run(run.pk))
+        services.run_complete(run_id=run.pk)
+
+    attempt = assert_settled(run)
+    assert (attempt.credits_charged, attempt.credits_refunded) == (Decimal(3), Decimal(7))
+    assert_invariants_hold()
+
+
+def test_failed_run_refunds_what_was_not_charged() -> None:
+    run = _started_with_charges()
+
+    services.run_fail(run_id=run.pk, code="tool_error", message="boom")
+
+    assert assert_settled(run).credits_refunded == Decimal(7)
+    assert_invariants_hold()
+
+
+def test_run_cancelled_before_start_reserved_nothing() -> None:
+    run = factories.run(credits=10)
+
+    services.run_cancel(run_id=run.pk)
+
+    assert not LedgerEntry.objects.filter(run=run).exists()
+    assert_invariants_hold()
+
+
+def test_run_cancelled_while_pending_is_refunded_in_full() -> None:
+    run = factories.run(credits=10)
+    services.run_start(run_id=run.pk)
+
+    services.run_cancel(run_id=run.pk, reason="not needed")
+
+    attempt = assert_settled(run)
+    assert attempt.credits_refunded == Decimal(10)
+    assert_invariants_hold()
+
+
+def test_pending_timeout_refunds_in_full() -> None:
+    run = factories.run(credits=10)
+    services.run_start(run_id=run.pk)
+
+    services.run_fail(run_id=run.pk, code="pending_timeout", message="not picked up in 24h")
+
+    assert assert_settled(run).credits_refunded == Decimal(10)
+    assert_invariants_hold()
+
+
+def test_retry_reserves_anew_for_the_new_attempt() -> None:
+    run = _started_with_charges()
+    services.run_fail(run_id=run.pk, code="tool_error", message="boom")
+
+    services.run_retry(run_id=run.pk)
+
+    attempts = list(RunAttempt.objects.filter(run=run).order_by("attempt_number"))
+    assert [a.credits_reserved for a in attempts] == [Decimal(10), Decimal(10)]
+    assert attempts[0].settled_at is not None
+    assert attempts[1].settled_at is None
+    assert_invariants_hold()
+
+
+def test_settle_twice_refunds_once() -> None:
+    run = factories.run(credits=10)
+    services.run_start(run_id=run.pk)
+    attempt = RunAttempt.objects.get(run=run)
+
+    credits_settle(attempt=attempt)
+    credits_settle(attempt=attempt)
+
+    assert LedgerEntry.objects.filter(attempt=attempt, type="refund").count() == 1
+
+
+def test_grant_with_the_same_key_grants_once() -> None:
+    organization = factories.org(credits=0)
+
+    credits_grant(organization=organization, amount=5, reason="promo", idempotency_key="k1")
+    credits_grant(organization=organization, amount=5, reason="promo", idempotency_key="k1")
+
+    organization.refresh_from_db()
+    assert organization.credits_available == Decimal(5)
+    assert balance_from_ledger(organization).available == Decimal(5)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_reservations_never_overdraw() -> None:
+    organization = factories.org(credits="255")  # affords 25 runs of 10
+    run_ids = [factories.run(organization, credits=10).pk for _ in range(50)]
+
+    def start(run_id: object) -> str:
+        try:
+            services.run_start(run_id=run_id)  # type: ignore[arg-type]
+            return "started"
+        except InsufficientCredits:
+            return "insufficient_credits"
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(max_workers=50) as pool:
+        outcomes = list(pool.map(start, run_ids))
+
+    assert outcomes.count("started") == 25
+    assert outcomes.count("insufficient_credits") == 25
+    organization = Organization.objects.get(pk=organization.pk)
+    assert organization.credits_available == Decimal(5)
+    assert Run.objects.filter(organization=organization, status="pending").count() == 25
+    assert Run.objects.filter(organization=organization, status="created").count() == 25
+    assert_invariants_hold()
+
+
+def test_reserve_is_keyed_by_attempt() -> None:
+    run = factories.run(credits=10)
+    services.run_start(run_id=run.pk)
+    attempt = RunAttempt.objects.get(run=run)
+
+    again = credits_reserve(attempt=attempt, amount=10)
+
+    assert LedgerEntry.objects.filter(attempt=attempt, type="reserve").count() == 1
+    assert again.amount == Decimal(10)

@@ -1,0 +1,145 @@
+"""Random grant / reserve / charge / settle sequences, with duplicate replays (hypothesis).
+
+Every billing invariant must hold after every step: cached balances equal the ledger,
+nothing is negative, and every settled attempt has charged + refunded = reserved.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.db import transaction
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+
+from billing.models import LedgerEntry
+from billing.services import (
+    BudgetExhausted,
+    InsufficientCredits,
+    credits_charge,
+    credits_grant,
+    credits_reserve,
+    credits_settle,
+)
+from orchestrator.invariants import check_all
+from runs import services
+from runs.models import Run, RunAttempt, Step
+from runs.states import InvalidTransition
+from tests import factories
+
+amounts = st.decimals(min_value=Decimal("0.01"), max_value=Decimal(50), places=2)
+REFUSED = (InsufficientCredits, BudgetExhausted, InvalidTransition, services.AttemptsExhausted)
+
+
+class Ledger(RuleBasedStateMachine):
+    runs = Bundle("runs")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._atomic = transaction.atomic()
+        self._atomic.__enter__()
+        self.organization = factories.org(credits=0)
+
+    def teardown(self) -> None:
+        transaction.set_rollback(True)
+        self._atomic.__exit__(None, None, None)
+
+    def _try(self, operation: Any) -> None:
+        entries = LedgerEntry.objects.count()
+        try:
+            with transaction.atomic():
+                operation()
+        except REFUSED:
+            assert LedgerEntry.objects.count() == entries  # a refusal writes nothing
+
+    def _attempt(self, run: Run) -> RunAttempt | None:
+        run = Run.objects.get(pk=run.pk)
+        return RunAttempt.objects.filter(run=run, attempt_number=run.attempt_number).first()
+
+    @rule(amount=amounts, key=st.sampled_from(["a", "b", "c", None]))
+    def grant(self, amount: Decimal, key: str | None) -> None:
+        credits_grant(
+            organization=self.organization, amount=amount, reason="test", idempotency_key=key
+        )
+
+    @rule(target=runs, credits=amounts)
+    def create(self, credits: Decimal) -> Run:
+        return factories.run(self.organization, credits=str(credits), steps=3)
+
+    @rule(run=runs)
+    def start_and_pick_up(self, run: Run) -> None:
+        def operation() -> None:
+            services.run_start(run_id=run.pk)
+            services.run_pick_up(run_id=run.pk)
+
+        self._try(operation)
+
+    @rule(run=runs, index=st.integers(0, 2), step_attempt=st.integers(1, 2), amount=amounts)
+    def charge(self, run: Run, index: int, step_attempt: int, amount: Decimal) -> None:
+        attempt = self._attempt(run)
+        steps = (
+            list(
+                Step.objects.filter(run=run, attempt_number=attempt.attempt_number).order_by(
+                    "position"
+                )
+            )
+            if attempt
+            else []
+        )
+        if attempt is None or not steps:
+            return
+        self._try(
+            lambda: credits_charge(
+                attempt=attempt, step=steps[index], step_attempt=step_attempt, amount=amount
+            )
+        )
+
+    @rule(run=runs, cancel=st.booleans())
+    def finish(self, run: Run, cancel: bool) -> None:
+        if cancel:
+            self._try(lambda: services.run_cancel(run_id=run.pk))
+        else:
+            self._try(lambda: services.run_fail(run_id=run.pk, code="tool_error", message="x"))
+
+    @rule(run=runs)
+    def retry(self, run: Run) -> None:
+        self._try(lambda: services.run_retry(run_id=run.pk))
+
+    @rule(run=runs)
+    def replay_reserve_and_settle(self, run: Run) -> None:
+        attempt = self._attempt(run)
+        if attempt is None:
+            return
+        before = LedgerEntry.objects.count()
+        credits_reserve(attempt=attempt, amount="0.01")  # keyed by attempt: a no-op
+        assert LedgerEntry.objects.count() == before
+        if attempt.settled_at is not None:
+            credits_settle(attempt=attempt)
+            assert LedgerEntry.objects.count() == before
+
+    @invariant()
+    def billing_invariants_hold(self) -> None:
+        violations = {name: found for name, found in check_all().items() if found}
+        assert violations == {}
+
+
+@pytest.mark.django_db
+def test_random_billing_sequences_keep_every_invariant() -> None:
+    run_state_machine_as_test(
+        Ledger,
+        settings=settings(
+            max_examples=15,
+            stateful_step_count=25,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )

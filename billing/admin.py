@@ -14,6 +14,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
 from billing.models import ApiKey, LedgerEntry, Organization
+from billing.selectors import organization_balance
 from billing.services import api_key_create, api_key_revoke, credits_grant
 
 
@@ -38,14 +39,7 @@ class ApiKeyInline(admin.TabularInline[ApiKey, Organization]):
 
 @admin.register(Organization)
 class OrganizationAdmin(admin.ModelAdmin[Organization]):
-    list_display = (
-        "name",
-        "id",
-        "credits_available",
-        "credits_reserved",
-        "credits_spent",
-        "created_at",
-    )
+    list_display = ("name", "id", "credits_available", "created_at")
     search_fields = ("name", "=id")
     readonly_fields = ("id", "created_at", "credits_available", "credits_reserved", "credits_spent")
     fields = ("name", *readonly_fields)
@@ -54,6 +48,14 @@ class OrganizationAdmin(admin.ModelAdmin[Organization]):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    @admin.display(description="credits reserved (held by unsettled runs)")
+    def credits_reserved(self, organization: Organization) -> Decimal:
+        return organization_balance(organization).reserved
+
+    @admin.display(description="credits spent")
+    def credits_spent(self, organization: Organization) -> Decimal:
+        return organization_balance(organization).spent
 
     @admin.action(description="Grant credits to selected organizations")
     def grant_credits(

@@ -14,11 +14,10 @@ class Organization(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(max_length=200, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
-    # Balances cached from the ledger, changed only in the transaction that appends the
-    # entry (billing.services); `check_invariants` recomputes them from the ledger.
+    # The available balance, cached from the ledger and changed only in the transaction
+    # that appends the entry (grant, reserve, refund; a charge draws on the attempt's
+    # reservation and leaves it alone). `check_invariants` recomputes it from the ledger.
     credits_available = models.DecimalField(max_digits=18, decimal_places=6, default=Decimal(0))
-    credits_reserved = models.DecimalField(max_digits=18, decimal_places=6, default=Decimal(0))
-    credits_spent = models.DecimalField(max_digits=18, decimal_places=6, default=Decimal(0))
 
     class Meta:
         ordering = ["name"]

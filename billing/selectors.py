@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 
-from django.db.models import Q, QuerySet, Sum
+from django.db.models import F, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 
 from billing.models import EntryType, LedgerEntry, Organization
+from runs.models import RunAttempt
 
 ZERO = Decimal(0)
 
@@ -25,11 +26,19 @@ class Balance:
 
 
 def organization_balance(organization: Organization) -> Balance:
-    """The cached balances (kept in step with the ledger by billing.services)."""
+    """Available is cached on the row; reserved and spent are summed over its attempts."""
+    held = RunAttempt.objects.filter(run__organization=organization).aggregate(
+        reserved=Coalesce(
+            Sum(
+                F("credits_reserved") - F("credits_charged") - F("credits_refunded"),
+                filter=Q(settled_at__isnull=True),
+            ),
+            ZERO,
+        ),
+        spent=Coalesce(Sum("credits_charged"), ZERO),
+    )
     return Balance(
-        available=organization.credits_available,
-        reserved=organization.credits_reserved,
-        spent=organization.credits_spent,
+        available=organization.credits_available, reserved=held["reserved"], spent=held["spent"]
     )
 
 

@@ -9,11 +9,11 @@ from datetime import timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from uuid import UUID
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from billing.models import ApiKey, EntryType, LedgerEntry, Organization
-from runs.models import RunAttempt, Step
+from runs.models import Run, RunAttempt, Step
 
 API_KEY_PREFIX = "ork"
 CREDIT_QUANTUM = Decimal("0.000001")
@@ -187,61 +187,102 @@ def credits_reserve(
         actor=actor,
     )
     org.credits_available -= amount
-    org.credits_reserved += amount
-    org.save(update_fields=["credits_available", "credits_reserved"])
+    org.save(update_fields=["credits_available"])
     attempt.credits_reserved += amount
     attempt.save(update_fields=["credits_reserved"])
     return entry
 
 
-@transaction.atomic
+# One statement: the attempt's budget is checked and drawn on, and the entry written, in a
+# single round trip (this runs once per step attempt). The NOT EXISTS keeps a replay from
+# drawing twice; two concurrent replays serialise on the attempt row and the second then
+# fails on the unique key, rolling its transaction back.
+_CHARGE_SQL = """
+WITH drawn AS (
+    UPDATE runs_runattempt SET credits_charged = credits_charged + %(amount)s
+    WHERE id = %(attempt)s
+      AND settled_at IS NULL
+      AND credits_reserved - credits_charged - credits_refunded >= %(amount)s
+      AND NOT EXISTS (
+          SELECT 1 FROM billing_ledgerentry
+          WHERE organization_id = %(organization)s AND idempotency_key = %(key)s
+      )
+    RETURNING id, run_id
+)
+INSERT INTO billing_ledgerentry
+    (id, organization_id, run_id, attempt_id, step_id, type, amount, idempotency_key,
+     reason, actor, created_at)
+SELECT %(id)s, %(organization)s, drawn.run_id, drawn.id, %(step)s, 'charge', %(amount)s,
+       %(key)s, %(reason)s, %(actor)s, now()
+FROM drawn
+RETURNING id
+"""
+
+
 def credits_charge(
     *,
     attempt: RunAttempt,
     step: Step,
     step_attempt: int,
     amount: Decimal | int | str,
+    organization_id: UUID | None = None,
     actor: str = "system",
 ) -> LedgerEntry | None:
     """Charge one step attempt against the run attempt's reservation.
 
     Keyed by step and step attempt, so a duplicate delivery charges nothing more. A zero
-    cost writes nothing. Beyond the reservation: BudgetExhausted, nothing written.
+    cost writes nothing. Beyond the reservation (or after settlement): BudgetExhausted,
+    nothing written.
     """
     amount = to_credits(amount)
     if amount < 0:
         raise ValueError("a charge cannot be negative")
     if amount == 0:
         return None
-    attempt = _lock_attempt(attempt)
-    run = attempt.run
+    if organization_id is None:
+        organization_id = Run.objects.values_list("organization_id", flat=True).get(
+            pk=attempt.run_id
+        )
     key = f"charge:{step.pk}:{step_attempt}"
-    org = _lock_org(run.organization_id)
-    existing = _existing(org.pk, key)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _CHARGE_SQL,
+            {
+                "id": uuid.uuid4(),
+                "organization": organization_id,
+                "attempt": attempt.pk,
+                "step": step.pk,
+                "amount": amount,
+                "key": key,
+                "reason": f"step {step.name} attempt {step_attempt}"[:500],
+                "actor": actor,
+            },
+        )
+        row = cursor.fetchone()
+    if row is not None:
+        return LedgerEntry(
+            id=row[0],
+            organization_id=organization_id,
+            run_id=attempt.run_id,
+            attempt_id=attempt.pk,
+            step_id=step.pk,
+            type=EntryType.CHARGE,
+            amount=amount,
+            idempotency_key=key,
+            actor=actor,
+        )
+    existing = _existing(organization_id, key)
     if existing:
         return existing
-    if attempt.settled_at is not None:
-        raise BudgetExhausted(amount, Decimal(0))
-    remaining = attempt.credits_reserved - attempt.credits_charged - attempt.credits_refunded
-    if amount > remaining:
-        raise BudgetExhausted(amount, remaining)
-    entry = LedgerEntry.objects.create(
-        organization=org,
-        run=run,
-        attempt=attempt,
-        step=step,
-        type=EntryType.CHARGE,
-        amount=amount,
-        idempotency_key=key,
-        reason=f"step {step.name} attempt {step_attempt}",
-        actor=actor,
+    state = RunAttempt.objects.values(
+        "credits_reserved", "credits_charged", "credits_refunded", "settled_at"
+    ).get(pk=attempt.pk)
+    remaining = (
+        Decimal(0)
+        if state["settled_at"] is not None
+        else state["credits_reserved"] - state["credits_charged"] - state["credits_refunded"]
     )
-    org.credits_reserved -= amount
-    org.credits_spent += amount
-    org.save(update_fields=["credits_reserved", "credits_spent"])
-    attempt.credits_charged += amount
-    attempt.save(update_fields=["credits_charged"])
-    return entry
+    raise BudgetExhausted(amount, remaining)
 
 
 @transaction.atomic
@@ -264,9 +305,8 @@ def credits_settle(*, attempt: RunAttempt, actor: str = "system") -> LedgerEntry
             reason=f"settled run {attempt.run_id} attempt {attempt.attempt_number}",
             actor=actor,
         )
-        org.credits_reserved -= remaining
         org.credits_available += remaining
-        org.save(update_fields=["credits_reserved", "credits_available"])
+        org.save(update_fields=["credits_available"])
         attempt.credits_refunded += remaining
     attempt.settled_at = timezone.now()
     attempt.save(update_fields=["credits_refunded", "settled_at"])

@@ -27,4 +27,18 @@ class Schedule:
     expires_seconds: int | None = None
 
 
-SCHEDULES: tuple[Schedule, ...] = ()
+def _every(setting: str) -> int:
+    from django.conf import settings
+
+    return int(getattr(settings, setting))
+
+
+def schedules() -> tuple[Schedule, ...]:
+    """The schedules, with intervals read from settings at install time."""
+    return (
+        Schedule(
+            name="lease-sweep",
+            task="orchestrator.sweeps.leases",
+            every_seconds=_every("ENGINE_SWEEP_INTERVAL"),
+        ),
+    )

@@ -1,13 +1,67 @@
-"""Celery tasks of the engine. Tasks are thin: they take ids and call services."""
+"""Celery tasks of the engine. Thin: they take ids and call the engine or a service.
+
+Every task is safe to receive twice: a run is picked up only while PENDING, a step is
+claimed only while pending (a conditional UPDATE), sweeps re-check each row under lock.
+Transient infrastructure errors (database, broker) are retried by Celery with backoff
+and jitter; a step's own retry policy is the engine's, persisted in PostgreSQL.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from celery import shared_task
+from celery import Task, shared_task
+from django.db import InterfaceError, OperationalError
+from kombu.exceptions import OperationalError as BrokerError
+
+from orchestrator import engine, executor, sweeps
+
+TRANSIENT = (OperationalError, InterfaceError, BrokerError)
+RETRY_OPTIONS: dict[str, Any] = {
+    "autoretry_for": TRANSIENT,
+    "retry_backoff": True,
+    "retry_backoff_max": 60,
+    "retry_jitter": True,
+    "max_retries": 8,
+}
 
 
 @shared_task(name="orchestrator.diagnostics.echo", ignore_result=False)
 def echo_task(payload: Any) -> dict[str, Any]:
     """Return what was sent, with the worker that answered: a broker round-trip probe."""
     return {"payload": payload, "hostname": echo_task.request.hostname}
+
+
+@shared_task(name="orchestrator.runs.pick_up", **RETRY_OPTIONS)
+def pick_up_run_task(run_id: str) -> bool:
+    return engine.pick_up(run_id, actor=f"worker:{pick_up_run_task.request.hostname}")
+
+
+@shared_task(bind=True, name="orchestrator.steps.execute", max_retries=8)
+def execute_step_task(
+    self: Task[Any, Any], step_id: int, replay: dict[str, Any] | None = None
+) -> str:
+    try:
+        if replay is not None:
+            executor.record(
+                step_id,
+                replay["run_id"],
+                replay["attempt"],
+                executor.Outcome.from_dict(replay["outcome"]),
+            )
+            return "recorded"
+        return executor.execute_step(
+            step_id, worker=f"worker:{self.request.hostname}", task_id=self.request.id or ""
+        )
+    except executor.RecordFailed as exc:
+        # The tool ran; only the recording is retried, never the tool.
+        raise self.retry(
+            exc=exc, kwargs={"replay": exc.replay}, countdown=2**self.request.retries
+        ) from exc
+    except TRANSIENT as exc:
+        raise self.retry(exc=exc, countdown=2**self.request.retries) from exc
+
+
+@shared_task(name="orchestrator.sweeps.leases", **RETRY_OPTIONS)
+def sweep_leases_task() -> dict[str, int]:
+    return sweeps.reclaim_expired_leases()

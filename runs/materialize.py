@@ -7,11 +7,37 @@ run to RUNNING. Rows are bulk-inserted: a 5,000-step plan is a handful of statem
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from runs.models import Agent, Run, RunAttempt, Step, Task
 from runs.spec import AgentPlan, Plan, StepPlan, TaskPlan
 
 
-def _agent_row(run: Run, attempt: RunAttempt, plan: AgentPlan, position: int) -> Agent:
+def wiring(
+    mode: str, names: Sequence[str], depends_on: Sequence[Sequence[str]]
+) -> list[tuple[int, list[str]]]:
+    """(pending dependency count, dependents) of each child of a parent run in ``mode``.
+
+    One scheme covers the three modes: a sequential parent is a chain in which each
+    child waits for the one before; a parallel parent has no edges; a dag has its own.
+    """
+    if mode == "sequential":
+        return [
+            (0 if index == 0 else 1, [names[index + 1]] if index + 1 < len(names) else [])
+            for index in range(len(names))
+        ]
+    if mode == "parallel":
+        return [(0, []) for _ in names]
+    dependents: dict[str, list[str]] = {name: [] for name in names}
+    for name, deps in zip(names, depends_on, strict=True):
+        for dep in deps:
+            dependents[dep].append(name)
+    return [(len(deps), dependents[name]) for name, deps in zip(names, depends_on, strict=True)]
+
+
+def _agent_row(
+    run: Run, attempt: RunAttempt, plan: AgentPlan, position: int, wired: tuple[int, list[str]]
+) -> Agent:
     return Agent(
         run=run,
         attempt=attempt,
@@ -22,13 +48,22 @@ def _agent_row(run: Run, attempt: RunAttempt, plan: AgentPlan, position: int) ->
         failure_mode=plan.failure_mode,
         max_concurrent_tasks=plan.max_concurrent_tasks,
         depends_on=list(plan.depends_on),
-        pending_dependencies=len(plan.depends_on),
+        pending_dependencies=wired[0],
+        dependents=wired[1],
         task_count=len(plan.tasks),
+        open_children=len(plan.tasks),
         timeout_ms=plan.timeout_ms,
     )
 
 
-def task_row(run: Run, agent: Agent, plan: TaskPlan, position: int, generation: int = 0) -> Task:
+def task_row(
+    run: Run,
+    agent: Agent,
+    plan: TaskPlan,
+    position: int,
+    wired: tuple[int, list[str]],
+    generation: int = 0,
+) -> Task:
     return Task(
         run=run,
         agent=agent,
@@ -40,13 +75,22 @@ def task_row(run: Run, agent: Agent, plan: TaskPlan, position: int, generation: 
         failure_mode=plan.failure_mode,
         max_concurrent_steps=plan.max_concurrent_steps,
         depends_on=list(plan.depends_on),
-        pending_dependencies=len(plan.depends_on),
+        pending_dependencies=wired[0],
+        dependents=wired[1],
         step_count=len(plan.steps),
+        open_children=len(plan.steps),
         timeout_ms=plan.timeout_ms,
     )
 
 
-def step_row(run: Run, task: Task, plan: StepPlan, position: int, generation: int = 0) -> Step:
+def step_row(
+    run: Run,
+    task: Task,
+    plan: StepPlan,
+    position: int,
+    wired: tuple[int, list[str]],
+    generation: int = 0,
+) -> Step:
     return Step(
         run=run,
         task=task,
@@ -61,7 +105,8 @@ def step_row(run: Run, task: Task, plan: StepPlan, position: int, generation: in
         retry=plan.retry.as_dict(),
         timeout_ms=plan.timeout_ms,
         depends_on=list(plan.depends_on),
-        pending_dependencies=len(plan.depends_on),
+        pending_dependencies=wired[0],
+        dependents=wired[1],
     )
 
 
@@ -77,21 +122,46 @@ def _handler_spec(plan: StepPlan) -> dict[str, object]:
     }
 
 
+def wire_children(
+    mode: str, children: Sequence[AgentPlan | TaskPlan | StepPlan]
+) -> list[tuple[int, list[str]]]:
+    return wiring(mode, [c.name for c in children], [c.depends_on for c in children])
+
+
+def task_rows(run: Run, agent: Agent, plan: AgentPlan, generation: int = 0) -> list[Task]:
+    wired = wire_children(plan.mode, plan.tasks)
+    return [
+        task_row(run, agent, task_plan, index, wired[index], generation)
+        for index, task_plan in enumerate(plan.tasks)
+    ]
+
+
+def step_rows(run: Run, task: Task, plan: TaskPlan, generation: int = 0) -> list[Step]:
+    wired = wire_children(plan.mode, plan.steps)
+    return [
+        step_row(run, task, step_plan, index, wired[index], generation)
+        for index, step_plan in enumerate(plan.steps)
+    ]
+
+
 def materialize(run: Run, attempt: RunAttempt, plan: Plan) -> list[Agent]:
+    wired = wire_children(plan.mode, plan.agents)
     agents = Agent.objects.bulk_create(
-        [_agent_row(run, attempt, agent, index) for index, agent in enumerate(plan.agents)]
+        [
+            _agent_row(run, attempt, agent, index, wired[index])
+            for index, agent in enumerate(plan.agents)
+        ]
     )
     tasks: list[Task] = []
     task_plans: list[TaskPlan] = []
     for agent, agent_plan in zip(agents, plan.agents, strict=True):
-        for index, task_plan in enumerate(agent_plan.tasks):
-            tasks.append(task_row(run, agent, task_plan, index))
-            task_plans.append(task_plan)
+        tasks.extend(task_rows(run, agent, agent_plan))
+        task_plans.extend(agent_plan.tasks)
     tasks = Task.objects.bulk_create(tasks, batch_size=1000)
     steps = [
-        step_row(run, task, step_plan, index)
+        step
         for task, task_plan in zip(tasks, task_plans, strict=True)
-        for index, step_plan in enumerate(task_plan.steps)
+        for step in step_rows(run, task, task_plan)
     ]
     Step.objects.bulk_create(steps, batch_size=1000)
     return agents

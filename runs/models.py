@@ -70,8 +70,15 @@ class Run(Timestamps):
     )
     mode = models.CharField(max_length=12, choices=Mode.choices, default=Mode.PARALLEL)
     max_attempts = models.PositiveSmallIntegerField(default=3)
+    max_agents = models.PositiveIntegerField(default=10)
     attempt_number = models.PositiveSmallIntegerField(default=0)
     agent_count = models.IntegerField(default=0)
+    variables = models.JSONField(default=dict, blank=True)
+    # Engine bookkeeping of the current attempt's agents (see orchestrator.engine).
+    open_children = models.IntegerField(default=0)
+    active_children = models.IntegerField(default=0)
+    waiting_approvals = models.IntegerField(default=0)
+    automatic_retries = models.PositiveSmallIntegerField(default=0)
     last_error = models.JSONField(null=True, blank=True)
     cancel_reason = models.TextField(blank=True)
     created_by = models.CharField(max_length=200, blank=True)
@@ -95,7 +102,9 @@ class Run(Timestamps):
         ]
         constraints = [
             _status_in("run", RunStatus),
-            *_non_negative("run", "agent_count"),
+            *_non_negative(
+                "run", "agent_count", "open_children", "active_children", "waiting_approvals"
+            ),
             models.CheckConstraint(condition=Q(priority__lte=9), name="run_priority_0_9"),
             models.CheckConstraint(condition=Q(max_attempts__gte=1), name="run_max_attempts_gte_1"),
             models.CheckConstraint(
@@ -155,7 +164,14 @@ class Agent(Timestamps):
     max_concurrent_tasks = models.PositiveIntegerField(default=5)
     depends_on = models.JSONField(default=list, blank=True)
     pending_dependencies = models.IntegerField(default=0)
+    # Names of the siblings that wait for this one (the reverse of depends_on; in a
+    # sequential parent, the next sibling). Kept so that finishing a node finds its
+    # successors without scanning its siblings.
+    dependents = models.JSONField(default=list, blank=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
     task_count = models.IntegerField(default=0)
+    open_children = models.IntegerField(default=0)
+    active_children = models.IntegerField(default=0)
     retry_count = models.IntegerField(default=0)
     timeout_ms = models.BigIntegerField(null=True, blank=True)
     last_error = models.JSONField(null=True, blank=True)
@@ -166,7 +182,14 @@ class Agent(Timestamps):
         constraints = [
             models.UniqueConstraint(fields=["attempt", "name"], name="agent_unique_name"),
             _status_in("agent", NodeStatus),
-            *_non_negative("agent", "pending_dependencies", "task_count", "retry_count"),
+            *_non_negative(
+                "agent",
+                "pending_dependencies",
+                "task_count",
+                "retry_count",
+                "open_children",
+                "active_children",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -191,7 +214,14 @@ class Task(Timestamps):
     max_concurrent_steps = models.PositiveIntegerField(default=3)
     depends_on = models.JSONField(default=list, blank=True)
     pending_dependencies = models.IntegerField(default=0)
+    # Names of the siblings that wait for this one (the reverse of depends_on; in a
+    # sequential parent, the next sibling). Kept so that finishing a node finds its
+    # successors without scanning its siblings.
+    dependents = models.JSONField(default=list, blank=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
     step_count = models.IntegerField(default=0)
+    open_children = models.IntegerField(default=0)
+    active_children = models.IntegerField(default=0)
     retry_count = models.IntegerField(default=0)
     timeout_ms = models.BigIntegerField(null=True, blank=True)
     last_error = models.JSONField(null=True, blank=True)
@@ -207,7 +237,14 @@ class Task(Timestamps):
                 fields=["agent", "generation", "name"], name="task_unique_name"
             ),
             _status_in("task", NodeStatus),
-            *_non_negative("task", "pending_dependencies", "step_count", "retry_count"),
+            *_non_negative(
+                "task",
+                "pending_dependencies",
+                "step_count",
+                "retry_count",
+                "open_children",
+                "active_children",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -234,6 +271,11 @@ class Step(Timestamps):
     timeout_ms = models.BigIntegerField(null=True, blank=True)
     depends_on = models.JSONField(default=list, blank=True)
     pending_dependencies = models.IntegerField(default=0)
+    # Names of the siblings that wait for this one (the reverse of depends_on; in a
+    # sequential parent, the next sibling). Kept so that finishing a node finds its
+    # successors without scanning its siblings.
+    dependents = models.JSONField(default=list, blank=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
     status = models.CharField(max_length=20, choices=StepStatus.choices, default=StepStatus.PENDING)
     attempts = models.IntegerField(default=0)
     failures = models.IntegerField(default=0)
@@ -241,9 +283,13 @@ class Step(Timestamps):
     next_run_at = models.DateTimeField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     worker = models.CharField(max_length=200, blank=True)
+    # Celery task id of the attempt in flight, for revoke(terminate=True) on cancel.
+    celery_task_id = models.CharField(max_length=100, blank=True)
     output = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
     cost = models.DecimalField(max_digits=18, decimal_places=6, default=Decimal("0"))
+    # A failed step whose on_error handlers all succeeded: it counts as done.
+    handled = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["task", "generation", "position"]

@@ -19,6 +19,7 @@ from django.utils import timezone
 from billing.models import Organization
 from billing.pricing import plan_reservation
 from billing.services import credits_reserve, credits_settle
+from orchestrator.dispatch import PICK_UP_TASK, enqueue_run_task
 from runs.materialize import materialize
 from runs.models import Agent, EventKind, Run, RunAttempt, Step, Task
 from runs.spec import Plan, parse_plan
@@ -99,6 +100,8 @@ def run_create(
             failure_mode=plan.failure_mode,
             mode=plan.mode,
             max_attempts=plan.max_attempts,
+            max_agents=plan.max_agents,
+            variables=plan.variables,
             created_by=actor,
         )
         record_event(
@@ -132,6 +135,7 @@ def run_start(
         return transition(Run, run.pk, RunStatus.PENDING, actor=actor).obj
     run = transition(Run, run.pk, RunStatus.PENDING, actor=actor, updates={"attempt_number": 1}).obj
     _open_attempt(run, actor)
+    enqueue_run_task(PICK_UP_TASK, run.pk, run.priority)
     return run
 
 
@@ -169,7 +173,13 @@ def run_pick_up(*, run_id: RunId, actor: str = "worker") -> tuple[Run, bool]:
         RunStatus.RUNNING,
         actor=actor,
         now=now,
-        updates={"agent_count": len(agents), "last_heartbeat": now},
+        updates={
+            "agent_count": len(agents),
+            "open_children": len(agents),
+            "active_children": 0,
+            "waiting_approvals": 0,
+            "last_heartbeat": now,
+        },
     ).obj
     return run, True
 
@@ -404,12 +414,13 @@ def run_retry(
         updates={"attempt_number": number, "agent_count": 0, "last_error": None},
     )
     _open_attempt(result.obj, actor)
+    enqueue_run_task(PICK_UP_TASK, result.obj.pk, result.obj.priority)
     return result.obj
 
 
 @transaction.atomic
 def run_requeue(*, run_id: RunId, actor: str = "worker") -> Run:
-    """RETRYING -> PENDING: the retry's pick-up message is on its way."""
+    """RETRYING -> PENDING: a worker took the retry's message (then picks the run up)."""
     run = lock_run(run_id)
     if not require_source(run, RunStatus.RETRYING, RunStatus.PENDING):
         return run

@@ -7,6 +7,9 @@ fields (a typo must not be silently ignored), unknown tools, duplicate names, da
 dependencies, cycles, malformed durations, templates and conditions, references to work
 that cannot have finished yet, and plans over the size limits in settings.
 
+Whatever JSON-like value it is given, ``parse_plan`` either returns a plan or raises
+``PlanInvalid``: a wrong type anywhere is a reported problem, never a crash.
+
 On success it returns a :class:`Plan` with every default filled in; the stored
 specification stays exactly as submitted, and the plan is derived from it again when a
 worker materialises the run.
@@ -14,23 +17,41 @@ worker materialises the run.
 
 from __future__ import annotations
 
+import difflib
 import json
+import math
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.conf import settings
 
-from orchestrator.errors import ERROR_CODES
+from orchestrator.errors import ERROR_CODES, RETRYABLE_CODES
 from orchestrator.expressions import Expression, ExpressionError
-from orchestrator.templates import Reference, TemplateError, find_references, template_errors
+from orchestrator.templates import (
+    Reference,
+    Template,
+    TemplateError,
+    format_reference,
+    json_type_name,
+)
+from orchestrator.tools import registry
 from orchestrator.tools.registry import WAITING_TOOLS, tool_names
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
-DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+NAME_MAX_LENGTH = 100
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+# At most 15 integer digits: anything longer is no duration, and must not cost a huge
+# number conversion to refuse.
+DURATION_RE = re.compile(r"\s*([0-9]{1,15}(?:\.[0-9]{1,9})?)\s*(ms|s|m|h|d)\s*")
 DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+# No timeout may exceed this: larger values overflow date arithmetic further on.
+MAX_DURATION_MS = 365 * DURATION_UNITS_MS["d"]
+# Credits are stored as DECIMAL(18, 6): at most 12 integer digits and 6 decimals.
+CREDITS_RE = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+MAX_CREDITS = Decimal(10**12)
+CREDITS_QUANTUM = Decimal("0.000001")
 FAILURE_MODES = ("fail-fast", "continue", "retry")
 MODES = ("sequential", "parallel", "dag")
 BACKOFFS = ("fixed", "linear", "exponential")
@@ -38,6 +59,51 @@ TIMEOUT_KEYS = ("run", "agent", "task", "step", "pending", "paused", "resuming",
 STEP_OUTPUT_FIELDS = ("output", "status", "error", "attempts", "cost")
 RUN_FIELDS = ("id", "name", "attempt", "priority")
 ERROR_FIELDS = ("code", "message", "step", "retryable")
+
+RUN_KEYS = (
+    "name",
+    "priority",
+    "failure_mode",
+    "mode",
+    "max_attempts",
+    "credits",
+    "variables",
+    "timeouts",
+    "max_agents",
+    "agents",
+)
+AGENT_KEYS = (
+    "name",
+    "mode",
+    "failure_mode",
+    "max_concurrent_tasks",
+    "depends_on",
+    "timeout",
+    "tasks",
+)
+TASK_KEYS = (
+    "name",
+    "mode",
+    "failure_mode",
+    "max_concurrent_steps",
+    "depends_on",
+    "timeout",
+    "steps",
+)
+STEP_KEYS = ("name", "tool", "params", "when", "retry", "timeout", "depends_on", "on_error")
+# Handlers run one after another once their step has failed for good: no dependencies,
+# no handlers of their own.
+HANDLER_KEYS = ("name", "tool", "params", "when", "retry", "timeout")
+RETRY_KEYS = (
+    "max_attempts",
+    "max_failures",
+    "backoff",
+    "base_delay_ms",
+    "max_delay_ms",
+    "multiplier",
+    "jitter",
+    "retry_on",
+)
 
 
 @dataclass(frozen=True)
@@ -154,17 +220,32 @@ class Plan:
 
 
 def parse_duration_ms(value: Any) -> int | None:
-    """``"30s"``, ``"250ms"``, ``"1.5h"``, ``"7d"``, or a number of seconds; None if bad."""
+    """``"30s"``, ``"250ms"``, ``"1.5h"``, ``"7d"``, or a number of seconds, in whole
+    milliseconds; None unless it is at least 1ms. Never raises."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, int | float):
-        return int(value * 1000) if value > 0 else None
-    if isinstance(value, str):
-        match = DURATION_RE.match(value)
-        if match:
-            ms = int(float(match.group(1)) * DURATION_UNITS_MS[match.group(2)])
-            return ms if ms > 0 else None
-    return None
+    if isinstance(value, int):
+        ms = value * 1000
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            return None
+        ms = int(Decimal(value) * 1000)  # exact: no float rounding, no overflow
+    elif isinstance(value, str):
+        match = DURATION_RE.fullmatch(value)
+        if not match:
+            return None
+        ms = int(Decimal(match.group(1)) * DURATION_UNITS_MS[match.group(2)])
+    else:
+        return None
+    return ms if ms > 0 else None
+
+
+def format_duration_ms(ms: int) -> str:
+    """The largest unit that divides ``ms`` exactly: ``3_600_000`` is ``"1h"``."""
+    for unit in ("d", "h", "m", "s"):
+        if ms % DURATION_UNITS_MS[unit] == 0:
+            return f"{ms // DURATION_UNITS_MS[unit]}{unit}"
+    return f"{ms}ms"
 
 
 def json_depth(value: Any, limit: int) -> int:
@@ -178,62 +259,234 @@ def json_depth(value: Any, limit: int) -> int:
             return deepest
         if isinstance(item, dict):
             stack.extend((child, depth + 1) for child in item.values())
-        elif isinstance(item, list):
+        elif isinstance(item, list | tuple):
             stack.extend((child, depth + 1) for child in item)
     return deepest
 
 
-def predecessors(mode: str, names: list[str], depends: dict[str, list[str]]) -> dict[str, set[str]]:
-    """For each child, the siblings guaranteed to have finished before it starts."""
-    if mode == "sequential":
-        return {name: set(names[:index]) for index, name in enumerate(names)}
-    if mode == "parallel":
-        return {name: set() for name in names}
-    closure: dict[str, set[str]] = {}
+def json_size(value: Any) -> int | None:
+    """Bytes of ``value`` as compact UTF-8 JSON; None if it cannot be written as JSON."""
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return len(text.encode("utf-8", "surrogatepass"))
 
-    def visit(name: str, trail: frozenset[str]) -> set[str]:
-        if name in closure:
-            return closure[name]
-        found: set[str] = set()
-        for dep in depends.get(name, []):
-            if dep in trail or dep not in depends:
-                continue  # cycles and dangling names are reported elsewhere
-            found |= {dep} | visit(dep, trail | {dep})
-        closure[name] = found
-        return found
 
-    for name in names:
-        visit(name, frozenset({name}))
-    return closure
+def strongly_connected(depends: dict[str, list[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of a dependency graph, iteratively.
+
+    Dependencies that are not keys of ``depends`` are ignored (reported elsewhere).
+    """
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    components: list[list[str]] = []
+    for root in depends:
+        if root in index:
+            continue
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        work: list[tuple[str, Iterable[str]]] = [(root, iter(depends[root]))]
+        while work:
+            node, children = work[-1]
+            descended = False
+            for child in children:
+                if child not in depends:
+                    continue
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(depends[child])))
+                    descended = True
+                    break
+                if child in on_stack:
+                    low[node] = min(low[node], index[child])
+            if descended:
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component: list[str] = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                components.append(component)
+    return components
+
+
+def find_cycles(depends: dict[str, list[str]], order: list[str] | None = None) -> list[list[str]]:
+    """One cycle per group of names that depend on each other, first name repeated last.
+
+    Each cycle starts at the member that comes first in ``order`` (default: the order of
+    ``depends``) and is a shortest way back to it: ``["a", "b", "a"]`` reads "a depends
+    on b, which depends on a".
+    """
+    rank = {name: i for i, name in enumerate(order if order is not None else depends)}
+    cycles: list[list[str]] = []
+    for component in strongly_connected(depends):
+        if len(component) < 2:
+            continue  # self-dependencies never enter the graph
+        members = set(component)
+        start = min(component, key=lambda name: rank.get(name, len(rank)))
+        came_from: dict[str, str] = {}
+        frontier = [start]
+        closing = ""
+        while frontier and not closing:
+            following: list[str] = []
+            for node in frontier:
+                for dep in depends[node]:
+                    if dep == start:
+                        closing = node
+                        break
+                    if dep in members and dep not in came_from:
+                        came_from[dep] = node
+                        following.append(dep)
+                if closing:
+                    break
+            frontier = following
+        path = [start]
+        node = closing
+        while node != start:
+            path.append(node)
+            node = came_from[node]
+        path.append(start)
+        # `path` walks the cycle backwards from `start`; read it forwards.
+        cycles.append([start, *reversed(path[1:-1]), start])
+    cycles.sort(key=lambda cycle: rank.get(cycle[0], len(rank)))
+    return cycles
 
 
 def find_cycle(depends: dict[str, list[str]]) -> list[str] | None:
     """One dependency cycle as a list of names (first repeated at the end), or None."""
-    state: dict[str, int] = {}  # 1 visiting, 2 done
-    for start in depends:
-        if state.get(start):
+    cycles = find_cycles(depends)
+    return cycles[0] if cycles else None
+
+
+class _Finished(Collection[str]):
+    """The sibling names guaranteed to have finished before one child starts.
+
+    A bitmask over the siblings' positions, so a long dependency chain costs a few
+    kilobytes rather than a set per child (5,000 steps in a chain would be 12.5 million
+    set entries).
+    """
+
+    __slots__ = ("_extra", "_index", "_mask")
+
+    def __init__(self, index: dict[str, int], mask: int, extra: frozenset[str] = frozenset()):
+        self._index = index
+        self._mask = mask
+        self._extra = extra
+
+    def __contains__(self, name: object) -> bool:
+        if name in self._extra:
+            return True
+        position = self._index.get(name) if isinstance(name, str) else None
+        return position is not None and bool(self._mask >> position & 1)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._extra
+        yield from (
+            n for n, i in self._index.items() if self._mask >> i & 1 and n not in self._extra
+        )
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def including(self, name: str) -> _Finished:
+        return _Finished(self._index, self._mask, self._extra | {name})
+
+
+def finished_before(mode: str, names: list[str], depends: dict[str, list[str]]) -> list[_Finished]:
+    """For each child (by position), the siblings guaranteed to finish before it starts:
+    the earlier ones when sequential, none when parallel, its transitive dependencies in
+    a dag (cycles and dangling names are reported elsewhere and simply ignored here)."""
+    index: dict[str, int] = {}
+    for position, name in enumerate(names):
+        if name:
+            index.setdefault(name, position)
+    if mode == "sequential":
+        return [_Finished(index, (1 << position) - 1) for position in range(len(names))]
+    if mode != "dag":
+        return [_Finished(index, 0) for _ in names]
+    masks: dict[str, int] = {}
+    seen: set[str] = set()
+    for root in depends:
+        if root in seen:
             continue
-        path: list[str] = []
-        stack: list[tuple[str, Iterable[str]]] = [(start, iter(depends[start]))]
-        state[start] = 1
-        path.append(start)
-        while stack:
-            node, children = stack[-1]
-            for child in children:
-                if child not in depends:
-                    continue
-                if state.get(child) == 1:
-                    return [*path[path.index(child) :], child]
-                if not state.get(child):
-                    state[child] = 1
-                    path.append(child)
-                    stack.append((child, iter(depends[child])))
+        seen.add(root)
+        work: list[tuple[str, Iterable[str]]] = [(root, iter(depends[root]))]
+        while work:  # depth-first, iteratively: a long chain must not hit the recursion limit
+            node, deps = work[-1]
+            for dep in deps:
+                if dep in depends and dep not in seen:
+                    seen.add(dep)
+                    work.append((dep, iter(depends[dep])))
                     break
             else:
-                state[node] = 2
-                path.pop()
-                stack.pop()
-    return None
+                work.pop()
+                mask = 0
+                for dep in depends[node]:
+                    if dep in index:
+                        mask |= masks.get(dep, 0) | 1 << index[dep]
+                masks[node] = mask
+    return [_Finished(index, masks.get(name, 0)) for name in names]
+
+
+def _name_of(item: Any) -> str:
+    """A child's name if it is a string, else "" (its problem is reported elsewhere)."""
+    if isinstance(item, dict) and isinstance(item.get("name"), str):
+        return str(item["name"])
+    return ""
+
+
+def _dependency_mode(data: dict[str, Any], mode: str) -> str:
+    """The mode to check children's ``depends_on`` against: when the parent's own mode
+    was refused, check them as in a dag rather than report a second, misleading problem."""
+    return "dag" if "mode" in data and data["mode"] not in MODES else mode
+
+
+def _show(value: Any) -> str:
+    """A submitted value, short, as the plan's author wrote it."""
+    if isinstance(value, str):
+        text = repr(value)
+    else:
+        try:
+            text = json.dumps(value, separators=(",", ":"), default=str)
+        except (TypeError, ValueError, RecursionError):
+            text = json_type_name(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def _a(value: Any) -> str:
+    name = json_type_name(value)
+    if name == "null":
+        return name
+    return f"an {name}" if name[0] in "aeiou" else f"a {name}"
+
+
+def _suggest(word: str, choices: Collection[str]) -> str:
+    """``"; did you mean 'x'?"`` for a near miss, else "".
+
+    Only among a few choices: a plan can have thousands of siblings and make thousands
+    of mistakes, and each comparison costs.
+    """
+    if len(choices) > 50 or len(word) > 100:
+        return ""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _listing(names: Collection[str]) -> str:
+    return ", ".join(sorted(names)) or "none"
 
 
 @dataclass
@@ -242,8 +495,8 @@ class _Scope:
 
     variables: set[str]
     task_steps: dict[str, set[str]]  # every task of the agent -> its step names
-    visible_tasks: set[str]
-    visible_steps: set[str]
+    visible_tasks: Collection[str]
+    visible_steps: Collection[str]
     current_task: str
     in_handler: bool = False
 
@@ -261,73 +514,92 @@ class _Validator:
 
     def mapping(self, value: Any, path: str, allowed: Iterable[str]) -> dict[str, Any] | None:
         if not isinstance(value, dict):
-            self.error(path, f"must be an object, got {type(value).__name__}")
+            self.error(path, f"must be an object, got {_a(value)}")
             return None
-        allowed = set(allowed)
+        allowed = list(allowed)
         for key in value:
             if key not in allowed:
-                self.error(join(path, key), "unknown field")
+                hint = _suggest(str(key), allowed) or f"; allowed: {', '.join(allowed)}"
+                self.error(join(path, str(key)), f"unknown field{hint}")
         return value
 
-    def required(self, data: dict[str, Any], key: str, path: str) -> Any:
-        if key not in data:
-            self.error(join(path, key), "is required")
-        return data.get(key)
-
     def name(self, data: dict[str, Any], path: str) -> str:
-        value = self.required(data, "name", path)
-        if value is None:
+        where = join(path, "name")
+        if "name" not in data:
+            self.error(where, "is required")
             return ""
-        if not isinstance(value, str) or not NAME_RE.match(value):
+        value = data["name"]
+        if not isinstance(value, str):
+            self.error(where, f"must be a string, got {_a(value)}")
+            return ""
+        if not value:
+            self.error(where, "must not be empty")
+        elif len(value) > NAME_MAX_LENGTH:
+            self.error(where, f"is {len(value)} characters long; at most {NAME_MAX_LENGTH}")
+        elif not NAME_RE.fullmatch(value):
             self.error(
-                join(path, "name"),
-                "must be 1-100 characters: letters, digits, '_', '-', '.', "
+                where,
+                f"{_show(value)} is not a valid name: use letters, digits, '_', '-' and '.', "
                 "starting with a letter or digit",
             )
-            return value if isinstance(value, str) else ""
         return value
 
     def integer(
         self, data: dict[str, Any], key: str, path: str, default: int, low: int, high: int
     ) -> int:
-        value = data.get(key, default)
+        if key not in data:
+            return default
+        value = data[key]
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            self.error(join(path, key), f"must be an integer from {low} to {high}")
+            self.error(
+                join(path, key), f"must be an integer from {low} to {high}, got {_show(value)}"
+            )
             return default
         return value
 
     def number(
         self, data: dict[str, Any], key: str, path: str, default: float, low: float, high: float
     ) -> float:
-        value = data.get(key, default)
+        if key not in data:
+            return default
+        value = data[key]
         if (
             isinstance(value, bool)
             or not isinstance(value, int | float)
-            or not low <= value <= high
+            or not low <= value <= high  # also refuses NaN
         ):
-            self.error(join(path, key), f"must be a number from {low} to {high}")
+            self.error(
+                join(path, key), f"must be a number from {low} to {high}, got {_show(value)}"
+            )
             return default
         return float(value)
 
     def choice(
         self, data: dict[str, Any], key: str, path: str, default: str, choices: tuple[str, ...]
     ) -> str:
-        value = data.get(key, default)
-        if value not in choices:
-            self.error(join(path, key), f"must be one of {', '.join(choices)}; got {value!r}")
+        if key not in data:
             return default
-        return str(value)
+        value = data[key]
+        if not isinstance(value, str) or value not in choices:
+            hint = _suggest(value, choices) if isinstance(value, str) else ""
+            self.error(
+                join(path, key), f"must be one of {', '.join(choices)}, got {_show(value)}{hint}"
+            )
+            return default
+        return value
 
     def duration(self, value: Any, path: str, maximum_ms: int | None = None) -> int | None:
         ms = parse_duration_ms(value)
         if ms is None:
             self.error(
                 path,
-                "must be a positive duration such as '250ms', '30s', '5m', '1h', '7d'; "
-                f"got {value!r}",
+                "must be a duration of at least 1ms such as '250ms', '30s', '5m', '1.5h', "
+                f"'7d' or a number of seconds, got {_show(value)}",
             )
-        elif maximum_ms is not None and ms > maximum_ms:
-            self.error(path, f"must be at most {maximum_ms // 1000}s")
+            return None
+        limit = min(maximum_ms, MAX_DURATION_MS) if maximum_ms is not None else MAX_DURATION_MS
+        if ms > limit:
+            self.error(path, f"must be at most {format_duration_ms(limit)}, got {_show(value)}")
             return None
         return ms
 
@@ -339,14 +611,19 @@ class _Validator:
         return self.duration(data[key], join(path, key), maximum_ms)
 
     def children(self, data: dict[str, Any], key: str, path: str, maximum: int) -> list[Any]:
-        value = self.required(data, key, path)
-        if value is None:
+        where = join(path, key)
+        if key not in data:
+            self.error(where, "is required")
             return []
-        if not isinstance(value, list) or not value:
-            self.error(join(path, key), "must be a non-empty list")
+        value = data[key]
+        if not isinstance(value, list):
+            self.error(where, f"must be a non-empty list, got {_a(value)}")
+            return []
+        if not value:
+            self.error(where, "must not be empty")
             return []
         if len(value) > maximum:
-            self.error(join(path, key), f"has {len(value)} entries; at most {maximum} allowed")
+            self.error(where, f"has {len(value)} entries; at most {maximum} allowed")
             return []
         return value
 
@@ -357,7 +634,7 @@ class _Validator:
                 continue
             if name in seen:
                 self.error(
-                    f"{path}.{key}[{index}].name" if path else f"{key}[{index}].name",
+                    f"{join(path, key)}[{index}].name",
                     f"duplicate {what} name '{name}' (also {key}[{seen[name]}])",
                 )
             else:
@@ -365,7 +642,7 @@ class _Validator:
 
     def dependencies(
         self,
-        items: list[dict[str, Any]],
+        items: list[Any],
         names: list[str],
         mode: str,
         path: str,
@@ -374,122 +651,157 @@ class _Validator:
     ) -> dict[str, list[str]]:
         """Check every ``depends_on`` of the children of one parent; return the graph."""
         graph: dict[str, list[str]] = {}
-        known = set(names)
+        known = {name for name in names if name}
         for index, (item, name) in enumerate(zip(items, names, strict=True)):
-            item_path = f"{join(path, key)}[{index}]"
-            raw = item.get("depends_on", []) if isinstance(item, dict) else []
-            if raw and mode != "dag":
-                self.error(join(item_path, "depends_on"), "requires mode 'dag' in the parent")
+            if name and name not in graph:
                 graph[name] = []
+            if not isinstance(item, dict) or "depends_on" not in item:
                 continue
+            where = f"{join(path, key)}[{index}].depends_on"
+            raw = item["depends_on"]
             if not isinstance(raw, list) or not all(isinstance(dep, str) for dep in raw):
-                self.error(join(item_path, "depends_on"), "must be a list of names")
-                graph[name] = []
+                self.error(where, f"must be a list of {what} names, got {_show(raw)}")
+                continue
+            if raw and mode != "dag":
+                parent = path or "the run"
+                self.error(where, f"needs mode 'dag' on {parent} (it is '{mode}')")
                 continue
             deps: list[str] = []
             for dep_index, dep in enumerate(raw):
-                dep_path = f"{join(item_path, 'depends_on')}[{dep_index}]"
-                if dep == name:
+                dep_path = f"{where}[{dep_index}]"
+                if name and dep == name:
                     self.error(dep_path, f"{what} '{name}' cannot depend on itself")
                 elif dep not in known:
-                    self.error(dep_path, f"unknown {what} '{dep}'")
+                    self.error(dep_path, f"unknown {what} '{dep}'{_suggest(dep, known)}")
                 elif dep in deps:
                     self.error(dep_path, f"duplicate dependency '{dep}'")
                 else:
                     deps.append(dep)
-            if name:
+            if name and not graph[name]:
                 graph[name] = deps
         if mode == "dag":
-            cycle = find_cycle(graph)
-            if cycle:
-                first = names.index(cycle[0])
+            for cycle in find_cycles(graph, names):
                 self.error(
-                    f"{join(path, key)}[{first}].depends_on",
+                    f"{join(path, key)}[{names.index(cycle[0])}].depends_on",
                     f"dependency cycle: {' -> '.join(cycle)}",
                 )
         return graph
 
     # ------------------------------------------------------------------ references
     def check_reference(self, ref: Reference, path: str, scope: _Scope) -> None:
-        text = ".".join(str(part) for part in ref)
+        shown = f"${{{format_reference(ref)}}}"
         root = ref[0]
         if root == "variables":
             if len(ref) < 2:
-                self.error(path, "'variables' needs a name, e.g. ${variables.topic}")
+                self.error(path, f"{shown}: name a variable, e.g. ${{variables.topic}}")
             elif ref[1] not in scope.variables:
-                self.error(path, f"unknown variable '{ref[1]}' in ${{{text}}}")
+                known = scope.variables
+                hint = (
+                    f" (known: {_listing(known)})"
+                    if len(known) <= 20
+                    else _suggest(str(ref[1]), known)
+                )
+                self.error(path, f"unknown variable '{ref[1]}' in {shown}{hint}")
         elif root == "run":
             if len(ref) != 2 or ref[1] not in RUN_FIELDS:
-                self.error(path, f"${{{text}}}: run exposes {', '.join(RUN_FIELDS)}")
+                self.error(path, f"{shown}: run exposes {', '.join(RUN_FIELDS)}")
         elif root == "error":
             if not scope.in_handler:
-                self.error(path, f"${{{text}}}: 'error' is only available in on_error handlers")
+                self.error(path, f"{shown}: 'error' is only available in on_error handlers")
             elif len(ref) != 2 or ref[1] not in ERROR_FIELDS:
-                self.error(path, f"${{{text}}}: error exposes {', '.join(ERROR_FIELDS)}")
+                self.error(path, f"{shown}: error exposes {', '.join(ERROR_FIELDS)}")
         elif root == "steps":
             self.check_step_reference(
-                ref[1:], text, path, scope.current_task, scope.visible_steps, scope
+                ref[1:], shown, path, scope.current_task, scope.visible_steps, scope
             )
         elif root == "tasks":
-            if len(ref) < 3:
-                self.error(path, f"${{{text}}}: use tasks.<task>.status or tasks.<task>.steps...")
-                return
-            task = str(ref[1])
-            if task not in scope.task_steps:
-                self.error(path, f"unknown task '{task}' in ${{{text}}}")
-            elif task not in scope.visible_tasks:
-                self.error(
-                    path,
-                    f"${{{text}}}: task '{task}' is not guaranteed to finish before this step "
-                    "(only earlier tasks of a sequential agent, or dependencies in a dag)",
-                )
-            elif ref[2] == "status" and len(ref) == 3:
-                return
-            elif ref[2] == "steps":
-                steps = scope.task_steps[task]
-                self.check_step_reference(ref[3:], text, path, task, steps, scope)
-            else:
-                self.error(path, f"${{{text}}}: use tasks.<task>.status or tasks.<task>.steps...")
+            self.check_task_reference(ref, shown, path, scope)
         else:
             self.error(
-                path,
-                f"${{{text}}}: unknown root '{root}'; use variables, run, steps, tasks or error",
+                path, f"{shown}: unknown root '{root}'; use variables, run, steps, tasks or error"
             )
+
+    def check_task_reference(self, ref: Reference, shown: str, path: str, scope: _Scope) -> None:
+        usage = f"{shown}: use tasks.<task>.status or tasks.<task>.steps.<step>.<field>"
+        if len(ref) < 3:
+            self.error(path, usage)
+            return
+        task = ref[1]
+        if not isinstance(task, str) or task not in scope.task_steps:
+            self.error(path, f"unknown task '{task}' in {shown}")
+        elif task == scope.current_task:
+            self.error(path, f"{shown}: a step reads its own task's steps as steps.<step>...")
+        elif task not in scope.visible_tasks:
+            self.error(
+                path,
+                f"{shown}: task '{task}' is not guaranteed to finish before this step "
+                "(only earlier tasks of a sequential agent, or dependencies in a dag)",
+            )
+        elif ref[2] == "status" and len(ref) == 3:
+            return
+        elif ref[2] == "steps":
+            steps = scope.task_steps[task]
+            self.check_step_reference(ref[3:], shown, path, task, steps, scope)
+        else:
+            self.error(path, usage)
 
     def check_step_reference(
         self,
         rest: tuple[str | int, ...],
-        text: str,
+        shown: str,
         path: str,
         task: str,
-        visible: set[str],
+        visible: Collection[str],
         scope: _Scope,
     ) -> None:
         if len(rest) < 2 or rest[1] not in STEP_OUTPUT_FIELDS:
-            self.error(path, f"${{{text}}}: use steps.<step>.({'|'.join(STEP_OUTPUT_FIELDS)})")
+            self.error(path, f"{shown}: use steps.<step>.({'|'.join(STEP_OUTPUT_FIELDS)})")
             return
-        step = str(rest[0])
-        if step not in scope.task_steps.get(task, set()):
-            self.error(path, f"unknown step '{step}' in ${{{text}}}")
+        step = rest[0]
+        if not isinstance(step, str) or step not in scope.task_steps.get(task, set()):
+            owner = (
+                next((t for t, steps in scope.task_steps.items() if step in steps), None)
+                if task == scope.current_task
+                else None
+            )
+            hint = (
+                f"; it is a step of task '{owner}': tasks.{owner}.steps.{step}..." if owner else ""
+            )
+            self.error(path, f"unknown step '{step}' in {shown}{hint}")
         elif step not in visible:
             self.error(
                 path,
-                f"${{{text}}}: step '{step}' is not guaranteed to finish before this one "
+                f"{shown}: step '{step}' is not guaranteed to finish before this one "
                 "(only earlier steps of a sequential task, or dependencies in a dag)",
             )
 
-    def check_templates(self, params: Any, path: str, scope: _Scope) -> None:
-        problems = template_errors(params, path)
-        for problem_path, message in problems:
-            self.error(problem_path, f"bad template: {message}")
-        if problems:
-            return
-        for ref in find_references(params):
-            self.check_reference(ref, path, scope)
+    def check_templates(self, params: dict[str, Any], path: str, scope: _Scope) -> None:
+        """Every string of ``params``: its template syntax, then its references, each
+        reported at the path of that string (``...params.headers.Authorization``)."""
+        stack: list[tuple[str, Any]] = [(path, params)]
+        while stack:
+            where, item = stack.pop()
+            if isinstance(item, str):
+                if "$" not in item:
+                    continue
+                try:
+                    references = Template.parse(item).references
+                except TemplateError as exc:
+                    self.error(where, f"bad template: {exc}")
+                    continue
+                except ValueError:  # int() of a list index past Python's 4,300-digit limit
+                    self.error(where, "bad template: a list index is too long")
+                    continue
+                for ref in references:
+                    self.check_reference(ref, where, scope)
+            elif isinstance(item, dict):
+                stack.extend(reversed([(join(where, str(k)), v) for k, v in item.items()]))
+            elif isinstance(item, list | tuple):
+                stack.extend(reversed([(f"{where}[{i}]", v) for i, v in enumerate(item)]))
 
     def check_condition(self, when: Any, path: str, scope: _Scope) -> str:
         if not isinstance(when, str) or not when.strip():
-            self.error(path, "must be a non-empty expression string")
+            self.error(path, f"must be a non-empty expression string, got {_show(when)}")
             return ""
         try:
             expression = Expression.parse(when)
@@ -502,22 +814,7 @@ class _Validator:
 
     # ------------------------------------------------------------------ levels
     def retry_policy(self, value: Any, path: str) -> RetryPolicy:
-        if value is None:
-            return RetryPolicy()
-        data = self.mapping(
-            value,
-            path,
-            (
-                "max_attempts",
-                "max_failures",
-                "backoff",
-                "base_delay_ms",
-                "max_delay_ms",
-                "multiplier",
-                "jitter",
-                "retry_on",
-            ),
-        )
+        data = self.mapping(value, path, RETRY_KEYS)
         if data is None:
             return RetryPolicy()
         limit = self.limits.max_retry_attempts
@@ -526,16 +823,27 @@ class _Validator:
         base = self.integer(data, "base_delay_ms", path, 100, 0, 3_600_000)
         cap = self.integer(data, "max_delay_ms", path, max(30_000, base), 0, 3_600_000)
         if cap < base:
-            self.error(join(path, "max_delay_ms"), "must be at least base_delay_ms")
-        retry_on = data.get("retry_on", [])
+            self.error(
+                join(path, "max_delay_ms"), f"must be at least base_delay_ms ({base}), got {cap}"
+            )
         codes: list[str] = []
-        if not isinstance(retry_on, list):
-            self.error(join(path, "retry_on"), "must be a list of error codes")
-        else:
+        if "retry_on" in data:
+            where = join(path, "retry_on")
+            retry_on = data["retry_on"]
+            if not isinstance(retry_on, list):
+                self.error(where, f"must be a list of error codes, got {_a(retry_on)}")
+                retry_on = []
             for index, code in enumerate(retry_on):
-                if code not in ERROR_CODES:
-                    self.error(f"{join(path, 'retry_on')}[{index}]", f"unknown error code {code!r}")
-                else:
+                if not isinstance(code, str) or code not in ERROR_CODES:
+                    hint = _suggest(code, ERROR_CODES) if isinstance(code, str) else ""
+                    self.error(f"{where}[{index}]", f"unknown error code {_show(code)}{hint}")
+                elif code not in RETRYABLE_CODES:
+                    self.error(
+                        f"{where}[{index}]",
+                        f"'{code}' is never retried; retry_on can only narrow the retryable "
+                        f"codes ({_listing(RETRYABLE_CODES)})",
+                    )
+                elif code not in codes:
                     codes.append(code)
         return RetryPolicy(
             max_attempts=max_attempts,
@@ -548,6 +856,34 @@ class _Validator:
             retry_on=tuple(codes),
         )
 
+    def tool(self, data: dict[str, Any], path: str, handler: bool) -> str:
+        where = join(path, "tool")
+        if "tool" not in data:
+            self.error(where, "is required")
+            return ""
+        tool = data["tool"]
+        if not isinstance(tool, str):
+            self.error(where, f"must be a tool name, got {_a(tool)}")
+            return ""
+        if tool not in self.tools:
+            hint = _suggest(tool, self.tools)
+            self.error(where, f"unknown tool {_show(tool)}{hint}; known: {_listing(self.tools)}")
+        elif handler and tool in WAITING_TOOLS:
+            self.error(where, f"'{tool}' cannot be used in an on_error handler")
+        return tool
+
+    def check_tool_params(self, tool: str, params: dict[str, Any], path: str) -> None:
+        """The tool's own checks of its parameters (values still templated pass)."""
+        spec = registry.get(tool)
+        if spec is None or spec.validate is None:
+            return
+        try:
+            problems = spec.validate(params)
+        except (TypeError, ValueError, AttributeError) as exc:
+            problems = [("", f"invalid parameters for {tool}: {exc}")]
+        for relative, message in problems:
+            self.error(join(path, relative) if relative else path, message)
+
     def step(
         self,
         value: Any,
@@ -557,72 +893,80 @@ class _Validator:
         handler: bool,
         depends_on: tuple[str, ...] = (),
     ) -> StepPlan | None:
-        keys = ["name", "tool", "params", "when", "retry", "timeout", "depends_on"]
-        if not handler:
-            keys.append("on_error")
-        data = self.mapping(value, path, keys)
+        data = self.mapping(value, path, HANDLER_KEYS if handler else STEP_KEYS)
         if data is None:
             return None
         self.total_steps += 1
         name = self.name(data, path)
-        tool = self.required(data, "tool", path)
-        if tool is not None and tool not in self.tools:
-            self.error(
-                join(path, "tool"), f"unknown tool {tool!r}; known: {', '.join(sorted(self.tools))}"
-            )
-        if handler and tool in WAITING_TOOLS:
-            self.error(join(path, "tool"), f"'{tool}' cannot be used in an on_error handler")
+        tool = self.tool(data, path, handler)
         params = data.get("params", {})
         if not isinstance(params, dict):
-            self.error(join(path, "params"), "must be an object")
+            self.error(join(path, "params"), f"must be an object, got {_a(params)}")
             params = {}
         else:
             self.check_templates(params, join(path, "params"), scope)
+            self.check_tool_params(tool, params, join(path, "params"))
         when = (
             self.check_condition(data["when"], join(path, "when"), scope) if "when" in data else ""
         )
         timeout = self.optional_duration(data, "timeout", path, self.limits.max_step_timeout_ms)
-        on_error: list[StepPlan] = []
-        raw_handlers = data.get("on_error", [])
-        if raw_handlers:
-            if not isinstance(raw_handlers, list) or len(raw_handlers) > self.limits.max_on_error:
-                self.error(
-                    join(path, "on_error"),
-                    f"must be a list of at most {self.limits.max_on_error} steps",
-                )
-            else:
-                handler_scope = _Scope(
-                    variables=scope.variables,
-                    task_steps=scope.task_steps,
-                    visible_tasks=scope.visible_tasks,
-                    visible_steps=scope.visible_steps | {name},
-                    current_task=scope.current_task,
-                    in_handler=True,
-                )
-                handler_names = [
-                    h.get("name", "") if isinstance(h, dict) else "" for h in raw_handlers
-                ]
-                self.unique_names(handler_names, path, "on_error", "handler")
-                for index, raw in enumerate(raw_handlers):
-                    parsed = self.step(
-                        raw,
-                        f"{join(path, 'on_error')}[{index}]",
-                        handler_scope,
-                        default_timeout,
-                        True,
-                    )
-                    if parsed:
-                        on_error.append(parsed)
+        retry = (
+            self.retry_policy(data["retry"], join(path, "retry"))
+            if "retry" in data
+            else RetryPolicy()
+        )
+        on_error = () if handler else self.handlers(data, path, name, scope, default_timeout)
         return StepPlan(
             name=name,
-            tool=str(tool or ""),
+            tool=tool,
             params=params,
             when=when,
-            retry=self.retry_policy(data.get("retry"), join(path, "retry")),
+            retry=retry,
             timeout_ms=timeout or default_timeout,
             depends_on=depends_on,
-            on_error=tuple(on_error),
+            on_error=on_error,
         )
+
+    def handlers(
+        self,
+        data: dict[str, Any],
+        path: str,
+        name: str,
+        scope: _Scope,
+        default_timeout: int | None,
+    ) -> tuple[StepPlan, ...]:
+        if "on_error" not in data:
+            return ()
+        where = join(path, "on_error")
+        raw_handlers = data["on_error"]
+        if not isinstance(raw_handlers, list):
+            self.error(where, f"must be a list of steps, got {_a(raw_handlers)}")
+            return ()
+        if len(raw_handlers) > self.limits.max_on_error:
+            self.error(
+                where,
+                f"has {len(raw_handlers)} handlers; at most {self.limits.max_on_error} allowed",
+            )
+            return ()
+        # A handler runs once its step has failed for good: it may read that step too.
+        handler_scope = _Scope(
+            variables=scope.variables,
+            task_steps=scope.task_steps,
+            visible_tasks=scope.visible_tasks,
+            visible_steps=(
+                scope.visible_steps.including(name)
+                if isinstance(scope.visible_steps, _Finished)
+                else {*scope.visible_steps, name}
+            ),
+            current_task=scope.current_task,
+            in_handler=True,
+        )
+        self.unique_names([_name_of(h) for h in raw_handlers], path, "on_error", "handler")
+        parsed = (
+            self.step(raw, f"{where}[{index}]", handler_scope, default_timeout, True)
+            for index, raw in enumerate(raw_handlers)
+        )
+        return tuple(handler for handler in parsed if handler is not None)
 
     def task(
         self,
@@ -630,26 +974,26 @@ class _Validator:
         path: str,
         variables: set[str],
         task_steps: dict[str, set[str]],
-        visible_tasks: set[str],
+        visible_tasks: Collection[str],
         timeouts: dict[str, int],
+        depends_on: tuple[str, ...],
     ) -> TaskPlan:
         name = self.name(data, path)
         mode = self.choice(data, "mode", path, "sequential", MODES)
         raw_steps = self.children(data, "steps", path, self.limits.max_steps_per_task)
-        step_dicts = [s if isinstance(s, dict) else {} for s in raw_steps]
-        names = [
-            s.get("name", "") if isinstance(s.get("name", ""), str) else "" for s in step_dicts
-        ]
+        names = [_name_of(s) for s in raw_steps]
         self.unique_names(names, path, "steps", "step")
-        graph = self.dependencies(step_dicts, names, mode, path, "steps", "step")
-        visible = predecessors(mode, names, graph)
+        graph = self.dependencies(
+            raw_steps, names, _dependency_mode(data, mode), path, "steps", "step"
+        )
+        visible = finished_before(mode, names, graph)
         steps: list[StepPlan] = []
         for index, raw in enumerate(raw_steps):
             scope = _Scope(
                 variables=variables,
                 task_steps=task_steps,
                 visible_tasks=visible_tasks,
-                visible_steps=visible.get(names[index], set()),
+                visible_steps=visible[index],
                 current_task=name,
             )
             parsed = self.step(
@@ -667,7 +1011,7 @@ class _Validator:
             mode=mode,
             failure_mode=self.choice(data, "failure_mode", path, "fail-fast", FAILURE_MODES),
             max_concurrent_steps=self.integer(data, "max_concurrent_steps", path, 3, 1, 1000),
-            depends_on=tuple(graph.get(name, ())),
+            depends_on=depends_on,
             timeout_ms=self.optional_duration(data, "timeout", path) or timeouts.get("task"),
             steps=tuple(steps),
         )
@@ -683,50 +1027,34 @@ class _Validator:
         name = self.name(data, path)
         mode = self.choice(data, "mode", path, "sequential", MODES)
         raw_tasks = self.children(data, "tasks", path, self.limits.max_tasks_per_agent)
-        task_dicts: list[dict[str, Any]] = []
-        for index, raw in enumerate(raw_tasks):
-            checked = self.mapping(
-                raw,
-                f"{join(path, 'tasks')}[{index}]",
-                (
-                    "name",
-                    "mode",
-                    "failure_mode",
-                    "max_concurrent_steps",
-                    "depends_on",
-                    "timeout",
-                    "steps",
-                ),
-            )
-            task_dicts.append(checked or {})
-        names = [
-            t.get("name", "") if isinstance(t.get("name", ""), str) else "" for t in task_dicts
+        task_dicts = [
+            self.mapping(raw, f"{join(path, 'tasks')}[{index}]", TASK_KEYS)
+            for index, raw in enumerate(raw_tasks)
         ]
+        names = [_name_of(t) for t in task_dicts]
         self.unique_names(names, path, "tasks", "task")
-        graph = self.dependencies(task_dicts, names, mode, path, "tasks", "task")
-        visible = predecessors(mode, names, graph)
-        task_steps = {
-            task_name: {
-                s["name"]
-                for s in task.get("steps", [])
-                if isinstance(task.get("steps"), list)
-                and isinstance(s, dict)
-                and isinstance(s.get("name"), str)
-            }
-            for task_name, task in zip(names, task_dicts, strict=True)
-            if task_name
-        }
+        graph = self.dependencies(
+            task_dicts, names, _dependency_mode(data, mode), path, "tasks", "task"
+        )
+        visible = finished_before(mode, names, graph)
+        task_steps: dict[str, set[str]] = {}
+        for task_name, task in zip(names, task_dicts, strict=True):
+            if task_name and task_name not in task_steps and task is not None:
+                raw_steps = task.get("steps")
+                step_names = raw_steps if isinstance(raw_steps, list) else []
+                task_steps[task_name] = {_name_of(s) for s in step_names} - {""}
         tasks = [
             self.task(
                 task,
                 f"{join(path, 'tasks')}[{index}]",
                 variables,
                 task_steps,
-                visible.get(names[index], set()),
+                visible[index],
                 timeouts,
+                tuple(graph.get(names[index], ())),
             )
             for index, task in enumerate(task_dicts)
-            if task
+            if task is not None
         ]
         return AgentPlan(
             name=name,
@@ -738,79 +1066,82 @@ class _Validator:
             tasks=tuple(tasks),
         )
 
-    def plan(self, data: Any) -> Plan | None:
-        root = self.mapping(
-            data,
-            "",
-            (
-                "name",
-                "priority",
-                "failure_mode",
-                "mode",
-                "max_attempts",
-                "credits",
-                "variables",
-                "timeouts",
-                "max_agents",
-                "agents",
-            ),
-        )
-        if root is None:
-            return None
-        name = self.name(root, "")
-        variables = root.get("variables", {})
+    def variables(self, root: dict[str, Any]) -> dict[str, Any]:
+        if "variables" not in root:
+            return {}
+        variables = root["variables"]
         if not isinstance(variables, dict):
-            self.error("variables", "must be an object")
-            variables = {}
-        elif len(json.dumps(variables)) > self.limits.max_variables_bytes:
+            self.error("variables", f"must be an object, got {_a(variables)}")
+            return {}
+        size = json_size(variables)
+        if size is None or size > self.limits.max_variables_bytes:
             self.error(
-                "variables", f"must be at most {self.limits.max_variables_bytes} bytes as JSON"
+                "variables",
+                f"must be at most {self.limits.max_variables_bytes} bytes as JSON, got {size}",
             )
-        credits = None
-        if "credits" in root:
+        return variables
+
+    def credits(self, root: dict[str, Any]) -> Decimal | None:
+        if "credits" not in root:
+            return None
+        raw = root["credits"]
+        value: Decimal | None = None
+        if isinstance(raw, str) and CREDITS_RE.fullmatch(raw.strip()):
+            value = Decimal(raw.strip())
+        elif isinstance(raw, int | float) and not isinstance(raw, bool):
             try:
-                raw = root["credits"]
-                if isinstance(raw, bool) or not isinstance(raw, int | float | str):
-                    raise InvalidOperation
-                credits = Decimal(str(raw))
-                if not credits.is_finite() or credits <= 0 or credits.as_tuple().exponent < -6:  # type: ignore[operator]
-                    raise InvalidOperation
-            except InvalidOperation:
-                self.error("credits", "must be a positive number with at most 6 decimals")
-                credits = None
+                value = Decimal(str(raw))
+            except (InvalidOperation, ValueError):  # ValueError: an int of 4,300+ digits
+                value = None
+        if (
+            value is None
+            or not value.is_finite()
+            or not 0 < value < MAX_CREDITS
+            or value != value.quantize(CREDITS_QUANTUM)
+        ):
+            self.error(
+                "credits",
+                f"must be a positive number below {MAX_CREDITS} with at most 6 decimals, "
+                f"got {_show(raw)}",
+            )
+            return None
+        return value
+
+    def timeouts(self, root: dict[str, Any]) -> dict[str, int]:
         timeouts: dict[str, int] = {}
-        raw_timeouts = root.get("timeouts", {})
-        checked = self.mapping(raw_timeouts, "timeouts", TIMEOUT_KEYS)
+        if "timeouts" not in root:
+            return timeouts
+        checked = self.mapping(root["timeouts"], "timeouts", TIMEOUT_KEYS)
         for key, value in (checked or {}).items():
             if key in TIMEOUT_KEYS:
                 maximum = self.limits.max_step_timeout_ms if key == "step" else None
                 ms = self.duration(value, f"timeouts.{key}", maximum)
                 if ms:
                     timeouts[key] = ms
-        max_agents = self.integer(root, "max_agents", "", 10, 1, self.limits.max_agents)
+        return timeouts
+
+    def plan(self, data: Any) -> Plan | None:
+        root = self.mapping(data, "", RUN_KEYS)
+        if root is None:
+            return None
+        name = self.name(root, "")
+        variables = self.variables(root)
+        credits = self.credits(root)
+        timeouts = self.timeouts(root)
+        max_agents = self.integer(
+            root, "max_agents", "", min(10, self.limits.max_agents), 1, self.limits.max_agents
+        )
         mode = self.choice(root, "mode", "", "parallel", MODES)
         raw_agents = self.children(root, "agents", "", self.limits.max_agents)
-        agent_dicts: list[dict[str, Any]] = []
-        for index, raw in enumerate(raw_agents):
-            checked_agent = self.mapping(
-                raw,
-                f"agents[{index}]",
-                (
-                    "name",
-                    "mode",
-                    "failure_mode",
-                    "max_concurrent_tasks",
-                    "depends_on",
-                    "timeout",
-                    "tasks",
-                ),
-            )
-            agent_dicts.append(checked_agent or {})
-        names = [
-            a.get("name", "") if isinstance(a.get("name", ""), str) else "" for a in agent_dicts
+        agent_dicts = [
+            self.mapping(raw, f"agents[{index}]", AGENT_KEYS)
+            for index, raw in enumerate(raw_agents)
         ]
+        names = [_name_of(a) for a in agent_dicts]
         self.unique_names(names, "", "agents", "agent")
-        agent_graph = self.dependencies(agent_dicts, names, mode, "", "agents", "agent")
+        agent_graph = self.dependencies(
+            agent_dicts, names, _dependency_mode(root, mode), "", "agents", "agent"
+        )
         agents = [
             self.agent(
                 agent,
@@ -820,12 +1151,12 @@ class _Validator:
                 tuple(agent_graph.get(names[index], ())),
             )
             for index, agent in enumerate(agent_dicts)
-            if agent
+            if agent is not None
         ]
         if self.total_steps > self.limits.max_steps_per_run:
             self.error(
                 "agents",
-                f"plan has {self.total_steps} steps; "
+                f"plan has {self.total_steps} steps (on_error handlers included); "
                 f"at most {self.limits.max_steps_per_run} allowed",
             )
         return Plan(
@@ -853,14 +1184,18 @@ def parse_plan(data: Any, *, limits: Limits | None = None, size_hint: int | None
     before walking them.
     """
     limits = limits or Limits.from_settings()
-    size = size_hint if size_hint is not None else len(json.dumps(data, default=str))
+    # Depth first: it is measured without recursion, and a too-deep value must not reach
+    # json.dumps (which recurses) when measuring the size.
+    depth = json_depth(data, limits.max_json_depth)
+    if depth > limits.max_json_depth:
+        raise PlanInvalid([PlanError("", f"plan nests deeper than {limits.max_json_depth} levels")])
+    size = size_hint if size_hint is not None else json_size(data)
+    if size is None:
+        raise PlanInvalid([PlanError("", "plan cannot be written as JSON")])
     if size > limits.max_spec_bytes:
         raise PlanInvalid(
             [PlanError("", f"plan is {size} bytes; at most {limits.max_spec_bytes} allowed")]
         )
-    depth = json_depth(data, limits.max_json_depth)
-    if depth > limits.max_json_depth:
-        raise PlanInvalid([PlanError("", f"plan nests deeper than {limits.max_json_depth} levels")])
     validator = _Validator(limits)
     plan = validator.plan(data)
     if validator.errors or plan is None:

@@ -282,3 +282,44 @@ BILLING_LLM_ESTIMATE = env.string(
     "BILLING_LLM_ESTIMATE", "5", "credits reserved per LLM step when the plan gives no credits"
 )
 BILLING_MIN_RESERVATION = "0.01"
+
+# --------------------------------------------------------------------------- engine
+# Step leases: a running step's lease is renewed every ENGINE_HEARTBEAT_SECONDS; a sweep
+# reclaims steps whose lease expired (ENGINE_LEASE_SECONDS without renewal), at most
+# ENGINE_MAX_RECLAIMS times, then fails them with `worker_lost`.
+ENGINE_HEARTBEAT_SECONDS = env.number(
+    "ENGINE_HEARTBEAT_SECONDS", 20, "how often a running step renews its lease"
+)
+ENGINE_LEASE_SECONDS = env.number(
+    "ENGINE_LEASE_SECONDS", 60, "a step lease not renewed for this long is reclaimed"
+)
+ENGINE_MAX_RECLAIMS = env.integer(
+    "ENGINE_MAX_RECLAIMS", 3, "reclaims before worker_lost", minimum=0
+)
+ENGINE_DEFAULT_STEP_TIMEOUT = env.number(
+    "ENGINE_DEFAULT_STEP_TIMEOUT", 30, "seconds a step may run when its plan sets no timeout"
+)
+ENGINE_SWEEP_INTERVAL = env.integer(
+    "ENGINE_SWEEP_INTERVAL", 15, "seconds between lease sweeps", minimum=1
+)
+ENGINE_SWEEP_BATCH = env.integer(
+    "ENGINE_SWEEP_BATCH", 500, "rows a sweep handles per run", minimum=1
+)
+# Runs with a priority at or below this number go to runs.high_priority.
+ENGINE_HIGH_PRIORITY_MAX = env.integer(
+    "ENGINE_HIGH_PRIORITY_MAX", 2, "priorities 0..N use runs.high_priority", minimum=0, maximum=9
+)
+
+# --------------------------------------------------------------------------- tools
+HTTP_TOOL_MAX_RESPONSE_BYTES = env.integer(
+    "HTTP_TOOL_MAX_RESPONSE_BYTES", 1_000_000, "largest response body the http tool keeps"
+)
+PYTHON_TOOL_ALLOWLIST = env.strings(
+    "PYTHON_TOOL_ALLOWLIST",
+    ["orchestrator.tools.examples.add", "orchestrator.tools.examples.word_count"],
+    "dotted paths the python tool may call",
+)
+LLM_BASE_URL = env.string("LLM_BASE_URL", "", "OpenAI-compatible API base URL (…/v1)")
+LLM_API_KEY = env.string("LLM_API_KEY", "", "bearer key for the LLM API")
+LLM_MODEL = env.string("LLM_MODEL", "gpt-4o-mini", "default model of the llm tool")
+LLM_TIMEOUT = env.number("LLM_TIMEOUT", 60, "seconds an LLM call may take")

@@ -1,14 +1,16 @@
 """The tool registry: the names a plan may use in `tool:`, and their implementations.
 
-Plans are validated against ``tool_names()`` before anything is stored. The built-in
-names of SPEC section 5 are always known; implementations register themselves with
-``register()`` when the engine loads them.
+Plans are validated against ``tool_names()`` (and each tool's parameter validator)
+before anything is stored. Built-in tools register themselves when
+``orchestrator.tools.builtin`` is imported, which the app config does at start-up.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from orchestrator.tools.base import ParamValidator, Tool, ToolSpec
 
+# Named by SPEC section 5 and 9; `runner` and `run` are implemented by later work, so a
+# plan that names them validates but its step fails with `tool_error` until then.
 BUILTIN_TOOLS = frozenset(
     {"noop", "echo", "sleep", "fail", "http", "python", "llm", "approval", "runner", "run"}
 )
@@ -16,16 +18,16 @@ BUILTIN_TOOLS = frozenset(
 # Tools that a worker never executes: the step waits for something outside.
 WAITING_TOOLS = frozenset({"approval"})
 
-_registry: dict[str, Any] = {}
+_registry: dict[str, ToolSpec] = {}
 
 
-def register(name: str, implementation: Any) -> None:
-    _registry[name] = implementation
+def register(name: str, run: Tool | None, validate: ParamValidator | None = None) -> None:
+    _registry[name] = ToolSpec(name, run, validate)
 
 
 def tool_names() -> frozenset[str]:
     return BUILTIN_TOOLS | frozenset(_registry)
 
 
-def get(name: str) -> Any:
-    return _registry[name]
+def get(name: str) -> ToolSpec | None:
+    return _registry.get(name)

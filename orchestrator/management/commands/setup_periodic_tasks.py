@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-from orchestrator.schedules import SCHEDULE_PREFIX, SCHEDULES
+from orchestrator.schedules import SCHEDULE_PREFIX, schedules
 
 
 class Command(BaseCommand):
@@ -18,7 +18,7 @@ class Command(BaseCommand):
     @transaction.atomic
     def handle(self, *args: Any, **options: Any) -> None:
         wanted = set()
-        for schedule in SCHEDULES:
+        for schedule in schedules():
             name = f"{SCHEDULE_PREFIX}{schedule.name}"
             wanted.add(name)
             interval, _ = IntervalSchedule.objects.get_or_create(

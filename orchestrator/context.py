@@ -1,0 +1,80 @@
+"""What `${...}` templates and `when` conditions read while a step runs.
+
+References were checked against the plan when it was submitted (runs/spec.py); here
+they are resolved against the database, lazily: a step that reads nothing costs no
+query, one that reads `${steps.fetch.output.body}` costs one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.templates import Reference, UnresolvedReference, format_reference, resolve_in
+from runs.models import Run, Step, Task
+
+STEP_FIELDS = ("output", "status", "error", "attempts", "cost")
+
+
+class StepContext:
+    """Resolver for one step attempt's references (variables, run, steps, tasks, error)."""
+
+    def __init__(self, step: Step, run_id: Any) -> None:
+        self.step = step
+        self.run_id = run_id
+        self._run: Run | None = None
+
+    def _get_run(self) -> Run:
+        if self._run is None:
+            self._run = Run.objects.only(
+                "id", "name", "attempt_number", "priority", "variables"
+            ).get(pk=self.run_id)
+        return self._run
+
+    def _step_values(self, task_id: int, generation: int, name: str) -> dict[str, Any]:
+        row = (
+            Step.objects.filter(task_id=task_id, generation=generation, name=name)
+            .values(*STEP_FIELDS)
+            .first()
+        )
+        if row is None:
+            raise UnresolvedReference(f"step {name!r} not found")
+        row["cost"] = str(row["cost"])
+        return dict(row)
+
+    def __call__(self, ref: Reference) -> Any:
+        root, rest = ref[0], ref[1:]
+        if root == "variables":
+            return resolve_in(self._get_run().variables, rest)
+        if root == "run":
+            run = self._get_run()
+            fields = {
+                "id": str(run.pk),
+                "name": run.name,
+                "attempt": run.attempt_number,
+                "priority": run.priority,
+            }
+            return resolve_in(fields, rest)
+        if root == "error":
+            original = self.step.handler_for
+            if original is None or not original.error:
+                raise UnresolvedReference("no error: not an on_error handler")
+            fields = {**original.error, "step": original.name}
+            return resolve_in(fields, rest)
+        if root == "steps":
+            values = self._step_values(self.step.task_id, self.step.generation, str(rest[0]))
+            return resolve_in(values, rest[1:])
+        if root == "tasks":
+            task = self.step.task
+            sibling = (
+                Task.objects.filter(agent_id=task.agent_id, name=str(rest[0]))
+                .order_by("-generation")
+                .values("id", "status", "retry_count")
+                .first()
+            )
+            if sibling is None:
+                raise UnresolvedReference(f"task {rest[0]!r} not found")
+            if rest[1] == "status":
+                return resolve_in({"status": sibling["status"]}, rest[1:])
+            values = self._step_values(sibling["id"], sibling["retry_count"], str(rest[2]))
+            return resolve_in(values, rest[3:])
+        raise UnresolvedReference(f"cannot resolve {format_reference(ref)}")

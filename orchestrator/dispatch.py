@@ -1,0 +1,72 @@
+"""Publishing engine messages after commit, by task name (no import of the tasks).
+
+Every message is published only once the transaction that made it necessary commits
+(``transaction.on_commit``), so a worker never sees work that might still roll back.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db import transaction
+
+from config.celery import QUEUE_RUNS_HIGH, QUEUE_RUNS_NORMAL, QUEUE_STEPS, app
+
+PICK_UP_TASK = "orchestrator.runs.pick_up"
+RESUME_TASK = "orchestrator.runs.resume"
+EXECUTE_STEP_TASK = "orchestrator.steps.execute"
+# Extra seconds between a step's soft time limit (the tool is interrupted, the attempt
+# fails with `timeout`) and the hard one (the process is killed).
+HARD_LIMIT_GRACE = 10
+
+
+def run_queue(priority: int) -> str:
+    return QUEUE_RUNS_HIGH if priority <= settings.ENGINE_HIGH_PRIORITY_MAX else QUEUE_RUNS_NORMAL
+
+
+def enqueue_run_task(name: str, run_id: object, priority: int) -> None:
+    """Publish a run-level task on its priority's queue once the transaction commits."""
+    transaction.on_commit(
+        lambda: app.send_task(
+            name, args=(str(run_id),), queue=run_queue(priority), priority=priority
+        )
+    )
+
+
+@dataclass(frozen=True)
+class StepMessage:
+    step_id: int
+    priority: int
+    timeout_s: float
+    countdown_s: float = 0.0
+
+
+@dataclass
+class Outbox:
+    """Step messages collected during one transaction, published after it commits."""
+
+    messages: list[StepMessage] = field(default_factory=list)
+    _registered: bool = False
+
+    def add(self, message: StepMessage) -> None:
+        self.messages.append(message)
+        if not self._registered:
+            self._registered = True
+            transaction.on_commit(self.publish)
+
+    def publish(self) -> None:
+        messages, self.messages, self._registered = self.messages, [], False
+        with app.producer_or_acquire() as producer:
+            for message in messages:
+                app.send_task(
+                    EXECUTE_STEP_TASK,
+                    args=(message.step_id,),
+                    queue=QUEUE_STEPS,
+                    priority=message.priority,
+                    countdown=message.countdown_s or None,
+                    soft_time_limit=max(1, math.ceil(message.timeout_s)),
+                    time_limit=math.ceil(message.timeout_s) + HARD_LIMIT_GRACE,
+                    producer=producer,
+                )

@@ -1,0 +1,290 @@
+"""Executing one step attempt: claim, run the tool outside any transaction, record.
+
+1. Claim: one conditional UPDATE moves the step PENDING -> RUNNING (and writes its
+   event) only if it is pending, dispatched, due, and its run is RUNNING. A duplicate or
+   late delivery, or a message for a paused or cancelled run, claims nothing: a no-op.
+2. Run: the `when` condition and `${...}` parameters are resolved, then the tool runs
+   with no transaction open, its lease renewed by the heartbeat thread.
+3. Record: one transaction, under the run's lock, that records output, cost and state,
+   charges the attempt, and advances the run (``orchestrator.engine``). It applies only
+   if the step is still running this attempt: a step cancelled or reclaimed meanwhile
+   keeps its new state and the late result is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, connection, transaction
+from django.utils import timezone
+
+from billing.pricing import tool_price
+from orchestrator import engine, retry
+from orchestrator.context import StepContext
+from orchestrator.dispatch import Outbox, StepMessage
+from orchestrator.expressions import Expression, ExpressionError
+from orchestrator.heartbeat import heart
+from orchestrator.templates import TemplateError, UnresolvedReference, render_value
+from orchestrator.tools import registry
+from orchestrator.tools.base import ToolContext, ToolError
+from runs.models import Run, Step
+from runs.states import StepStatus
+from runs.transitions import transition
+
+logger = logging.getLogger(__name__)
+
+MAX_OUTPUT_BYTES = 1_000_000
+
+_CLAIM_SQL = """
+WITH claimed AS (
+    UPDATE runs_step AS s
+    SET status = 'running',
+        attempts = s.attempts + 1,
+        started_at = COALESCE(s.started_at, now()),
+        status_changed_at = now(),
+        lease_expires_at = now() + make_interval(secs => %(lease)s),
+        next_run_at = NULL,
+        worker = %(worker)s,
+        celery_task_id = %(task_id)s
+    FROM runs_run AS r
+    WHERE s.id = %(step)s
+      AND s.status = 'pending'
+      AND s.dispatched_at IS NOT NULL
+      AND (s.next_run_at IS NULL OR s.next_run_at <= now())
+      AND r.id = s.run_id
+      AND r.status = 'running'
+    RETURNING s.id, s.run_id, s.attempt_number, s.attempts
+), event AS (
+    INSERT INTO runs_runevent
+        (run_id, attempt_number, entity, entity_id, kind, from_status, to_status, actor,
+         message, payload, created_at)
+    SELECT run_id, attempt_number, 'step', id::text, 'transition', 'pending', 'running',
+           %(worker)s, '', jsonb_build_object('attempt', attempts), now()
+    FROM claimed
+)
+SELECT id, attempts FROM claimed
+"""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    output: Any = None
+    cost: Decimal = Decimal(0)
+    error: ToolError | None = None
+    skipped: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "output": self.output,
+            "cost": str(self.cost),
+            "error": self.error.as_dict() if self.error else None,
+            "skipped": self.skipped,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Outcome:
+        error = data.get("error")
+        return cls(
+            output=data.get("output"),
+            cost=Decimal(data.get("cost", "0")),
+            error=ToolError(error["code"], error["message"], error["retryable"]) if error else None,
+            skipped=bool(data.get("skipped")),
+        )
+
+
+class RecordFailed(Exception):
+    """Recording an attempt hit a transient database error; the outcome is kept so the
+    task can retry the recording alone, without running the tool again."""
+
+    def __init__(self, step_id: int, run_id: Any, attempt: int, outcome: Outcome) -> None:
+        self.replay = {"run_id": str(run_id), "attempt": attempt, "outcome": outcome.as_dict()}
+        super().__init__(f"could not record step {step_id} attempt {attempt}")
+
+
+def claim(step_id: int, worker: str, task_id: str) -> int | None:
+    """Claim the step; return its attempt number, or None if there is nothing to do."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _CLAIM_SQL,
+            {
+                "step": step_id,
+                "lease": float(settings.ENGINE_LEASE_SECONDS),
+                "worker": worker,
+                "task_id": task_id,
+            },
+        )
+        row = cursor.fetchone()
+    return int(row[1]) if row else None
+
+
+def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
+    """Run one attempt of ``step_id``; return what happened (for logs and tests)."""
+    worker = worker or f"{os.uname().nodename}:{os.getpid()}"
+    attempt = claim(step_id, f"{worker}:{os.getpid()}", task_id)
+    if attempt is None:
+        return "not claimed"
+    step = Step.objects.select_related("task", "handler_for").get(pk=step_id)
+    outcome = run_attempt(step, attempt)
+    try:
+        record(step_id, step.run_id, attempt, outcome)
+    except (OperationalError, InterfaceError) as exc:
+        raise RecordFailed(step_id, step.run_id, attempt, outcome) from exc
+    if outcome.skipped:
+        return "skipped"
+    return "failed" if outcome.error else "completed"
+
+
+def run_attempt(step: Step, attempt: int) -> Outcome:
+    """Evaluate the condition, render the parameters and run the tool (no transaction)."""
+    context = StepContext(step, step.run_id)
+    try:
+        if step.when and not Expression.parse(step.when).truthy(context):
+            return Outcome(skipped=True)
+    except (ExpressionError, TemplateError, UnresolvedReference) as exc:
+        return Outcome(error=ToolError("condition_error", f"when: {exc}", False))
+    try:
+        params = render_value(step.params, context)
+    except (TemplateError, UnresolvedReference) as exc:
+        return Outcome(error=ToolError("template_error", str(exc), False))
+    spec = registry.get(step.tool)
+    if spec is None or spec.run is None:
+        return Outcome(
+            error=ToolError("tool_error", f"tool {step.tool!r} cannot run on a worker", False)
+        )
+    ctx = ToolContext(
+        step_id=step.pk,
+        run_id=str(step.run_id),
+        attempt=attempt,
+        timeout_s=engine.step_timeout_s(step),
+        stop_requested=lambda: (
+            not Step.objects.filter(
+                pk=step.pk, status=StepStatus.RUNNING, attempts=attempt
+            ).exists()
+        ),
+    )
+    heart.begin(step.pk, step.run_id, attempt)
+    try:
+        result = spec.run(params, ctx)
+        output = result.output
+        if len(json.dumps(output, default=str)) > MAX_OUTPUT_BYTES:
+            raise ToolError("invalid_output", f"output larger than {MAX_OUTPUT_BYTES} bytes", False)
+        json.loads(json.dumps(output))  # must survive JSON as it will be stored
+        cost = tool_price(step.tool) if result.cost is None else result.cost
+        return Outcome(output=output, cost=cost)
+    except ToolError as exc:
+        return Outcome(error=exc, cost=tool_price(step.tool))
+    except SoftTimeLimitExceeded:
+        timeout = engine.step_timeout_s(step)
+        return Outcome(
+            error=ToolError("timeout", f"step timed out after {timeout:g}s"),
+            cost=tool_price(step.tool),
+        )
+    except (TypeError, ValueError) as exc:
+        return Outcome(error=ToolError("invalid_output", f"output is not JSON: {exc}", False))
+    except Exception as exc:
+        logger.exception("tool %s crashed in step %s", step.tool, step.pk)
+        return Outcome(
+            error=ToolError("tool_error", f"{type(exc).__name__}: {exc}", False),
+            cost=tool_price(step.tool),
+        )
+    finally:
+        heart.end()
+
+
+def record(step_id: int, run_id: Any, attempt: int, outcome: Outcome) -> None:
+    """Record the attempt and advance the run, in one transaction under the run's lock."""
+    with transaction.atomic():
+        run = engine.lock_run(run_id)
+        step = (
+            Step.objects.select_for_update(no_key=True)
+            .filter(pk=step_id, status=StepStatus.RUNNING, attempts=attempt)
+            .first()
+        )
+        if step is None:
+            return  # cancelled, failed by a sweep or reclaimed meanwhile: result dropped
+        outbox = Outbox()
+        now = timezone.now()
+        if now - (run.last_heartbeat or now) > timedelta(seconds=5):
+            Run.objects.filter(pk=run.pk).update(last_heartbeat=now)
+        if outcome.skipped:
+            transition(
+                Step,
+                step.pk,
+                StepStatus.SKIPPED,
+                message="condition is false",
+                updates={"lease_expires_at": None},
+                now=now,
+            )
+            step.status = StepStatus.SKIPPED
+            engine.step_finished(run, step, outbox)
+            return
+        failure = engine.charge_step(run, step, outcome.cost) if outcome.cost else None
+        if outcome.error is None and failure is None:
+            done = transition(
+                Step,
+                step.pk,
+                StepStatus.COMPLETED,
+                payload={"cost": str(outcome.cost)},
+                updates={
+                    "output": outcome.output,
+                    "cost": step.cost + outcome.cost,
+                    "lease_expires_at": None,
+                },
+                now=now,
+            ).obj
+            engine.step_finished(run, done, outbox)
+            return
+        error = outcome.error or ToolError(failure.code, failure.message, False)  # type: ignore[union-attr]
+        if failure is not None:
+            error = ToolError(failure.code, failure.message, False)
+        failures = step.failures + 1
+        decision = retry.decide(
+            step.retry,
+            code=error.code,
+            retryable=error.retryable,
+            attempts=attempt,
+            failures=failures,
+        )
+        charged = outcome.cost if failure is None else Decimal(0)
+        Step.objects.filter(pk=step.pk).update(
+            failures=failures, error=error.as_dict(), cost=step.cost + charged
+        )
+        step.failures, step.error, step.cost = failures, error.as_dict(), step.cost + charged
+        if decision.retry:
+            due = now + timedelta(milliseconds=decision.delay_ms)
+            transition(
+                Step,
+                step.pk,
+                StepStatus.PENDING,
+                message=f"retry in {decision.delay_ms} ms after {error.code}",
+                payload={**error.as_dict(), "delay_ms": decision.delay_ms, "attempt": attempt},
+                updates={"next_run_at": due, "lease_expires_at": None},
+                now=now,
+            )
+            outbox.add(
+                StepMessage(
+                    step.pk, run.priority, engine.step_timeout_s(step), decision.delay_ms / 1000
+                )
+            )
+            return
+        message = (
+            error.message
+            if decision.code == error.code
+            else f"{decision.code} after {error.code}: {error.message}"
+        )
+        step.error = {
+            **error.as_dict(),
+            "code": decision.code,
+            "message": message,
+            "cause": error.code,
+        }
+        Step.objects.filter(pk=step.pk).update(error=step.error, lease_expires_at=None)
+        engine.step_failed(run, step, engine.Failure(decision.code, message), outbox)

@@ -1,0 +1,74 @@
+"""What a tool is: a function of (params, context) returning a result or raising ToolError.
+
+Tools run in a worker process outside any database transaction. They return their
+output (JSON-serialisable) and, optionally, their cost in credits (otherwise the tool's
+price from settings is charged). Failures raise ``ToolError`` with a code from
+``orchestrator.errors``; the code decides whether the engine retries.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from orchestrator.errors import is_retryable
+
+# How often a long tool looks for cancellation (a cooperative check; revoke with
+# terminate is the other half).
+CANCEL_CHECK_INTERVAL = 0.25
+
+
+@dataclass
+class ToolResult:
+    output: Any = None
+    cost: Decimal | None = None
+
+
+class ToolError(Exception):
+    def __init__(self, code: str, message: str, retryable: bool | None = None) -> None:
+        self.code = code
+        self.message = message
+        self.retryable = is_retryable(code) if retryable is None else retryable
+        super().__init__(f"{code}: {message}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "retryable": self.retryable}
+
+
+@dataclass
+class ToolContext:
+    step_id: int
+    run_id: str
+    attempt: int
+    timeout_s: float | None
+    # Returns True once the step should stop (cancelled, or no longer ours).
+    stop_requested: Callable[[], bool] = field(default=lambda: False)
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep in short slices, stopping with ToolError('cancelled') when asked to."""
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, CANCEL_CHECK_INTERVAL))
+            if self.stop_requested():
+                raise ToolError("cancelled", "the step was cancelled while running", False)
+
+
+Tool = Callable[[dict[str, Any], ToolContext], ToolResult]
+ParamValidator = Callable[[dict[str, Any]], list[tuple[str, str]]]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    run: Tool | None  # None for tools a worker never executes (approval)
+    validate: ParamValidator | None = None
+
+
+def has_template(value: Any) -> bool:
+    return isinstance(value, str) and "${" in value

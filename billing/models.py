@@ -25,12 +25,6 @@ class Organization(models.Model):
             models.CheckConstraint(
                 condition=models.Q(credits_available__gte=0), name="org_available_gte_0"
             ),
-            models.CheckConstraint(
-                condition=models.Q(credits_reserved__gte=0), name="org_reserved_gte_0"
-            ),
-            models.CheckConstraint(
-                condition=models.Q(credits_spent__gte=0), name="org_spent_gte_0"
-            ),
         ]
 
     def __str__(self) -> str:

@@ -26,17 +26,20 @@ def _step_estimate(step: StepPlan) -> Decimal:
     return per_attempt * step.retry.max_attempts + handlers
 
 
+# A task or agent whose failure mode is `retry` may run its children 1 + 3 times.
+LEVEL_RUNS = 4
+
+
 def plan_reservation(plan: Plan) -> Decimal:
-    """The plan's `credits`, or the worst case of its steps (every attempt used)."""
+    """The plan's `credits`, or the worst case of its steps: every attempt of every step
+    used, in every level retry its task and agent may make."""
     if plan.credits is not None:
         return plan.credits
-    total = sum(
-        (
-            _step_estimate(step)
-            for agent in plan.agents
-            for task in agent.tasks
-            for step in task.steps
-        ),
-        Decimal(0),
-    )
+    total = Decimal(0)
+    for agent in plan.agents:
+        agent_runs = LEVEL_RUNS if agent.failure_mode == "retry" else 1
+        for task in agent.tasks:
+            task_runs = LEVEL_RUNS if task.failure_mode == "retry" else 1
+            steps = sum((_step_estimate(step) for step in task.steps), Decimal(0))
+            total += steps * agent_runs * task_runs
     return max(total, Decimal(settings.BILLING_MIN_RESERVATION))

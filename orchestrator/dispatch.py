@@ -28,11 +28,12 @@ def run_queue(priority: int) -> str:
 
 def enqueue_run_task(name: str, run_id: object, priority: int) -> None:
     """Publish a run-level task on its priority's queue once the transaction commits."""
-    transaction.on_commit(
-        lambda: app.send_task(
-            name, args=(str(run_id),), queue=run_queue(priority), priority=priority
-        )
-    )
+
+    def publish() -> None:
+        if settings.ORCHESTRATOR_DISPATCH_ENABLED:
+            app.send_task(name, args=(str(run_id),), queue=run_queue(priority), priority=priority)
+
+    transaction.on_commit(publish)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,9 @@ class Outbox:
 
     def publish(self) -> None:
         messages, self.messages, self._registered = self.messages, [], False
+        if not settings.ORCHESTRATOR_DISPATCH_ENABLED:
+            return
+
         with app.producer_or_acquire() as producer:
             for message in messages:
                 app.send_task(

@@ -487,7 +487,35 @@ def _decide(
         )
         if run.status == RunStatus.WAITING_APPROVAL:
             run = transition(Run, run.pk, RunStatus.RUNNING, actor=actor).obj
+        run = _continue_after_decision(run, steps, approve)
     return ApprovalResult(run, steps)
+
+
+def _continue_after_decision(run: Run, steps: list[Step], approved: bool) -> Run:
+    """Hand the decided steps to the engine, which moves the run on (same transaction)."""
+    # Imported here: the engine builds on these services, not the other way round.
+    from orchestrator import engine
+    from orchestrator.dispatch import Outbox
+
+    waiting = Step.objects.filter(
+        run=run, attempt_number=run.attempt_number, status=StepStatus.WAITING_APPROVAL
+    ).count()
+    Run.objects.filter(pk=run.pk).update(waiting_approvals=waiting)
+    run.waiting_approvals = waiting
+    outbox = Outbox()
+    for step in steps:
+        if run.status != RunStatus.RUNNING:
+            break  # an earlier rejection failed the run; nothing else to move on
+        if approved:
+            engine.step_finished(run, step, outbox)
+        else:
+            error = step.error or {}
+            failure = engine.Failure(
+                error.get("code", "approval_rejected"), error.get("message", "")
+            )
+            engine.step_failed(run, step, failure, outbox)
+        run.refresh_from_db()
+    return run
 
 
 @transaction.atomic

@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -18,8 +19,21 @@ from config.celery import ALL_QUEUES, app
 from tests.support import Child, child_env, python_cmd, wait_until
 
 
+@pytest.fixture(autouse=True)
+def _dispatch_only_with_a_worker(request: pytest.FixtureRequest, settings: Any) -> None:
+    """Tests without a worker keep engine messages to themselves.
+
+    The session's worker process outlives the integration tests that started it; a
+    service-level test that commits (transaction=True) must not have it pick up and
+    execute that test's runs behind its back.
+    """
+    if "celery_worker" not in request.fixturenames:
+        settings.ORCHESTRATOR_DISPATCH_ENABLED = False
+
+
 @pytest.fixture(scope="session")
 def broker() -> Iterator[redis.Redis[bytes]]:
+
     client: redis.Redis[bytes] = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     client.flushdb()
     yield client

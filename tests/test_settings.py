@@ -86,3 +86,12 @@ def test_production_refuses_a_malformed_variable_naming_it(variable: str, value:
     assert result.returncode != 0
     assert variable in result.stderr
     assert "Invalid environment configuration" in result.stderr
+
+
+def test_models_and_migrations_agree_and_system_checks_pass() -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    call_command("check", stdout=StringIO())
+    call_command("makemigrations", "--check", "--dry-run", stdout=StringIO())

@@ -323,3 +323,6 @@ LLM_BASE_URL = env.string("LLM_BASE_URL", "", "OpenAI-compatible API base URL (â
 LLM_API_KEY = env.string("LLM_API_KEY", "", "bearer key for the LLM API")
 LLM_MODEL = env.string("LLM_MODEL", "gpt-4o-mini", "default model of the llm tool")
 LLM_TIMEOUT = env.number("LLM_TIMEOUT", 60, "seconds an LLM call may take")
+# Publishing engine messages can be switched off (tests that exercise services without a
+# worker); the database then holds the work and the lost-message sweep would send it.
+ORCHESTRATOR_DISPATCH_ENABLED = True

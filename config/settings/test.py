@@ -15,4 +15,8 @@ LOG_FORMAT = "text"
 LOGGING["handlers"]["console"]["formatter"] = "text"  # noqa: F405
 LOGGING["root"]["level"] = env.string("LOG_LEVEL", "WARNING", "root log level")  # noqa: F405
 
+# Short leases so that crash-recovery tests reclaim within seconds, not minutes.
+ENGINE_HEARTBEAT_SECONDS = env.number("ENGINE_HEARTBEAT_SECONDS", 0.5, "lease renewal period")
+ENGINE_LEASE_SECONDS = env.number("ENGINE_LEASE_SECONDS", 3, "lease length")
+
 env.raise_if_invalid()

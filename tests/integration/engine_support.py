@@ -1,0 +1,47 @@
+"""Helpers for engine tests: submit a plan, wait for the run to settle, check the books."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from billing.models import LedgerEntry
+from orchestrator.invariants import check_all
+from runs import services
+from runs.models import Run, RunAttempt, Step
+from runs.states import RUN_TERMINAL
+from tests import factories
+from tests.support import wait_until
+
+
+def submit(spec: dict[str, Any], credits: int = 1000) -> Run:
+    organization = factories.org(credits=credits)
+    run = services.run_create(organization=organization, spec=spec)
+    return services.run_start(run_id=run.pk)
+
+
+def wait_for(run: Run, statuses: tuple[str, ...] = tuple(RUN_TERMINAL), timeout: float = 60) -> Run:
+    def settled() -> Run | None:
+        current = Run.objects.get(pk=run.pk)
+        return current if current.status in statuses else None
+
+    return wait_until(settled, timeout=timeout, what=f"run {run.pk} to reach {statuses}")
+
+
+def steps_of(run: Run) -> dict[str, Step]:
+    return {
+        step.name: step
+        for step in Step.objects.filter(
+            run=run, attempt_number=Run.objects.get(pk=run.pk).attempt_number
+        )
+    }
+
+
+def assert_books_balanced(run: Run) -> None:
+    for attempt in RunAttempt.objects.filter(run=run):
+        assert attempt.settled_at is not None, attempt
+        assert attempt.credits_charged + attempt.credits_refunded == attempt.credits_reserved
+    charges = LedgerEntry.objects.filter(run=run, type="charge")
+    keys = list(charges.values_list("idempotency_key", flat=True))
+    assert len(keys) == len(set(keys))
+    violations = {name: found for name, found in check_all().items() if found}
+    assert violations == {}

@@ -1,0 +1,155 @@
+"""Duplicates, crashes and approvals with a real worker process."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from billing.models import LedgerEntry
+from config.celery import QUEUE_STEPS, QUEUE_SWEEPS, app
+from orchestrator.dispatch import EXECUTE_STEP_TASK
+from runs import services
+from runs.models import Run, RunEvent, Step
+from tests.factories import plan, step
+from tests.integration.engine_support import assert_books_balanced, steps_of, submit, wait_for
+from tests.support import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+
+def running_step(run: Run, name: str) -> Step:
+    return wait_until(
+        lambda: Step.objects.filter(run=run, name=name, status="running").first(),
+        timeout=30,
+        what=f"step {name} to run",
+    )
+
+
+def test_the_same_step_message_delivered_twice_runs_and_charges_once(celery_worker: str) -> None:
+    run = submit(
+        plan(steps=1)
+        | {
+            "agents": [
+                {
+                    "name": "a",
+                    "tasks": [
+                        {"name": "t", "steps": [step("slow", "sleep", params={"seconds": 0.5})]}
+                    ],
+                }
+            ]
+        }
+    )
+    slow = running_step(run, "slow")
+    for _ in range(3):  # duplicates while it runs
+        app.send_task(EXECUTE_STEP_TASK, args=(slow.pk,), queue=QUEUE_STEPS)
+
+    done = wait_for(run)
+    for _ in range(2):  # and late ones, after it finished
+        app.send_task(EXECUTE_STEP_TASK, args=(slow.pk,), queue=QUEUE_STEPS)
+    echo = app.send_task("orchestrator.diagnostics.echo", args=("after",), queue=QUEUE_STEPS)
+    echo.get(timeout=30)  # the queue has drained past the late duplicates
+
+    assert done.status == "completed", done.last_error
+    slow = Step.objects.get(pk=slow.pk)
+    assert slow.attempts == 1
+    claims = RunEvent.objects.filter(entity="step", entity_id=str(slow.pk), to_status="running")
+    assert claims.count() == 1
+    assert LedgerEntry.objects.filter(step=slow, type="charge").count() == 1
+    assert_books_balanced(run)
+
+
+def test_a_worker_killed_mid_step_is_recovered_by_the_lease_sweep(celery_worker: str) -> None:
+    run = submit(
+        {
+            "name": "crash",
+            "agents": [
+                {
+                    "name": "a",
+                    "tasks": [
+                        {
+                            "name": "t",
+                            "steps": [
+                                step("before"),
+                                step("victim", "sleep", params={"seconds": 2}),
+                                step("after"),
+                            ],
+                        }
+                    ],
+                }
+            ],
+        }
+    )
+    victim = running_step(run, "victim")
+    pid = int(victim.worker.rsplit(":", 1)[1])
+
+    os.kill(pid, signal.SIGKILL)
+
+    def recovered() -> Run | None:
+        # What beat does every ENGINE_SWEEP_INTERVAL: sweep expired leases.
+        app.send_task("orchestrator.sweeps.leases", queue=QUEUE_SWEEPS)
+        current = Run.objects.get(pk=run.pk)
+        return current if current.status in ("completed", "failed") else None
+
+    done = wait_until(recovered, timeout=90, what="the run to recover from the crash")
+    assert done.status == "completed", done.last_error
+    victim = Step.objects.get(pk=victim.pk)
+    assert victim.status == "completed"
+    assert victim.reclaims == 1
+    assert victim.attempts == 2
+    assert RunEvent.objects.filter(entity_id=str(victim.pk), message__contains="reclaimed").exists()
+    assert_books_balanced(run)
+
+
+def approval_plan() -> dict[str, object]:
+    return {
+        "name": "gated",
+        "agents": [
+            {
+                "name": "a",
+                "tasks": [
+                    {
+                        "name": "t",
+                        "steps": [
+                            step("draft", "echo", params={"text": "hi"}),
+                            step("sign-off", "approval"),
+                            step("publish"),
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+
+
+def test_an_approval_step_waits_and_approve_lets_the_run_finish(celery_worker: str) -> None:
+    run = submit(approval_plan())
+
+    waiting = wait_for(run, ("waiting_approval",))
+    first = services.run_approve(run_id=run.pk, comment="looks good", actor="admin:ops")
+    again = services.run_approve(run_id=run.pk, comment="twice")
+    done = wait_for(run)
+
+    assert waiting.status == "waiting_approval"
+    assert first.changed
+    assert not again.changed
+    assert done.status == "completed", done.last_error
+    steps = steps_of(run)
+    assert steps["sign-off"].output["approved"] is True
+    assert steps["sign-off"].attempts == 0  # never executed by a worker
+    assert steps["publish"].status == "completed"
+    assert_books_balanced(run)
+
+
+def test_reject_fails_the_run_with_approval_rejected(celery_worker: str) -> None:
+    run = submit(approval_plan())
+    wait_for(run, ("waiting_approval",))
+
+    services.run_reject(run_id=run.pk, comment="not this one")
+    done = wait_for(run)
+
+    assert done.status == "failed"
+    assert done.last_error["code"] == "approval_rejected"
+    assert steps_of(run)["publish"].status == "cancelled"
+    assert_books_balanced(run)

@@ -34,7 +34,7 @@ from orchestrator.dispatch import Outbox, StepMessage
 from runs import services
 from runs.materialize import step_row, step_rows, task_rows, wiring
 from runs.models import Agent, EventKind, FailureMode, Mode, Run, RunAttempt, Step, Task
-from runs.spec import RetryPolicy, StepPlan, parse_plan
+from runs.spec import PlanInvalid, RetryPolicy, StepPlan, parse_plan
 from runs.states import NodeStatus, RunStatus, StepStatus
 from runs.transitions import record_event, transition, transition_many
 
@@ -79,11 +79,23 @@ def lock_run(run_id: Any) -> Run:
 
 # --------------------------------------------------------------------------- dispatch
 def pick_up(run_id: Any, actor: str = "worker") -> bool:
-    """(RETRYING ->) PENDING -> RUNNING: materialise the plan and dispatch what is ready."""
+    """(RETRYING ->) PENDING -> RUNNING: materialise the plan and dispatch what is ready.
+
+    A stored plan that no longer validates (the validator grew stricter since the run
+    was created) fails the run with `invalid_plan` rather than leaving it pending.
+    """
     with transaction.atomic():
         if lock_run(run_id).status == RunStatus.RETRYING:
             services.run_requeue(run_id=run_id, actor=actor)
-        run, picked = services.run_pick_up(run_id=run_id, actor=actor)
+        try:
+            with transaction.atomic():
+                run, picked = services.run_pick_up(run_id=run_id, actor=actor)
+        except PlanInvalid as exc:
+            services.run_fail(
+                run_id=run_id, code="invalid_plan", message=str(exc)[:2000], actor=actor
+            )
+            return False
+
         if picked:
             dispatch_agents(run, Outbox())
             finish_if_done(run)

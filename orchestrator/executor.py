@@ -173,12 +173,15 @@ def run_attempt(step: Step, attempt: int) -> Outcome:
     heart.begin(step.pk, step.run_id, attempt)
     try:
         result = spec.run(params, ctx)
-        output = result.output
-        if len(json.dumps(output, default=str)) > MAX_OUTPUT_BYTES:
-            raise ToolError("invalid_output", f"output larger than {MAX_OUTPUT_BYTES} bytes", False)
-        json.loads(json.dumps(output))  # must survive JSON as it will be stored
         cost = tool_price(step.tool) if result.cost is None else result.cost
-        return Outcome(output=output, cost=cost)
+        try:
+            # Stored as JSONB: it must be plain JSON (no NaN), and of a bounded size.
+            encoded = json.dumps(result.output, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ToolError("invalid_output", f"output is not JSON: {exc}", False) from exc
+        if len(encoded) > MAX_OUTPUT_BYTES:
+            raise ToolError("invalid_output", f"output larger than {MAX_OUTPUT_BYTES} bytes", False)
+        return Outcome(output=result.output, cost=cost)
     except ToolError as exc:
         return Outcome(error=exc, cost=tool_price(step.tool))
     except SoftTimeLimitExceeded:
@@ -187,8 +190,6 @@ def run_attempt(step: Step, attempt: int) -> Outcome:
             error=ToolError("timeout", f"step timed out after {timeout:g}s"),
             cost=tool_price(step.tool),
         )
-    except (TypeError, ValueError) as exc:
-        return Outcome(error=ToolError("invalid_output", f"output is not JSON: {exc}", False))
     except Exception as exc:
         logger.exception("tool %s crashed in step %s", step.tool, step.pk)
         return Outcome(

@@ -41,6 +41,7 @@ from orchestrator.tools import registry
 from orchestrator.tools.registry import WAITING_TOOLS, tool_names
 
 NAME_MAX_LENGTH = 100
+RUN_NAME_MAX_LENGTH = 200
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 # At most 15 integer digits: anything longer is no duration, and must not cost a huge
 # number conversion to refuse.
@@ -523,7 +524,9 @@ class _Validator:
                 self.error(join(path, str(key)), f"unknown field{hint}")
         return value
 
-    def name(self, data: dict[str, Any], path: str) -> str:
+    def name(self, data: dict[str, Any], path: str, free_text: bool = False) -> str:
+        """A node's name (referenced by templates: a restricted alphabet), or with
+        ``free_text`` the run's name (any printable text people will read)."""
         where = join(path, "name")
         if "name" not in data:
             self.error(where, "is required")
@@ -532,10 +535,14 @@ class _Validator:
         if not isinstance(value, str):
             self.error(where, f"must be a string, got {_a(value)}")
             return ""
-        if not value:
+        limit = RUN_NAME_MAX_LENGTH if free_text else NAME_MAX_LENGTH
+        if not value.strip():
             self.error(where, "must not be empty")
-        elif len(value) > NAME_MAX_LENGTH:
-            self.error(where, f"is {len(value)} characters long; at most {NAME_MAX_LENGTH}")
+        elif len(value) > limit:
+            self.error(where, f"is {len(value)} characters long; at most {limit}")
+        elif free_text:
+            if not value.isprintable():
+                self.error(where, "must be printable text (no control characters)")
         elif not NAME_RE.fullmatch(value):
             self.error(
                 where,
@@ -1124,7 +1131,8 @@ class _Validator:
         root = self.mapping(data, "", RUN_KEYS)
         if root is None:
             return None
-        name = self.name(root, "")
+        name = self.name(root, "", free_text=True)
+
         variables = self.variables(root)
         credits = self.credits(root)
         timeouts = self.timeouts(root)

@@ -18,6 +18,9 @@ from django.conf import settings
 from config.celery import ALL_QUEUES, app
 from tests.support import Child, child_env, python_cmd, wait_until
 
+# `http_server`: a scriptable local HTTP server (tests/http_fixture.py).
+pytest_plugins = ["tests.http_fixture"]
+
 
 @pytest.fixture(autouse=True)
 def _dispatch_only_with_a_worker(request: pytest.FixtureRequest, settings: Any) -> None:

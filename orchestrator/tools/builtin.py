@@ -1,12 +1,15 @@
 """The built-in tools: noop, echo, sleep, fail, http, python, llm (and approval, which no
 worker executes). Each validates its parameters for the plan validator, where it can
 (a value that is still a `${...}` template is checked only when rendered).
+
+Rendered templates can turn a parameter into anything, so the tools check again at run
+time and fail with `invalid_input` (never retried) rather than crash.
 """
 
 from __future__ import annotations
 
 import json
-from decimal import Decimal
+import time
 from typing import Any
 
 import httpx
@@ -15,7 +18,13 @@ from django.utils.module_loading import import_string
 
 from billing.pricing import llm_cost
 from orchestrator.errors import ERROR_CODES
-from orchestrator.tools.base import ToolContext, ToolError, ToolResult, has_template
+from orchestrator.tools.base import (
+    CANCEL_CHECK_INTERVAL,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    has_template,
+)
 from orchestrator.tools.registry import register
 
 Problems = list[tuple[str, str]]
@@ -40,6 +49,40 @@ def _string(params: dict[str, Any], key: str, required: bool = True) -> Problems
     return []
 
 
+def _object(params: dict[str, Any], key: str) -> Problems:
+    if key in params and not has_template(params[key]) and not isinstance(params[key], dict):
+        return [(key, "must be an object")]
+    return []
+
+
+def _seconds(params: dict[str, Any], key: str, default: float) -> float:
+    """A rendered duration parameter, or ToolError('invalid_input')."""
+    value = params.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ToolError("invalid_input", f"{key} must be a number of seconds", False)
+    try:
+        seconds = float(value)
+    except ValueError as exc:
+        raise ToolError("invalid_input", f"{key} must be a number of seconds", False) from exc
+    if not seconds >= 0 or seconds == float("inf"):  # also rejects NaN
+        raise ToolError("invalid_input", f"{key} must be a number of seconds", False)
+    return seconds
+
+
+def _is_json_type(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+def _reject_constant(name: str) -> Any:
+    # NaN and Infinity are not JSON: PostgreSQL refuses them in a jsonb column.
+    raise ValueError(f"{name} is not JSON")
+
+
+def _parse_json(text: str) -> Any:
+    return json.loads(text, parse_constant=_reject_constant)
+
+
 # --------------------------------------------------------------------------- noop, echo
 def noop(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
     return ToolResult(output=None)
@@ -52,7 +95,7 @@ def echo(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
 
 # --------------------------------------------------------------------------- sleep
 def sleep(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
-    seconds = float(params.get("seconds", 1))
+    seconds = _seconds(params, "seconds", 1)
     ctx.sleep(seconds)
     return ToolResult(output={"slept": seconds})
 
@@ -65,8 +108,13 @@ def validate_sleep(params: dict[str, Any]) -> Problems:
 def fail(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
     """Fail with a chosen code; with `until_attempt: N`, only attempts 1..N fail."""
     until = params.get("until_attempt")
-    if until is not None and ctx.attempt > int(until):
-        return ToolResult(output={"succeeded_on_attempt": ctx.attempt})
+    if until is not None:
+        try:
+            until = int(until)
+        except (TypeError, ValueError) as exc:
+            raise ToolError("invalid_input", "until_attempt must be a whole number", False) from exc
+        if ctx.attempt > until:
+            return ToolResult(output={"succeeded_on_attempt": ctx.attempt})
     retryable = params.get("retryable")
     raise ToolError(
         str(params.get("code", "tool_error")),
@@ -80,13 +128,15 @@ def validate_fail(params: dict[str, Any]) -> Problems:
     code = params.get("code", "tool_error")
     if not has_template(code) and (not isinstance(code, str) or code not in ERROR_CODES):
         problems.append(("code", f"unknown error code {code!r}"))
-    if "retryable" in params and not isinstance(params["retryable"], bool):
+    retryable = params.get("retryable")
+    if "retryable" in params and not has_template(retryable) and not isinstance(retryable, bool):
         problems.append(("retryable", "must be true or false"))
     return problems
 
 
 # --------------------------------------------------------------------------- http
 HTTP_RETRYABLE = {
+    408: "timeout",
     429: "rate_limited",
     502: "bad_gateway",
     503: "service_unavailable",
@@ -94,46 +144,94 @@ HTTP_RETRYABLE = {
 }
 HTTP_NON_RETRYABLE = {401: "auth_error", 403: "permission_denied", 404: "not_found"}
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD")
+# How much of an error response's body its ToolError message quotes.
+HTTP_ERROR_EXCERPT = 300
+
+
+def _http_request(params: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    """Method, URL and httpx keyword arguments from rendered params (or invalid_input)."""
+    url = params.get("url")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ToolError("invalid_input", f"url must be an http(s) URL, got {url!r}", False)
+    method = str(params.get("method", "GET")).upper()
+    if method not in HTTP_METHODS:
+        raise ToolError("invalid_input", f"method must be one of {', '.join(HTTP_METHODS)}", False)
+    for key in ("headers", "query"):
+        if params.get(key) is not None and not isinstance(params[key], dict):
+            raise ToolError("invalid_input", f"{key} must be an object", False)
+    body = params.get("body")
+    if body is not None and not isinstance(body, str):
+        raise ToolError("invalid_input", "body must be a string (use json for data)", False)
+    return (
+        method,
+        url,
+        {
+            "headers": params.get("headers") or {},
+            "params": params.get("query") or None,
+            "json": params.get("json"),
+            "content": body,
+        },
+    )
 
 
 def http(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
-    timeout = float(params.get("timeout", ctx.timeout_s or 30))
+    """One HTTP request, redirects not followed: a 3xx is returned like a 2xx.
+
+    A JSON body (by content type) is parsed, any other body is returned as text. Error
+    statuses raise the matching code (HTTP_RETRYABLE, HTTP_NON_RETRYABLE, server_error,
+    invalid_input). `timeout` bounds each network wait and the whole download.
+    """
+    method, url, request = _http_request(params)
+    timeout = _seconds(params, "timeout", ctx.timeout_s or 30)
     limit = settings.HTTP_TOOL_MAX_RESPONSE_BYTES
+    deadline = time.monotonic() + timeout
+    next_stop_check = time.monotonic() + CANCEL_CHECK_INTERVAL
     try:
         with (
             httpx.Client(timeout=timeout, follow_redirects=False) as client,
-            client.stream(
-                str(params.get("method", "GET")).upper(),
-                str(params["url"]),
-                headers=params.get("headers") or {},
-                params=params.get("query") or None,
-                json=params.get("json"),
-                content=params.get("body"),
-            ) as response,
+            client.stream(method, url, **request) as response,
         ):
-            body = b""
+            body = bytearray()
             for chunk in response.iter_bytes():
                 body += chunk
                 if len(body) > limit:
                     raise ToolError("invalid_output", f"response larger than {limit} bytes")
-                if ctx.stop_requested():
-                    raise ToolError("cancelled", "the step was cancelled while running", False)
+                now = time.monotonic()
+                if now > deadline:
+                    raise ToolError("timeout", f"HTTP response took longer than {timeout:g}s")
+                # stop_requested may query the database: ask at most once per interval.
+                if now >= next_stop_check:
+                    next_stop_check = now + CANCEL_CHECK_INTERVAL
+                    if ctx.stop_requested():
+                        raise ToolError("cancelled", "the step was cancelled while running", False)
     except httpx.TimeoutException as exc:
         raise ToolError("timeout", f"HTTP request timed out: {exc}") from exc
+    except (httpx.UnsupportedProtocol, httpx.LocalProtocolError, httpx.InvalidURL) as exc:
+        raise ToolError("invalid_input", f"HTTP request is invalid: {exc}", False) from exc
     except httpx.TransportError as exc:
         raise ToolError("connection_error", f"HTTP request failed: {exc}") from exc
+    except httpx.DecodingError as exc:
+        raise ToolError("invalid_output", f"HTTP response cannot be decoded: {exc}") from exc
+    except (TypeError, ValueError) as exc:  # httpx refusing a header or body value
+        raise ToolError("invalid_input", f"HTTP request is invalid: {exc}", False) from exc
     status = response.status_code
-    if status in HTTP_RETRYABLE:
-        raise ToolError(HTTP_RETRYABLE[status], f"HTTP {status}")
-    if status >= 500:
-        raise ToolError("server_error", f"HTTP {status}")
+    text = bytes(body).decode(response.encoding or "utf-8", errors="replace")
     if status >= 400:
-        raise ToolError(HTTP_NON_RETRYABLE.get(status, "invalid_input"), f"HTTP {status}", False)
-    text = body.decode(response.encoding or "utf-8", errors="replace")
-    try:
-        parsed: Any = json.loads(text) if text else None
-    except ValueError:
-        parsed = text
+        excerpt = text[:HTTP_ERROR_EXCERPT].strip()
+        message = f"HTTP {status}: {excerpt}" if excerpt else f"HTTP {status}"
+        if status in HTTP_RETRYABLE:
+            raise ToolError(HTTP_RETRYABLE[status], message)
+        if status >= 500:
+            raise ToolError("server_error", message)
+        raise ToolError(HTTP_NON_RETRYABLE.get(status, "invalid_input"), message, False)
+    parsed: Any = text
+    if text and _is_json_type(response.headers.get("content-type", "")):
+        try:
+            parsed = _parse_json(text)
+        except ValueError:
+            parsed = text  # says JSON but is not: keep what was sent
+    elif not text:
+        parsed = None
     return ToolResult(output={"status": status, "headers": dict(response.headers), "body": parsed})
 
 
@@ -142,6 +240,7 @@ def validate_http(params: dict[str, Any]) -> Problems:
     url = params.get("url")
     if (
         isinstance(url, str)
+        and url
         and not has_template(url)
         and not url.startswith(("http://", "https://"))
     ):
@@ -150,6 +249,10 @@ def validate_http(params: dict[str, Any]) -> Problems:
     if not has_template(method) and str(method).upper() not in HTTP_METHODS:
         problems.append(("method", f"must be one of {', '.join(HTTP_METHODS)}"))
     problems += _number(params, "timeout", 0.001, 3600, required=False)
+    problems += _object(params, "headers")
+    problems += _object(params, "query")
+    if params.get("body") is not None and not isinstance(params["body"], str):
+        problems.append(("body", "must be a string (use json for data)"))
     if "json" in params and "body" in params:
         problems.append(("body", "give either json or body, not both"))
     return problems
@@ -158,21 +261,26 @@ def validate_http(params: dict[str, Any]) -> Problems:
 # --------------------------------------------------------------------------- python
 def python(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
     """Call an allow-listed callable with `kwargs`; its return value is the output."""
-    path = str(params["callable"])
+    path = params.get("callable")
+    if not isinstance(path, str) or not path:
+        raise ToolError("invalid_input", "callable must be a dotted path", False)
     if path not in settings.PYTHON_TOOL_ALLOWLIST:
         raise ToolError("permission_denied", f"{path} is not in PYTHON_TOOL_ALLOWLIST", False)
+    kwargs = params.get("kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise ToolError("invalid_input", "kwargs must be an object", False)
     try:
         function = import_string(path)
     except ImportError as exc:
         raise ToolError("not_found", f"cannot import {path}: {exc}", False) from exc
     try:
-        output = function(**(params.get("kwargs") or {}))
+        output = function(**kwargs)
     except ToolError:
         raise
     except (TypeError, ValueError) as exc:
         raise ToolError("invalid_input", f"{path}: {exc}", False) from exc
     try:
-        json.dumps(output)
+        json.dumps(output, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ToolError("invalid_output", f"{path} returned a non-JSON value", False) from exc
     return ToolResult(output=output)
@@ -181,14 +289,29 @@ def python(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
 def validate_python(params: dict[str, Any]) -> Problems:
     problems = _string(params, "callable")
     path = params.get("callable")
-    if isinstance(path, str) and path not in settings.PYTHON_TOOL_ALLOWLIST:
+    if (
+        isinstance(path, str)
+        and path
+        and not has_template(path)
+        and path not in settings.PYTHON_TOOL_ALLOWLIST
+    ):
         problems.append(("callable", f"{path!r} is not in PYTHON_TOOL_ALLOWLIST"))
-    if "kwargs" in params and not isinstance(params["kwargs"], dict):
-        problems.append(("kwargs", "must be an object"))
-    return problems
+    return problems + _object(params, "kwargs")
 
 
 # --------------------------------------------------------------------------- llm
+def _llm_tokens(usage: Any) -> int:
+    if not isinstance(usage, dict):
+        raise TypeError("usage is not an object")
+    if "total_tokens" in usage:
+        tokens = usage["total_tokens"]
+    else:
+        tokens = usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise ValueError(f"token count {tokens!r} is not a whole number >= 0")
+    return tokens
+
+
 def llm(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
     """OpenAI-compatible chat completion; token usage becomes the cost."""
     base_url = settings.LLM_BASE_URL.rstrip("/")
@@ -197,6 +320,8 @@ def llm(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
     messages = params.get("messages") or [
         {"role": "user", "content": str(params.get("prompt", ""))}
     ]
+    if not isinstance(messages, list):
+        raise ToolError("invalid_input", "messages must be a list of {role, content}", False)
     body: dict[str, Any] = {
         "model": params.get("model") or settings.LLM_MODEL,
         "messages": messages,
@@ -205,16 +330,20 @@ def llm(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
         if key in params:
             body[key] = params[key]
     headers = {"Authorization": f"Bearer {settings.LLM_API_KEY}"} if settings.LLM_API_KEY else {}
-    timeout = float(params.get("timeout", ctx.timeout_s or settings.LLM_TIMEOUT))
+    timeout = _seconds(params, "timeout", ctx.timeout_s or settings.LLM_TIMEOUT)
     try:
         response = httpx.post(
             f"{base_url}/chat/completions", json=body, headers=headers, timeout=timeout
         )
     except httpx.TimeoutException as exc:
         raise ToolError("llm_timeout", f"LLM request timed out: {exc}") from exc
+    except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+        raise ToolError("tool_error", f"LLM_BASE_URL is not usable: {exc}", False) from exc
     except httpx.TransportError as exc:
         raise ToolError("connection_error", f"LLM request failed: {exc}") from exc
     status = response.status_code
+    if status == 408:
+        raise ToolError("llm_timeout", "LLM request timed out (HTTP 408)")
     if status == 429:
         raise ToolError("llm_rate_limited", "LLM rate limited (HTTP 429)")
     if status >= 500:
@@ -228,28 +357,38 @@ def llm(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
             False,
         )
     try:
-        data = response.json()
+        data = _parse_json(response.text)
         content = data["choices"][0]["message"]["content"]
         usage = data.get("usage") or {}
-        tokens = int(usage.get("total_tokens", 0))
-    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        tokens = _llm_tokens(usage)
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
         raise ToolError("invalid_output", f"unexpected LLM response: {exc}", False) from exc
     return ToolResult(
         output={"content": content, "usage": usage, "model": data.get("model")},
-        cost=llm_cost(tokens) if tokens else Decimal(0),
+        cost=llm_cost(tokens),
     )
 
 
 def validate_llm(params: dict[str, Any]) -> Problems:
+    problems: Problems = []
     if "prompt" not in params and "messages" not in params:
-        return [("prompt", "give a prompt or messages")]
-    if (
-        "messages" in params
-        and not has_template(params["messages"])
-        and not isinstance(params["messages"], list)
-    ):
-        return [("messages", "must be a list of {role, content}")]
-    return _number(params, "max_tokens", 1, 1_000_000, required=False)
+        problems.append(("prompt", "give a prompt or messages"))
+    if "prompt" in params and not isinstance(params["prompt"], str):
+        problems.append(("prompt", "must be a string"))
+    messages = params.get("messages")
+    if "messages" in params and not has_template(messages):
+        if not isinstance(messages, list) or not messages:
+            problems.append(("messages", "must be a non-empty list of {role, content}"))
+        else:
+            for i, message in enumerate(messages):
+                if has_template(message):
+                    continue
+                if not isinstance(message, dict) or "role" not in message:
+                    problems.append((f"messages[{i}]", "must be an object with role and content"))
+    problems += _number(params, "max_tokens", 1, 1_000_000, required=False)
+    problems += _number(params, "temperature", 0, 2, required=False)
+    problems += _number(params, "timeout", 0.001, 3600, required=False)
+    return problems
 
 
 register("noop", noop)

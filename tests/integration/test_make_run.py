@@ -53,6 +53,9 @@ def test_run_script_starts_every_process_healthy_and_ctrl_c_leaves_no_orphans(
         assert admin.status_code == 200
         password = (data_dir / "admin-password").read_text().strip()
         assert f"(admin / {password})" in script.output()
+        assert "demo run completed" in script.output()
+        assert "credits: reserved" in script.output()
+
         names = {
             Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
             for pid in processes_with_env(marker)

@@ -258,16 +258,22 @@ def test_a_bad_step_name_is_refused(name: Any, fragment: str) -> None:
 @pytest.mark.parametrize(
     ("data", "path"),
     [
-        (plan(name="bad name"), "name"),
         (plan(agent("bad name")), "agents[0].name"),
         (plan(agent("a1", task("bad name"))), "agents[0].tasks[0].name"),
         (plan(agent("a1", task("t1", step("bad name")))), f"{STEP}.name"),
         (one_step(on_error=[step("bad name")]), f"{HANDLER}.name"),
     ],
-    ids=["run", "agent", "task", "step", "handler"],
+    ids=["agent", "task", "step", "handler"],
 )
 def test_bad_names_are_refused_at_every_level(data: dict[str, Any], path: str) -> None:
     assert_only_error(data, path, "'bad name' is not a valid name")
+
+
+def test_a_run_name_is_free_text_for_people_but_bounded() -> None:
+    assert valid(plan(name="Market research: AI chips (Q3)")).name.startswith("Market")
+    assert_only_error(plan(name="tab\there"), "name", "must be printable text")
+    assert_only_error(plan(name="x" * 201), "name", "is 201 characters long; at most 200")
+    assert_only_error(plan(name="   "), "name", "must not be empty")
 
 
 @pytest.mark.parametrize("name", ["a", "9lives", "fetch-data_v2.1", "X" * 100])
@@ -597,14 +603,15 @@ def test_a_bad_enum_value_is_refused(data: dict[str, Any], path: str, fragment: 
         (plan(max_attempts=0), "max_attempts", "must be an integer from 1 to 10, got 0"),
         (plan(max_agents=0), "max_agents", "must be an integer from 1 to 100, got 0"),
         (
-            plan(agent("a1", max_concurrent_tasks=1001)),
+            plan(agent("a1", max_concurrent_tasks=10_001)),
             "agents[0].max_concurrent_tasks",
-            "must be an integer from 1 to 1000, got 1001",
+            "must be an integer from 1 to 10000, got 10001",
         ),
         (
             plan(agent("a1", task("t1", max_concurrent_steps=0))),
             "agents[0].tasks[0].max_concurrent_steps",
-            "must be an integer from 1 to 1000, got 0",
+            "must be an integer from 1 to 10000, got 0",
+
         ),
         (
             plan(agent("a1", task("t1", max_concurrent_steps=False))),

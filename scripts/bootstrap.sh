@@ -36,7 +36,11 @@ stamp="$VENV/.requirements.sha"
 want=$(cat requirements.txt requirements-dev.txt | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "==> installing Python requirements"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+  # grep: this machine's pip configuration warns once per package about mirrors it skips.
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 \
+    | { grep -v "^WARNING: Location" || true; }
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r requirements-dev.txt 2>&1 \
+    | { grep -v "^WARNING: Location" || true; }
+
   echo "$want" > "$stamp"
 fi

@@ -611,7 +611,6 @@ def test_a_bad_enum_value_is_refused(data: dict[str, Any], path: str, fragment: 
             plan(agent("a1", task("t1", max_concurrent_steps=0))),
             "agents[0].tasks[0].max_concurrent_steps",
             "must be an integer from 1 to 10000, got 0",
-
         ),
         (
             plan(agent("a1", task("t1", max_concurrent_steps=False))),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -74,3 +75,24 @@ class Outbox:
                     time_limit=math.ceil(message.timeout_s) + HARD_LIMIT_GRACE,
                     producer=producer,
                 )
+
+
+def revoke_running_steps(steps: Any) -> None:
+    """Terminate, after commit, the Celery tasks executing the RUNNING steps in ``steps``.
+
+    Call it before the steps leave RUNNING. Revoke reaches the worker process running the
+    task and terminates it; a tool that checks ``stop_requested`` stops even sooner.
+    """
+    task_ids = [
+        task_id
+        for task_id in steps.filter(status="running").values_list("celery_task_id", flat=True)
+        if task_id
+    ]
+    if not task_ids:
+        return
+
+    def revoke() -> None:
+        if settings.ORCHESTRATOR_DISPATCH_ENABLED:
+            app.control.revoke(task_ids, terminate=True, signal="SIGTERM")
+
+    transaction.on_commit(revoke)

@@ -30,7 +30,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from billing.services import BudgetExhausted, InsufficientCredits, credits_charge
-from orchestrator.dispatch import Outbox, StepMessage
+from orchestrator.dispatch import Outbox, StepMessage, revoke_running_steps
 from runs import services
 from runs.materialize import step_row, step_rows, task_rows, wiring
 from runs.models import Agent, EventKind, FailureMode, Mode, Run, RunAttempt, Step, Task
@@ -446,24 +446,18 @@ def _fail_node(run: Run, node: Agent | Task, failure: Failure, outbox: Outbox) -
 
 
 def _close_open_children(node: Agent | Task, message: str) -> None:
+    """Cancel what is still open below ``node`` (running steps are terminated too)."""
     if isinstance(node, Agent):
         tasks = Task.objects.filter(agent=node)
-        transition_many(
-            Step,
-            Step.objects.filter(task__in=tasks),
-            StepStatus.CANCELLED,
-            from_states=OPEN_STEP,
-            message=message,
-        )
-        transition_many(Task, tasks, NodeStatus.CANCELLED, from_states=OPEN_NODE, message=message)
+        steps = Step.objects.filter(task__in=tasks)
     else:
-        transition_many(
-            Step,
-            Step.objects.filter(task=node),
-            StepStatus.CANCELLED,
-            from_states=OPEN_STEP,
-            message=message,
-        )
+        tasks = None
+        steps = Step.objects.filter(task_id=node.pk)
+    revoke_running_steps(steps)
+    transition_many(Step, steps, StepStatus.CANCELLED, from_states=OPEN_STEP, message=message)
+    if tasks is not None:
+        transition_many(Task, tasks, NodeStatus.CANCELLED, from_states=OPEN_NODE, message=message)
+
     waiting = Step.objects.filter(
         run_id=node.run_id, attempt_number=node.attempt_number, status=StepStatus.WAITING_APPROVAL
     ).count()
@@ -669,3 +663,58 @@ def step_failed(run: Run, step: Step, failure: Failure, outbox: Outbox) -> None:
         start_handlers(run, task, step, outbox)
     else:
         child_failed(run, task, step, failure, outbox)
+
+
+# --------------------------------------------------------------------------- control
+def resume(run_id: Any, actor: str = "worker") -> bool:
+    """RESUMING -> RUNNING: re-dispatch what the pause held, then carry on.
+
+    Agents and tasks that were already under way go back to RUNNING; their dispatched
+    steps whose messages were dropped while paused are published again (a duplicate
+    of a message still queued is harmless: the claim lets one through).
+    """
+    with transaction.atomic():
+        run = lock_run(run_id)
+        if run.status != RunStatus.RESUMING:
+            return False
+        now = timezone.now()
+        for model in (Agent, Task):
+            transition_many(
+                model,  # type: ignore[type-var]
+                model.objects.filter(
+                    run=run,
+                    attempt_number=run.attempt_number,
+                    status=NodeStatus.PENDING,
+                    dispatched_at__isnull=False,
+                ),
+                NodeStatus.RUNNING,
+                from_states=[NodeStatus.PENDING],
+                actor=actor,
+                now=now,
+            )
+        run = services.run_resumed(run_id=run.pk, actor=actor)
+        outbox = Outbox()
+        held = Step.objects.filter(
+            run=run,
+            attempt_number=run.attempt_number,
+            status=StepStatus.PENDING,
+            dispatched_at__isnull=False,
+        ).only("pk", "timeout_ms")
+        for step in held:
+            outbox.add(StepMessage(step.pk, run.priority, step_timeout_s(step)))
+        dispatch_agents(run, outbox)
+        for agent in Agent.objects.filter(
+            run=run, attempt_number=run.attempt_number, status=NodeStatus.RUNNING
+        ):
+            dispatch_tasks(run, agent, outbox)
+        for task in Task.objects.filter(
+            run=run, attempt_number=run.attempt_number, status=NodeStatus.RUNNING
+        ):
+            dispatch_steps(run, task, outbox)
+        update_waiting_state(run)
+        return True
+
+
+def node_timed_out(run: Run, node: Agent | Task, code: str, message: str) -> None:
+    """An agent or task ran past its timeout: it fails, and its parent reacts."""
+    _fail_node(run, node, Failure(code, message), Outbox())

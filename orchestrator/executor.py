@@ -242,7 +242,10 @@ def record(step_id: int, run_id: Any, attempt: int, outcome: Outcome) -> None:
                 now=now,
             ).obj
             engine.step_finished(run, done, outbox)
+            run.refresh_from_db(fields=["status", "waiting_approvals"])
+            engine.update_waiting_state(run)
             return
+
         error = outcome.error or ToolError(failure.code, failure.message, False)  # type: ignore[union-attr]
         if failure is not None:
             error = ToolError(failure.code, failure.message, False)

@@ -41,4 +41,16 @@ def schedules() -> tuple[Schedule, ...]:
             task="orchestrator.sweeps.leases",
             every_seconds=_every("ENGINE_SWEEP_INTERVAL"),
         ),
+        Schedule(
+            name="timeout-sweep",
+            task="orchestrator.sweeps.timeouts",
+            every_seconds=_every("ENGINE_SWEEP_INTERVAL"),
+        ),
+        Schedule(
+            name="lost-message-sweep",
+            task="orchestrator.sweeps.lost_messages",
+            every_seconds=max(
+                _every("ENGINE_SWEEP_INTERVAL"), _every("ENGINE_LOST_MESSAGE_AFTER") // 4
+            ),
+        ),
     )

@@ -8,18 +8,26 @@ second beat, a late tick or two workers sweeping at once do no harm.
 from __future__ import annotations
 
 from collections import defaultdict
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import F
+from django.db import connection, transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 from orchestrator import engine
-from orchestrator.dispatch import Outbox, StepMessage
-from runs.models import Step
+from orchestrator.dispatch import (
+    PICK_UP_TASK,
+    RESUME_TASK,
+    Outbox,
+    StepMessage,
+    enqueue_run_task,
+)
+from runs import services
+from runs.models import Agent, EventKind, Run, Step, Task
 from runs.states import RunStatus, StepStatus
-from runs.transitions import transition
+from runs.transitions import record_event, transition
 
 
 def reclaim_expired_leases() -> dict[str, int]:
@@ -69,3 +77,187 @@ def _reclaim(run: Any, step: Step, outbox: Outbox) -> None:
         outbox.add(StepMessage(pending.pk, run.priority, engine.step_timeout_s(pending)))
     elif run.status == RunStatus.PAUSED:
         transition(Step, pending.pk, StepStatus.PAUSED, message="run is paused")
+
+
+# --------------------------------------------------------------------------- timeouts
+# Run-level timed states: (status, timeouts key, clock column, what happens).
+_RUN_TIMEOUTS = (
+    (RunStatus.PENDING, "pending", "status_changed_at", "fail"),
+    (RunStatus.RESUMING, "resuming", "status_changed_at", "fail"),
+    (RunStatus.RETRYING, "retrying", "status_changed_at", "fail"),
+    (RunStatus.PAUSED, "paused", "status_changed_at", "cancel"),
+    (RunStatus.RUNNING, "run", "picked_up_at", "fail"),
+    (RunStatus.WAITING_APPROVAL, "run", "picked_up_at", "fail"),
+    (RunStatus.ESCALATED, "run", "picked_up_at", "fail"),
+)
+
+# Runs whose own `timeouts` (milliseconds) or the default put them past their deadline.
+_OVERDUE_RUNS_SQL = """
+SELECT id FROM runs_run
+WHERE status = %(status)s
+  AND {clock} IS NOT NULL
+  AND {clock} < %(now)s - make_interval(
+        secs => COALESCE((timeouts ->> %(key)s)::bigint, %(default_ms)s) / 1000.0)
+ORDER BY {clock}
+LIMIT %(limit)s
+"""
+
+_OVERDUE_NODES_SQL = """
+SELECT id, run_id FROM {table}
+WHERE status = 'running'
+  AND started_at < %(now)s - make_interval(
+        secs => COALESCE(timeout_ms, %(default_ms)s) / 1000.0)
+ORDER BY started_at
+LIMIT %(limit)s
+"""
+
+
+def _human(ms: float) -> str:
+    seconds = ms / 1000
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def sweep_timeouts(now: datetime | None = None) -> dict[str, int]:
+    """End every run, agent and task that stayed too long in a timed state.
+
+    pending, resuming, retrying and running (the run timeout) end FAILED, paused ends
+    CANCELLED (SPEC section 4), each with a `last_error` naming the timeout; an agent or
+    task past its timeout fails and its parent reacts by its failure mode. Each row is
+    re-checked under its run's lock, so a run that moved on meanwhile is left alone.
+    """
+    now = now or timezone.now()
+    defaults = settings.RUN_TIMEOUT_DEFAULTS
+    counts: dict[str, int] = defaultdict(int)
+    for status, key, clock, action in _RUN_TIMEOUTS:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _OVERDUE_RUNS_SQL.format(clock=clock),
+                {
+                    "status": status,
+                    "key": key,
+                    "default_ms": int(defaults[key]) * 1000,
+                    "now": now,
+                    "limit": settings.ENGINE_SWEEP_BATCH,
+                },
+            )
+            run_ids = [row[0] for row in cursor.fetchall()]
+        for run_id in run_ids:
+            if _time_out_run(run_id, status, key, action, now):
+                counts[f"{key}_timeout"] += 1
+    for model, table, key in ((Agent, "runs_agent", "agent"), (Task, "runs_task", "task")):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _OVERDUE_NODES_SQL.format(table=table),
+                {
+                    "default_ms": int(defaults[key]) * 1000,
+                    "now": now,
+                    "limit": settings.ENGINE_SWEEP_BATCH,
+                },
+            )
+            rows = cursor.fetchall()
+        for node_id, run_id in rows:
+            if _time_out_node(model, node_id, run_id, key, now):
+                counts[f"{key}_timeout"] += 1
+    return dict(counts)
+
+
+def _limit_ms(run: Run, key: str) -> int:
+    value = (run.timeouts or {}).get(key)
+    return int(value) if value else int(settings.RUN_TIMEOUT_DEFAULTS[key]) * 1000
+
+
+def _time_out_run(run_id: Any, status: str, key: str, action: str, now: datetime) -> bool:
+    with transaction.atomic():
+        run = engine.lock_run(run_id)
+        clock = run.picked_up_at if key == "run" else run.status_changed_at
+        limit = _limit_ms(run, key)
+        if run.status != status or clock is None or (now - clock).total_seconds() * 1000 < limit:
+            return False  # it moved on, or its deadline moved, since the batch was read
+        message = f"{key} timeout: {status} for more than {_human(limit)}"
+        if action == "cancel":
+            services.run_cancel(
+                run_id=run.pk, reason=message, actor="sweep", error_code=f"{key}_timeout"
+            )
+        else:
+            services.run_fail(run_id=run.pk, code=f"{key}_timeout", message=message, actor="sweep")
+        return True
+
+
+def _time_out_node(model: Any, node_id: int, run_id: Any, key: str, now: datetime) -> bool:
+    with transaction.atomic():
+        run = engine.lock_run(run_id)
+        node = model.objects.filter(pk=node_id, status="running").first()
+        if node is None or run.status not in (RunStatus.RUNNING, RunStatus.WAITING_APPROVAL):
+            return False
+        limit = node.timeout_ms or int(settings.RUN_TIMEOUT_DEFAULTS[key]) * 1000
+        if node.started_at is None or (now - node.started_at).total_seconds() * 1000 < limit:
+            return False
+        message = f"{key} {node.name} timed out after {_human(limit)}"
+        engine.node_timed_out(run, node, f"{key}_timeout", message)
+        return True
+
+
+# --------------------------------------------------------------------------- lost messages
+def redispatch_lost(now: datetime | None = None, older_than: float | None = None) -> dict[str, int]:
+    """Send again the work whose broker message was lost.
+
+    - a step dispatched, pending and due for longer than ENGINE_LOST_MESSAGE_AFTER
+      without being claimed (Redis lost it, or a consumer dropped it);
+    - a run PENDING or RETRYING that long (its pick-up message), RESUMING (its resume).
+
+    A message that was only slow becomes a duplicate, which the claim turns into a no-op.
+    """
+    now = now or timezone.now()
+    threshold = now - timedelta(
+        seconds=older_than if older_than is not None else settings.ENGINE_LOST_MESSAGE_AFTER
+    )
+    counts = {"steps": 0, "runs": 0}
+    lost = (
+        Step.objects.filter(
+            status=StepStatus.PENDING,
+            dispatched_at__lt=threshold,
+            run__status=RunStatus.RUNNING,
+        )
+        .filter(Q(next_run_at__isnull=True) | Q(next_run_at__lt=threshold))
+        .values_list("pk", "run_id")[: settings.ENGINE_SWEEP_BATCH]
+    )
+    by_run: dict[Any, list[int]] = defaultdict(list)
+    for step_id, run_id in lost:
+        by_run[run_id].append(step_id)
+    for run_id, step_ids in by_run.items():
+        with transaction.atomic():
+            run = engine.lock_run(run_id)
+            if run.status != RunStatus.RUNNING:
+                continue
+            outbox = Outbox()
+            steps = list(
+                Step.objects.select_for_update(no_key=True).filter(
+                    pk__in=step_ids, status=StepStatus.PENDING, dispatched_at__lt=threshold
+                )
+            )
+            # A fresh dispatch time: the next sweep waits a full threshold again.
+            Step.objects.filter(pk__in=[s.pk for s in steps]).update(dispatched_at=now)
+            for step in steps:
+                outbox.add(StepMessage(step.pk, run.priority, engine.step_timeout_s(step)))
+            if steps:
+                record_event(
+                    run,
+                    EventKind.OPERATOR,
+                    actor="sweep",
+                    message=f"re-sent {len(steps)} step message(s) presumed lost",
+                    payload={"steps": [s.pk for s in steps]},
+                )
+            counts["steps"] += len(steps)
+    stalled = Run.objects.filter(
+        status__in=[RunStatus.PENDING, RunStatus.RETRYING, RunStatus.RESUMING],
+        status_changed_at__lt=threshold,
+    ).values_list("pk", "status", "priority")[: settings.ENGINE_SWEEP_BATCH]
+    for run_id, status, priority in stalled:
+        task = RESUME_TASK if status == RunStatus.RESUMING else PICK_UP_TASK
+        with transaction.atomic():
+            enqueue_run_task(task, run_id, priority)
+        counts["runs"] += 1
+    return counts

@@ -65,3 +65,18 @@ def execute_step_task(
 @shared_task(name="orchestrator.sweeps.leases", **RETRY_OPTIONS)
 def sweep_leases_task() -> dict[str, int]:
     return sweeps.reclaim_expired_leases()
+
+
+@shared_task(name="orchestrator.runs.resume", **RETRY_OPTIONS)
+def resume_run_task(run_id: str) -> bool:
+    return engine.resume(run_id, actor=f"worker:{resume_run_task.request.hostname}")
+
+
+@shared_task(name="orchestrator.sweeps.timeouts", **RETRY_OPTIONS)
+def sweep_timeouts_task() -> dict[str, int]:
+    return sweeps.sweep_timeouts()
+
+
+@shared_task(name="orchestrator.sweeps.lost_messages", **RETRY_OPTIONS)
+def sweep_lost_messages_task() -> dict[str, int]:
+    return sweeps.redispatch_lost()

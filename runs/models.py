@@ -74,6 +74,9 @@ class Run(Timestamps):
     attempt_number = models.PositiveSmallIntegerField(default=0)
     agent_count = models.IntegerField(default=0)
     variables = models.JSONField(default=dict, blank=True)
+    # The plan's `timeouts` (milliseconds by key); settings.RUN_TIMEOUT_DEFAULTS fill gaps.
+    timeouts = models.JSONField(default=dict, blank=True)
+
     # Engine bookkeeping of the current attempt's agents (see orchestrator.engine).
     open_children = models.IntegerField(default=0)
     active_children = models.IntegerField(default=0)

@@ -19,7 +19,7 @@ from django.utils import timezone
 from billing.models import Organization
 from billing.pricing import plan_reservation
 from billing.services import credits_reserve, credits_settle
-from orchestrator.dispatch import PICK_UP_TASK, enqueue_run_task
+from orchestrator.dispatch import PICK_UP_TASK, RESUME_TASK, enqueue_run_task, revoke_running_steps
 from runs.materialize import materialize
 from runs.models import Agent, EventKind, Run, RunAttempt, Step, Task
 from runs.spec import Plan, parse_plan
@@ -102,6 +102,7 @@ def run_create(
             max_attempts=plan.max_attempts,
             max_agents=plan.max_agents,
             variables=plan.variables,
+            timeouts=plan.timeouts_ms,
             created_by=actor,
         )
         record_event(
@@ -206,14 +207,9 @@ def _close_children(run: Run, to_status: str, actor: str, message: str) -> None:
         actor=actor,
         message=message,
     )
-    transition_many(
-        Step,
-        Step.objects.filter(run=run, attempt_number=attempt),
-        step_to,
-        from_states=STEP_OPEN,
-        actor=actor,
-        message=message,
-    )
+    steps = Step.objects.filter(run=run, attempt_number=attempt)
+    revoke_running_steps(steps)
+    transition_many(Step, steps, step_to, from_states=STEP_OPEN, actor=actor, message=message)
 
 
 def _finish_attempt(run: Run, actor: str = "system") -> None:
@@ -296,10 +292,19 @@ def run_cancel(
     reason: str = "",
     organization: Organization | None = None,
     actor: str = "system",
+    error_code: str = "",
 ) -> Run:
-    """Cancel from any non-terminal state; unfinished children end CANCELLED."""
+    """Cancel from any non-terminal state; unfinished children end CANCELLED.
+
+    Running steps are terminated (Celery revoke with terminate, after commit) and long
+    tools notice on their own (their step is no longer RUNNING). ``error_code`` records a
+    `last_error` when the cancellation is not a person's decision (paused too long).
+    """
     run = lock_run(run_id, organization)
     reason = reason.strip()[:1000] or "cancelled"
+    updates: dict[str, Any] = {"cancel_reason": reason}
+    if error_code:
+        updates["last_error"] = error_payload(error_code, reason)
     result = transition(
         Run,
         run.pk,
@@ -307,7 +312,7 @@ def run_cancel(
         actor=actor,
         message=reason,
         payload={"reason": reason},
-        updates={"cancel_reason": reason},
+        updates=updates,
     )
     if result.changed:
         _close_children(result.obj, "cancelled", actor, reason)
@@ -349,7 +354,8 @@ def run_resume(
 ) -> Run:
     """PAUSED -> RESUMING: paused agents, tasks and steps go back to PENDING.
 
-    The engine then re-dispatches what is pending and calls ``run_resumed``.
+    A worker then re-dispatches what is pending (the resume task, published after
+    commit) and moves the run on to RUNNING (``run_resumed``).
     """
     run = lock_run(run_id, organization)
     result = transition(Run, run.pk, RunStatus.RESUMING, actor=actor)
@@ -370,6 +376,7 @@ def run_resume(
             from_states=[StepStatus.PAUSED],
             actor=actor,
         )
+        enqueue_run_task(RESUME_TASK, run.pk, run.priority)
     return result.obj
 
 

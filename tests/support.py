@@ -43,7 +43,7 @@ def wait_until(
         time.sleep(0.05)
 
 
-def test_database_url() -> str:
+def shared_database_url() -> str:
     """URL of the database pytest-django created, for worker processes to share."""
     db = settings.DATABASES["default"]
     password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
@@ -55,7 +55,7 @@ def child_env(**extra: str) -> dict[str, str]:
     env.update(
         {
             "DJANGO_SETTINGS_MODULE": "config.settings.test",
-            "DATABASE_URL": test_database_url(),
+            "DATABASE_URL": shared_database_url(),
             "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
             "PYTHONUNBUFFERED": "1",
             # The virtualenv's tools (celery, gunicorn, honcho) for scripts and Procfile.

@@ -88,6 +88,7 @@ def test_production_refuses_a_malformed_variable_naming_it(variable: str, value:
     assert "Invalid environment configuration" in result.stderr
 
 
+@pytest.mark.django_db
 def test_models_and_migrations_agree_and_system_checks_pass() -> None:
     from io import StringIO
 

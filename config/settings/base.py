@@ -326,3 +326,27 @@ LLM_TIMEOUT = env.number("LLM_TIMEOUT", 60, "seconds an LLM call may take")
 # Publishing engine messages can be switched off (tests that exercise services without a
 # worker); the database then holds the work and the lost-message sweep would send it.
 ORCHESTRATOR_DISPATCH_ENABLED = True
+
+# --------------------------------------------------------------------------- timeouts
+# Defaults for every timed state and level (SPEC section 5); a plan's `timeouts` override
+# them per run. Seconds.
+RUN_TIMEOUT_DEFAULTS = {
+    "run": env.integer("TIMEOUT_RUN", 24 * 3600, "seconds a run may be RUNNING", minimum=1),
+    "agent": env.integer("TIMEOUT_AGENT", 6 * 3600, "seconds an agent may run", minimum=1),
+    "task": env.integer("TIMEOUT_TASK", 3600, "seconds a task may run", minimum=1),
+    "step": int(ENGINE_DEFAULT_STEP_TIMEOUT),
+    "pending": env.integer(
+        "TIMEOUT_PENDING", 24 * 3600, "seconds a run may wait PENDING", minimum=1
+    ),
+    "paused": env.integer(
+        "TIMEOUT_PAUSED", 7 * 24 * 3600, "seconds a run may stay PAUSED", minimum=1
+    ),
+    "resuming": env.integer("TIMEOUT_RESUMING", 300, "seconds a run may stay RESUMING", minimum=1),
+    "retrying": env.integer(
+        "TIMEOUT_RETRYING", 24 * 3600, "seconds a run may stay RETRYING", minimum=1
+    ),
+}
+# A step dispatched, pending and due for this long without being claimed lost its message.
+ENGINE_LOST_MESSAGE_AFTER = env.integer(
+    "ENGINE_LOST_MESSAGE_AFTER", 120, "seconds before an unclaimed due step is re-sent", minimum=1
+)

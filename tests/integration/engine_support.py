@@ -36,12 +36,14 @@ def steps_of(run: Run) -> dict[str, Step]:
     }
 
 
-def assert_books_balanced(run: Run) -> None:
+def assert_books_balanced(run: Run, check_invariants: bool = True) -> None:
     for attempt in RunAttempt.objects.filter(run=run):
         assert attempt.settled_at is not None, attempt
         assert attempt.credits_charged + attempt.credits_refunded == attempt.credits_reserved
     charges = LedgerEntry.objects.filter(run=run, type="charge")
     keys = list(charges.values_list("idempotency_key", flat=True))
     assert len(keys) == len(set(keys))
+    if not check_invariants:
+        return
     violations = {name: found for name, found in check_all().items() if found}
     assert violations == {}

@@ -1,0 +1,76 @@
+"""Child processes for race tests, started with the `spawn` method.
+
+A forked child inherits the test process's threads and locks (the Celery app's, the
+logging module's) in whatever state they were, and can hang on them; a spawned child
+starts clean, sets Django up against the test database, and runs one side of the race.
+This module imports nothing from Django at import time for that reason.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def contender(
+    database_url: str, operation: str, run_ids: list[str], barrier: Any, results: Any
+) -> None:
+    os.environ["DATABASE_URL"] = database_url
+    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings.test"
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.db import connections
+
+    from runs.states import InvalidTransition
+
+    settings.ORCHESTRATOR_DISPATCH_ENABLED = False
+    do = OPERATIONS[operation]
+    outcomes = []
+    try:
+        for run_id in run_ids:
+            barrier.wait()
+            try:
+                do(run_id)
+                outcomes.append("won")
+            except InvalidTransition:
+                outcomes.append("refused")
+    finally:
+        connections.close_all()
+        results.put((operation, outcomes))
+
+
+def _complete(run_id: str) -> None:
+    from django.db import transaction
+
+    from runs import services
+    from tests.factories import finish_all_work
+
+    # As the engine does: the last piece of work and the run finish in one transaction,
+    # which takes the run's lock first (the lock order is run -> agent -> task -> step).
+    with transaction.atomic():
+        run = services.lock_run(run_id)
+        finish_all_work(run)
+        services.run_complete(run_id=run_id)
+
+
+def _fail(run_id: str) -> None:
+    from runs import services
+
+    services.run_fail(run_id=run_id, code="tool_error", message="lost the race?")
+
+
+def _start(run_id: str) -> None:
+    from runs import services
+
+    services.run_start(run_id=run_id)
+
+
+def _cancel(run_id: str) -> None:
+    from runs import services
+
+    services.run_cancel(run_id=run_id, reason="race")
+
+
+OPERATIONS = {"complete": _complete, "fail": _fail, "start": _start, "cancel": _cancel}

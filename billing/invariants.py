@@ -2,25 +2,54 @@
 
 from __future__ import annotations
 
-from django.db.models import F
+from typing import Any
 
-from billing.models import LedgerEntry, Organization
-from billing.selectors import balance_from_ledger, ledger_totals, organization_balance
+from django.db.models import F, Q, Sum
+from django.db.models.functions import Coalesce
+
+from billing.models import EntryType, LedgerEntry, Organization
+from billing.selectors import ZERO, ledger_totals
 from orchestrator.invariants import LIMIT, invariant
 from runs.models import RunAttempt
 
 
 @invariant("billing.cached_balances", "cached balances equal the ledger")
 def cached_balances() -> list[str]:
+    """Set-based: one aggregate over the ledger and one over attempts, for every org."""
+    ledger: dict[Any, dict[str, Any]] = {
+        row["organization_id"]: dict(row)
+        for row in LedgerEntry.objects.values("organization_id").annotate(
+            **{t: Coalesce(Sum("amount", filter=Q(type=t)), ZERO) for t in EntryType.values}
+        )
+    }
+    held: dict[Any, dict[str, Any]] = {
+        row["run__organization_id"]: dict(row)
+        for row in RunAttempt.objects.values("run__organization_id").annotate(
+            reserved=Coalesce(
+                Sum(
+                    F("credits_reserved") - F("credits_charged") - F("credits_refunded"),
+                    filter=Q(settled_at__isnull=True),
+                ),
+                ZERO,
+            ),
+            spent=Coalesce(Sum("credits_charged"), ZERO),
+        )
+    }
     problems = []
-    for org in Organization.objects.iterator():
-        ledger = balance_from_ledger(org)
-        balance = organization_balance(org)
-        cached = (balance.available, balance.reserved, balance.spent)
-        if cached != (ledger.available, ledger.reserved, ledger.spent):
+    empty = dict.fromkeys(EntryType.values, ZERO)
+    for org_id, available in Organization.objects.values_list("pk", "credits_available"):
+        totals = ledger.get(org_id, empty)
+        expected = (
+            totals["grant"] - totals["reserve"] + totals["refund"],
+            totals["reserve"] - totals["charge"] - totals["refund"],
+            totals["charge"],
+        )
+        cached = held.get(org_id, {"reserved": ZERO, "spent": ZERO})
+        actual = (available, cached["reserved"], cached["spent"])
+        if actual != expected:
             problems.append(
-                f"organization {org.pk}: available/reserved/spent {cached} "
-                f"but ledger says {(ledger.available, ledger.reserved, ledger.spent)}"
+                f"organization {org_id}: available/reserved/spent {actual} "
+                f"but the ledger says {expected}"
             )
             if len(problems) >= LIMIT:
                 break

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+from django.conf import settings
 from django.db.models import Count, Exists, F, IntegerField, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
+from django.utils import timezone
 
 from orchestrator.invariants import LIMIT, invariant
 from runs.models import Agent, Run, RunAttempt, Step, Task
@@ -174,3 +178,16 @@ def run_timestamps() -> list[str]:
             for pk in rows.values_list("pk", flat=True)[:LIMIT]
         ]
     return problems
+
+
+@invariant("steps.leases", "running steps hold a live lease (heartbeat freshness)")
+def step_leases() -> list[str]:
+    """A running step whose lease expired a full lease period ago was missed by the sweep."""
+    cutoff = timezone.now() - timedelta(seconds=2 * float(settings.ENGINE_LEASE_SECONDS))
+    stale = Step.objects.filter(status="running").filter(
+        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=cutoff)
+    )
+    return [
+        f"step {pk} (run {run_id}): running without a live lease"
+        for pk, run_id in stale.values_list("pk", "run_id")[:LIMIT]
+    ]

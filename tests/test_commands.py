@@ -81,3 +81,24 @@ def test_create_org_refuses_bad_credits() -> None:
     with pytest.raises(CommandError, match="--credits"):
         call_command("create_org", "Broke", "--credits", "lots", stdout=StringIO())
     assert not Organization.objects.filter(name="Broke").exists()
+
+
+def test_setup_periodic_tasks_installs_every_schedule_once_and_removes_stale_ones() -> None:
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    from orchestrator.schedules import SCHEDULE_PREFIX, schedules
+
+    stale_interval = IntervalSchedule.objects.create(every=99, period="seconds")
+    PeriodicTask.objects.create(
+        name=f"{SCHEDULE_PREFIX}retired-sweep", task="x", interval=stale_interval
+    )
+    PeriodicTask.objects.create(name="added by hand", task="y", interval=stale_interval)
+
+    call_command("setup_periodic_tasks", stdout=StringIO())
+    call_command("setup_periodic_tasks", stdout=StringIO())  # twice: nothing doubles
+
+    installed = PeriodicTask.objects.filter(name__startswith=SCHEDULE_PREFIX)
+    assert sorted(installed.values_list("task", flat=True)) == sorted(s.task for s in schedules())
+    assert {t.queue for t in installed} == {"sweeps"}
+    assert all(t.enabled and t.expire_seconds for t in installed)
+    assert PeriodicTask.objects.filter(name="added by hand").exists()

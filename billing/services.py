@@ -200,7 +200,7 @@ def credits_reserve(
 _CHARGE_SQL = """
 WITH drawn AS (
     UPDATE runs_runattempt SET credits_charged = credits_charged + %(amount)s
-    WHERE id = %(attempt)s
+    WHERE run_id = %(run)s AND attempt_number = %(number)s
       AND settled_at IS NULL
       AND credits_reserved - credits_charged - credits_refunded >= %(amount)s
       AND NOT EXISTS (
@@ -215,7 +215,8 @@ INSERT INTO billing_ledgerentry
 SELECT %(id)s, %(organization)s, drawn.run_id, drawn.id, %(step)s, 'charge', %(amount)s,
        %(key)s, %(reason)s, %(actor)s, now()
 FROM drawn
-RETURNING id
+RETURNING id, attempt_id
+
 """
 
 
@@ -250,7 +251,8 @@ def credits_charge(
             {
                 "id": uuid.uuid4(),
                 "organization": organization_id,
-                "attempt": attempt.pk,
+                "run": attempt.run_id,
+                "number": attempt.attempt_number,
                 "step": step.pk,
                 "amount": amount,
                 "key": key,
@@ -264,7 +266,7 @@ def credits_charge(
             id=row[0],
             organization_id=organization_id,
             run_id=attempt.run_id,
-            attempt_id=attempt.pk,
+            attempt_id=row[1],
             step_id=step.pk,
             type=EntryType.CHARGE,
             amount=amount,
@@ -276,7 +278,7 @@ def credits_charge(
         return existing
     state = RunAttempt.objects.values(
         "credits_reserved", "credits_charged", "credits_refunded", "settled_at"
-    ).get(pk=attempt.pk)
+    ).get(run_id=attempt.run_id, attempt_number=attempt.attempt_number)
     remaining = (
         Decimal(0)
         if state["settled_at"] is not None

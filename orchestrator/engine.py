@@ -25,7 +25,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -63,6 +63,12 @@ def step_timeout_s(step: Step) -> float:
     return float(settings.ENGINE_DEFAULT_STEP_TIMEOUT)
 
 
+def step_from_row(values: dict[str, Any]) -> Step:
+    """A Step built from raw columns (the rest deferred), as Django would load it."""
+    names = [f.attname for f in Step._meta.concrete_fields if f.attname in values]
+    return Step.from_db("default", names, [values[name] for name in names])
+
+
 def _model(node: Run | Agent | Task | Step) -> Any:
     """The node's model class, typed loosely: the engine treats the levels alike."""
     return type(node)
@@ -74,7 +80,13 @@ def _row(node: Run | Agent | Task | Step) -> Any:
 
 
 def lock_run(run_id: Any) -> Run:
-    return Run.objects.select_for_update(no_key=True).get(pk=run_id)
+    # The plan itself (`spec`, tens of kilobytes for a wide run) is not needed to move a
+    # run forward; reading it on every step would make a step's cost grow with the run.
+    return (
+        Run.objects.select_for_update(no_key=True)
+        .defer("spec", "variables", "timeouts", "last_error")
+        .get(pk=run_id)
+    )
 
 
 # --------------------------------------------------------------------------- dispatch
@@ -159,6 +171,20 @@ def dispatch_tasks(run: Run, agent: Agent, outbox: Outbox) -> None:
         dispatch_steps(run, task, outbox)
 
 
+_DISPATCH_STEPS_SQL = """
+WITH ready AS (
+    SELECT id FROM runs_step
+    WHERE task_id = %(task)s AND generation = %(generation)s AND status = 'pending'
+      AND pending_dependencies = 0 AND dispatched_at IS NULL
+    ORDER BY position
+    LIMIT %(limit)s
+)
+UPDATE runs_step AS s SET dispatched_at = %(now)s
+FROM ready WHERE s.id = ready.id
+RETURNING s.id, s.tool, s.timeout_ms, s.run_id, s.attempt_number, s.status
+"""
+
+
 def dispatch_steps(run: Run, task: Task, outbox: Outbox) -> None:
     """Publish the task's ready steps, up to its concurrency limit."""
     if run.status != RunStatus.RUNNING or task.status != NodeStatus.RUNNING:
@@ -166,21 +192,19 @@ def dispatch_steps(run: Run, task: Task, outbox: Outbox) -> None:
     free = task.max_concurrent_steps - task.active_children
     if free <= 0:
         return
-    ready = list(
-        Step.objects.filter(
-            task=task,
-            generation=task.retry_count,
-            status=StepStatus.PENDING,
-            pending_dependencies=0,
-            dispatched_at__isnull=True,
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        # Pick the next ready steps and mark them dispatched, in one statement.
+        cursor.execute(
+            _DISPATCH_STEPS_SQL,
+            {"task": task.pk, "generation": task.retry_count, "limit": free, "now": now},
         )
-        .order_by("position")
-        .only("pk", "tool", "timeout_ms", "run_id", "attempt_number", "status")[:free]
-    )
+        columns = ["id", "tool", "timeout_ms", "run_id", "attempt_number", "status"]
+        ready = [step_from_row(dict(zip(columns, row, strict=True))) for row in cursor.fetchall()]
+
     if not ready:
         return
-    now = timezone.now()
-    Step.objects.filter(pk__in=[step.pk for step in ready]).update(dispatched_at=now)
+
     task.active_children += len(ready)
     Task.objects.filter(pk=task.pk).update(active_children=F("active_children") + len(ready))
     approvals = [step for step in ready if step.tool == "approval"]
@@ -207,8 +231,12 @@ def dispatch_steps(run: Run, task: Task, outbox: Outbox) -> None:
 
 def update_waiting_state(run: Run) -> None:
     """RUNNING <-> WAITING_APPROVAL: the run waits when approvals are all it waits for."""
-    if run.waiting_approvals <= 0 or run.status != RunStatus.RUNNING:
+    if run.waiting_approvals <= 0:
         return
+    # Read the status afresh: a failure earlier in this transaction may have ended the run.
+    if Run.objects.values_list("status", flat=True).get(pk=run.pk) != RunStatus.RUNNING:
+        return
+
     in_flight = Step.objects.filter(
         run=run,
         attempt_number=run.attempt_number,
@@ -629,14 +657,10 @@ def _retry_policy(data: dict[str, Any]) -> RetryPolicy:
 # --------------------------------------------------------------------------- steps
 def charge_step(run: Run, step: Step, cost: Decimal) -> Failure | None:
     """Charge a finished step attempt; a charge beyond the reservation is a failure."""
-    attempt_id = (
-        RunAttempt.objects.filter(run_id=run.pk, attempt_number=step.attempt_number)
-        .values_list("pk", flat=True)
-        .get()
-    )
     try:
         credits_charge(
-            attempt=RunAttempt(pk=attempt_id, run_id=run.pk),
+            # Identified by run and number: no need to read the attempt row first.
+            attempt=RunAttempt(run_id=run.pk, attempt_number=step.attempt_number),
             step=step,
             step_attempt=step.attempts,
             amount=cost,

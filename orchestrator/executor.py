@@ -37,7 +37,7 @@ from orchestrator.tools import registry
 from orchestrator.tools.base import ToolContext, ToolError
 from runs.models import Run, Step
 from runs.states import StepStatus
-from runs.transitions import transition
+from runs.transitions import transition_locked
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,8 @@ WITH claimed AS (
       AND (s.next_run_at IS NULL OR s.next_run_at <= now())
       AND r.id = s.run_id
       AND r.status = 'running'
-    RETURNING s.id, s.run_id, s.attempt_number, s.attempts
+    RETURNING s.id, s.run_id, s.attempt_number, s.attempts, s.task_id, s.generation, s.name,
+              s.tool, s.params, s."when", s.timeout_ms, s.handler_for_id
 ), event AS (
     INSERT INTO runs_runevent
         (run_id, attempt_number, entity, entity_id, kind, from_status, to_status, actor,
@@ -70,8 +71,25 @@ WITH claimed AS (
            %(worker)s, '', jsonb_build_object('attempt', attempts), now()
     FROM claimed
 )
-SELECT id, attempts FROM claimed
+SELECT id, run_id, attempt_number, attempts, task_id, generation, name, tool, params, "when",
+       timeout_ms, handler_for_id
+FROM claimed
 """
+# What a step attempt needs to run, read in the same statement that claims it.
+_CLAIMED_FIELDS = (
+    "id",
+    "run_id",
+    "attempt_number",
+    "attempts",
+    "task_id",
+    "generation",
+    "name",
+    "tool",
+    "params",
+    "when",
+    "timeout_ms",
+    "handler_for_id",
+)
 
 
 @dataclass(frozen=True)
@@ -109,8 +127,9 @@ class RecordFailed(Exception):
         super().__init__(f"could not record step {step_id} attempt {attempt}")
 
 
-def claim(step_id: int, worker: str, task_id: str) -> int | None:
-    """Claim the step; return its attempt number, or None if there is nothing to do."""
+def claim(step_id: int, worker: str, task_id: str) -> Step | None:
+    """Claim the step; return it (the fields an attempt needs), or None if there is
+    nothing to do."""
     with connection.cursor() as cursor:
         cursor.execute(
             _CLAIM_SQL,
@@ -122,16 +141,21 @@ def claim(step_id: int, worker: str, task_id: str) -> int | None:
             },
         )
         row = cursor.fetchone()
-    return int(row[1]) if row else None
+    if row is None:
+        return None
+    values = dict(zip(_CLAIMED_FIELDS, row, strict=True))
+    if isinstance(values["params"], str):  # a driver that hands jsonb back as text
+        values["params"] = json.loads(values["params"])
+    return engine.step_from_row(values)
 
 
 def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
     """Run one attempt of ``step_id``; return what happened (for logs and tests)."""
     worker = worker or f"{os.uname().nodename}:{os.getpid()}"
-    attempt = claim(step_id, f"{worker}:{os.getpid()}", task_id)
-    if attempt is None:
+    step = claim(step_id, f"{worker}:{os.getpid()}", task_id)
+    if step is None:
         return "not claimed"
-    step = Step.objects.select_related("task", "handler_for").get(pk=step_id)
+    attempt = step.attempts
     outcome = run_attempt(step, attempt)
     try:
         record(step_id, step.run_id, attempt, outcome)
@@ -207,6 +231,7 @@ def record(step_id: int, run_id: Any, attempt: int, outcome: Outcome) -> None:
         step = (
             Step.objects.select_for_update(no_key=True)
             .filter(pk=step_id, status=StepStatus.RUNNING, attempts=attempt)
+            .defer("params", "output", "on_error", "when")
             .first()
         )
         if step is None:
@@ -216,9 +241,8 @@ def record(step_id: int, run_id: Any, attempt: int, outcome: Outcome) -> None:
         if now - (run.last_heartbeat or now) > timedelta(seconds=5):
             Run.objects.filter(pk=run.pk).update(last_heartbeat=now)
         if outcome.skipped:
-            transition(
-                Step,
-                step.pk,
+            transition_locked(
+                step,
                 StepStatus.SKIPPED,
                 message="condition is false",
                 updates={"lease_expires_at": None},
@@ -229,9 +253,8 @@ def record(step_id: int, run_id: Any, attempt: int, outcome: Outcome) -> None:
             return
         failure = engine.charge_step(run, step, outcome.cost) if outcome.cost else None
         if outcome.error is None and failure is None:
-            done = transition(
-                Step,
-                step.pk,
+            done = transition_locked(
+                step,
                 StepStatus.COMPLETED,
                 payload={"cost": str(outcome.cost)},
                 updates={
@@ -242,7 +265,6 @@ def record(step_id: int, run_id: Any, attempt: int, outcome: Outcome) -> None:
                 now=now,
             ).obj
             engine.step_finished(run, done, outbox)
-            run.refresh_from_db(fields=["status", "waiting_approvals"])
             engine.update_waiting_state(run)
             return
 
@@ -264,9 +286,8 @@ def record(step_id: int, run_id: Any, attempt: int, outcome: Outcome) -> None:
         step.failures, step.error, step.cost = failures, error.as_dict(), step.cost + charged
         if decision.retry:
             due = now + timedelta(milliseconds=decision.delay_ms)
-            transition(
-                Step,
-                step.pk,
+            transition_locked(
+                step,
                 StepStatus.PENDING,
                 message=f"retry in {decision.delay_ms} ms after {error.code}",
                 payload={**error.as_dict(), "delay_ms": decision.delay_ms, "attempt": attempt},

@@ -184,9 +184,8 @@ def run_timestamps() -> list[str]:
 def step_leases() -> list[str]:
     """A running step whose lease expired a full lease period ago was missed by the sweep."""
     cutoff = timezone.now() - timedelta(seconds=2 * float(settings.ENGINE_LEASE_SECONDS))
-    stale = Step.objects.filter(status="running").filter(
-        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=cutoff)
-    )
+    stale = Step.objects.filter(status="running", lease_expires_at__lt=cutoff)
+
     return [
         f"step {pk} (run {run_id}): running without a live lease"
         for pk, run_id in stale.values_list("pk", "run_id")[:LIMIT]

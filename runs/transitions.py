@@ -123,22 +123,42 @@ def transition(
     Raises ``model.DoesNotExist`` for an unknown pk and ``InvalidTransition`` for a
     transition the table refuses.
     """
-    entity = entity_name(model)
     with transaction.atomic():
         obj = model.objects.select_for_update(no_key=True).get(pk=pk)
-        from_status = obj.status
-        if not check_transition(entity, from_status, to_status):
-            return Transition(obj, False, from_status)
-        now = now or timezone.now()
-        fields = _apply(obj, entity, to_status, now)
-        for name, value in (updates or {}).items():
-            setattr(obj, name, value)
-            fields.append(name)
-        obj.save(update_fields=fields)
-        _event(
-            obj, entity, from_status, to_status, actor=actor, message=message, payload=payload
-        ).save()
-        return Transition(obj, True, from_status)
+        return transition_locked(
+            obj, to_status, actor=actor, message=message, payload=payload, updates=updates, now=now
+        )
+
+
+def transition_locked(
+    obj: Entity,
+    to_status: str,
+    *,
+    actor: str = "system",
+    message: str = "",
+    payload: Mapping[str, Any] | None = None,
+    updates: Mapping[str, Any] | None = None,
+    now: datetime | None = None,
+) -> Transition[Entity]:
+    """``transition()`` for a row the caller has already locked in this transaction.
+
+    The engine's hot path (a step finishing) holds the step's lock already; this saves
+    re-reading the row. The caller must be inside that same transaction.
+    """
+    entity = entity_name(type(obj))
+    from_status = obj.status
+    if not check_transition(entity, from_status, to_status):
+        return Transition(obj, False, from_status)
+    now = now or timezone.now()
+    fields = _apply(obj, entity, to_status, now)
+    for name, value in (updates or {}).items():
+        setattr(obj, name, value)
+        fields.append(name)
+    obj.save(update_fields=fields)
+    _event(
+        obj, entity, from_status, to_status, actor=actor, message=message, payload=payload
+    ).save()
+    return Transition(obj, True, from_status)
 
 
 def transition_many(

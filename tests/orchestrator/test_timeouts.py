@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.utils import timezone
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.django_db
 HOUR = timedelta(hours=1)
 
 
-def later(delta: timedelta) -> object:
+def later(delta: timedelta) -> datetime:
     return timezone.now() + delta
 
 

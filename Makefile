@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 export VENV
 
-.PHONY: install run test lint format typecheck clean
+.PHONY: install run test bench lint format typecheck clean
 
 install:
 	@scripts/bootstrap.sh
@@ -13,6 +13,9 @@ run: install  ## start PostgreSQL, Redis, web, worker, beat and Flower
 
 test: install  ## throwaway PostgreSQL and Redis, then ruff, mypy and pytest
 	@scripts/test.sh $(PYTEST_ARGS)
+
+bench: install  ## engine vs raw Celery on throwaway servers (BENCH_JSON=path for JSON)
+	@scripts/bench.sh
 
 lint: install
 	@$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

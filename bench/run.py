@@ -1,0 +1,233 @@
+"""`python -m bench.run`: the engine against raw Celery, in one run, one table.
+
+Starts ONE Celery worker (prefork, ``BENCH_WORKERS`` children, default 2) consuming the
+engine queues and the ``bench`` queue of the raw baselines, warms it up, records its
+memory, runs every scenario (``BENCH_REPEAT`` times, default once; medians are
+reported), stops the worker and prints the side-by-side table and the goals. With
+``BENCH_JSON=path`` every figure is also written there as JSON. Figures are reported,
+never asserted: the exit code is 0 unless the harness itself could not run.
+
+Expects migrated PostgreSQL and Redis at DATABASE_URL and CELERY_BROKER_URL:
+``scripts/bench.sh`` (``make bench``) starts throwaway ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from .report import NOTES, Figure, Goal, format_table, goals, table_rows
+from .worker import Worker, WorkerFailed
+
+if TYPE_CHECKING:
+    from .scenarios import Engine, Raw, Sample
+
+SETTLE_S = 0.5  # pause between scenarios, so one's stragglers do not slow the next
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    return int(value) if value else default
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
+    parser.add_argument("--workers", type=int, default=_env_int("BENCH_WORKERS", 2))
+    parser.add_argument("--repeat", type=int, default=_env_int("BENCH_REPEAT", 1))
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=float(_env_int("BENCH_TIMEOUT", 600)),
+        help="seconds each scenario may take (BENCH_TIMEOUT, default 600)",
+    )
+    parser.add_argument("--json", default=os.environ.get("BENCH_JSON", ""), help="BENCH_JSON")
+    parser.add_argument(
+        "--dir",
+        default=os.environ.get("BENCH_DIR", ""),
+        help="where the worker log goes (BENCH_DIR; default a new temporary directory)",
+    )
+    parser.add_argument("--only", default="", help="comma-separated scenario names (default: all)")
+    args = parser.parse_args(argv)
+    if args.workers < 1 or args.repeat < 1 or args.timeout <= 0:
+        parser.error("--workers and --repeat must be at least 1, --timeout positive")
+    return args
+
+
+def scenario_table() -> list[tuple[str, str, int, Callable[[Engine, Raw], Sample]]]:
+    """(name, kind, steps, how to run it), in the order they run: pairs side by side."""
+    from .scenarios import dag_plan, fan_plan, sequential_plan
+
+    return [
+        ("seq_100", "engine", 100, lambda e, r: e.run(sequential_plan(100), 100)),
+        ("chain_100", "raw", 100, lambda e, r: r.chain(100)),
+        ("seq_1000", "engine", 1000, lambda e, r: e.run(sequential_plan(1000), 1000)),
+        ("chain_1000", "raw", 1000, lambda e, r: r.chain(1000)),
+        ("fan_2000", "engine", 2001, lambda e, r: e.run(fan_plan(2000), 2001)),
+        ("group_2000", "raw", 2000, lambda e, r: r.group(2000)),
+        ("chord_2000", "raw", 2001, lambda e, r: r.chord(2000)),
+        ("dag_1000", "engine", 1000, lambda e, r: e.run(dag_plan(1000), 1000)),
+        ("start_latency", "engine", 1, lambda e, r: e.start_latency()),
+        ("start_latency_raw", "raw", 1, lambda e, r: r.start_latency()),
+    ]
+
+
+def warm_up(engine: Engine, raw: Raw) -> list[str]:
+    """Small runs of every kind, so that each child has imported and connected."""
+    from .scenarios import dag_plan, fan_plan, sequential_plan
+
+    samples = {
+        "engine seq_10": engine.run(sequential_plan(10), 10),
+        "engine fan_20": engine.run(fan_plan(20), 21),
+        "engine dag_20": engine.run(dag_plan(20), 20),
+        "raw chain_10": raw.chain(10),
+        "raw group_20": raw.group(20),
+        "raw chord_20": raw.chord(20),
+        "raw start latency": raw.start_latency(3),
+    }
+    return [f"{name}: {sample.error}" for name, sample in samples.items() if sample.error]
+
+
+def print_report(header: str, figures: dict[str, Figure], verdicts: list[Goal]) -> None:
+    print(f"\n{header}\n")
+    print(format_table(figures))
+    print()
+    for note in NOTES:
+        print(f"  {note}")
+    for figure in figures.values():
+        if figure.failed:
+            print(f"  {figure.name} failed: {figure.error}")
+    print("\nGoals (informational):")
+    for goal in verdicts:
+        print(goal.line())
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+    import django
+
+    django.setup()
+    from .scenarios import Engine, Raw
+
+    signal.signal(signal.SIGTERM, _terminate)
+    selected = scenario_table()
+    if args.only:
+        wanted = {name.strip() for name in args.only.split(",") if name.strip()}
+        unknown = wanted - {name for name, *_ in selected}
+        if unknown:
+            _say(f"unknown scenario(s): {', '.join(sorted(unknown))}")
+            return 2
+        selected = [entry for entry in selected if entry[0] in wanted]
+
+    workdir = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-"))
+    worker = Worker(args.workers, workdir / "worker.log")
+    figures = {name: Figure(name, kind, steps) for name, kind, steps, _ in selected}
+    rss: dict[str, int | None] = {"before_warm_up": None, "start": None, "end": None}
+    warm_up_errors: list[str] = []
+    aborted = ""
+    started_at = datetime.now(UTC)
+    load = {"before": os.getloadavg()[0], "after": 0.0}
+    try:
+        _say(f"==> starting a worker: prefork, {args.workers} children (log {worker.log_path})")
+        worker.start()
+        rss["before_warm_up"] = worker.rss_kib()
+        engine, raw = Engine(args.timeout, worker.alive), Raw(args.timeout, worker.alive)
+        _say("==> warming up")
+        warm_up_errors = warm_up(engine, raw)
+        for problem in warm_up_errors:
+            _say(f"    warm-up failed: {problem}")
+        time.sleep(1)
+        rss["start"] = worker.rss_kib()
+        for repeat in range(args.repeat):
+            if args.repeat > 1:
+                _say(f"==> pass {repeat + 1} of {args.repeat}")
+            for name, _kind, _steps, scenario in selected:
+                if not worker.alive():
+                    raise WorkerFailed("the worker died")
+                sample = scenario(engine, raw)
+                figure = figures[name]
+                if sample.error is not None:
+                    figure.errors.append(sample.error)
+                    _say(f"    {name:<18} failed: {sample.error}")
+                elif sample.wall_s is not None:
+                    figure.walls.append(sample.wall_s)
+                    _say(f"    {name:<18} {sample.wall_s:8.3f} s")
+                time.sleep(SETTLE_S)
+        time.sleep(1)
+        if not worker.alive():
+            raise WorkerFailed("the worker died")
+        rss["end"] = worker.rss_kib()
+        load["after"] = os.getloadavg()[0]
+    except WorkerFailed as exc:
+        aborted = str(exc)
+        _say(f"benchmark aborted: {aborted}")
+    except KeyboardInterrupt:
+        _say("interrupted: stopping the worker")
+        return 130
+    finally:
+        worker.stop()
+
+    verdicts = goals(figures, rss)
+    header = (
+        f"Engine vs raw Celery: 1 worker, prefork, {args.workers} children; {args.repeat} "
+        f"pass(es), medians; {os.cpu_count()} CPUs, 1-min load average {load['before']:.2f} "
+        f"before, {load['after']:.2f} after"
+    )
+    print_report(header, figures, verdicts)
+    problems = worker.log_problems()
+    if aborted:
+        print(f"\nBenchmark aborted: {aborted}; the figures above are partial.")
+    if aborted or problems or warm_up_errors or any(f.failed for f in figures.values()):
+        print(f"\nWorker log: {len(problems)} error line(s); tail of {worker.log_path}:")
+        print(worker.log_tail())
+    if args.json:
+        report: dict[str, Any] = {
+            "started_at": started_at.isoformat(),
+            "config": {
+                "workers": args.workers,
+                "pool": "prefork",
+                "repeat": args.repeat,
+                "timeout_s": args.timeout,
+                "settings": os.environ.get("DJANGO_SETTINGS_MODULE"),
+                "python": platform.python_version(),
+                "cpus": os.cpu_count(),
+                "load_average_1min": load,
+            },
+            "aborted": aborted or None,
+            "worker_rss_kib": rss,
+            "warm_up_errors": warm_up_errors,
+            "scenarios": {name: figure.as_dict() for name, figure in figures.items()},
+            "table": [
+                {key: value for key, value in row.items() if key != "cells"}
+                for row in table_rows(figures)
+            ],
+            "goals": {goal.key: goal.as_dict() for goal in verdicts},
+            "worker_log_errors": problems[:50],
+        }
+        path = Path(args.json)
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"\nJSON written to {path}")
+    return 1 if aborted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

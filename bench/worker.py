@@ -1,0 +1,154 @@
+"""The one Celery worker process both the engine and the raw baselines run on."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import IO
+
+from config.celery import ALL_QUEUES, app
+
+from .raw_tasks import BENCH_QUEUE
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class WorkerFailed(Exception):
+    """The worker did not start, or died."""
+
+
+class Worker:
+    """``celery -A config worker`` (prefork) in its own session, its output in ``log``."""
+
+    def __init__(self, concurrency: int, log: Path) -> None:
+        self.concurrency = concurrency
+        self.log_path = log
+        self.hostname = f"bench-{uuid.uuid4().hex[:8]}@localhost"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def queues(self) -> str:
+        return ",".join((*ALL_QUEUES, BENCH_QUEUE))
+
+    def start(self, timeout: float = 60.0) -> None:
+        self._log = self.log_path.open("wb")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "celery", "-A", "config", "worker",
+                "--queues", self.queues,
+                "--include", "bench.raw_tasks",
+                "--concurrency", str(self.concurrency),
+                "--pool", "prefork",
+                "--hostname", self.hostname,
+                "--loglevel", "WARNING",
+                "--without-mingle", "--without-gossip",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise WorkerFailed(f"worker exited early (code {self.proc.returncode})")
+            replies = app.control.ping(destination=[self.hostname], timeout=0.5) or []
+            if any(self.hostname in reply for reply in replies):
+                self._wait_for_children(deadline)
+                return
+        raise WorkerFailed(f"worker did not answer a ping within {timeout:g}s")
+
+    def _wait_for_children(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            if len(descendants(self.pid)) >= self.concurrency:
+                return
+            time.sleep(0.1)
+
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            raise WorkerFailed("worker not started")
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def rss_kib(self) -> int:
+        """Resident memory of the worker and all its descendants, KiB."""
+        return sum(vm_rss_kib(pid) for pid in (self.pid, *descendants(self.pid)))
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM the process group (warm shutdown), SIGKILL what is left after ``timeout``."""
+        if self.proc is None:
+            return
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # children left behind, if any
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def log_text(self) -> str:
+        if self._log is not None:
+            self._log.flush()
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def log_problems(self) -> list[str]:
+        """Log lines that report an error (the worker logs at WARNING and above)."""
+        markers = ("ERROR", "CRITICAL", "Traceback")
+        return [line for line in self.log_text().splitlines() if any(m in line for m in markers)]
+
+
+def descendants(root: int) -> list[int]:
+    """Every live descendant of ``root``, from the parent pids in /proc/<pid>/stat."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 1 and fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: list[int] = []
+    frontier = [root]
+    while frontier:
+        pid = frontier.pop()
+        for child in children.get(pid, []):
+            found.append(child)
+            frontier.append(child)
+    return found
+
+
+def vm_rss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return 0

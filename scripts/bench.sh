@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# `make bench`: the engine against raw Celery on throwaway PostgreSQL and Redis (free
+# loopback ports, a temporary directory), one worker process for both. Not part of
+# `make test`: it reports figures, it asserts none. The servers, the worker and the
+# directory (with the worker log) are removed on exit, whatever happens; BENCH_KEEP=1
+# keeps the directory.
+#
+#   BENCH_WORKERS=2   worker children (prefork)
+#   BENCH_REPEAT=1    passes over every scenario; medians are reported
+#   BENCH_TIMEOUT=600 seconds each scenario may take
+#   BENCH_JSON=path   also write every figure and goal verdict there as JSON
+#
+# Extra arguments go to `python -m bench.run` (e.g. --only seq_100,chain_100).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+export PATH="$PWD/$VENV/bin:$PATH"
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/orchestrator-bench.XXXXXX")
+chmod 755 "$tmp"
+cleanup() {
+  python scripts/services.py stop --dir "$tmp" || true
+  if [ "${BENCH_KEEP:-}" = 1 ]; then
+    echo "kept $tmp" >&2
+  else
+    rm -rf "$tmp"
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+eval "$(python scripts/services.py start --dir "$tmp" --fast)"
+export DATABASE_URL CELERY_BROKER_URL
+unset CELERY_RESULT_BACKEND  # results go to the broker's Redis
+export DJANGO_SETTINGS_MODULE=config.settings.local
+export DJANGO_DEBUG=false                    # no query log in the worker or here
+export LOG_LEVEL=WARNING LOG_FORMAT=text
+export CELERY_WORKER_SEND_TASK_EVENTS=false  # no Flower here: events only cost
+export BENCH_DIR="$tmp"
+
+echo "==> migrate" >&2
+python manage.py migrate --verbosity 0
+python -m bench.run "$@"

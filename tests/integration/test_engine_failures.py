@@ -283,3 +283,16 @@ def test_on_error_handler_failure_propagates_the_original_failure(celery_worker:
     assert steps["boom.on_error.notify"].status == "failed"
     assert steps["after"].status == "cancelled"
     assert_books_balanced(run)
+
+
+def test_a_step_past_its_timeout_is_interrupted_and_fails_with_timeout(celery_worker: str) -> None:
+    slow = step("slow", "sleep", params={"seconds": 30}, timeout="1s", retry={"max_attempts": 1})
+    run = submit(one_task(slow))
+
+    done = wait_for(run, timeout=30)
+
+    assert done.status == "failed"
+    error = steps_of(run)["slow"].error
+    assert (error["code"], error["cause"]) == ("attempt_budget_exhausted", "timeout")
+    assert "timed out after 1s" in error["message"]
+    assert_books_balanced(run)

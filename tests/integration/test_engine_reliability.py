@@ -153,3 +153,26 @@ def test_reject_fails_the_run_with_approval_rejected(celery_worker: str) -> None
     assert done.last_error["code"] == "approval_rejected"
     assert steps_of(run)["publish"].status == "cancelled"
     assert_books_balanced(run)
+
+
+def test_a_running_step_renews_its_lease_and_the_runs_heartbeat(celery_worker: str) -> None:
+    run = submit(task_plan_of([step("long", "sleep", params={"seconds": 3})]))
+    long = running_step(run, "long")
+    first_lease = long.lease_expires_at
+    first_beat = Run.objects.get(pk=run.pk).last_heartbeat
+
+    renewed = wait_until(
+        lambda: Step.objects.filter(
+            pk=long.pk, status="running", lease_expires_at__gt=first_lease
+        ).first(),
+        timeout=10,
+        what="the lease to be renewed while the step runs",
+    )
+
+    assert renewed.lease_expires_at > first_lease
+    assert Run.objects.get(pk=run.pk).last_heartbeat > first_beat
+    assert wait_for(run).status == "completed"
+
+
+def task_plan_of(steps: list[dict[str, object]]) -> dict[str, object]:
+    return {"name": "beats", "agents": [{"name": "a", "tasks": [{"name": "t", "steps": steps}]}]}

@@ -251,13 +251,21 @@ def redispatch_lost(now: datetime | None = None, older_than: float | None = None
                     payload={"steps": [s.pk for s in steps]},
                 )
             counts["steps"] += len(steps)
-    stalled = Run.objects.filter(
-        status__in=[RunStatus.PENDING, RunStatus.RETRYING, RunStatus.RESUMING],
-        status_changed_at__lt=threshold,
-    ).values_list("pk", "status", "priority")[: settings.ENGINE_SWEEP_BATCH]
+    # At most once per threshold per run: a run merely queued behind a backlog must not
+    # collect a duplicate message on every pass.
+    stalled = (
+        Run.objects.filter(
+            status__in=[RunStatus.PENDING, RunStatus.RETRYING, RunStatus.RESUMING],
+            status_changed_at__lt=threshold,
+        )
+        .filter(Q(redispatched_at__isnull=True) | Q(redispatched_at__lt=threshold))
+        .values_list("pk", "status", "priority")[: settings.ENGINE_SWEEP_BATCH]
+    )
     for run_id, status, priority in stalled:
         task = RESUME_TASK if status == RunStatus.RESUMING else PICK_UP_TASK
         with transaction.atomic():
+            Run.objects.filter(pk=run_id).update(redispatched_at=now)
             enqueue_run_task(task, run_id, priority)
         counts["runs"] += 1
+
     return counts

@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from billing.services import InsufficientCredits
 from runs import services
 from runs.models import Agent, Run, RunAttempt, RunEvent, Step, Task
 from runs.states import InvalidTransition
@@ -194,7 +195,12 @@ class RunAdmin(admin.ModelAdmin[Run]):
             try:
                 operation(run)
                 done += 1
-            except (InvalidTransition, services.AttemptsExhausted, services.RunDeleted) as exc:
+            except (
+                InvalidTransition,
+                services.AttemptsExhausted,
+                services.RunDeleted,
+                InsufficientCredits,
+            ) as exc:
                 refused.append(f"{run.name}: {exc}")
         if done:
             self.message_user(request, f"{verb}: {done} run(s)")

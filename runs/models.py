@@ -87,6 +87,9 @@ class Run(Timestamps):
     created_by = models.CharField(max_length=200, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
     picked_up_at = models.DateTimeField(null=True, blank=True)
+    # When the lost-message sweep last re-sent this run's pick-up or resume message.
+    redispatched_at = models.DateTimeField(null=True, blank=True)
+
     cancelled_at = models.DateTimeField(null=True, blank=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     deleted_at = models.DateTimeField(null=True, blank=True)

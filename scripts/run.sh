@@ -54,8 +54,9 @@ honcho start -f Procfile &
 honcho_pid=$!
 
 python manage.py wait_healthy --url "http://127.0.0.1:$WEB_PORT/healthz" --timeout 60
-echo "==> demo run"
 if [ "${SKIP_DEMO:-0}" != 1 ]; then
+  echo "==> demo run"
+
   python manage.py demo_run || echo "!! the demo run did not complete: see the worker's log above"
 fi
 

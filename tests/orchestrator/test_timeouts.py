@@ -158,7 +158,10 @@ def test_lost_step_messages_are_sent_again_once_overdue() -> None:
     assert run.events.filter(message__contains="presumed lost").count() == 1
 
 
-def test_a_pending_run_whose_pick_up_was_lost_is_sent_again() -> None:
+def test_a_pending_run_whose_pick_up_was_lost_is_sent_again_once_per_threshold() -> None:
     started()
 
     assert sweeps.redispatch_lost(now=later(timedelta(minutes=5))) == {"steps": 0, "runs": 1}
+    assert sweeps.redispatch_lost(now=later(timedelta(minutes=6))) == {"steps": 0, "runs": 0}
+    assert sweeps.redispatch_lost(now=later(timedelta(minutes=8))) == {"steps": 0, "runs": 1}
+

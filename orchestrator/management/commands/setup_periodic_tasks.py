@@ -30,6 +30,9 @@ class Command(BaseCommand):
                     "task": schedule.task,
                     "interval": interval,
                     "queue": schedule.queue,
+                    # Served before any step or run message waiting in the broker: a
+                    # sweep that starves behind a backlog cannot rescue it.
+                    "priority": 0,
                     "kwargs": json.dumps(schedule.kwargs),
                     "expire_seconds": schedule.expires_seconds or schedule.every_seconds,
                     "enabled": True,

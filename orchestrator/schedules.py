@@ -47,6 +47,11 @@ def schedules() -> tuple[Schedule, ...]:
             every_seconds=_every("ENGINE_SWEEP_INTERVAL"),
         ),
         Schedule(
+            name="idempotency-expiry",
+            task="orchestrator.sweeps.idempotency_records",
+            every_seconds=600,
+        ),
+        Schedule(
             name="lost-message-sweep",
             task="orchestrator.sweeps.lost_messages",
             every_seconds=max(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
@@ -60,7 +61,7 @@ def lock_run(run_id: RunId, organization: Organization | None = None) -> Run:
         query = query.filter(organization=organization)
     try:
         return query.get(pk=run_id)
-    except (Run.DoesNotExist, ValueError) as exc:
+    except (Run.DoesNotExist, ValueError, ValidationError) as exc:  # a malformed id is absent
         raise RunNotFound(f"run {run_id} not found") from exc
 
 

@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
     "django_celery_beat",
     "orchestrator",
     "runs",
@@ -144,12 +145,6 @@ LOGGING: dict[str, Any] = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
-}
-
-# --------------------------------------------------------------------------- REST framework
-REST_FRAMEWORK: dict[str, Any] = {
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
 }
 
 # --------------------------------------------------------------------------- Celery
@@ -350,3 +345,64 @@ RUN_TIMEOUT_DEFAULTS = {
 ENGINE_LOST_MESSAGE_AFTER = env.integer(
     "ENGINE_LOST_MESSAGE_AFTER", 120, "seconds before an unclaimed due step is re-sent", minimum=1
 )
+
+# --------------------------------------------------------------------------- REST API
+# (the API block: owned by the API; see runs/api/ and docs/api.md). Every API view is
+# authenticated by API key, throttled per key and answers errors as {code, message,
+# details} unless it says otherwise.
+REST_FRAMEWORK: dict[str, Any] = {
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["runs.api.parsers.BoundedJSONParser"],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["runs.api.authentication.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_THROTTLE_CLASSES": ["runs.api.throttling.ApiKeyRateThrottle"],
+    "EXCEPTION_HANDLER": "runs.api.errors.api_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+API_THROTTLE_RATE = env.string(
+    "API_THROTTLE_RATE", "1200/min", "requests per API key (n/sec|min|hour|day)"
+)
+_rate_count, _, _rate_period = API_THROTTLE_RATE.partition("/")
+if (
+    not _rate_count.isdigit()
+    or int(_rate_count) < 1
+    or _rate_period not in ("s", "sec", "second", "m", "min", "minute", "h", "hour", "d", "day")
+):
+    env.errors.append(f"API_THROTTLE_RATE must look like 1200/min, got {API_THROTTLE_RATE!r}")
+API_MAX_BODY_BYTES = env.integer(
+    "API_MAX_BODY_BYTES", 2_000_000, "largest accepted request body, bytes", minimum=1000
+)
+API_PAGE_SIZE = env.integer("API_PAGE_SIZE", 50, "default page size", minimum=1)
+API_MAX_PAGE_SIZE = env.integer(
+    "API_MAX_PAGE_SIZE", 500, "largest page size a client may ask", minimum=1
+)
+IDEMPOTENCY_TTL_HOURS = env.integer(
+    "IDEMPOTENCY_TTL_HOURS", 24, "hours an Idempotency-Key response is kept", minimum=1
+)
+SPECTACULAR_SETTINGS: dict[str, Any] = {
+    "TITLE": "Run orchestrator API",
+    "DESCRIPTION": (
+        "Create, start, watch and control runs; read your balance and ledger. "
+        "Authenticate with `Authorization: Bearer <api key>`. Errors are "
+        "`{code, message, details}`; every POST accepts an `Idempotency-Key`. "
+        "See docs/api.md."
+    ),
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    # The schema and its docs page are public (they describe, they do not expose data).
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SERVE_AUTHENTICATION": [],
+    "SCHEMA_PATH_PREFIX": r"/api/v1",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "RunStatusEnum": "runs.states.RunStatus",
+        "NodeStatusEnum": "runs.states.NodeStatus",
+        "StepStatusEnum": "runs.states.StepStatus",
+        "ModeEnum": "runs.models.Mode",
+        "FailureModeEnum": "runs.models.FailureMode",
+    },
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "runs.api.schema.strict_request_bodies",
+    ],
+}

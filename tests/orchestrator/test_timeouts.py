@@ -164,4 +164,3 @@ def test_a_pending_run_whose_pick_up_was_lost_is_sent_again_once_per_threshold()
     assert sweeps.redispatch_lost(now=later(timedelta(minutes=5))) == {"steps": 0, "runs": 1}
     assert sweeps.redispatch_lost(now=later(timedelta(minutes=6))) == {"steps": 0, "runs": 0}
     assert sweeps.redispatch_lost(now=later(timedelta(minutes=8))) == {"steps": 0, "runs": 1}
-

@@ -1,0 +1,209 @@
+"""Every API error as JSON ``{"code", "message", "details"}`` with a stable ``code``.
+
+``api_exception_handler`` (REST_FRAMEWORK["EXCEPTION_HANDLER"]) turns DRF's own
+exceptions, Django's ``Http404`` and the domain exceptions of the services into that
+shape; ``not_found`` and ``server_error`` do the same for the requests Django answers
+before DRF sees them (unknown URLs, crashes outside a view) under ``/api/``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
+from rest_framework import exceptions, serializers
+from rest_framework.response import Response
+from rest_framework.views import set_rollback
+
+from billing.services import InsufficientCredits
+from runs.services import AttemptsExhausted, RunDeleted, RunNotFound, StepNotFound
+from runs.spec import PlanInvalid, errors_as_dicts
+from runs.states import InvalidTransition
+
+logger = logging.getLogger(__name__)
+
+API_PREFIX = "/api/"
+
+# DRF's codes, except where a more telling name exists; the rest are DRF's default_code.
+DRF_CODES: dict[type[exceptions.APIException], str] = {
+    exceptions.ValidationError: "invalid_request",
+    exceptions.ParseError: "invalid_json",
+}
+
+
+class ErrorOutput(serializers.Serializer[Any]):
+    """The body of every error response."""
+
+    code = serializers.CharField(help_text="Stable, machine-readable error code.")
+    message = serializers.CharField(help_text="What went wrong, for people.")
+    details = serializers.JSONField(
+        allow_null=True,
+        help_text=(
+            "Structured detail or null: for `invalid_request` and `invalid_plan` a list of "
+            "`{path, message}`; for `invalid_transition` `{entity, from, to}`; for "
+            "`insufficient_credits` `{needed, available}`; for `throttled` `{retry_after}`."
+        ),
+    )
+
+
+def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
+    return {"code": code, "message": message, "details": details}
+
+
+# --------------------------------------------------------------------------- domain errors
+def _transition_details(exc: InvalidTransition) -> dict[str, str]:
+    return {"entity": exc.entity, "from": exc.from_state, "to": exc.to_state}
+
+
+def _credit_details(exc: InsufficientCredits) -> dict[str, str]:
+    return {"needed": str(exc.needed), "available": str(exc.available)}
+
+
+def _plan_message(exc: PlanInvalid) -> str:
+    count = len(exc.errors)
+    first = str(exc.errors[0]) if exc.errors else ""
+    more = f" (and {count - 1} more problems)" if count > 1 else ""
+    return f"the plan is invalid: {first}{more}"
+
+
+# exception type -> (status, details, message); the code is the exception's own `code`.
+DOMAIN_ERRORS: dict[type[Exception], tuple[int, Callable[[Any], Any], Callable[[Any], str]]] = {
+    PlanInvalid: (400, lambda exc: errors_as_dicts(exc.errors), _plan_message),
+    InvalidTransition: (409, _transition_details, str),
+    InsufficientCredits: (402, _credit_details, str),
+    AttemptsExhausted: (409, lambda exc: None, str),
+    RunDeleted: (409, lambda exc: None, str),
+    RunNotFound: (404, lambda exc: None, lambda exc: "not found"),
+    StepNotFound: (404, lambda exc: None, str),
+}
+
+
+# --------------------------------------------------------------------------- DRF errors
+def _join(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    if key == "non_field_errors":
+        return path
+    return f"{path}.{key}" if path else key
+
+
+def flatten_errors(detail: Any, path: str = "") -> list[dict[str, str]]:
+    """DRF's nested error detail as a flat list of ``{path, message, code}``."""
+    if isinstance(detail, dict):
+        return [
+            problem
+            for key, value in detail.items()
+            for problem in flatten_errors(value, _join(path, key))
+        ]
+    if isinstance(detail, list):
+        if all(isinstance(item, str) for item in detail):
+            return [problem for item in detail for problem in flatten_errors(item, path)]
+        return [
+            problem
+            for index, item in enumerate(detail)
+            for problem in flatten_errors(item, _join(path, index))
+        ]
+    code = getattr(detail, "code", None) or "invalid"
+    return [{"path": path, "message": str(detail), "code": str(code)}]
+
+
+def _api_error(exc: exceptions.APIException) -> Response:
+    headers: dict[str, str] = {}
+    if getattr(exc, "auth_header", None):
+        headers["WWW-Authenticate"] = str(exc.auth_header)  # type: ignore[attr-defined]
+    code = DRF_CODES.get(type(exc), str(exc.default_code))
+    details: Any = None
+    if isinstance(exc, exceptions.ValidationError):
+        details = flatten_errors(exc.detail)
+        first = details[0] if details else {"path": "", "message": "invalid"}
+        where = f"{first['path']}: " if first["path"] else ""
+        message = f"invalid request: {where}{first['message']}"
+    else:
+        message = str(exc.detail)
+    wait = getattr(exc, "wait", None)
+    if isinstance(exc, exceptions.Throttled) and wait is not None:
+        retry_after = max(1, math.ceil(wait))
+        headers["Retry-After"] = str(retry_after)
+        details = {"retry_after": retry_after}
+        message = f"too many requests for this API key; retry in {retry_after} s"
+    return Response(error_body(code, message, details), status=exc.status_code, headers=headers)
+
+
+def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
+    set_rollback()
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound("not found")
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied()
+    elif isinstance(exc, DjangoValidationError):
+        exc = exceptions.ValidationError(exc.messages)
+    if isinstance(exc, exceptions.APIException):
+        return _api_error(exc)
+    for exc_type, (status, details, message) in DOMAIN_ERRORS.items():
+        if isinstance(exc, exc_type):
+            code = str(getattr(exc, "code", "error"))
+            return Response(error_body(code, message(exc), details(exc)), status=status)
+    logger.exception("unhandled error in %s", context.get("view").__class__.__name__)
+    return Response(error_body("internal_error", "internal server error"), status=500)
+
+
+# --------------------------------------------------------------------------- outside DRF
+def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """handler404: JSON under /api/ (unknown routes, malformed ids), Django's page elsewhere."""
+    if request.path.startswith(API_PREFIX):
+        return JsonResponse(error_body("not_found", "not found"), status=404)
+    return defaults.page_not_found(request, exception)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    if request.path.startswith(API_PREFIX):
+        return JsonResponse(error_body("internal_error", "internal server error"), status=500)
+    return defaults.server_error(request)
+
+
+# --------------------------------------------------------------------------- OpenAPI
+ERROR_DESCRIPTIONS: dict[int, str] = {
+    400: "`invalid_request` (every malformed or unknown field or query parameter, with its "
+    "path, in `details`), `invalid_json`, `invalid_plan` (every problem of the plan with its "
+    "path in `details`), `invalid_idempotency_key`",
+    401: "`not_authenticated` (no key) or `authentication_failed` (unknown, malformed or "
+    "revoked key)",
+    402: "`insufficient_credits`: the organization cannot cover the reservation",
+    404: "`not_found`: no such object in your organization (or no such page)",
+    409: "`invalid_transition` (`details`: entity, from, to), `attempts_exhausted`, "
+    "`run_deleted`, or `idempotency_key_in_use` (the first request with this key is still "
+    "being processed)",
+    413: "`payload_too_large`: the body or the plan is over its size limit",
+    406: "`not_acceptable`: the response is JSON; accept `application/json`",
+    415: "`unsupported_media_type`: send `application/json`",
+    422: "`idempotency_key_reused`: this key was used with a different body",
+    429: "`throttled`: too many requests for this key; see the `Retry-After` header",
+    500: "`internal_error`",
+}
+# Every response can be one of these (query parameters are validated everywhere).
+READ_ERRORS = (400, 401, 406, 429, 500)
+LIST_ERRORS = (*READ_ERRORS, 404)
+WRITE_ERRORS = (*READ_ERRORS, 409, 413, 415, 422)
+
+
+RETRY_AFTER_PARAMETER = OpenApiParameter(
+    name="Retry-After",
+    type=int,
+    location=OpenApiParameter.HEADER,
+    response=[429],
+    description="Seconds to wait before the next request with this key.",
+)
+
+
+def error_responses(*statuses: int) -> dict[int, OpenApiResponse]:
+    return {
+        status: OpenApiResponse(ErrorOutput, description=ERROR_DESCRIPTIONS[status])
+        for status in sorted(set(statuses))
+    }

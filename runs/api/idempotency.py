@@ -1,0 +1,245 @@
+"""`Idempotency-Key` on every POST: one side effect per key, whatever the retries.
+
+A key is scoped to (organization, method, path) and kept ``IDEMPOTENCY_TTL_HOURS``.
+
+1. **Claim.** The request inserts an ``in_progress`` IdempotencyRecord in its own,
+   committed transaction; the unique constraint decides, across every web process, which
+   of several concurrent requests owns the key. A loser reads the row it collided with:
+   ``in_progress`` -> 409 ``idempotency_key_in_use``; completed with another body ->
+   422 ``idempotency_key_reused``; completed with the same body -> the stored response,
+   replayed (a 201 as 200) with ``Idempotent-Replayed: true`` and no side effect.
+2. **Run.** The view runs in one transaction. A success is stored in the *same*
+   transaction, by an UPDATE that only succeeds while this request still owns its claim:
+   the side effects and the stored response commit together or not at all.
+3. **Errors are not stored.** A 4xx or 5xx (raised or returned) rolls the view back and
+   deletes the claim, so the client may fix the problem (add credits, correct the plan)
+   and retry with the same key. None of our errors leaves a side effect to protect.
+
+A claim that is never completed (its process was killed mid-request; the transaction
+rolled back with it) stops counting after ``IN_PROGRESS_LEASE``, like any expired row. If
+its owner was merely slow and the key was claimed again meanwhile, the owner's
+completing UPDATE matches nothing and it rolls back, so the effect still happens once.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter
+from rest_framework.exceptions import APIException
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from billing.models import Organization
+from orchestrator.models import IdempotencyRecord, IdempotencyStatus
+from runs.api.authentication import organization_of
+
+HEADER = "Idempotency-Key"
+REPLAYED_HEADER = "Idempotent-Replayed"
+MAX_KEY_LENGTH = 255
+# Longer than any request may take (gunicorn kills a worker after 30 s).
+IN_PROGRESS_LEASE = timedelta(minutes=5)
+CLAIM_ATTEMPTS = 5
+
+IDEMPOTENCY_PARAMETER = OpenApiParameter(
+    name=HEADER,
+    type={"type": "string", "minLength": 1, "maxLength": MAX_KEY_LENGTH, "pattern": "^[ -~]+$"},
+    location=OpenApiParameter.HEADER,
+    required=False,
+    description=(
+        "Makes the request safe to retry: at most 255 printable ASCII characters, scoped to "
+        "your organization, the method and the path, kept 24 h. A retry with the same key "
+        "and body replays the first response (a 201 as 200) with `Idempotent-Replayed: true`."
+    ),
+)
+REPLAYED_PARAMETER = OpenApiParameter(
+    name=REPLAYED_HEADER,
+    type={"type": "string", "enum": ["true"]},
+    location=OpenApiParameter.HEADER,
+    response=[200],
+    description="Present on a response replayed for a repeated Idempotency-Key.",
+)
+
+
+class InvalidIdempotencyKey(APIException):
+    status_code = 400
+    default_code = "invalid_idempotency_key"
+    default_detail = f"{HEADER} must be 1 to {MAX_KEY_LENGTH} printable ASCII characters"
+
+
+class IdempotencyKeyInUse(APIException):
+    status_code = 409
+    default_code = "idempotency_key_in_use"
+    default_detail = (
+        f"a request with this {HEADER} is still being processed; retry once it has finished"
+    )
+
+
+class IdempotencyKeyReused(APIException):
+    status_code = 422
+    default_code = "idempotency_key_reused"
+    default_detail = f"this {HEADER} was already used with a different request body"
+
+
+@dataclass(frozen=True)
+class Scope:
+    organization: Organization
+    method: str
+    path: str
+    key: str
+
+    def records(self) -> QuerySet[IdempotencyRecord]:
+        return IdempotencyRecord.objects.filter(
+            organization=self.organization, method=self.method, path=self.path, key=self.key
+        )
+
+
+@dataclass(frozen=True)
+class Claim:
+    """This request owns the key (``record_id`` is its in_progress row)."""
+
+    record_id: int
+
+
+def validate_key(raw: str) -> str:
+    if not 0 < len(raw) <= MAX_KEY_LENGTH or not all(" " <= char <= "~" for char in raw):
+        raise InvalidIdempotencyKey()
+    return raw
+
+
+def fingerprint(data: Any) -> str:
+    """SHA-256 of the body as canonical JSON: key order and whitespace do not matter."""
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def idempotency_claim(
+    *, scope: Scope, fingerprint: str, now: datetime | None = None
+) -> Claim | IdempotencyRecord:
+    """Claim the key, or return the completed record to replay; or raise 409 / 422."""
+    for _ in range(CLAIM_ATTEMPTS):
+        now = now or timezone.now()
+        with transaction.atomic():
+            scope.records().filter(expires_at__lte=now).delete()
+        try:
+            with transaction.atomic():
+                record = IdempotencyRecord.objects.create(
+                    organization=scope.organization,
+                    method=scope.method,
+                    path=scope.path,
+                    key=scope.key,
+                    fingerprint=fingerprint,
+                    expires_at=now + IN_PROGRESS_LEASE,
+                )
+            return Claim(record.pk)
+        except IntegrityError:
+            existing = scope.records().filter(expires_at__gt=now).first()
+        if existing is None:
+            continue  # released or expired since the collision: claim again
+        if existing.status == IdempotencyStatus.IN_PROGRESS:
+            raise IdempotencyKeyInUse()
+        if existing.fingerprint != fingerprint:
+            raise IdempotencyKeyReused()
+        return existing
+    raise IdempotencyKeyInUse()
+
+
+def idempotency_complete(
+    *, claim: Claim, response_status: int, response_body: Any, now: datetime | None = None
+) -> bool:
+    """Store the response; False if the claim was lost (expired and taken over)."""
+    now = now or timezone.now()
+    stored = IdempotencyRecord.objects.filter(
+        pk=claim.record_id, status=IdempotencyStatus.IN_PROGRESS
+    ).update(
+        status=IdempotencyStatus.COMPLETED,
+        response_status=response_status,
+        response_body=response_body,
+        expires_at=now + timedelta(hours=settings.IDEMPOTENCY_TTL_HOURS),
+    )
+    return stored == 1
+
+
+def idempotency_release(*, claim: Claim) -> None:
+    IdempotencyRecord.objects.filter(
+        pk=claim.record_id, status=IdempotencyStatus.IN_PROGRESS
+    ).delete()
+
+
+def idempotency_records_expire(*, now: datetime | None = None, batch: int = 1000) -> int:
+    """Delete expired records, ``batch`` rows per statement; return how many. Idempotent:
+    two sweeps at once delete each row once, a late one finds nothing."""
+    now = now or timezone.now()
+    deleted = 0
+    while True:
+        ids = list(
+            IdempotencyRecord.objects.filter(expires_at__lte=now).values_list("pk", flat=True)[
+                :batch
+            ]
+        )
+        if not ids:
+            return deleted
+        count, _ = IdempotencyRecord.objects.filter(pk__in=ids, expires_at__lte=now).delete()
+        deleted += count
+        if len(ids) < batch:
+            return deleted
+
+
+def replay(record: IdempotencyRecord) -> Response:
+    status = 200 if record.response_status == 201 else int(record.response_status or 200)
+    return Response(record.response_body, status=status, headers={REPLAYED_HEADER: "true"})
+
+
+def _storable(data: Any) -> Any:
+    """The response data exactly as the client received it, as plain JSON values."""
+    return json.loads(JSONRenderer().render(data))
+
+
+Handler = TypeVar("Handler", bound=Callable[..., Response])
+
+
+def idempotent(handler: Handler) -> Handler:
+    """Decorate a view's ``post``: honour ``Idempotency-Key`` as described above."""
+
+    @functools.wraps(handler)
+    def wrapper(view: Any, request: Request, *args: Any, **kwargs: Any) -> Response:
+        raw_key = request.headers.get(HEADER)
+        if raw_key is None:
+            return handler(view, request, *args, **kwargs)
+        key = validate_key(raw_key)
+        scope = Scope(organization_of(request), request.method or "POST", request.path, key)
+        # Parsing happens here, before the claim: a malformed or oversized body is a
+        # validation failure and stores nothing.
+        outcome = idempotency_claim(scope=scope, fingerprint=fingerprint(request.data))
+        if isinstance(outcome, IdempotencyRecord):
+            return replay(outcome)
+        succeeded = False
+        try:
+            with transaction.atomic():
+                response = handler(view, request, *args, **kwargs)
+                succeeded = 200 <= response.status_code < 400
+                if not succeeded:
+                    transaction.set_rollback(True)
+                elif not idempotency_complete(
+                    claim=outcome,
+                    response_status=response.status_code,
+                    response_body=_storable(response.data),
+                ):
+                    raise IdempotencyKeyInUse()
+        finally:
+            if not succeeded:
+                idempotency_release(claim=outcome)
+        return response
+
+    return wrapper  # type: ignore[return-value]

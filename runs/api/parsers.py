@@ -1,0 +1,131 @@
+"""JSON bodies, bounded: size (413), nesting, and only what PostgreSQL can store.
+
+PostgreSQL's ``jsonb`` refuses NUL characters and unpaired surrogates, and JSON has no
+NaN or Infinity; such bodies would otherwise fail deep inside a service with a database
+error (a 500), so they are refused here, before any view runs, as malformed JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import IO, Any
+
+from django.conf import settings
+from rest_framework.exceptions import APIException, ParseError
+from rest_framework.parsers import BaseParser
+from rest_framework.renderers import JSONRenderer
+
+from runs.spec import json_depth, json_size
+
+# Python's decoder recurses once per nesting level; far below its recursion limit.
+MAX_NESTING = 100
+
+
+class PayloadTooLarge(APIException):
+    status_code = 413
+    default_code = "payload_too_large"
+    default_detail = "request body too large"
+
+
+def body_limit() -> int:
+    return int(settings.API_MAX_BODY_BYTES)
+
+
+def refuse_if_too_large(content_length: str | None) -> None:
+    """413 from the Content-Length header alone, before reading anything."""
+    try:
+        length = int(content_length or 0)
+    except ValueError:
+        return
+    if length > body_limit():
+        raise PayloadTooLarge(f"request body is {length} bytes; at most {body_limit()} allowed")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number out of range: {text}")
+    return value
+
+
+def _constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _storable(text: str) -> bool:
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # an unpaired surrogate (\ud800)
+        return False
+    return True
+
+
+def check_storable(data: Any) -> None:
+    """Every string (keys too) storable by PostgreSQL, nesting bounded; iterative."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_NESTING:
+            raise ParseError(f"JSON nests deeper than {MAX_NESTING} levels")
+        if isinstance(item, str):
+            if not _storable(item):
+                raise ParseError("strings must not contain NUL characters or unpaired surrogates")
+        elif isinstance(item, Mapping):
+            for key, value in item.items():
+                stack.append((key, depth))
+                stack.append((value, depth + 1))
+        elif isinstance(item, list):
+            stack.extend((value, depth + 1) for value in item)
+
+
+class BoundedJSONParser(BaseParser):
+    """`application/json`, at most ``API_MAX_BODY_BYTES``, strict numbers and strings."""
+
+    media_type = "application/json"
+    renderer_class = JSONRenderer
+
+    def parse(
+        self,
+        stream: IO[Any],
+        media_type: str | None = None,
+        parser_context: Mapping[str, Any] | None = None,
+    ) -> Any:
+        limit = body_limit()
+        raw = stream.read(limit + 1)
+        if len(raw) > limit:
+            raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+        encoding = (parser_context or {}).get("encoding") or settings.DEFAULT_CHARSET
+        try:
+            text = raw.decode(encoding)
+            data = json.loads(text, parse_constant=_constant, parse_float=_finite_float)
+        except RecursionError as exc:
+            raise ParseError(f"JSON nests deeper than {MAX_NESTING} levels") from exc
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, too many digits
+            raise ParseError(f"JSON parse error: {exc}") from exc
+        check_storable(data)
+        return data
+
+
+def plan_size_hint(plan: Any, content_length: str | None) -> int | None:
+    """The plan's size for ``parse_plan``; 413 when it is over the plan size limit.
+
+    A plan within a body that fits the limit fits too, and the body's length spares
+    ``parse_plan`` measuring it; only a larger body needs the plan measured.
+    """
+    limit = int(settings.ORCHESTRATOR_PLAN_LIMITS["max_spec_bytes"])
+    try:
+        body_bytes = int(content_length or 0)
+    except ValueError:
+        body_bytes = 0
+    if 0 < body_bytes <= limit:
+        return body_bytes
+    if json_depth(plan, MAX_NESTING) > MAX_NESTING:
+        return None  # parse_plan reports the nesting itself
+    size = json_size(plan)
+    if size is not None and size > limit:
+        raise PayloadTooLarge(f"the plan is {size} bytes; at most {limit} allowed")
+    return size

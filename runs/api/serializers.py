@@ -1,0 +1,262 @@
+"""Output serializers shared by the views, and the strict input fields they build on.
+
+No logic here: outputs only name what a row (or a selector's summary) already holds;
+inputs only check shape. Inputs refuse what JSON would not mean (a string for a boolean,
+a number for a string) and fields they do not know, so that a client's typo or a field
+it may not set (``organization``, ``status``, ``id``...) is an error, never ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rest_framework import serializers
+
+from billing.models import EntryType
+from runs.models import EventKind, FailureMode, Mode
+from runs.selectors import RunDetail
+from runs.states import NodeStatus, RunStatus, StepStatus
+
+MAX_BIGINT = 2**63 - 1
+
+
+# --------------------------------------------------------------------------- inputs
+class StrictBooleanField(serializers.BooleanField):
+    """``true`` or ``false`` only (DRF also takes "yes", "on", 1...)."""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
+class StrictCharField(serializers.CharField):
+    """A JSON string only (DRF also takes numbers)."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON integer only (DRF also takes "5" and 5.0)."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class InputSerializer(serializers.Serializer[Any]):
+    """A request body: an object whose every field is known."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            unknown = sorted(str(key) for key in data if key not in self.fields)
+            if unknown:
+                raise serializers.ValidationError(
+                    {key: ["unknown field; it cannot be set here"] for key in unknown}
+                )
+        return super().to_internal_value(data)
+
+
+class EmptyInput(InputSerializer):
+    """No fields: an empty object or no body at all."""
+
+
+# --------------------------------------------------------------------------- outputs
+def credits_field(help_text: str) -> serializers.DecimalField:
+    return serializers.DecimalField(
+        max_digits=24, decimal_places=6, coerce_to_string=True, help_text=help_text
+    )
+
+
+class CreditsOutput(serializers.Serializer[Any]):
+    reserved = credits_field("Reserved over all attempts.")
+    charged = credits_field("Charged for steps over all attempts.")
+    refunded = credits_field("Given back when attempts ended.")
+    held = credits_field("Still reserved: neither charged nor refunded yet.")
+
+    def to_representation(self, instance: Any) -> Any:
+        return super().to_representation(
+            {
+                "reserved": instance.credits_reserved,
+                "charged": instance.credits_charged,
+                "refunded": instance.credits_refunded,
+                "held": instance.credits_held,
+            }
+        )
+
+
+class RunOutput(serializers.Serializer[Any]):
+    """A run as lists show it (without its plan and summary)."""
+
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    status = serializers.ChoiceField(choices=RunStatus.choices)
+    priority = serializers.IntegerField()
+    failure_mode = serializers.ChoiceField(choices=FailureMode.choices)
+    mode = serializers.ChoiceField(choices=Mode.choices)
+    attempt_number = serializers.IntegerField(help_text="The current attempt; 0 before start.")
+    max_attempts = serializers.IntegerField()
+    last_error = serializers.JSONField(
+        allow_null=True, help_text="`{code, message}` of the failure, or null."
+    )
+    cancel_reason = serializers.CharField()
+    created_by = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    picked_up_at = serializers.DateTimeField(allow_null=True)
+    completed_at = serializers.DateTimeField(allow_null=True)
+    cancelled_at = serializers.DateTimeField(allow_null=True)
+    deleted_at = serializers.DateTimeField(allow_null=True)
+    last_heartbeat = serializers.DateTimeField(allow_null=True)
+    duration_ms = serializers.IntegerField(allow_null=True)
+    credits = CreditsOutput(source="*")
+
+
+class CountsOutput(serializers.Serializer[Any]):
+    agents = serializers.DictField(child=serializers.IntegerField(), help_text="By status.")
+    tasks = serializers.DictField(child=serializers.IntegerField(), help_text="By status.")
+    steps = serializers.DictField(child=serializers.IntegerField(), help_text="By status.")
+
+
+class ProgressOutput(serializers.Serializer[Any]):
+    steps_total = serializers.IntegerField(help_text="Steps of the attempt (handlers excluded).")
+    steps_finished = serializers.IntegerField(help_text="Of those, how many have ended.")
+    percent = serializers.FloatField()
+
+
+class RunDetailOutput(RunOutput):
+    """A run with its plan and the current attempt's counts and progress."""
+
+    plan = serializers.JSONField(source="spec", help_text="The plan exactly as submitted.")
+    variables = serializers.JSONField()
+    counts = CountsOutput(help_text="The current attempt's agents, tasks and steps by status.")
+    progress = ProgressOutput()
+
+    def to_representation(self, instance: Any) -> Any:
+        assert isinstance(instance, RunDetail)
+        run, summary = instance.run, instance.summary
+        data = RunOutput(run).data
+        data["plan"] = run.spec
+        data["variables"] = run.variables
+        data["counts"] = summary.counts
+        data["progress"] = {
+            "steps_total": summary.steps_total,
+            "steps_finished": summary.steps_finished,
+            "percent": summary.percent,
+        }
+        return data
+
+
+class ApprovalOutput(serializers.Serializer[Any]):
+    run = RunDetailOutput()
+    steps = serializers.ListField(
+        child=serializers.IntegerField(), help_text="Ids of the steps decided (none: a no-op)."
+    )
+
+
+class AgentOutput(serializers.Serializer[Any]):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    attempt_number = serializers.IntegerField()
+    position = serializers.IntegerField()
+    status = serializers.ChoiceField(choices=NodeStatus.choices)
+    mode = serializers.ChoiceField(choices=Mode.choices)
+    failure_mode = serializers.ChoiceField(choices=FailureMode.choices)
+    depends_on = serializers.ListField(child=serializers.CharField())
+    task_count = serializers.IntegerField()
+    retry_count = serializers.IntegerField()
+    last_error = serializers.JSONField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    completed_at = serializers.DateTimeField(allow_null=True)
+    duration_ms = serializers.IntegerField(allow_null=True)
+
+
+class TaskOutput(serializers.Serializer[Any]):
+    id = serializers.IntegerField()
+    agent_id = serializers.IntegerField()
+    agent_name = serializers.CharField(source="agent.name")
+    name = serializers.CharField()
+    attempt_number = serializers.IntegerField()
+    generation = serializers.IntegerField(help_text="0, then 1, 2... for each agent-level retry.")
+    position = serializers.IntegerField()
+    status = serializers.ChoiceField(choices=NodeStatus.choices)
+    mode = serializers.ChoiceField(choices=Mode.choices)
+    failure_mode = serializers.ChoiceField(choices=FailureMode.choices)
+    depends_on = serializers.ListField(child=serializers.CharField())
+    step_count = serializers.IntegerField()
+    retry_count = serializers.IntegerField()
+    last_error = serializers.JSONField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    completed_at = serializers.DateTimeField(allow_null=True)
+    duration_ms = serializers.IntegerField(allow_null=True)
+
+
+class StepOutput(serializers.Serializer[Any]):
+    id = serializers.IntegerField()
+    task_id = serializers.IntegerField()
+    task_name = serializers.CharField(source="task.name")
+    agent_name = serializers.CharField(source="task.agent.name")
+    name = serializers.CharField()
+    attempt_number = serializers.IntegerField()
+    generation = serializers.IntegerField()
+    position = serializers.IntegerField()
+    tool = serializers.CharField()
+    params = serializers.JSONField()
+    when = serializers.CharField()
+    depends_on = serializers.ListField(child=serializers.CharField())
+    handler_for = serializers.IntegerField(
+        source="handler_for_id", allow_null=True, help_text="The step whose failure this handles."
+    )
+    status = serializers.ChoiceField(choices=StepStatus.choices)
+    attempts = serializers.IntegerField()
+    failures = serializers.IntegerField()
+    reclaims = serializers.IntegerField()
+    next_run_at = serializers.DateTimeField(allow_null=True)
+    output = serializers.JSONField(allow_null=True)
+    error = serializers.JSONField(allow_null=True, help_text="`{code, message, retryable}`.")
+    handled = serializers.BooleanField(help_text="Failed, but its on_error handlers succeeded.")
+    cost = credits_field("Credits charged for this step.")
+    created_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    completed_at = serializers.DateTimeField(allow_null=True)
+    duration_ms = serializers.IntegerField(allow_null=True)
+
+
+class EventOutput(serializers.Serializer[Any]):
+    id = serializers.IntegerField()
+    attempt_number = serializers.IntegerField()
+    entity = serializers.CharField(help_text="run, agent, task or step.")
+    entity_id = serializers.CharField()
+    kind = serializers.ChoiceField(choices=EventKind.choices)
+    from_status = serializers.CharField()
+    to_status = serializers.CharField()
+    actor = serializers.CharField()
+    message = serializers.CharField()
+    payload = serializers.JSONField()
+    created_at = serializers.DateTimeField()
+
+
+class LedgerEntryOutput(serializers.Serializer[Any]):
+    id = serializers.UUIDField()
+    type = serializers.ChoiceField(choices=EntryType.choices)
+    amount = credits_field("Always positive; the type says which way it moves.")
+    run = serializers.UUIDField(source="run_id", allow_null=True)
+    step = serializers.IntegerField(source="step_id", allow_null=True)
+    reason = serializers.CharField()
+    actor = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
+class BalanceOutput(serializers.Serializer[Any]):
+    available = credits_field("What new reservations can use.")
+    reserved = credits_field("Held for runs in progress.")
+    spent = credits_field("Charged, ever.")
+    total = credits_field("available + reserved.")

@@ -1,0 +1,540 @@
+"""The runs API: one method per operation, each validating its input and calling one
+service or selector.
+
+Every query goes through the caller's organization (``organization_of``): another
+organization's run is "not found" (404) for every method and action, never 403.
+Every POST is idempotent under an `Idempotency-Key` (``@idempotent``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
+from uuid import UUID
+
+from django.db import transaction
+from django.urls import reverse
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+)
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from runs import selectors, services
+from runs.api.authentication import client_of, organization_of
+from runs.api.errors import (
+    LIST_ERRORS,
+    READ_ERRORS,
+    RETRY_AFTER_PARAMETER,
+    WRITE_ERRORS,
+    error_responses,
+)
+from runs.api.idempotency import IDEMPOTENCY_PARAMETER, REPLAYED_PARAMETER, idempotent
+from runs.api.pagination import PageQuery, paginate, paginated
+from runs.api.parsers import plan_size_hint, refuse_if_too_large
+from runs.api.schema import PlanField
+from runs.api.serializers import (
+    MAX_BIGINT,
+    AgentOutput,
+    ApprovalOutput,
+    EmptyInput,
+    EventOutput,
+    InputSerializer,
+    RunDetailOutput,
+    RunOutput,
+    StepOutput,
+    StrictBooleanField,
+    StrictCharField,
+    StrictIntegerField,
+    TaskOutput,
+)
+from runs.models import EventKind
+from runs.states import NodeStatus, RunStatus, StepStatus
+
+TAG_RUNS = "runs"
+MAX_ATTEMPT = 32767
+
+EXAMPLE_CREATE = {
+    "plan": {
+        "name": "market-research",
+        "priority": 3,
+        "variables": {"topic": "AI chips"},
+        "agents": [
+            {
+                "name": "researcher",
+                "tasks": [
+                    {
+                        "name": "gather",
+                        "steps": [
+                            {
+                                "name": "search",
+                                "tool": "echo",
+                                "params": {"q": "${variables.topic}"},
+                            },
+                            {"name": "summarise", "tool": "noop"},
+                        ],
+                    }
+                ],
+            }
+        ],
+    },
+    "start": True,
+}
+
+POST_PARAMETERS = [IDEMPOTENCY_PARAMETER, REPLAYED_PARAMETER, RETRY_AFTER_PARAMETER]
+LOCATION_PARAMETER = OpenApiParameter(
+    name="Location",
+    type=str,
+    location=OpenApiParameter.HEADER,
+    response=[201],
+    description="The new run's URL.",
+)
+
+RunPage = paginated(RunOutput, "PaginatedRunList")
+AgentPage = paginated(AgentOutput, "PaginatedAgentList")
+TaskPage = paginated(TaskOutput, "PaginatedTaskList")
+StepPage = paginated(StepOutput, "PaginatedStepList")
+EventPage = paginated(EventOutput, "PaginatedEventList")
+
+
+def validated(serializer_class: type[serializers.Serializer[Any]], data: Any) -> dict[str, Any]:
+    serializer = serializer_class(data=data)
+    serializer.is_valid(raise_exception=True)
+    return dict(serializer.validated_data)
+
+
+class NoQuery(serializers.Serializer[Any]):
+    """No query parameters."""
+
+
+def validated_query(
+    serializer_class: type[serializers.Serializer[Any]], request: Request
+) -> dict[str, Any]:
+    """Query parameters validated strictly: an unknown parameter is refused (a typo must
+    not silently return everything) and ``?priority=`` is a malformed integer, not an
+    omitted one (DRF reads a QueryDict like an HTML form, where empty means absent)."""
+    fields = serializer_class().fields
+    unknown = sorted(key for key in request.query_params if key not in fields)
+    if unknown:
+        raise serializers.ValidationError({key: ["unknown query parameter"] for key in unknown})
+    data: dict[str, Any] = {}
+    for key, values in request.query_params.lists():
+        many = isinstance(fields.get(key), serializers.ListField | serializers.MultipleChoiceField)
+        data[key] = values if many else values[-1]
+    return validated(serializer_class, data)
+
+
+def page_response(request: Request, rows: Any, params: dict[str, Any], output: Any) -> Response:
+    envelope, page = paginate(
+        request, rows, page=params.get("page"), page_size=params.get("page_size")
+    )
+    return Response({**envelope, "results": output(page, many=True).data})
+
+
+def detail_response(request: Request, run_id: UUID, status: int = 200) -> Response:
+    detail = selectors.run_detail(organization=organization_of(request), run_id=run_id)
+    return Response(RunDetailOutput(detail).data, status=status)
+
+
+class ApiView(APIView):
+    """Authentication, throttling, parsing and errors come from REST_FRAMEWORK settings.
+
+    ``queries`` names the query parameters each method accepts (none by default); they are
+    validated, after authentication and throttling, into ``self.query``.
+    """
+
+    queries: ClassVar[dict[str, type[serializers.Serializer[Any]]]] = {}
+    query: dict[str, Any]
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        method = (request.method or "").lower()
+        if method in ("post", "put", "patch"):  # other methods' bodies are never read
+            refuse_if_too_large(request.META.get("CONTENT_LENGTH"))
+        self.query = validated_query(self.queries.get(method, NoQuery), request)
+
+
+Handler = TypeVar("Handler", bound=Callable[..., Response])
+
+
+def action_schema(
+    summary: str, request: Any = EmptyInput, **extra: Any
+) -> Callable[[Handler], Handler]:
+    """The schema of a POST control action on one run."""
+    return extend_schema(
+        tags=[TAG_RUNS],
+        summary=summary,
+        request=request,
+        parameters=POST_PARAMETERS,
+        responses={
+            200: extra.pop("response", RunDetailOutput),
+            **error_responses(*WRITE_ERRORS, 404, *extra.pop("errors", ())),
+        },
+        **extra,
+    )
+
+
+# --------------------------------------------------------------------------- /runs
+class RunsApi(ApiView):
+    class ListQuery(PageQuery):
+        status = serializers.MultipleChoiceField(
+            choices=RunStatus.choices,
+            required=False,
+            help_text="Only runs in these states (repeat the parameter for several).",
+        )
+        name = serializers.CharField(
+            required=False,
+            allow_blank=True,
+            max_length=200,
+            help_text="Part of the name, case-insensitive.",
+        )
+        created_after = serializers.DateTimeField(required=False, help_text="Inclusive.")
+        created_before = serializers.DateTimeField(required=False, help_text="Exclusive.")
+        priority = serializers.IntegerField(required=False, min_value=0, max_value=9)
+        ordering = serializers.ChoiceField(
+            choices=selectors.RUN_ORDERINGS, default="-created_at", required=False
+        )
+
+    class CreateInput(InputSerializer):
+        """A plan, and whether to start the run at once."""
+
+        plan = PlanField(
+            help_text="The run's plan; validated completely before anything is stored."
+        )
+        start = StrictBooleanField(
+            default=False, help_text="Also start the run (reserve credits and enqueue it)."
+        )
+
+    queries = {"get": ListQuery}
+
+    @extend_schema(
+        tags=[TAG_RUNS],
+        operation_id="runs_list",
+        summary="List runs",
+        parameters=[ListQuery, RETRY_AFTER_PARAMETER],
+        responses={200: RunPage, **error_responses(*LIST_ERRORS)},
+    )
+    def get(self, request: Request) -> Response:
+        """Your organization's runs, newest first unless `ordering` says otherwise;
+        deleted runs are not listed."""
+        params = self.query
+        filters = selectors.RunFilters(
+            statuses=sorted(params.get("status", ())),
+            name=params.get("name") or None,
+            created_after=params.get("created_after"),
+            created_before=params.get("created_before"),
+            priority=params.get("priority"),
+            ordering=params.get("ordering", "-created_at"),
+        )
+        runs = selectors.run_list(organization=organization_of(request), filters=filters)
+        return page_response(request, runs, params, RunOutput)
+
+    @extend_schema(
+        tags=[TAG_RUNS],
+        operation_id="runs_create",
+        summary="Create a run",
+        request=CreateInput,
+        parameters=[*POST_PARAMETERS, LOCATION_PARAMETER],
+        examples=[
+            OpenApiExample("Create and start a small run", value=EXAMPLE_CREATE, request_only=True)
+        ],
+        responses={
+            201: RunDetailOutput,
+            200: OpenApiResponse(RunDetailOutput, description="A replay (same Idempotency-Key)."),
+            **error_responses(*WRITE_ERRORS, 402),
+        },
+    )
+    @idempotent
+    def post(self, request: Request) -> Response:
+        """Create a run from a plan (CREATED); with `"start": true` also start it. Without
+        enough credits to start, nothing is created (402)."""
+        data = validated(self.CreateInput, request.data)
+        client = client_of(request)
+        size_hint = plan_size_hint(data["plan"], request.META.get("CONTENT_LENGTH"))
+        with transaction.atomic():
+            run = services.run_create(
+                organization=client.organization,
+                spec=data["plan"],
+                actor=client.actor,
+                size_hint=size_hint,
+            )
+            if data["start"]:
+                services.run_start(
+                    run_id=run.pk, organization=client.organization, actor=client.actor
+                )
+        response = detail_response(request, run.pk, status=201)
+        response["Location"] = reverse("api:run", kwargs={"run_id": run.pk})
+        return response
+
+
+class RunApi(ApiView):
+    @extend_schema(
+        tags=[TAG_RUNS],
+        operation_id="runs_retrieve",
+        parameters=[RETRY_AFTER_PARAMETER],
+        summary="Get a run",
+        responses={200: RunDetailOutput, **error_responses(404, *READ_ERRORS)},
+    )
+    def get(self, request: Request, run_id: UUID) -> Response:
+        """One run: attempt, counts and progress of the current attempt, credits, last error."""
+        return detail_response(request, run_id)
+
+    @extend_schema(
+        tags=[TAG_RUNS],
+        operation_id="runs_delete",
+        parameters=[RETRY_AFTER_PARAMETER],
+        summary="Delete a run",
+        responses={204: None, **error_responses(404, 409, *READ_ERRORS)},
+    )
+    def delete(self, request: Request, run_id: UUID) -> Response:
+        """Soft delete, only while CREATED (409 `invalid_transition` otherwise): the run is
+        cancelled and no longer listed. Deleting it again changes nothing."""
+        client = client_of(request)
+        services.run_delete(run_id=run_id, organization=client.organization, actor=client.actor)
+        return Response(status=204)
+
+
+# --------------------------------------------------------------------------- control
+class RunStartApi(ApiView):
+    @action_schema("Start a run", operation_id="runs_start", errors=(402,))
+    @idempotent
+    def post(self, request: Request, run_id: UUID) -> Response:
+        """CREATED -> PENDING: reserve the run's credits (402 without enough) and enqueue
+        it. Starting a PENDING run changes nothing."""
+        validated(EmptyInput, request.data)
+        client = client_of(request)
+        services.run_start(run_id=run_id, organization=client.organization, actor=client.actor)
+        return detail_response(request, run_id)
+
+
+class RunCancelApi(ApiView):
+    class CancelInput(InputSerializer):
+        """Why: kept as the run's `cancel_reason` and in its events."""
+
+        reason = StrictCharField(required=False, allow_blank=True, max_length=1000)
+
+    @action_schema("Cancel a run", request=CancelInput, operation_id="runs_cancel")
+    @idempotent
+    def post(self, request: Request, run_id: UUID) -> Response:
+        """Cancel from any non-terminal state: running steps are stopped, unused credits
+        refunded. Cancelling a cancelled run changes nothing."""
+        data = validated(self.CancelInput, request.data)
+        client = client_of(request)
+        services.run_cancel(
+            run_id=run_id,
+            reason=data.get("reason", ""),
+            organization=client.organization,
+            actor=client.actor,
+        )
+        return detail_response(request, run_id)
+
+
+class RunPauseApi(ApiView):
+    @action_schema("Pause a run", operation_id="runs_pause")
+    @idempotent
+    def post(self, request: Request, run_id: UUID) -> Response:
+        """RUNNING -> PAUSED: nothing new starts; running steps finish and keep results."""
+        validated(EmptyInput, request.data)
+        client = client_of(request)
+        services.run_pause(run_id=run_id, organization=client.organization, actor=client.actor)
+        return detail_response(request, run_id)
+
+
+class RunResumeApi(ApiView):
+    @action_schema("Resume a run", operation_id="runs_resume")
+    @idempotent
+    def post(self, request: Request, run_id: UUID) -> Response:
+        """PAUSED -> RESUMING -> RUNNING: paused work is pending again and re-dispatched."""
+        validated(EmptyInput, request.data)
+        client = client_of(request)
+        services.run_resume(run_id=run_id, organization=client.organization, actor=client.actor)
+        return detail_response(request, run_id)
+
+
+class RunRetryApi(ApiView):
+    @action_schema("Retry a failed run", operation_id="runs_retry", errors=(402,))
+    @idempotent
+    def post(self, request: Request, run_id: UUID) -> Response:
+        """FAILED -> RETRYING: a new attempt with a new reservation (402 without enough);
+        409 `attempts_exhausted` once `max_attempts` are used."""
+        validated(EmptyInput, request.data)
+        client = client_of(request)
+        services.run_retry(run_id=run_id, organization=client.organization, actor=client.actor)
+        return detail_response(request, run_id)
+
+
+class DecisionInput(InputSerializer):
+    """Which waiting step (all when omitted), and a comment kept with the decision."""
+
+    step_id = StrictIntegerField(
+        required=False,
+        min_value=1,
+        max_value=MAX_BIGINT,
+        help_text="One waiting step; all waiting steps when omitted.",
+    )
+    comment = StrictCharField(required=False, allow_blank=True, max_length=2000)
+
+
+def _decision_response(request: Request, run_id: UUID, result: services.ApprovalResult) -> Response:
+    detail = selectors.run_detail(organization=organization_of(request), run_id=run_id)
+    return Response(
+        ApprovalOutput({"run": detail, "steps": [step.pk for step in result.steps]}).data
+    )
+
+
+class RunApproveApi(ApiView):
+    @action_schema(
+        "Approve waiting steps",
+        request=DecisionInput,
+        response=ApprovalOutput,
+        operation_id="runs_approve",
+    )
+    @idempotent
+    def post(self, request: Request, run_id: UUID) -> Response:
+        """Complete the steps waiting for approval (one with `step_id`, else all); the run
+        moves on. Nothing waiting: a no-op (`steps` is empty)."""
+        data = validated(DecisionInput, request.data)
+        client = client_of(request)
+        result = services.run_approve(
+            run_id=run_id,
+            step_id=data.get("step_id"),
+            comment=data.get("comment", ""),
+            organization=client.organization,
+            actor=client.actor,
+        )
+        return _decision_response(request, run_id, result)
+
+
+class RunRejectApi(ApiView):
+    @action_schema(
+        "Reject waiting steps",
+        request=DecisionInput,
+        response=ApprovalOutput,
+        operation_id="runs_reject",
+    )
+    @idempotent
+    def post(self, request: Request, run_id: UUID) -> Response:
+        """Fail the steps waiting for approval with `approval_rejected`; the run follows
+        its failure mode. Nothing waiting: a no-op."""
+        data = validated(DecisionInput, request.data)
+        client = client_of(request)
+        result = services.run_reject(
+            run_id=run_id,
+            step_id=data.get("step_id"),
+            comment=data.get("comment", ""),
+            organization=client.organization,
+            actor=client.actor,
+        )
+        return _decision_response(request, run_id, result)
+
+
+# --------------------------------------------------------------------------- hierarchy
+class AttemptQuery(PageQuery):
+    attempt = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=MAX_ATTEMPT,
+        help_text="Attempt number; the current attempt when omitted.",
+    )
+
+
+def list_schema(
+    summary: str, query: Any, page: Any, operation_id: str
+) -> Callable[[Handler], Handler]:
+    return extend_schema(
+        tags=[TAG_RUNS],
+        summary=summary,
+        operation_id=operation_id,
+        parameters=[query, RETRY_AFTER_PARAMETER],
+        responses={200: page, **error_responses(*LIST_ERRORS)},
+    )
+
+
+class RunAgentsApi(ApiView):
+    class AgentQuery(AttemptQuery):
+        status = serializers.ChoiceField(choices=NodeStatus.choices, required=False)
+
+    queries = {"get": AgentQuery}
+
+    @list_schema("List a run's agents", AgentQuery, AgentPage, "runs_agents")
+    def get(self, request: Request, run_id: UUID) -> Response:
+        params = self.query
+        run = selectors.run_get(organization=organization_of(request), run_id=run_id, credits=False)
+        agents = selectors.agent_list(
+            run=run, attempt=params.get("attempt"), status=params.get("status")
+        )
+        return page_response(request, agents, params, AgentOutput)
+
+
+class RunTasksApi(ApiView):
+    class TaskQuery(AttemptQuery):
+        agent = serializers.IntegerField(required=False, min_value=1, max_value=MAX_BIGINT)
+        status = serializers.ChoiceField(choices=NodeStatus.choices, required=False)
+
+    queries = {"get": TaskQuery}
+
+    @list_schema("List a run's tasks", TaskQuery, TaskPage, "runs_tasks")
+    def get(self, request: Request, run_id: UUID) -> Response:
+        params = self.query
+        run = selectors.run_get(organization=organization_of(request), run_id=run_id, credits=False)
+        tasks = selectors.task_list(
+            run=run,
+            attempt=params.get("attempt"),
+            agent_id=params.get("agent"),
+            status=params.get("status"),
+        )
+        return page_response(request, tasks, params, TaskOutput)
+
+
+class RunStepsApi(ApiView):
+    class StepQuery(AttemptQuery):
+        task = serializers.IntegerField(required=False, min_value=1, max_value=MAX_BIGINT)
+        status = serializers.ChoiceField(choices=StepStatus.choices, required=False)
+
+    queries = {"get": StepQuery}
+
+    @list_schema("List a run's steps", StepQuery, StepPage, "runs_steps")
+    def get(self, request: Request, run_id: UUID) -> Response:
+        params = self.query
+        run = selectors.run_get(organization=organization_of(request), run_id=run_id, credits=False)
+        steps = selectors.step_list(
+            run=run,
+            attempt=params.get("attempt"),
+            task_id=params.get("task"),
+            status=params.get("status"),
+        )
+        return page_response(request, steps, params, StepOutput)
+
+
+class RunEventsApi(ApiView):
+    class EventQuery(PageQuery):
+        attempt = serializers.IntegerField(
+            required=False, min_value=0, max_value=MAX_ATTEMPT, help_text="All when omitted."
+        )
+        kind = serializers.ChoiceField(choices=EventKind.choices, required=False)
+        after = serializers.IntegerField(
+            required=False,
+            min_value=0,
+            max_value=MAX_BIGINT,
+            help_text="Only events after this event id (to follow a run as it goes).",
+        )
+
+    queries = {"get": EventQuery}
+
+    @list_schema("List a run's events", EventQuery, EventPage, "runs_events")
+    def get(self, request: Request, run_id: UUID) -> Response:
+        """The run's history, oldest first: transitions, retries, charges, approvals."""
+        params = self.query
+        run = selectors.run_get(organization=organization_of(request), run_id=run_id, credits=False)
+        events = selectors.event_list(
+            run=run,
+            attempt=params.get("attempt"),
+            kind=params.get("kind"),
+            after=params.get("after"),
+        )
+        return page_response(request, events, params, EventOutput)

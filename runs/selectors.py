@@ -1,0 +1,250 @@
+"""Reads of runs and their hierarchy, always scoped to one organization.
+
+Every list is one query for its rows plus one COUNT for its page envelope, whatever the
+number of rows: credits are correlated subqueries evaluated for the page's rows only, and
+the names shown beside a task or step come in through ``select_related``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+from django.db.models import (
+    BooleanField,
+    Count,
+    DecimalField,
+    ExpressionWrapper,
+    F,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Sum,
+)
+from django.db.models.functions import Coalesce
+
+from billing.models import Organization
+from runs.models import Agent, Run, RunAttempt, RunEvent, Step, Task
+from runs.services import RunNotFound
+from runs.states import STEP_TERMINAL, RunStatus
+
+ZERO = Decimal(0)
+# Client-facing orderings; each gets the primary key as a tie-breaker for stable pages.
+RUN_ORDERINGS = (
+    "created_at",
+    "-created_at",
+    "priority",
+    "-priority",
+    "name",
+    "-name",
+    "status",
+    "-status",
+    "updated_at",
+    "-updated_at",
+)
+
+
+@dataclass(frozen=True)
+class RunFilters:
+    statuses: Collection[str] = ()
+    name: str | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    priority: int | None = None
+    ordering: str = "-created_at"
+
+
+def _attempt_sum(expression: Any, condition: Q | None = None) -> Coalesce:
+    total = (
+        RunAttempt.objects.filter(run=OuterRef("pk"))
+        .order_by()
+        .values("run")
+        .annotate(total=Sum(expression, filter=condition))
+        .values("total")[:1]
+    )
+    amount = DecimalField(max_digits=24, decimal_places=6)
+    return Coalesce(Subquery(total, output_field=amount), ZERO, output_field=amount)
+
+
+def with_credits(runs: QuerySet[Run]) -> QuerySet[Run]:
+    """Annotate each run's credits over all its attempts (reserved, charged, refunded,
+    and held: reserved but neither charged nor refunded yet)."""
+    return runs.annotate(
+        credits_reserved=_attempt_sum(F("credits_reserved")),
+        credits_charged=_attempt_sum(F("credits_charged")),
+        credits_refunded=_attempt_sum(F("credits_refunded")),
+        credits_held=_attempt_sum(
+            F("credits_reserved") - F("credits_charged") - F("credits_refunded"),
+            Q(settled_at__isnull=True),
+        ),
+    )
+
+
+def run_list(*, organization: Organization, filters: RunFilters) -> QuerySet[Run]:
+    """The organization's runs, soft-deleted ones hidden; the plan itself is not loaded."""
+    runs = Run.objects.filter(organization=organization, deleted_at__isnull=True)
+    if filters.statuses:
+        runs = runs.filter(status__in=list(filters.statuses))
+    if filters.name:
+        runs = runs.filter(name__icontains=filters.name)
+    if filters.created_after is not None:
+        runs = runs.filter(created_at__gte=filters.created_after)
+    if filters.created_before is not None:
+        runs = runs.filter(created_at__lt=filters.created_before)
+    if filters.priority is not None:
+        runs = runs.filter(priority=filters.priority)
+    if filters.ordering not in RUN_ORDERINGS:
+        raise ValueError(f"unknown ordering {filters.ordering!r}")
+    tie_breaker = "-id" if filters.ordering.startswith("-") else "id"
+    return with_credits(runs.defer("spec", "variables")).order_by(filters.ordering, tie_breaker)
+
+
+def run_get(*, organization: Organization, run_id: UUID | str, credits: bool = True) -> Run:
+    """One run of the organization (soft-deleted too), with its credits unless told not
+    to; RunNotFound for any other organization's run."""
+    runs = Run.objects.filter(organization=organization)
+    try:
+        return (with_credits(runs) if credits else runs).get(pk=run_id)
+    except (Run.DoesNotExist, ValueError) as exc:
+        raise RunNotFound(f"run {run_id} not found") from exc
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """The current attempt's agents, tasks and steps counted by status, and its progress."""
+
+    counts: dict[str, dict[str, int]]
+    steps_total: int
+    steps_finished: int
+    completed: bool
+
+    @property
+    def percent(self) -> float:
+        if self.completed:
+            return 100.0
+        if not self.steps_total:
+            return 0.0
+        return round(100 * self.steps_finished / self.steps_total, 1)
+
+
+def run_summary(run: Run) -> RunSummary:
+    """Three grouped queries, whatever the size of the run."""
+    attempt = run.attempt_number
+    counts: dict[str, dict[str, int]] = {}
+    nodes: dict[str, QuerySet[Any]] = {
+        "agents": Agent.objects.filter(run=run, attempt_number=attempt),
+        "tasks": Task.objects.filter(run=run, attempt_number=attempt),
+    }
+    for label, rows in nodes.items():
+        by_status = rows.values("status").annotate(n=Count("*")).order_by()
+        counts[label] = {row["status"]: row["n"] for row in by_status}
+    steps: dict[str, int] = defaultdict(int)
+    total = finished = 0
+    step_rows = (
+        Step.objects.filter(run=run, attempt_number=attempt)
+        .values(
+            "status",
+            handler=ExpressionWrapper(Q(handler_for__isnull=False), output_field=BooleanField()),
+        )
+        .annotate(n=Count("*"))
+        .order_by()
+    )
+    for row in step_rows:
+        steps[row["status"]] += row["n"]
+        if not row["handler"]:  # on_error handlers run only on failure: not progress
+            total += row["n"]
+            finished += row["n"] if row["status"] in STEP_TERMINAL else 0
+    counts["steps"] = dict(steps)
+    return RunSummary(
+        counts=counts,
+        steps_total=total,
+        steps_finished=finished,
+        completed=run.status == RunStatus.COMPLETED,
+    )
+
+
+# --------------------------------------------------------------------------- hierarchy
+def _attempt(run: Run, attempt: int | None) -> int:
+    return run.attempt_number if attempt is None else attempt
+
+
+def agent_list(
+    *, run: Run, attempt: int | None = None, status: str | None = None
+) -> QuerySet[Agent]:
+    agents = Agent.objects.filter(run=run, attempt_number=_attempt(run, attempt))
+    if status:
+        agents = agents.filter(status=status)
+    return agents.order_by("position", "id")
+
+
+def task_list(
+    *,
+    run: Run,
+    attempt: int | None = None,
+    agent_id: int | None = None,
+    status: str | None = None,
+) -> QuerySet[Task]:
+    tasks = Task.objects.filter(run=run, attempt_number=_attempt(run, attempt))
+    if agent_id is not None:
+        tasks = tasks.filter(agent_id=agent_id)
+    if status:
+        tasks = tasks.filter(status=status)
+    return tasks.select_related("agent").order_by("agent__position", "generation", "position", "id")
+
+
+def step_list(
+    *,
+    run: Run,
+    attempt: int | None = None,
+    task_id: int | None = None,
+    status: str | None = None,
+) -> QuerySet[Step]:
+    steps = Step.objects.filter(run=run, attempt_number=_attempt(run, attempt))
+    if task_id is not None:
+        steps = steps.filter(task_id=task_id)
+    if status:
+        steps = steps.filter(status=status)
+    return steps.select_related("task__agent").order_by(
+        "task__agent__position",
+        "task__generation",
+        "task__position",
+        "generation",
+        "position",
+        "id",
+    )
+
+
+def event_list(
+    *,
+    run: Run,
+    attempt: int | None = None,
+    kind: str | None = None,
+    after: int | None = None,
+) -> QuerySet[RunEvent]:
+    """The run's history in order; ``after`` an event id, to follow it as it grows."""
+    events = RunEvent.objects.filter(run=run)
+    if attempt is not None:
+        events = events.filter(attempt_number=attempt)
+    if kind:
+        events = events.filter(kind=kind)
+    if after is not None:
+        events = events.filter(id__gt=after)
+    return events.order_by("id")
+
+
+@dataclass(frozen=True)
+class RunDetail:
+    run: Run
+    summary: RunSummary
+
+
+def run_detail(*, organization: Organization, run_id: UUID | str) -> RunDetail:
+    """A run with its credits, counts and progress: four queries."""
+    run = run_get(organization=organization, run_id=run_id)
+    return RunDetail(run, run_summary(run))

@@ -1,0 +1,110 @@
+"""The OpenAPI schema against the running code: schemathesis generates requests for every
+operation (valid and invalid data) and checks every response against the schema."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import schemathesis
+from django.core.signals import request_finished, request_started
+from django.db import close_old_connections
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from config.wsgi import application
+from runs.models import Run
+from tests.api import states
+from tests.api.conftest import Tenant, make_tenant
+
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    negative_data_rejection,
+]
+
+
+# Loaded when the module is collected: generating the schema reads no database.
+schema = schemathesis.openapi.from_wsgi("/api/schema/", application)
+
+
+@pytest.fixture(autouse=True)
+def _keep_the_test_connection() -> Iterator[None]:
+    # As Django's test client does: a request through the real WSGI handler must not
+    # close the database connection that holds the test's transaction.
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    try:
+        yield
+    finally:
+        request_started.connect(close_old_connections)
+        request_finished.connect(close_old_connections)
+
+
+@pytest.fixture
+def rich_tenant(db: None, settings: Any) -> tuple[Tenant, list[Run]]:
+    """A tenant with plenty of credits and runs in several states to act on."""
+    settings.API_THROTTLE_RATE = "100000/min"
+    tenant = make_tenant(credits=10**9)
+    runs = [
+        make(tenant.organization)
+        for make in (
+            states.created,
+            states.running,
+            states.paused,
+            states.failed,
+            states.waiting_approval,
+        )
+    ]
+    return tenant, runs
+
+
+def _with_real_run(case: Any, runs: list[Run]) -> None:
+    """Point most generated run ids at real runs, so actions do more than 404."""
+    run_id = (case.path_parameters or {}).get("run_id")
+    try:
+        generated = uuid.UUID(str(run_id))
+    except ValueError:
+        return  # a deliberately malformed id (negative data): keep it
+    if generated.int % 4:
+        case.path_parameters["run_id"] = str(runs[generated.int % len(runs)].pk)
+
+
+def _call_and_validate(case: Any, tenant: Tenant, runs: list[Run]) -> None:
+    _with_real_run(case, runs)
+    case.call_and_validate(headers={"Authorization": f"Bearer {tenant.key}"}, checks=CHECKS)
+
+
+# Generating plans (deeply nested, free-form parameters) costs far more than any other
+# body, so creating runs gets fewer examples than the rest; both stay deterministic.
+CREATE = "^/api/v1/runs$"
+
+
+@pytest.mark.django_db
+@schema.include(method="POST", path_regex=CREATE).parametrize()
+@settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+def test_creating_runs_conforms_to_the_schema(
+    case: Any, rich_tenant: tuple[Tenant, list[Run]]
+) -> None:
+    _call_and_validate(case, *rich_tenant)
+
+
+@pytest.mark.django_db
+@schema.exclude(method="POST", path_regex=CREATE).parametrize()
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+def test_every_other_operation_conforms_to_the_schema(
+    case: Any, rich_tenant: tuple[Tenant, list[Run]]
+) -> None:
+    _call_and_validate(case, *rich_tenant)

@@ -74,5 +74,5 @@ def celery_worker(
         wait_until(answered, timeout=60, what="the Celery worker to answer a ping")
         yield hostname
     finally:
-        worker.stop()
+        worker.stop(timeout=10)  # warm shutdown, then SIGKILL: nothing here must survive
         worker.kill_group()

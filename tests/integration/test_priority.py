@@ -1,43 +1,68 @@
-"""Lower priority numbers are served first (the Redis transport's priority lists)."""
+"""Lower priority numbers are served first, FIFO within a priority, on the real broker.
+
+The ordering is the Redis transport's (one list per priority, polled lowest first, as
+configured in CELERY_BROKER_TRANSPORT_OPTIONS); the engine's part is to publish each
+run's messages with the run's priority on the queue its priority selects.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from django.utils import timezone
+import redis
+from celery.signals import before_task_publish
 
 from config.celery import QUEUE_RUNS_HIGH, QUEUE_RUNS_NORMAL, app
 from orchestrator.dispatch import run_queue
 from runs import services
-from runs.models import Run
 from tests import factories
-from tests.integration.engine_support import wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.integration
 
 
-def test_queued_runs_are_picked_up_lowest_priority_number_first(celery_worker: str) -> None:
+def test_the_broker_serves_lower_numbers_first_and_fifo_within_a_priority(
+    broker: redis.Redis[bytes],
+) -> None:
+    published = [(8, "a"), (3, "b"), (5, "c"), (3, "d"), (0, "e"), (8, "f"), (5, "g")]
+    with app.connection_for_write() as connection:
+        queue = connection.SimpleQueue("priority-check")
+        try:
+            for priority, name in published:
+                queue.put({"name": name}, priority=priority)
+            served = []
+            for _ in published:
+                message = queue.get(timeout=5)
+                served.append(message.payload["name"])
+                message.ack()
+        finally:
+            queue.queue.delete()
+            queue.close()
+
+    assert served == ["e", "b", "d", "c", "g", "a", "f"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_started_run_is_published_with_its_priority_on_its_queue(settings: Any) -> None:
+    settings.ORCHESTRATOR_DISPATCH_ENABLED = True
+    settings.ENGINE_HIGH_PRIORITY_MAX = 2
+    seen: list[tuple[str, Any]] = []
+
+    def record(sender: str, routing_key: str, properties: dict[str, Any], **kw: Any) -> None:
+        seen.append((routing_key, properties.get("priority")))
+
     organization = factories.org()
-    queues = [QUEUE_RUNS_NORMAL, QUEUE_RUNS_HIGH]
-    for queue in queues:
-        app.control.cancel_consumer(queue, destination=[celery_worker], reply=True)
+    before_task_publish.connect(record, weak=False)
     try:
-        runs = []
-        for priority in (8, 6, 4, 3):  # submitted worst first; all on runs.normal
+        for priority in (7, 1):
             run = services.run_create(
                 organization=organization, spec=factories.plan(priority=priority)
             )
-            runs.append(services.run_start(run_id=run.pk))
-        assert {run_queue(r.priority) for r in runs} == {QUEUE_RUNS_NORMAL}
+            services.run_start(run_id=run.pk)
+            services.run_cancel(run_id=run.pk)  # no worker in this test: leave nothing running
     finally:
-        for queue in queues:
-            app.control.add_consumer(queue, destination=[celery_worker], reply=True)
+        before_task_publish.disconnect(record)
 
-    done = [wait_for(run) for run in runs]
-
-    order = [r.priority for r in sorted(done, key=lambda r: r.picked_up_at or timezone.now())]
-    # Two worker processes take the first two messages together, so only the ends of the
-    # order are certain: the best priority among the first two, the worst last.
-    assert 3 in order[:2]
-    assert order[-1] == 8
-
-    assert all(Run.objects.get(pk=r.pk).status == "completed" for r in runs)
+    assert seen == [(QUEUE_RUNS_NORMAL, 7), (QUEUE_RUNS_HIGH, 1)]
+    assert run_queue(0) == QUEUE_RUNS_HIGH
+    assert run_queue(3) == QUEUE_RUNS_NORMAL

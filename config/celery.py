@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from celery import Celery, Task
+from celery.signals import task_prerun
 from kombu import Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
@@ -37,6 +38,18 @@ app.conf.update(
     },
 )
 app.autodiscover_tasks()
+
+
+@task_prerun.connect
+def _drop_stale_connections(**kwargs: Any) -> None:
+    """Before each task, close database connections that broke or outlived their age.
+
+    With CELERY_DB_REUSE_MAX set, Celery no longer closes them itself; Django's own
+    per-request housekeeping does not run in a worker.
+    """
+    from django.db import close_old_connections
+
+    close_old_connections()
 
 
 def enqueue_on_commit(

@@ -175,6 +175,12 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_IGNORE_RESULT = True  # PostgreSQL holds every outcome; opt in per task.
+# Celery's Django fixup closes every database connection before and after each task
+# unless told to reuse them, and a new PostgreSQL connection per step costs more than
+# the step. Connections are kept (DATABASE_CONN_MAX_AGE) and checked before each task
+# instead (config.celery: close_old_connections on task_prerun).
+CELERY_DB_REUSE_MAX = 1000
+
 CELERY_RESULT_EXPIRES = env.integer(
     "CELERY_RESULT_EXPIRES", 3600, "seconds Celery keeps task results", minimum=60
 )

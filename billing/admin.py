@@ -16,6 +16,7 @@ from django.template.response import TemplateResponse
 from billing.models import ApiKey, LedgerEntry, Organization
 from billing.selectors import organization_balance
 from billing.services import api_key_create, api_key_revoke, credits_grant
+from orchestrator.admin import ReadOnlyAdminMixin
 
 
 class GrantCreditsForm(forms.Form):
@@ -88,7 +89,7 @@ class OrganizationAdmin(admin.ModelAdmin[Organization]):
 
 
 @admin.register(LedgerEntry)
-class LedgerEntryAdmin(admin.ModelAdmin[LedgerEntry]):
+class LedgerEntryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[LedgerEntry]):
     """The ledger, read-only: entries are written by the billing services alone."""
 
     list_display = (
@@ -105,15 +106,6 @@ class LedgerEntryAdmin(admin.ModelAdmin[LedgerEntry]):
     list_select_related = ("organization", "run", "step")
     search_fields = ("=run__id", "idempotency_key", "reason")
     show_full_result_count = False
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(ApiKey)

@@ -8,7 +8,7 @@ from django.db.models import F, Q, Sum
 from django.db.models.functions import Coalesce
 
 from billing.models import EntryType, LedgerEntry, Organization
-from billing.selectors import ZERO, ledger_totals
+from billing.selectors import ZERO, balance_from_totals, ledger_totals
 from orchestrator.invariants import LIMIT, invariant
 from runs.models import RunAttempt
 
@@ -39,11 +39,9 @@ def cached_balances() -> list[str]:
     empty = dict.fromkeys(EntryType.values, ZERO)
     for org_id, available in Organization.objects.values_list("pk", "credits_available"):
         totals = ledger.get(org_id, empty)
-        expected = (
-            totals["grant"] - totals["reserve"] + totals["refund"],
-            totals["reserve"] - totals["charge"] - totals["refund"],
-            totals["charge"],
-        )
+        ledger_says = balance_from_totals(totals)
+        expected = (ledger_says.available, ledger_says.reserved, ledger_says.spent)
+
         cached = held.get(org_id, {"reserved": ZERO, "spent": ZERO})
         actual = (available, cached["reserved"], cached["spent"])
         if actual != expected:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -53,7 +54,11 @@ def ledger_totals(entries: QuerySet[LedgerEntry]) -> dict[str, Decimal]:
 
 def balance_from_ledger(organization: Organization) -> Balance:
     """The balances recomputed from the ledger alone (what the cache must equal)."""
-    totals = ledger_totals(LedgerEntry.objects.filter(organization=organization))
+    return balance_from_totals(ledger_totals(LedgerEntry.objects.filter(organization=organization)))
+
+
+def balance_from_totals(totals: Mapping[str, Decimal]) -> Balance:
+    """What the ledger's totals per entry type say the balances are."""
     return Balance(
         available=totals["grant"] - totals["reserve"] + totals["refund"],
         reserved=totals["reserve"] - totals["charge"] - totals["refund"],

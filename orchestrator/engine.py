@@ -296,7 +296,7 @@ def _child_done(
     parent.open_children -= 1
     parent.active_children -= active
     mode = parent.mode
-    siblings = _siblings(parent, child)
+    siblings = _children_of(parent)
     if child.dependents:
         if success or mode == Mode.SEQUENTIAL:
             # A sequential parent only orders its children; a dag edge needs a success.
@@ -311,7 +311,8 @@ def _child_done(
         _dispatch_children(run, parent, outbox)
 
 
-def _siblings(parent: Run | Agent | Task, child: Agent | Task | Step) -> Any:
+def _children_of(parent: Run | Agent | Task) -> Any:
+    """The parent's current children (this attempt, this generation, no handlers)."""
     if isinstance(parent, Run):
         return Agent.objects.filter(run=parent, attempt_number=parent.attempt_number)
     if isinstance(parent, Agent):
@@ -333,7 +334,7 @@ def _skip_dependents(
     run: Run, parent: Run | Agent | Task, child: Agent | Task | Step, outbox: Outbox
 ) -> None:
     """In a dag, work that needed an unsuccessful child is skipped, transitively."""
-    siblings = _siblings(parent, child)
+    siblings = _children_of(parent)
     frontier = list(child.dependents)
     skipped: list[Any] = []
     seen: set[str] = set()
@@ -381,12 +382,6 @@ def _finish_parent(run: Run, parent: Run | Agent | Task, outbox: Outbox) -> None
     status = NodeStatus.COMPLETED if succeeded else NodeStatus.SKIPPED
     finished = transition(_model(parent), parent.pk, status).obj
     _node_done(run, finished, outbox)
-
-
-def _children_of(parent: Agent | Task) -> Any:
-    if isinstance(parent, Agent):
-        return Task.objects.filter(agent=parent, generation=parent.retry_count)
-    return Step.objects.filter(task=parent, generation=parent.retry_count, handler_for__isnull=True)
 
 
 def _node_done(run: Run, node: Agent | Task, outbox: Outbox) -> None:

@@ -19,6 +19,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from billing.services import InsufficientCredits
+from orchestrator.admin import ReadOnlyAdminMixin
 from runs import services
 from runs.models import Agent, Run, RunAttempt, RunEvent, Step, Task
 from runs.states import InvalidTransition
@@ -252,7 +253,7 @@ class RunAdmin(admin.ModelAdmin[Run]):
 
 
 @admin.register(RunEvent)
-class RunEventAdmin(admin.ModelAdmin[RunEvent]):
+class RunEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[RunEvent]):
     list_display = (
         "created_at",
         "run",
@@ -270,12 +271,3 @@ class RunEventAdmin(admin.ModelAdmin[RunEvent]):
     search_fields = ("=run__id", "=entity_id")
     ordering = ("-id",)
     show_full_result_count = False
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

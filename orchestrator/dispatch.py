@@ -2,16 +2,24 @@
 
 Every message is published only once the transaction that made it necessary commits
 (``transaction.on_commit``), so a worker never sees work that might still roll back.
+A publish that fails because the broker is unreachable is logged and dropped, never
+raised: the state it announces is already committed in PostgreSQL, and the lost-message
+sweep (``orchestrator.sweeps.redispatch_lost``) sends it again. Raising would turn a
+committed request into an error for its caller.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from kombu.exceptions import OperationalError as BrokerError
+from redis.exceptions import RedisError
 
 from config.celery import QUEUE_RUNS_HIGH, QUEUE_RUNS_NORMAL, QUEUE_STEPS, app
 
@@ -23,6 +31,25 @@ EXECUTE_STEP_TASK = "orchestrator.steps.execute"
 HARD_LIMIT_GRACE = 10
 
 
+logger = logging.getLogger(__name__)
+# What a publish raises when Redis is down or restarting.
+BROKER_ERRORS = (BrokerError, RedisError, ConnectionError, OSError)
+
+
+def after_commit(publish: Callable[[], None], what: str) -> None:
+    """Run ``publish`` once the transaction commits; a broker outage only logs."""
+
+    def guarded() -> None:
+        if not settings.ORCHESTRATOR_DISPATCH_ENABLED:
+            return
+        try:
+            publish()
+        except BROKER_ERRORS as exc:
+            logger.warning("%s not published (%s); the lost-message sweep will resend", what, exc)
+
+    transaction.on_commit(guarded)
+
+
 def run_queue(priority: int) -> str:
     return QUEUE_RUNS_HIGH if priority <= settings.ENGINE_HIGH_PRIORITY_MAX else QUEUE_RUNS_NORMAL
 
@@ -31,10 +58,9 @@ def enqueue_run_task(name: str, run_id: object, priority: int) -> None:
     """Publish a run-level task on its priority's queue once the transaction commits."""
 
     def publish() -> None:
-        if settings.ORCHESTRATOR_DISPATCH_ENABLED:
-            app.send_task(name, args=(str(run_id),), queue=run_queue(priority), priority=priority)
+        app.send_task(name, args=(str(run_id),), queue=run_queue(priority), priority=priority)
 
-    transaction.on_commit(publish)
+    after_commit(publish, f"{name} of run {run_id}")
 
 
 @dataclass(frozen=True)
@@ -56,13 +82,10 @@ class Outbox:
         self.messages.append(message)
         if not self._registered:
             self._registered = True
-            transaction.on_commit(self.publish)
+            after_commit(self.publish, "step messages")
 
     def publish(self) -> None:
         messages, self.messages, self._registered = self.messages, [], False
-        if not settings.ORCHESTRATOR_DISPATCH_ENABLED:
-            return
-
         with app.producer_or_acquire() as producer:
             for message in messages:
                 app.send_task(
@@ -92,7 +115,8 @@ def revoke_running_steps(steps: Any) -> None:
         return
 
     def revoke() -> None:
-        if settings.ORCHESTRATOR_DISPATCH_ENABLED:
-            app.control.revoke(task_ids, terminate=True, signal="SIGTERM")
+        app.control.revoke(task_ids, terminate=True, signal="SIGTERM")
 
-    transaction.on_commit(revoke)
+    # Lost with the broker, a revoke leaves the tool running to its end: its step is no
+    # longer RUNNING, so it stops at its next cooperative check and its result is dropped.
+    after_commit(revoke, f"revoke of {len(task_ids)} task(s)")

@@ -36,7 +36,7 @@ if [ ${#service_args[@]} -lt 2 ]; then
   echo "==> starting local servers in $DATA"
   started_services=1
   eval "$(python scripts/services.py start --dir "$DATA" \
-    --pg-port "${DEV_PG_PORT:-55432}" --redis-port "${DEV_REDIS_PORT:-56379}" "${service_args[@]}")"
+    --pg-port "${DEV_PG_PORT:-55432}" --redis-port "${DEV_REDIS_PORT:-56379}" --redis-aof "${service_args[@]}")"
   export DATABASE_URL CELERY_BROKER_URL
 fi
 

@@ -203,7 +203,13 @@ def stop_postgres(root: Path) -> None:
         )
 
 
-def start_redis(root: Path, port: int) -> str:
+def start_redis(root: Path, port: int, aof: bool = False) -> str:
+    """Start Redis unless something answers on ``port``.
+
+    ``aof``: append-only file with fsync every second, the persistence `make run` and
+    production use (docs/reliability.md): a restart keeps queued messages, a crash loses
+    at most the last second. Throwaway test servers keep nothing.
+    """
     data = root / "redis"
     data.mkdir(parents=True, exist_ok=True)
     pidfile = data / "redis.pid"
@@ -229,7 +235,9 @@ def start_redis(root: Path, port: int) -> str:
                 "--save",
                 "",
                 "--appendonly",
-                "no",
+                "yes" if aof else "no",
+                "--appendfsync",
+                "everysec",
                 "--protected-mode",
                 "yes",
             ],
@@ -270,6 +278,9 @@ def main() -> None:
     start.add_argument("--redis-port", type=int, default=0, help="0 picks a free port")
     start.add_argument("--db", default="orchestrator")
     start.add_argument("--fast", action="store_true", help="no fsync: throwaway test server")
+    start.add_argument(
+        "--redis-aof", action="store_true", help="Redis append-only file, fsync every second"
+    )
     start.add_argument("--no-postgres", action="store_true")
     start.add_argument("--no-redis", action="store_true")
     stop = sub.add_parser("stop", help="stop the servers started in --dir")
@@ -285,7 +296,7 @@ def main() -> None:
         url = start_postgres(root, args.pg_port or free_port(), args.db, args.fast)
         print(f"export DATABASE_URL={url}")
     if not args.no_redis:
-        url = start_redis(root, args.redis_port or free_port())
+        url = start_redis(root, args.redis_port or free_port(), aof=args.redis_aof)
         print(f"export CELERY_BROKER_URL={url}")
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
@@ -127,6 +128,8 @@ def _api_error(exc: exceptions.APIException) -> Response:
         message = f"invalid request: {where}{first['message']}"
     else:
         message = str(exc.detail)
+    if getattr(exc, "retry_after", None):
+        headers["Retry-After"] = str(exc.retry_after)  # type: ignore[attr-defined]
     wait = getattr(exc, "wait", None)
     if isinstance(exc, exceptions.Throttled) and wait is not None:
         retry_after = max(1, math.ceil(wait))
@@ -150,8 +153,21 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
         if isinstance(exc, exc_type):
             code = str(getattr(exc, "code", "error"))
             return Response(error_body(code, message(exc), details(exc)), status=status)
-    logger.exception("unhandled error in %s", context.get("view").__class__.__name__)
+    if isinstance(exc, OperationalError | InterfaceError):
+        # PostgreSQL unreachable or restarting: nothing was written (the view's
+        # transaction rolled back), and the same request will work once it is back.
+        logger.warning("database unavailable in %s: %s", _view_name(context), exc)
+        return Response(
+            error_body("service_unavailable", "the database is unavailable; retry shortly"),
+            status=503,
+            headers={"Retry-After": "1"},
+        )
+    logger.exception("unhandled error in %s", _view_name(context))
     return Response(error_body("internal_error", "internal server error"), status=500)
+
+
+def _view_name(context: dict[str, Any]) -> str:
+    return context.get("view").__class__.__name__
 
 
 # --------------------------------------------------------------------------- outside DRF
@@ -186,9 +202,11 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     422: "`idempotency_key_reused`: this key was used with a different body",
     429: "`throttled`: too many requests for this key; see the `Retry-After` header",
     500: "`internal_error`",
+    503: "`service_unavailable`: the database is briefly unreachable; retry after "
+    "`Retry-After` seconds (nothing was changed)",
 }
 # Every response can be one of these (query parameters are validated everywhere).
-READ_ERRORS = (400, 401, 406, 429, 500)
+READ_ERRORS = (400, 401, 406, 429, 500, 503)
 LIST_ERRORS = (*READ_ERRORS, 404)
 WRITE_ERRORS = (*READ_ERRORS, 409, 413, 415, 422)
 

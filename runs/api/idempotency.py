@@ -48,8 +48,10 @@ from runs.api.authentication import organization_of
 HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
 MAX_KEY_LENGTH = 255
-# Longer than any request may take (gunicorn kills a worker after 30 s).
-IN_PROGRESS_LEASE = timedelta(minutes=5)
+# Longer than any request may take (gunicorn kills a worker after 30 s), and no longer:
+# a client whose request died with its web process (or lost the database mid-request)
+# gets 409 idempotency_key_in_use, with Retry-After, only until the lease runs out.
+IN_PROGRESS_LEASE = timedelta(seconds=60)
 CLAIM_ATTEMPTS = 5
 
 IDEMPOTENCY_PARAMETER = OpenApiParameter(
@@ -81,6 +83,7 @@ class InvalidIdempotencyKey(APIException):
 class IdempotencyKeyInUse(APIException):
     status_code = 409
     default_code = "idempotency_key_in_use"
+    retry_after = 1  # seconds; sent as Retry-After (runs.api.errors)
     default_detail = (
         f"a request with this {HEADER} is still being processed; retry once it has finished"
     )

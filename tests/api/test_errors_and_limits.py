@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+from django.db import InterfaceError, OperationalError
 
 from runs import selectors
 from runs.api.parsers import BoundedJSONParser, PayloadTooLarge
@@ -162,6 +163,21 @@ def test_an_unexpected_error_is_a_json_500_and_logged(
 
     assert "fire" not in body["message"]
     assert "database on fire" in caplog.text
+
+
+@pytest.mark.parametrize("error", [OperationalError, InterfaceError])
+def test_a_database_outage_is_503_with_retry_after_not_a_500(
+    error: type[Exception], tenant: Tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unreachable(**kwargs: Any) -> Any:
+        raise error("connection to server at 127.0.0.1 failed: Connection refused")
+
+    monkeypatch.setattr(selectors, "run_list", unreachable)
+
+    response = tenant.get(RUNS)
+
+    assert_error(response, 503, "service_unavailable")
+    assert response.headers["Retry-After"] == "1"
 
 
 def test_unknown_fields_in_a_body_are_refused_not_ignored(tenant: Tenant) -> None:

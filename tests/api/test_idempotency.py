@@ -243,6 +243,7 @@ def test_the_same_key_while_the_first_request_runs_is_refused_with_409(
 
     assert while_running.status_code == different_body.status_code == 409
     assert while_running.json()["code"] == "idempotency_key_in_use"
+    assert while_running.headers["Retry-After"] == "1"  # clients know when to retry
     assert responses[0].status_code == 201
     assert after.status_code == 200
     assert after.json() == responses[0].json()

@@ -1,0 +1,1 @@
+"""Reliability tools: the chaos harness (`make chaos`) and the load test (`make load`)."""

@@ -1,0 +1,627 @@
+"""`make chaos`: a mixed workload through the REST API while the stack is broken on purpose.
+
+1. Start throwaway PostgreSQL and Redis, then web (gunicorn), two workers with their own
+   hostnames, and beat (``reliability.stack``), with short leases and sweeps so that
+   recovery happens within minutes.
+2. Submit runs of every shape (``reliability.workload``) from several client threads,
+   each POST with its Idempotency-Key and retried on connection errors like a real
+   client; cancel some, pause and resume others, approve what waits for approval.
+3. Meanwhile inject faults on a seeded random schedule (printed in the report): SIGKILL
+   of worker pool children and of whole workers, Redis restarts (one losing its data),
+   a PostgreSQL restart, duplicated step and run messages, a second beat, the web server
+   killed and restarted.
+4. Wait (bounded) until every run is terminal, then check: nothing lost or duplicated,
+   every outcome explained, every ledger settled, no step attempt charged twice, no side
+   effect executed twice for one attempt, every invariant clean.
+
+The report is a table on stdout and, with ``--json PATH`` (CHAOS_JSON), JSON. The exit
+status is 1 when anything is lost or inconsistent. ``--short`` is the version that runs
+inside `make test` (tests/integration/test_chaos.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import random
+import re
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from reliability.client import Client, GaveUp, Tally
+from reliability.stack import Stack, wait_for
+from reliability.workload import EXPECTED, KINDS, EffectServer, plan_for
+
+# Leases, sweeps and lost-message re-sends tuned so that recovery from every fault fits in
+# a run of a few minutes. Everything else is the local settings `make run` uses.
+CHAOS_SETTINGS = {
+    "ENGINE_HEARTBEAT_SECONDS": "1",
+    "ENGINE_LEASE_SECONDS": "5",
+    "ENGINE_SWEEP_INTERVAL": "2",
+    "ENGINE_LOST_MESSAGE_AFTER": "10",
+    "HTTP_TOOL_ALLOWED_NETWORKS": "127.0.0.1/32",  # the harness's own effect endpoint
+    "API_THROTTLE_RATE": "100000/min",
+    "CELERY_WORKER_SEND_TASK_EVENTS": "false",
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    runs: int = 200
+    seed: int = 1
+    window_s: float = 150.0  # faults are injected during this window
+    clients: int = 6
+    child_kills: int = 60
+    worker_kills: int = 2
+    redis_restarts: int = 2  # the last one loses Redis's data
+    postgres_restarts: int = 1
+    web_restarts: int = 2
+    duplicate_bursts: int = 8
+    second_beat: bool = True
+    cancel_share: float = 0.1
+    pause_share: float = 0.12
+    settle_timeout_s: float = 360.0
+
+    @classmethod
+    def short(cls, seed: int) -> Config:
+        """About 20 runs, a handful of kills, one Redis restart: fits inside make test."""
+        return cls(
+            runs=20,
+            seed=seed,
+            window_s=24.0,
+            clients=4,
+            child_kills=6,
+            worker_kills=0,
+            redis_restarts=1,
+            postgres_restarts=0,
+            web_restarts=0,
+            duplicate_bursts=2,
+            second_beat=False,
+            settle_timeout_s=150.0,
+        )
+
+
+# --------------------------------------------------------------------------- faults
+@dataclass
+class Fault:
+    at_s: float
+    kind: str
+    happened_at: float = 0.0  # unix time it was injected
+    result: str = ""
+
+
+def fault_schedule(config: Config, rng: random.Random) -> list[Fault]:
+    w = config.window_s
+    faults = [Fault(rng.uniform(2, w), "kill_worker_child") for _ in range(config.child_kills)]
+    faults += [
+        Fault(rng.uniform(0.2 * w, 0.8 * w), "kill_worker") for _ in range(config.worker_kills)
+    ]
+    for i in range(config.redis_restarts):
+        lose = i == config.redis_restarts - 1
+        slot = (i + 1) / (config.redis_restarts + 1)
+        faults.append(
+            Fault(w * slot + rng.uniform(-0.05, 0.05) * w,
+                  "restart_redis_losing_data" if lose else "restart_redis")
+        )  # fmt: skip
+    faults += [
+        Fault(rng.uniform(0.3 * w, 0.7 * w), "restart_postgres")
+        for _ in range(config.postgres_restarts)
+    ]
+    faults += [
+        Fault(rng.uniform(0.1 * w, 0.9 * w), "restart_web") for _ in range(config.web_restarts)
+    ]
+    faults += [
+        Fault(rng.uniform(0.1 * w, w), "duplicate_messages") for _ in range(config.duplicate_bursts)
+    ]
+    if config.second_beat:
+        faults += [Fault(0.2 * w, "start_second_beat"), Fault(0.6 * w, "stop_second_beat")]
+    return sorted(faults, key=lambda fault: fault.at_s)
+
+
+def publish_duplicates(run_ids: list[str], rng: random.Random) -> str:
+    """Re-publish the execute message of random steps and the pick-up of random runs."""
+    from django.db import close_old_connections
+
+    from config.celery import QUEUE_RUNS_NORMAL, QUEUE_STEPS, app
+    from orchestrator.dispatch import EXECUTE_STEP_TASK, PICK_UP_TASK
+    from runs.models import Step
+
+    close_old_connections()
+    if not run_ids:
+        return "no runs yet"
+    chosen = rng.sample(run_ids, min(5, len(run_ids)))
+    steps = list(Step.objects.filter(run_id__in=chosen).values_list("pk", flat=True)[:40])
+    for step_id in steps:
+        app.send_task(EXECUTE_STEP_TASK, args=(step_id,), queue=QUEUE_STEPS, priority=5)
+    for run_id in chosen:
+        app.send_task(PICK_UP_TASK, args=(run_id,), queue=QUEUE_RUNS_NORMAL, priority=5)
+    return f"{len(steps)} step and {len(chosen)} run messages"
+
+
+class Injector(threading.Thread):
+    def __init__(
+        self, stack: Stack, schedule: list[Fault], rng: random.Random, runs: RunBook
+    ) -> None:
+        super().__init__(name="fault-injector", daemon=True)
+        self.stack, self.schedule, self.rng, self.runs = stack, schedule, rng, runs
+        self.started_at = 0.0
+
+    def run(self) -> None:
+        self.started_at = time.monotonic()
+        for fault in self.schedule:
+            delay = fault.at_s - (time.monotonic() - self.started_at)
+            if delay > 0:
+                time.sleep(delay)  # the schedule itself: faults happen at set times
+            fault.happened_at = time.time()
+            try:
+                fault.result = self.inject(fault.kind)
+            except Exception as exc:  # noqa: BLE001 - a fault that could not be injected is reported
+                fault.result = f"not injected: {type(exc).__name__}: {exc}"
+
+    def inject(self, kind: str) -> str:
+        stack = self.stack
+        if kind == "kill_worker_child":
+            return stack.kill_worker_child(self.rng)
+        if kind == "kill_worker":
+            return stack.kill_worker(self.rng)
+        if kind == "restart_redis":
+            return stack.restart_redis(lose_data=False)
+        if kind == "restart_redis_losing_data":
+            return stack.restart_redis(lose_data=True)
+        if kind == "restart_postgres":
+            return stack.restart_postgres()
+        if kind == "restart_web":
+            return stack.restart_web()
+        if kind == "duplicate_messages":
+            return publish_duplicates(self.runs.ids(), self.rng)
+        if kind == "start_second_beat":
+            return stack.start_second_beat()
+        if kind == "stop_second_beat":
+            return stack.stop_second_beat()
+        raise ValueError(kind)
+
+
+# --------------------------------------------------------------------------- workload
+@dataclass
+class Submitted:
+    index: int
+    kind: str
+    control: str  # "", "cancel" or "pause"
+    run_id: str = ""
+    cancelled: bool = False
+    paused: bool = False
+    error: str = ""
+
+
+@dataclass
+class RunBook:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    items: list[Submitted] = field(default_factory=list)
+
+    def add(self, item: Submitted) -> None:
+        with self.lock:
+            self.items.append(item)
+
+    def ids(self) -> list[str]:
+        with self.lock:
+            return [item.run_id for item in self.items if item.run_id]
+
+
+def _status_of(response: Any) -> str:
+    try:
+        return str(response.json().get("status", ""))
+    except ValueError:
+        return ""
+
+
+def drive(client: Client, item: Submitted, plan: dict[str, Any], rng: random.Random) -> None:
+    """Create and start one run, then cancel or pause/resume it as planned."""
+    response = client.request(
+        "POST", "/api/v1/runs", json={"plan": plan, "start": True},
+        idempotency_key=f"chaos-create-{item.index}",
+    )  # fmt: skip
+    if response.status_code not in (200, 201):
+        item.error = f"create: {response.status_code} {response.text[:200]}"
+        return
+    item.run_id = response.json()["id"]
+    path = f"/api/v1/runs/{item.run_id}"
+    if item.control == "cancel":
+        time.sleep(rng.uniform(0.2, 3.0))  # a person deciding, at some point mid-flight
+        answer = client.request(
+            "POST", f"{path}/cancel", json={"reason": "chaos: cancelled by a client"},
+            idempotency_key=f"chaos-cancel-{item.index}",
+        )  # fmt: skip
+        item.cancelled = answer.status_code == 200 and _status_of(answer) == "cancelled"
+    elif item.control == "pause":
+        time.sleep(rng.uniform(0.2, 2.0))
+        for attempt in range(10):
+            answer = client.request(
+                "POST", f"{path}/pause", idempotency_key=f"chaos-pause-{item.index}-{attempt}"
+            )
+            if answer.status_code == 200:
+                item.paused = True
+                break
+            current = _status_of(client.request("GET", path))
+            if current != "pending":
+                break  # finished, or waiting for approval: nothing to pause
+            time.sleep(0.5)  # the run was still queued: pause once it runs
+        if item.paused:
+            time.sleep(rng.uniform(0.5, 3.0))
+            answer = client.request(
+                "POST", f"{path}/resume", idempotency_key=f"chaos-resume-{item.index}"
+            )
+            if answer.status_code != 200:
+                item.error = f"resume: {answer.status_code} {answer.text[:200]}"
+
+
+def approver(client: Client, stop: threading.Event) -> None:
+    """Approve whatever waits for approval, as an operator on call would."""
+    while not stop.is_set():
+        try:
+            page = client.request(
+                "GET", "/api/v1/runs", params={"status": "waiting_approval", "page_size": 500}
+            )
+            for run in page.json().get("results", []):
+                client.request("POST", f"/api/v1/runs/{run['id']}/approve", json={"comment": "ok"})
+        except (GaveUp, ValueError):
+            pass
+        stop.wait(1.0)
+
+
+# --------------------------------------------------------------------------- report
+LOG_PROBLEM = re.compile(r"\b(ERROR|CRITICAL)\b|Traceback")
+
+
+def log_problems(stack: Stack) -> dict[str, Any]:
+    """ERROR/CRITICAL lines of the workers and beats, grouped by their gist."""
+    gists: Counter[str] = Counter()
+    for name, process in stack.processes.items():
+        if name == "web":
+            continue
+        for line in process.output().splitlines():
+            if LOG_PROBLEM.search(line):
+                gist = re.sub(r"[0-9a-f]{8}-[0-9a-f-]{27}|\d+", "N", line.split("] ", 1)[-1])
+                gists[f"{name.split('-')[0]}: {gist[:160]}"] += 1
+    return {"lines": sum(gists.values()), "distinct": dict(gists.most_common(15))}
+
+
+def effect_problems(book: RunBook, effects: Counter[tuple[int, int]]) -> dict[str, Any]:
+    """Side effects run twice for one attempt, or for an attempt the database never had."""
+    from runs.models import Step
+
+    twice = sorted(f"step {s} attempt {a}: {n} times" for (s, a), n in effects.items() if n > 1)
+    attempts = dict(
+        Step.objects.filter(pk__in={s for s, _ in effects}).values_list("pk", "attempts")
+    )
+    phantom = sorted(
+        f"step {s} attempt {a} (the database counts {attempts.get(s)})"
+        for (s, a) in effects
+        if a > attempts.get(s, 0)
+    )
+    completed_once = Step.objects.filter(
+        run_id__in=book.ids(), tool="http", status="completed"
+    ).values_list("pk", "attempts")
+    missing = sorted(
+        f"step {pk} completed on attempt {n} but its effect was not seen"
+        for pk, n in completed_once
+        if effects.get((pk, n), 0) == 0
+    )
+    return {
+        "executions": sum(effects.values()),
+        "step_attempts": len(effects),
+        "executed_twice": twice,
+        "phantom_attempts": phantom,
+        "completed_without_effect": missing,
+    }
+
+
+def sweep_recoveries(book: RunBook) -> dict[str, int]:
+    """What the sweeps did: the proof that lost messages and dead workers were recovered."""
+    from django.db.models import Sum
+    from django.db.models.functions import Coalesce
+
+    from runs.models import Run, RunEvent, Step
+
+    runs = book.ids()
+    resent = RunEvent.objects.filter(
+        run_id__in=runs, actor="sweep", message__startswith="re-sent"
+    ).values_list("payload", flat=True)
+    return {
+        "step_messages_resent": sum(len(payload.get("steps", [])) for payload in resent),
+        "runs_with_pickup_or_resume_resent": Run.objects.filter(
+            pk__in=runs, redispatched_at__isnull=False
+        ).count(),
+        "step_leases_reclaimed": Step.objects.filter(run_id__in=runs).aggregate(
+            n=Coalesce(Sum("reclaims"), 0)
+        )["n"],
+        "steps_failed_worker_lost": Step.objects.filter(
+            run_id__in=runs, error__code="worker_lost"
+        ).count(),
+    }
+
+
+def outcome_problems(book: RunBook) -> list[str]:
+    """Runs whose final status no fault or action explains."""
+    from runs.models import Run
+
+    found = {
+        str(pk): (status, last_error or {})
+        for pk, status, last_error in Run.objects.filter(pk__in=book.ids()).values_list(
+            "pk", "status", "last_error"
+        )
+    }
+    problems = []
+    for item in book.items:
+        if not item.run_id:
+            continue
+        status, error = found.get(item.run_id, ("missing", {}))
+        expected = {EXPECTED[item.kind]}
+        if item.cancelled:
+            expected = {"cancelled"}
+        elif item.control == "cancel":
+            expected.add("cancelled")  # the cancel may have landed after a retry, or not
+        # A step whose worker was killed at every try ends worker_lost (by design).
+        if status == "failed" and error.get("code") == "worker_lost":
+            expected.add("failed")
+        if status not in expected:
+            problems.append(
+                f"{item.run_id} ({item.kind}{', ' + item.control if item.control else ''}): "
+                f"{status}, expected {' or '.join(sorted(expected))}; last_error {error}"
+            )
+    return problems
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = ["", f"chaos: seed {report['seed']}, {report['runs_requested']} runs", ""]
+    lines.append("| check | result |")
+    lines.append("|---|---|")
+    consistency = report["consistency"]
+    effects = report["side_effects"]
+    by_status = ", ".join(f"{k} {v}" for k, v in consistency["runs_by_status"].items())
+    executed = f"{effects['executions']} for {effects['step_attempts']} step attempts"
+    rows = [
+        ("runs by final status", by_status),
+        ("runs created / requested", f"{report['runs_created']} / {report['runs_requested']}"),
+        ("runs in the database (duplicates or losses show here)", report["runs_in_database"]),
+        ("faults injected", ", ".join(f"{k} {v}" for k, v in report["faults_by_kind"].items())),
+        ("side effects executed", executed),
+        ("side effects executed twice for one attempt", len(effects["executed_twice"])),
+        ("side effects for attempts the database never had", len(effects["phantom_attempts"])),
+        ("completed effect steps, effect unseen", len(effects["completed_without_effect"])),
+        ("step attempts charged twice", len(consistency["step_attempts_charged_twice"])),
+        ("runs whose ledger does not settle", len(consistency["ledgers_unsettled"])),
+        ("check_invariants", "clean" if consistency["invariants"]["clean"] else "VIOLATED"),
+        ("runs stuck (not terminal)", len(consistency["runs_stuck"])),
+        ("outcomes no fault explains", len(report["unexplained_outcomes"])),
+        ("API answers 5xx (not 502-504)", len(report["api"]["server_errors"])),
+        ("API connection errors retried", report["api"]["connection_errors"]),
+        ("last fault -> last run terminal", f"{report['recovery_s']:.1f} s"),
+        ("recovered by the sweeps", ", ".join(
+            f"{k.replace('_', ' ')} {v}" for k, v in report["recovered_by_sweeps"].items()
+        )),
+        ("worker/beat log error lines", report["worker_log_errors"]["lines"]),
+        ("verdict", "PASS" if report["ok"] else "FAIL"),
+    ]  # fmt: skip
+    lines += [f"| {name} | {value} |" for name, value in rows]
+    lines += ["", "fault schedule (seconds after the first submission):"]
+    lines += [f"  {f['at_s']:7.2f}  {f['kind']:<26} {f['result']}" for f in report["faults"]]
+    for title, items in (
+        ("unexplained outcomes", report["unexplained_outcomes"]),
+        ("stuck runs", consistency["runs_stuck"]),
+        ("unsettled ledgers", consistency["ledgers_unsettled"]),
+        ("charged twice", consistency["step_attempts_charged_twice"]),
+        ("effects twice", effects["executed_twice"]),
+        ("phantom effects", effects["phantom_attempts"]),
+        ("effects missing", effects["completed_without_effect"]),
+        ("API 5xx", report["api"]["server_errors"]),
+        ("submission errors", report["submission_errors"]),
+    ):
+        if items:
+            lines += ["", f"{title}:"] + [f"  - {item}" for item in items[:20]]
+    for name, violations in consistency["invariants"]["violations"].items():
+        lines += ["", f"invariant {name}:"] + [f"  - {v}" for v in violations[:20]]
+    errors = report["worker_log_errors"]["distinct"]
+    if errors:
+        lines += ["", "worker/beat log errors (most frequent; faults cause some by design):"]
+        lines += [f"  {n:5d}  {gist}" for gist, n in errors.items()]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- main
+def run_chaos(config: Config, directory: Path, log: Any = print) -> dict[str, Any]:
+    rng = random.Random(config.seed)
+    stack = Stack(directory, settings_env=dict(CHAOS_SETTINGS))
+    effects = EffectServer()
+    try:
+        log(f"==> servers in {directory}")
+        stack.start_servers()
+        os.environ.update(stack.env)
+        import django
+
+        django.setup()
+        stack.migrate()
+        org = json.loads(stack.manage("create_org", f"chaos-{config.seed}", "--credits", "1000000"))
+        log("==> web, 2 workers, beat")
+        stack.start_processes()
+        report = _storm(config, rng, stack, effects, org["api_key"], log)
+        report["directory"] = str(directory)
+        return report
+    finally:
+        effects.close()
+        stack.close()
+
+
+def _storm(
+    config: Config,
+    rng: random.Random,
+    stack: Stack,
+    effects: EffectServer,
+    key: str,
+    log: Any,
+) -> dict[str, Any]:
+    from django.db import OperationalError, close_old_connections
+
+    from reliability.checks import check_runs, non_terminal
+    from runs.models import Run
+
+    tally = Tally()
+    book = RunBook()
+    work: queue.Queue[tuple[Submitted, dict[str, Any], random.Random]] = queue.Queue()
+    for index in range(config.runs):
+        kind = KINDS[index % len(KINDS)]
+        draw = rng.random()
+        control = (
+            "cancel"
+            if draw < config.cancel_share
+            else "pause"
+            if draw < config.cancel_share + config.pause_share
+            else ""
+        )
+        item = Submitted(index, kind, control)
+        book.add(item)
+        work.put((item, plan_for(kind, index, effects.url, rng), random.Random(rng.random())))
+    schedule = fault_schedule(config, rng)
+    injector = Injector(stack, schedule, random.Random(rng.random()), book)
+    submit_span = config.window_s * 0.6
+    pace = submit_span * config.clients / max(config.runs, 1)
+
+    def client_loop() -> None:
+        client = Client(stack.base_url, key, tally)
+        try:
+            while True:
+                try:
+                    item, plan, item_rng = work.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    drive(client, item, plan, item_rng)
+                except GaveUp as exc:
+                    item.error = str(exc)
+                except Exception:  # noqa: BLE001 - reported, never silently lost
+                    item.error = traceback.format_exc(limit=3)
+                time.sleep(item_rng.uniform(0, pace))  # spread submissions over the window
+        finally:
+            client.close()
+
+    log(f"==> {config.runs} runs from {config.clients} clients; {len(schedule)} faults over "
+        f"{config.window_s:g}s (seed {config.seed})")  # fmt: skip
+    stop_approving = threading.Event()
+    approval_client = Client(stack.base_url, key, tally)
+    approving = threading.Thread(
+        target=approver, args=(approval_client, stop_approving), daemon=True
+    )
+    clients = [threading.Thread(target=client_loop, daemon=True) for _ in range(config.clients)]
+    started = time.time()
+    injector.start()
+    approving.start()
+    for thread in clients:
+        thread.start()
+    for thread in clients:
+        thread.join()
+    injector.join()
+    log(f"==> faults done after {time.time() - started:.0f}s; waiting for every run to end")
+
+    def settled() -> bool:
+        try:
+            close_old_connections()
+            return not non_terminal(book.ids())
+        except OperationalError:
+            return False
+
+    try:
+        wait_for(settled, config.settle_timeout_s, "every run to reach a terminal state")
+    except TimeoutError as exc:
+        log(f"!! {exc}")
+    stop_approving.set()
+    approving.join(10)
+    approval_client.close()
+
+    close_old_connections()
+    consistency = check_runs(book.ids())
+    last_fault = max((f.happened_at for f in schedule), default=started)
+    last_end = (
+        Run.objects.filter(pk__in=book.ids())
+        .order_by("-status_changed_at")
+        .values_list("status_changed_at", flat=True)
+        .first()
+    )
+    recovery = (last_end.timestamp() - last_fault) if last_end else 0.0
+    effect_report = effect_problems(book, effects.log.snapshot())
+    unexplained = outcome_problems(book)
+    org_runs = Run.objects.filter(name__startswith="chaos-").count()
+    created = len(book.ids())
+    report: dict[str, Any] = {
+        "seed": config.seed,
+        "config": asdict(config),
+        "started_at": datetime.fromtimestamp(started, UTC).isoformat(),
+        "runs_requested": config.runs,
+        "runs_created": created,
+        "runs_in_database": org_runs,
+        "submission_errors": [f"#{i.index} {i.kind}: {i.error}" for i in book.items if i.error],
+        "controls": dict(Counter(i.control or "none" for i in book.items)),
+        "faults": [asdict(f) for f in schedule],
+        "faults_by_kind": dict(Counter(f.kind for f in schedule if not f.result.startswith("not"))),
+        "consistency": consistency.as_dict(),
+        "side_effects": effect_report,
+        "unexplained_outcomes": unexplained,
+        "api": {
+            "statuses": {str(k): v for k, v in sorted(tally.statuses.items())},
+            "connection_errors": tally.connection_errors,
+            "retries": tally.retries,
+            "server_errors": tally.server_errors,
+        },
+        "recovery_s": max(recovery, 0.0),
+        "recovered_by_sweeps": sweep_recoveries(book),
+        "worker_log_errors": log_problems(stack),
+    }
+    report["ok"] = bool(
+        consistency.ok
+        and created == config.runs
+        and org_runs == config.runs
+        and not report["submission_errors"]
+        and not unexplained
+        and not effect_report["executed_twice"]
+        and not effect_report["phantom_attempts"]
+        and not effect_report["completed_without_effect"]
+        and not tally.server_errors
+    )
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m reliability.chaos", description=(__doc__ or "").split("\n")[0]
+    )
+    parser.add_argument("--seed", type=int, default=int(os.environ.get("CHAOS_SEED") or 1))
+    parser.add_argument("--runs", type=int, default=int(os.environ.get("CHAOS_RUNS") or 200))
+    parser.add_argument("--short", action="store_true", help="the make-test version: ~20 runs")
+    parser.add_argument("--json", default=os.environ.get("CHAOS_JSON", ""))
+    parser.add_argument("--keep", action="store_true", help="keep the directory (logs, data)")
+    args = parser.parse_args(argv)
+    config = Config.short(args.seed) if args.short else Config(runs=args.runs, seed=args.seed)
+    directory = Path(tempfile.mkdtemp(prefix="orchestrator-chaos."))
+    report = run_chaos(config, directory, log=lambda text: print(text, file=sys.stderr, flush=True))
+    print(format_report(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+    if not args.keep and report["ok"]:
+        import shutil
+
+        shutil.rmtree(directory, ignore_errors=True)
+    else:
+        print(f"\nlogs and data kept in {directory}", file=sys.stderr)
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""After the storm: is everything accounted for? (Django must be set up by the caller.)
+
+The same checks close `make chaos` and `make load`: every run reached a terminal state,
+every attempt's ledger settles (charged + refunded = reserved), no step attempt was
+charged twice, and every registered invariant (`manage.py check_invariants`) holds.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+@dataclass
+class Consistency:
+    statuses: Counter[str] = field(default_factory=Counter)
+    stuck: list[str] = field(default_factory=list)
+    unsettled: list[str] = field(default_factory=list)
+    charged_twice: list[str] = field(default_factory=list)
+    invariants: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not (
+            self.stuck or self.unsettled or self.charged_twice or any(self.invariants.values())
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "runs_by_status": dict(sorted(self.statuses.items())),
+            "runs_stuck": self.stuck,
+            "ledgers_unsettled": self.unsettled,
+            "step_attempts_charged_twice": self.charged_twice,
+            "invariants": {
+                "clean": not any(self.invariants.values()),
+                "violations": {k: v for k, v in self.invariants.items() if v},
+            },
+        }
+
+
+def non_terminal(run_ids: list[str]) -> list[str]:
+    from runs.models import Run
+
+    return [
+        str(pk)
+        for pk in Run.objects.filter(pk__in=run_ids)
+        .exclude(status__in=TERMINAL)
+        .values_list("pk", flat=True)
+    ]
+
+
+def check_runs(run_ids: list[str]) -> Consistency:
+    """Every check, over the runs in ``run_ids`` (and the invariants over everything)."""
+    from django.db.models import Count, F
+
+    from billing.models import LedgerEntry
+    from orchestrator.invariants import check_all
+    from runs.models import Run, RunAttempt
+
+    result = Consistency()
+    runs = Run.objects.filter(pk__in=run_ids)
+    result.statuses = Counter(runs.values_list("status", flat=True))
+    result.stuck = [
+        f"{pk} {status}"
+        for pk, status in runs.exclude(status__in=TERMINAL).values_list("pk", "status")
+    ]
+    attempts = RunAttempt.objects.filter(run__in=runs)
+    result.unsettled = [
+        f"run {a.run_id} attempt {a.attempt_number}: reserved {a.credits_reserved}, "
+        f"charged {a.credits_charged}, refunded {a.credits_refunded}, "
+        f"settled {'yes' if a.settled_at else 'no'}"
+        for a in attempts.filter(run__status__in=TERMINAL).exclude(
+            credits_reserved=F("credits_charged") + F("credits_refunded"),
+            settled_at__isnull=False,
+        )
+    ]
+    # A charge is keyed by (step, attempt): more charges than attempts means one was
+    # charged twice (the unique key makes that impossible; this proves it held).
+    twice = (
+        LedgerEntry.objects.filter(run__in=runs, type="charge")
+        .values("step_id", "step__attempts")
+        .annotate(n=Count("id"))
+        .filter(n__gt=F("step__attempts"))
+    )
+    result.charged_twice = [
+        f"step {row['step_id']}: {row['n']} charges for {row['step__attempts']} attempts"
+        for row in twice
+    ]
+    result.invariants = check_all()
+    return result

@@ -1,0 +1,369 @@
+"""A whole orchestrator stack on this machine, for `make chaos` and `make load`.
+
+Throwaway PostgreSQL and Redis (scripts/services.py) in a temporary directory, then the
+real processes, each in its own session: gunicorn (web), Celery workers with distinct
+hostnames, and beat. The stack knows how to break itself, for the fault injector: kill
+a worker's pool child or the whole worker (restarted at once), restart Redis with or
+without its data, restart PostgreSQL (fast shutdown), kill and restart the web server,
+run a second beat for a while. Every process and server is stopped by ``close()``.
+
+Stdlib only, plus the project's own virtualenv on PATH for the processes it starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _services() -> ModuleType:
+    """scripts/services.py, the one place that knows how to run PostgreSQL and Redis."""
+    spec = importlib.util.spec_from_file_location("_services", ROOT / "scripts" / "services.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+services = _services()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll another process's observable state until ``condition`` holds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.1)
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of ``pid`` (from /proc), e.g. a Celery worker's pool processes."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        # pid (comm) state ppid ...: comm may contain spaces, so split after its ')'.
+        fields = stat.rsplit(")", 1)[1].split()
+        if len(fields) > 1 and int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+@dataclass
+class Process:
+    """One long-running child in its own session, restartable with the same command."""
+
+    name: str
+    args: list[str]
+    env: Mapping[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def start(self) -> None:
+        log = self.log_path.open("ab")
+        try:
+            self.proc = subprocess.Popen(
+                self.args,
+                cwd=ROOT,
+                env=dict(self.env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        self.starts += 1
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, f"{self.name} was never started"
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the process and everything in its session, and reap it."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM (a warm shutdown), then SIGKILL whatever is left of the session."""
+        if self.alive():
+            assert self.proc is not None
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout)
+        self.kill()
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@dataclass
+class Stack:
+    """PostgreSQL, Redis, web, workers and beat in ``directory``; see the module doc."""
+
+    directory: Path
+    workers: int = 2
+    worker_concurrency: int = 2
+    web_workers: int = 2
+    settings_env: dict[str, str] = field(default_factory=dict)
+    pg_port: int = 0
+    redis_port: int = 0
+    web_port: int = 0
+    database_url: str = ""
+    broker_url: str = ""
+    processes: dict[str, Process] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ servers
+    def start_servers(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.directory, 0o755)  # noqa: S103 - PostgreSQL's account must reach it
+        self.pg_port = self.pg_port or free_port()
+        self.redis_port = self.redis_port or free_port()
+        self.web_port = self.web_port or free_port()
+        self.database_url = self._start_postgres()
+        self.broker_url = self._start_redis()
+
+    def _start_postgres(self) -> str:
+        url: str = services.start_postgres(self.directory, self.pg_port, "orchestrator", True)
+        return url
+
+    def _start_redis(self) -> str:
+        # Append-only file, fsync every second: what make run and production use, so
+        # an orderly Redis restart keeps its queues (docs/reliability.md).
+        url: str = services.start_redis(self.directory, self.redis_port, aof=True)
+        return url
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment of every process of the stack (and of this harness)."""
+        venv_bin = Path(sys.executable).parent
+        env = dict(os.environ)
+        env.update(
+            {
+                "DJANGO_SETTINGS_MODULE": "config.settings.local",
+                "DATABASE_URL": self.database_url,
+                "CELERY_BROKER_URL": self.broker_url,
+                "DJANGO_DEBUG": "false",
+                "LOG_FORMAT": "text",
+                "LOG_LEVEL": "WARNING",
+                "PYTHONUNBUFFERED": "1",
+                "PATH": f"{venv_bin}{os.pathsep}{env.get('PATH', '')}",
+            }
+        )
+        env.pop("CELERY_RESULT_BACKEND", None)
+        env.update(self.settings_env)
+        return env
+
+    def manage(self, *args: str, check: bool = True) -> str:
+        result = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{result.stderr}")
+        return result.stdout
+
+    def migrate(self) -> None:
+        self.manage("migrate", "--noinput", "-v", "0")
+        self.manage("setup_periodic_tasks")
+
+    # ------------------------------------------------------------------ processes
+    def _process(self, name: str, args: list[str]) -> Process:
+        process = Process(name, args, self.env, self.directory / f"{name}.log")
+        self.processes[name] = process
+        return process
+
+    def worker_names(self) -> list[str]:
+        return [name for name in self.processes if name.startswith("worker-")]
+
+    def start_processes(self) -> None:
+        venv_bin = Path(sys.executable).parent
+        self._process(
+            "web",
+            [
+                str(venv_bin / "gunicorn"),
+                "config.wsgi:application",
+                "--bind",
+                f"127.0.0.1:{self.web_port}",
+                "--workers",
+                str(self.web_workers),
+                "--timeout",
+                "30",
+                "--graceful-timeout",
+                "5",
+            ],
+        ).start()
+        for index in range(self.workers):
+            letter = "abcdefghij"[index]
+            hostname = f"chaos-{letter}@localhost"
+            self._process(f"worker-{letter}", self._worker_args(hostname)).start()
+        self._process("beat", self._beat_args()).start()
+        self.wait_healthy()
+
+    def _worker_args(self, hostname: str) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "config",
+            "worker",
+            "--queues",
+            "runs.high_priority,runs.normal,steps,sweeps",
+            "--concurrency",
+            str(self.worker_concurrency),
+            "--pool",
+            "prefork",
+            "--hostname",
+            hostname,
+            "--loglevel",
+            "WARNING",
+            "--without-mingle",
+            "--without-gossip",
+        ]
+
+    def _beat_args(self) -> list[str]:
+        return [sys.executable, "-m", "celery", "-A", "config", "beat", "--loglevel", "WARNING",
+                "--pidfile="]  # fmt: skip
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.web_port}"
+
+    def web_answers(self) -> bool:
+        with socket.socket() as sock:
+            sock.settimeout(0.5)
+            return sock.connect_ex(("127.0.0.1", self.web_port)) == 0
+
+    def wait_healthy(self, timeout: float = 90.0) -> None:
+        """Every worker's pool is up and the web server accepts connections."""
+
+        def ready() -> bool:
+            for name, process in self.processes.items():
+                if not process.alive():
+                    raise RuntimeError(f"{name} exited early:\n{process.output()[-3000:]}")
+            pools = all(
+                len(children_of(self.processes[name].pid)) >= self.worker_concurrency
+                for name in self.worker_names()
+            )
+            return pools and self.web_answers()
+
+        wait_for(ready, timeout, "the web server and the workers' pools")
+
+    # ------------------------------------------------------------------ faults
+    def kill_worker_child(self, rng: random.Random) -> str:
+        """SIGKILL one pool process of a random worker (Celery starts a replacement)."""
+        name = rng.choice(self.worker_names())
+        pool = children_of(self.processes[name].pid)
+        if not pool:
+            return f"{name}: no pool process to kill"
+        victim = rng.choice(pool)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+        return f"{name} child {victim}"
+
+    def kill_worker(self, rng: random.Random) -> str:
+        """SIGKILL a whole worker (main process and pool) and start it again at once."""
+        name = rng.choice(self.worker_names())
+        process = self.processes[name]
+        process.kill()
+        process.start()
+        return name
+
+    def restart_redis(self, lose_data: bool) -> str:
+        """Stop Redis (SIGKILL and its files removed when ``lose_data``), start it again."""
+        data = self.directory / "redis"
+        pidfile = data / "redis.pid"
+        pid = int(pidfile.read_text().strip())
+        if lose_data:
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: not Path(f"/proc/{pid}").exists(), 10, "Redis to die")
+            for item in data.iterdir():
+                if item.name not in ("redis.log",):
+                    if item.is_dir():
+                        shutil.rmtree(item)
+                    else:
+                        item.unlink()
+        else:
+            services.stop_redis(self.directory)  # SIGTERM: Redis writes its AOF and exits
+        wait_for(lambda: not services.port_open(self.redis_port), 10, "Redis's port to close")
+        self._start_redis()
+        return "data lost" if lose_data else "data kept"
+
+    def restart_postgres(self, down_seconds: float = 1.0) -> str:
+        """`pg_ctl stop -m fast` (every connection is cut), a pause, then start again."""
+        services.stop_postgres(self.directory)
+        time.sleep(down_seconds)  # the outage itself: clients must see it
+        self._start_postgres()
+        return f"down {down_seconds:g}s"
+
+    def restart_web(self) -> str:
+        process = self.processes["web"]
+        process.kill()
+        process.start()
+        return "killed and restarted"
+
+    def start_second_beat(self) -> str:
+        self._process("beat-2", self._beat_args()).start()
+        return "started"
+
+    def stop_second_beat(self) -> str:
+        process = self.processes.pop("beat-2", None)
+        if process is not None:
+            process.stop(timeout=5)
+        return "stopped"
+
+    # ------------------------------------------------------------------ teardown
+    def stop_processes(self) -> None:
+        for process in self.processes.values():
+            process.stop(timeout=10)
+
+    def close(self) -> None:
+        try:
+            self.stop_processes()
+        finally:
+            services.stop_postgres(self.directory)
+            services.stop_redis(self.directory)

@@ -1,0 +1,195 @@
+"""The mixed workload of `make chaos`: plans of every shape, their expected outcomes, and
+the side-effect endpoint that records every execution by (step, attempt).
+
+Each kind of plan says which final status it must reach when nobody intervenes; the
+harness adds cancellations (which make `cancelled` acceptable) and pauses (which must
+not change the outcome). The `effect` steps POST to the harness's own HTTP server with
+`${step.id}` and `${step.attempt}`, so a tool that ran twice for the same attempt shows.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+KINDS = (
+    "sequential",
+    "parallel",
+    "dag",
+    "continue",
+    "fail",
+    "run_retry",
+    "task_retry",
+    "approval",
+)
+
+# What each kind ends as when no one cancels it.
+EXPECTED = {
+    "sequential": "completed",
+    "parallel": "completed",
+    "dag": "completed",
+    "continue": "completed",
+    "fail": "failed",
+    "run_retry": "failed",
+    "task_retry": "completed",
+    "approval": "completed",
+}
+
+
+# --------------------------------------------------------------------------- side effects
+@dataclass
+class EffectLog:
+    """Every execution the effect endpoint saw, by (step id, attempt)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    seen: Counter[tuple[int, int]] = field(default_factory=Counter)
+
+    def record(self, step: int, attempt: int) -> None:
+        with self.lock:
+            self.seen[(step, attempt)] += 1
+
+    def snapshot(self) -> Counter[tuple[int, int]]:
+        with self.lock:
+            return Counter(self.seen)
+
+
+class EffectServer:
+    """A tiny HTTP endpoint on 127.0.0.1: `POST /effect {"step", "attempt"}` -> 200."""
+
+    def __init__(self) -> None:
+        self.log = EffectLog()
+        log = self.log
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                try:
+                    body = json.loads(self.rfile.read(length) or b"{}")
+                    log.record(int(body["step"]), int(body["attempt"]))
+                except (ValueError, KeyError, TypeError):
+                    self.send_response(400)
+                    self.end_headers()
+                    return
+                payload = b'{"ok": true}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return  # thousands of requests: keep the harness's output readable
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/effect"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# --------------------------------------------------------------------------- steps
+FAST_RETRY = {"max_attempts": 4, "backoff": "fixed", "base_delay_ms": 100}
+
+
+def effect(name: str, url: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "tool": "http",
+        "params": {
+            "method": "POST",
+            "url": url,
+            "json": {"run": "${run.id}", "step": "${step.id}", "attempt": "${step.attempt}"},
+            "timeout": 10,
+        },
+        "retry": {"max_attempts": 5, "backoff": "fixed", "base_delay_ms": 200},
+    }
+
+
+def flaky(name: str) -> dict[str, Any]:
+    """Fails its first attempt with a retryable error, succeeds on the second."""
+    return {
+        "name": name,
+        "tool": "fail",
+        "params": {"until_attempt": 1, "code": "transient"},
+        "retry": FAST_RETRY,
+    }
+
+
+def broken(name: str) -> dict[str, Any]:
+    """Fails for good at once (a non-retryable error)."""
+    return {"name": name, "tool": "fail", "params": {"code": "invalid_input"}}
+
+
+def pause(name: str, seconds: float) -> dict[str, Any]:
+    return {"name": name, "tool": "sleep", "params": {"seconds": seconds}}
+
+
+def noop(name: str) -> dict[str, Any]:
+    return {"name": name, "tool": "noop"}
+
+
+# --------------------------------------------------------------------------- plans
+def _run(name: str, agents: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {"name": name, "priority": 5, "agents": agents, **extra}
+
+
+def _agent(tasks: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {"name": "agent", "tasks": tasks, **extra}
+
+
+def plan_for(kind: str, index: int, url: str, rng: random.Random) -> dict[str, Any]:
+    """A plan of ``kind``; ``rng`` varies sizes and timings, deterministically per seed."""
+    name = f"chaos-{index:04d}-{kind}"
+    short = round(rng.uniform(0.05, 0.4), 2)
+    if kind == "sequential":
+        steps = [effect("e1", url), flaky("flaky"), pause("wait", short), effect("e2", url)]
+        steps += [noop(f"n{i}") for i in range(rng.randint(1, 4))]
+        return _run(name, [_agent([{"name": "seq", "mode": "sequential", "steps": steps}])])
+    if kind == "parallel":
+        width = rng.randint(4, 10)
+        steps = [effect(f"e{i}", url) if i % 2 else flaky(f"f{i}") for i in range(width)]
+        steps.append(pause("wait", short))
+        task = {"name": "fan", "mode": "parallel", "max_concurrent_steps": 4, "steps": steps}
+        return _run(name, [_agent([task])])
+    if kind == "dag":
+        tasks = [
+            {"name": "a", "steps": [effect("e", url), flaky("f")]},
+            {"name": "b", "depends_on": ["a"], "steps": [effect("e", url)]},
+            {"name": "c", "depends_on": ["a"], "steps": [flaky("f"), pause("w", short)]},
+            {"name": "d", "depends_on": ["b", "c"], "steps": [effect("e", url)]},
+        ]
+        return _run(name, [_agent(tasks, mode="dag", max_concurrent_tasks=2)])
+    if kind == "continue":
+        task = {
+            "name": "tolerant",
+            "mode": "parallel",
+            "failure_mode": "continue",
+            "steps": [effect("e1", url), broken("bad"), effect("e2", url)],
+        }
+        return _run(name, [_agent([task])])
+    if kind == "fail":
+        task = {"name": "doomed", "steps": [effect("e1", url), broken("bad"), effect("never", url)]}
+        return _run(name, [_agent([task])])
+    if kind == "run_retry":
+        task = {"name": "doomed", "steps": [effect("e1", url), broken("bad")]}
+        return _run(name, [_agent([task])], failure_mode="retry", max_attempts=2)
+    if kind == "task_retry":
+        retried = {"name": "retried", "failure_mode": "retry", "steps": [broken("bad")]}
+        fine = {"name": "fine", "steps": [effect("e1", url), flaky("f")]}
+        return _run(name, [_agent([retried, fine], mode="parallel", failure_mode="continue")])
+    if kind == "approval":
+        steps = [effect("e1", url), {"name": "sign-off", "tool": "approval"}, effect("e2", url)]
+        return _run(name, [_agent([{"name": "gated", "steps": steps}])])
+    raise ValueError(f"unknown kind {kind!r}")

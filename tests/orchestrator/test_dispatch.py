@@ -1,0 +1,57 @@
+"""Publishing after commit survives a broker outage: the request that committed the
+state does not fail, and the lost-message sweep sends the message later."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import transaction
+from kombu.exceptions import OperationalError as BrokerError
+
+from config.celery import app
+from orchestrator.dispatch import PICK_UP_TASK, Outbox, StepMessage, enqueue_run_task
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def broker_down(monkeypatch: pytest.MonkeyPatch, settings: Any) -> list[str]:
+    settings.ORCHESTRATOR_DISPATCH_ENABLED = True
+    tried: list[str] = []
+
+    def refuse(name: str, *args: Any, **kwargs: Any) -> None:
+        tried.append(name)
+        raise BrokerError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    monkeypatch.setattr(app, "send_task", refuse)
+    return tried
+
+
+def test_a_run_message_the_broker_refuses_is_logged_not_raised(
+    broker_down: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    with transaction.atomic():
+        enqueue_run_task(PICK_UP_TASK, "00000000-0000-4000-8000-000000000001", 5)
+
+    assert broker_down == [PICK_UP_TASK]
+    assert "not published" in caplog.text
+    assert "lost-message sweep" in caplog.text
+
+
+def test_step_messages_the_broker_refuses_are_logged_not_raised(
+    broker_down: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    with transaction.atomic():
+        Outbox().add(StepMessage(step_id=1, priority=5, timeout_s=30))
+
+    assert broker_down == ["orchestrator.steps.execute"]
+    assert "step messages not published" in caplog.text
+
+
+def test_nothing_is_published_when_the_transaction_rolls_back(broker_down: list[str]) -> None:
+    with pytest.raises(RuntimeError), transaction.atomic():
+        enqueue_run_task(PICK_UP_TASK, "00000000-0000-4000-8000-000000000001", 5)
+        raise RuntimeError("rolled back")
+
+    assert broker_down == []

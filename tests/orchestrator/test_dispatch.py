@@ -50,8 +50,12 @@ def test_step_messages_the_broker_refuses_are_logged_not_raised(
 
 
 def test_nothing_is_published_when_the_transaction_rolls_back(broker_down: list[str]) -> None:
-    with pytest.raises(RuntimeError), transaction.atomic():
-        enqueue_run_task(PICK_UP_TASK, "00000000-0000-4000-8000-000000000001", 5)
-        raise RuntimeError("rolled back")
+    def enqueue_then_fail() -> None:
+        with transaction.atomic():
+            enqueue_run_task(PICK_UP_TASK, "00000000-0000-4000-8000-000000000001", 5)
+            raise RuntimeError("rolled back")
+
+    with pytest.raises(RuntimeError):
+        enqueue_then_fail()
 
     assert broker_down == []

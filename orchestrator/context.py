@@ -54,6 +54,9 @@ class StepContext:
                 "priority": run.priority,
             }
             return resolve_in(fields, rest)
+        if root == "step":
+            current = {"id": self.step.pk, "name": self.step.name, "attempt": self.step.attempts}
+            return resolve_in(current, rest)
         if root == "error":
             original = self.step.handler_for
             if original is None or not original.error:

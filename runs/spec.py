@@ -59,6 +59,9 @@ BACKOFFS = ("fixed", "linear", "exponential")
 TIMEOUT_KEYS = ("run", "agent", "task", "step", "pending", "paused", "resuming", "retrying")
 STEP_OUTPUT_FIELDS = ("output", "status", "error", "attempts", "cost")
 RUN_FIELDS = ("id", "name", "attempt", "priority")
+# The step being executed: e.g. an idempotency key `${run.id}-${step.id}-${step.attempt}`
+# for an external service, so that a retried attempt is recognised there.
+CURRENT_STEP_FIELDS = ("id", "name", "attempt")
 ERROR_FIELDS = ("code", "message", "step", "retryable")
 
 RUN_KEYS = (
@@ -712,6 +715,9 @@ class _Validator:
         elif root == "run":
             if len(ref) != 2 or ref[1] not in RUN_FIELDS:
                 self.error(path, f"{shown}: run exposes {', '.join(RUN_FIELDS)}")
+        elif root == "step":
+            if len(ref) != 2 or ref[1] not in CURRENT_STEP_FIELDS:
+                self.error(path, f"{shown}: step exposes {', '.join(CURRENT_STEP_FIELDS)}")
         elif root == "error":
             if not scope.in_handler:
                 self.error(path, f"{shown}: 'error' is only available in on_error handlers")
@@ -725,7 +731,7 @@ class _Validator:
             self.check_task_reference(ref, shown, path, scope)
         else:
             self.error(
-                path, f"{shown}: unknown root '{root}'; use variables, run, steps, tasks or error"
+                path, f"{shown}: unknown root '{root}'; use variables, run, step, steps, tasks or error"
             )
 
     def check_task_reference(self, ref: Reference, shown: str, path: str, scope: _Scope) -> None:

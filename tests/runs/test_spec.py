@@ -937,12 +937,16 @@ REFUSED_REFERENCES = [
     pytest.param(
         "fetch",
         "second",
-        "${secrets.key}",
-        "unknown root 'secrets'; use variables, run, steps, tasks or error",
+        "${nope.key}",
+        "unknown root 'nope'; use variables, run, step, steps, tasks or error",
         id="unknown-root",
+    ),
+    pytest.param(
+        "fetch", "second", "${step.output}", "step exposes id, name, attempt", id="step-bad-field"
     ),
 ]
 ALLOWED_REFERENCES = [
+    pytest.param("fetch", "second", "${run.id}-${step.id}-${step.attempt}", id="current-step"),
     pytest.param("fetch", "second", "${steps.first.output.items[0]}", id="earlier-sequential-step"),
     pytest.param("report", "merge", "${steps.collect.status}", id="dag-dependency"),
     pytest.param("report", "publish", "${steps.collect.output}", id="transitive-dag-dependency"),

@@ -26,9 +26,6 @@ from config.celery import QUEUE_RUNS_HIGH, QUEUE_RUNS_NORMAL, QUEUE_STEPS, app
 PICK_UP_TASK = "orchestrator.runs.pick_up"
 RESUME_TASK = "orchestrator.runs.resume"
 EXECUTE_STEP_TASK = "orchestrator.steps.execute"
-# Extra seconds between a step's soft time limit (the tool is interrupted, the attempt
-# fails with `timeout`) and the hard one (the process is killed).
-HARD_LIMIT_GRACE = 10
 
 
 logger = logging.getLogger(__name__)
@@ -95,7 +92,7 @@ class Outbox:
                     priority=message.priority,
                     countdown=message.countdown_s or None,
                     soft_time_limit=max(1, math.ceil(message.timeout_s)),
-                    time_limit=math.ceil(message.timeout_s) + HARD_LIMIT_GRACE,
+                    time_limit=math.ceil(message.timeout_s) + settings.ENGINE_HARD_LIMIT_GRACE,
                     producer=producer,
                 )
 

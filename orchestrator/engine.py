@@ -731,6 +731,8 @@ def resume(run_id: Any, actor: str = "worker") -> bool:
         ):
             dispatch_steps(run, task, outbox)
         update_waiting_state(run)
+        # Everything may have finished during the pause: then nothing is left to run.
+        finish_if_done(run)
         return True
 
 

@@ -43,6 +43,7 @@ NON_RETRYABLE_CODES = frozenset(
         "attempt_budget_exhausted",
         "failure_budget_exhausted",
         "dependency_failed",
+        "address_not_allowed",
     }
 )
 

@@ -350,6 +350,26 @@ def sweep_recoveries(book: RunBook) -> dict[str, int]:
     }
 
 
+def pick_up_latency(book: RunBook) -> dict[str, float]:
+    """Seconds from a run's creation (it is started at once) to its pick-up by a worker."""
+    from runs.models import Run
+
+    waits = sorted(
+        (picked - created).total_seconds()
+        for created, picked in Run.objects.filter(
+            pk__in=book.ids(), picked_up_at__isnull=False
+        ).values_list("created_at", "picked_up_at")
+        if picked is not None
+    )
+    if not waits:
+        return {"p50_s": 0.0, "max_s": 0.0, "over_10s": 0}
+    return {
+        "p50_s": waits[len(waits) // 2],
+        "max_s": waits[-1],
+        "over_10s": sum(1 for wait in waits if wait > 10),
+    }
+
+
 def outcome_problems(book: RunBook) -> list[str]:
     """Runs whose final status no fault or action explains."""
     from runs.models import Run
@@ -387,6 +407,13 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append("|---|---|")
     consistency = report["consistency"]
     effects = report["side_effects"]
+    recovery = (
+        f"{report['recovery_s']:.1f} s"
+        if report["recovery_s"] >= 0
+        else "every run had ended before the last fault"
+    )
+    pickup = report["pick_up_latency"]
+    pickups = f"{pickup['p50_s']:.2f} s / {pickup['max_s']:.2f} s ({pickup['over_10s']} over 10 s)"
     by_status = ", ".join(f"{k} {v}" for k, v in consistency["runs_by_status"].items())
     executed = f"{effects['executions']} for {effects['step_attempts']} step attempts"
     rows = [
@@ -405,10 +432,12 @@ def format_report(report: dict[str, Any]) -> str:
         ("outcomes no fault explains", len(report["unexplained_outcomes"])),
         ("API answers 5xx (not 502-504)", len(report["api"]["server_errors"])),
         ("API connection errors retried", report["api"]["connection_errors"]),
-        ("last fault -> last run terminal", f"{report['recovery_s']:.1f} s"),
+        ("last fault -> last run terminal", recovery),
+        ("pick-up latency p50 / max", pickups),
         ("recovered by the sweeps", ", ".join(
             f"{k.replace('_', ' ')} {v}" for k, v in report["recovered_by_sweeps"].items()
         )),
+        ("processes that exited by themselves (restarted)", len(report["unexpected_exits"])),
         ("worker/beat log error lines", report["worker_log_errors"]["lines"]),
         ("verdict", "PASS" if report["ok"] else "FAIL"),
     ]  # fmt: skip
@@ -424,6 +453,7 @@ def format_report(report: dict[str, Any]) -> str:
         ("phantom effects", effects["phantom_attempts"]),
         ("effects missing", effects["completed_without_effect"]),
         ("API 5xx", report["api"]["server_errors"]),
+        ("processes that exited by themselves", report["unexpected_exits"]),
         ("submission errors", report["submission_errors"]),
     ):
         if items:
@@ -521,6 +551,9 @@ def _storm(
         target=approver, args=(approval_client, stop_approving), daemon=True
     )
     clients = [threading.Thread(target=client_loop, daemon=True) for _ in range(config.clients)]
+    stop_supervising = threading.Event()
+    supervisor = threading.Thread(target=stack.supervise, args=(stop_supervising,), daemon=True)
+    supervisor.start()
     started = time.time()
     injector.start()
     approving.start()
@@ -544,6 +577,8 @@ def _storm(
         log(f"!! {exc}")
     stop_approving.set()
     approving.join(10)
+    stop_supervising.set()
+    supervisor.join(10)
     approval_client.close()
 
     close_old_connections()
@@ -580,9 +615,11 @@ def _storm(
             "retries": tally.retries,
             "server_errors": tally.server_errors,
         },
-        "recovery_s": max(recovery, 0.0),
+        "recovery_s": recovery,
+        "pick_up_latency": pick_up_latency(book),
         "recovered_by_sweeps": sweep_recoveries(book),
         "worker_log_errors": log_problems(stack),
+        "unexpected_exits": list(stack.unexpected_exits),
     }
     report["ok"] = bool(
         consistency.ok
@@ -594,6 +631,7 @@ def _storm(
         and not effect_report["phantom_attempts"]
         and not effect_report["completed_without_effect"]
         and not tally.server_errors
+        and not stack.unexpected_exits
     )
     return report
 

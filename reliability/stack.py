@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -151,6 +152,9 @@ class Stack:
     database_url: str = ""
     broker_url: str = ""
     processes: dict[str, Process] = field(default_factory=dict)
+    # Process changes (kills, restarts, the supervisor's checks) happen one at a time.
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    unexpected_exits: list[str] = field(default_factory=list)
 
     # ------------------------------------------------------------------ servers
     def start_servers(self) -> None:
@@ -293,6 +297,19 @@ class Stack:
 
         wait_for(ready, timeout, "the web server and the workers' pools")
 
+    def supervise(self, stop: threading.Event) -> None:
+        """Restart any process that exited without being told to, as systemd or Kubernetes
+        would, and remember it: an exit nobody caused is a finding of the run."""
+        while not stop.wait(0.5):
+            with self.lock:
+                for name, process in self.processes.items():
+                    if process.proc is not None and not process.alive():
+                        tail = process.output().strip().splitlines()[-1:] or [""]
+                        self.unexpected_exits.append(
+                            f"{name} exited with {process.proc.returncode}: {tail[0][:200]}"
+                        )
+                        process.start()
+
     # ------------------------------------------------------------------ faults
     def kill_worker_child(self, rng: random.Random) -> str:
         """SIGKILL one pool process of a random worker (Celery starts a replacement)."""
@@ -307,10 +324,11 @@ class Stack:
 
     def kill_worker(self, rng: random.Random) -> str:
         """SIGKILL a whole worker (main process and pool) and start it again at once."""
-        name = rng.choice(self.worker_names())
-        process = self.processes[name]
-        process.kill()
-        process.start()
+        with self.lock:
+            name = rng.choice(self.worker_names())
+            process = self.processes[name]
+            process.kill()
+            process.start()
         return name
 
     def restart_redis(self, lose_data: bool) -> str:
@@ -341,25 +359,29 @@ class Stack:
         return f"down {down_seconds:g}s"
 
     def restart_web(self) -> str:
-        process = self.processes["web"]
-        process.kill()
-        process.start()
+        with self.lock:
+            process = self.processes["web"]
+            process.kill()
+            process.start()
         return "killed and restarted"
 
     def start_second_beat(self) -> str:
-        self._process("beat-2", self._beat_args()).start()
+        with self.lock:
+            self._process("beat-2", self._beat_args()).start()
         return "started"
 
     def stop_second_beat(self) -> str:
-        process = self.processes.pop("beat-2", None)
-        if process is not None:
-            process.stop(timeout=5)
+        with self.lock:
+            process = self.processes.pop("beat-2", None)
+            if process is not None:
+                process.stop(timeout=5)
         return "stopped"
 
     # ------------------------------------------------------------------ teardown
     def stop_processes(self) -> None:
-        for process in self.processes.values():
-            process.stop(timeout=10)
+        with self.lock:
+            for process in self.processes.values():
+                process.stop(timeout=10)
 
     def close(self) -> None:
         try:

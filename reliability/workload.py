@@ -152,15 +152,17 @@ def _agent(tasks: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
 def plan_for(kind: str, index: int, url: str, rng: random.Random) -> dict[str, Any]:
     """A plan of ``kind``; ``rng`` varies sizes and timings, deterministically per seed."""
     name = f"chaos-{index:04d}-{kind}"
-    short = round(rng.uniform(0.05, 0.4), 2)
+    # Long enough that work is always in flight (and queued) when a fault strikes.
+    short = round(rng.uniform(0.3, 1.2), 2)
     if kind == "sequential":
         steps = [effect("e1", url), flaky("flaky"), pause("wait", short), effect("e2", url)]
         steps += [noop(f"n{i}") for i in range(rng.randint(1, 4))]
         return _run(name, [_agent([{"name": "seq", "mode": "sequential", "steps": steps}])])
     if kind == "parallel":
-        width = rng.randint(4, 10)
-        steps = [effect(f"e{i}", url) if i % 2 else flaky(f"f{i}") for i in range(width)]
-        steps.append(pause("wait", short))
+        width = rng.randint(6, 12)
+        kinds = (lambda i: effect(f"e{i}", url), lambda i: flaky(f"f{i}"),
+                 lambda i: pause(f"w{i}", short))  # fmt: skip
+        steps = [kinds[i % 3](i) for i in range(width)]
         task = {"name": "fan", "mode": "parallel", "max_concurrent_steps": 4, "steps": steps}
         return _run(name, [_agent([task])])
     if kind == "dag":

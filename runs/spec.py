@@ -731,7 +731,8 @@ class _Validator:
             self.check_task_reference(ref, shown, path, scope)
         else:
             self.error(
-                path, f"{shown}: unknown root '{root}'; use variables, run, step, steps, tasks or error"
+                path,
+                f"{shown}: unknown root '{root}'; use variables, run, step, steps, tasks or error",
             )
 
     def check_task_reference(self, ref: Reference, shown: str, path: str, scope: _Scope) -> None:
@@ -1191,6 +1192,44 @@ def join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
+def text_problem(text: str) -> str | None:
+    """Why PostgreSQL could not store ``text`` (jsonb, text columns), or None."""
+    if "\x00" in text:
+        return "contains a NUL character"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains an unpaired surrogate"
+    return None
+
+
+def unstorable_values(data: Any) -> list[PlanError]:
+    """Every string (keys too) PostgreSQL cannot store, and every NaN or infinity, with
+    its path. Iterative: the plan's depth is bounded before this runs, not by it."""
+    problems: list[PlanError] = []
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            problem = text_problem(item)
+            if problem:
+                problems.append(PlanError(path, problem))
+        elif isinstance(item, float):
+            if item != item or item in (float("inf"), float("-inf")):
+                problems.append(PlanError(path, "NaN and Infinity are not JSON numbers"))
+        elif isinstance(item, dict):
+            for key, value in reversed(list(item.items())):
+                shown = str(key)
+                key_problem = text_problem(shown)
+                if key_problem:
+                    shown = repr(shown).encode("ascii", "backslashreplace").decode()
+                    problems.append(PlanError(join(path, shown), f"key {key_problem}"))
+                stack.append((join(path, shown), value))
+        elif isinstance(item, list | tuple):
+            stack.extend(reversed([(f"{path}[{i}]", value) for i, value in enumerate(item)]))
+    return problems
+
+
 def parse_plan(data: Any, *, limits: Limits | None = None, size_hint: int | None = None) -> Plan:
     """Validate a submitted plan; return the normalised plan or raise ``PlanInvalid``.
 
@@ -1210,6 +1249,12 @@ def parse_plan(data: Any, *, limits: Limits | None = None, size_hint: int | None
         raise PlanInvalid(
             [PlanError("", f"plan is {size} bytes; at most {limits.max_spec_bytes} allowed")]
         )
+    # Every path that creates a run comes here (API, admin, shell, CLI): values that
+    # PostgreSQL would refuse at insert are reported like any other problem, not as a
+    # database error after the fact.
+    unstorable = unstorable_values(data)
+    if unstorable:
+        raise PlanInvalid(unstorable)
     validator = _Validator(limits)
     plan = validator.plan(data)
     if validator.errors or plan is None:

@@ -61,7 +61,9 @@ RUN_TRANSITIONS: dict[str, frozenset[str]] = {
         {R.COMPLETED, R.FAILED, R.PAUSED, R.WAITING_APPROVAL, R.ESCALATED, R.CANCELLED}
     ),
     R.WAITING_APPROVAL: frozenset({R.RUNNING, R.FAILED, R.CANCELLED}),
-    R.PAUSED: frozenset({R.RESUMING, R.CANCELLED}),
+    # paused -> failed: a step that was running when the pause came failed for good
+    # meanwhile, and the run's failure mode (fail-fast) propagates it at once.
+    R.PAUSED: frozenset({R.RESUMING, R.CANCELLED, R.FAILED}),
     R.RESUMING: frozenset({R.RUNNING, R.FAILED, R.CANCELLED}),
     R.FAILED: frozenset({R.RETRYING}),
     R.RETRYING: frozenset({R.PENDING, R.FAILED, R.CANCELLED}),
@@ -77,7 +79,9 @@ RUN_TRANSITIONS: dict[str, frozenset[str]] = {
 NODE_TRANSITIONS: dict[str, frozenset[str]] = {
     N.PENDING: frozenset({N.RUNNING, N.PAUSED, N.FAILED, N.SKIPPED, N.CANCELLED}),
     N.RUNNING: frozenset({N.COMPLETED, N.FAILED, N.SKIPPED, N.PAUSED, N.CANCELLED}),
-    N.PAUSED: frozenset({N.PENDING, N.CANCELLED}),
+    # paused -> completed/failed/skipped: the steps that were running when the pause came
+    # finish and keep their results; the last of them finishes its task (and agent).
+    N.PAUSED: frozenset({N.PENDING, N.CANCELLED, N.COMPLETED, N.FAILED, N.SKIPPED}),
     N.COMPLETED: frozenset(),
     N.FAILED: frozenset(),
     N.SKIPPED: frozenset(),

@@ -252,6 +252,9 @@ def _handler_for(server: HttpServer) -> type[BaseHTTPRequestHandler]:
 
 
 @pytest.fixture
-def http_server() -> Iterator[HttpServer]:
+def http_server(settings: Any) -> Iterator[HttpServer]:
+    # The http tool refuses loopback (orchestrator/netguard.py): this test allows the
+    # server's own address, and only for itself.
+    settings.HTTP_TOOL_ALLOWED_NETWORKS = ["127.0.0.1/32"]
     with HttpServer() as server:
         yield server

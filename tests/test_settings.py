@@ -78,6 +78,7 @@ def test_production_refuses_to_start_without_a_required_variable(variable: str) 
         ("SECRET_KEY", "short"),
         ("FLOWER_BASIC_AUTH", "no-colon"),
         ("CELERY_TASK_TIME_LIMIT", "soon"),
+        ("HTTP_TOOL_ALLOWED_NETWORKS", "10.0.0.0/33"),
     ],
 )
 def test_production_refuses_a_malformed_variable_naming_it(variable: str, value: str) -> None:
@@ -96,3 +97,42 @@ def test_models_and_migrations_agree_and_system_checks_pass() -> None:
 
     call_command("check", stdout=StringIO())
     call_command("makemigrations", "--check", "--dry-run", stdout=StringIO())
+
+
+@pytest.mark.parametrize("module", ["config.settings.production", "config.settings.local"])
+@pytest.mark.parametrize(
+    ("env", "names"),
+    [
+        (
+            {"ENGINE_HEARTBEAT_SECONDS": "60", "ENGINE_LEASE_SECONDS": "30"},
+            ["ENGINE_HEARTBEAT_SECONDS", "ENGINE_LEASE_SECONDS", "shorter than"],
+        ),
+        (
+            {"CELERY_VISIBILITY_TIMEOUT": "3000", "PLAN_MAX_STEP_TIMEOUT": "3600"},
+            ["CELERY_VISIBILITY_TIMEOUT", "PLAN_MAX_STEP_TIMEOUT", "delivered again"],
+        ),
+        ({"BILLING_LLM_ESTIMATE": "abc"}, ["BILLING_LLM_ESTIMATE", "'abc'"]),
+        ({"BILLING_LLM_ESTIMATE": "NaN"}, ["BILLING_LLM_ESTIMATE", "finite"]),
+        (
+            {"BILLING_LLM_PRICE_PER_1K_TOKENS": "0.0000001"},
+            ["BILLING_LLM_PRICE_PER_1K_TOKENS", "7 decimal places"],
+        ),
+    ],
+    ids=["heartbeat-vs-lease", "visibility-vs-step", "decimal", "nan", "too-precise"],
+)
+def test_a_bad_combination_refuses_to_start_naming_the_variables(
+    module: str, env: dict[str, str], names: list[str]
+) -> None:
+    base = PRODUCTION_ENV if module.endswith("production") else {"DJANGO_SETTINGS_MODULE": module}
+    result = run_manage({**base, **env}, "check")
+
+    assert result.returncode != 0
+    assert "Invalid environment configuration" in result.stderr
+    for name in names:
+        assert name in result.stderr
+
+
+def test_the_default_settings_pass_the_cross_checks() -> None:
+    result = run_manage({"DJANGO_SETTINGS_MODULE": "config.settings.local"}, "check")
+
+    assert result.returncode == 0, result.stderr

@@ -8,6 +8,7 @@ lists each variable read here.
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Any
 
@@ -294,6 +295,9 @@ ENGINE_HEARTBEAT_SECONDS = env.number(
 ENGINE_LEASE_SECONDS = env.number(
     "ENGINE_LEASE_SECONDS", 60, "a step lease not renewed for this long is reclaimed"
 )
+# Seconds between a step's soft time limit (the tool is interrupted, the attempt fails
+# with `timeout`) and the hard one (the process is killed).
+ENGINE_HARD_LIMIT_GRACE = 10
 ENGINE_MAX_RECLAIMS = env.integer(
     "ENGINE_MAX_RECLAIMS", 3, "reclaims before worker_lost", minimum=0
 )
@@ -315,6 +319,18 @@ ENGINE_HIGH_PRIORITY_MAX = env.integer(
 HTTP_TOOL_MAX_RESPONSE_BYTES = env.integer(
     "HTTP_TOOL_MAX_RESPONSE_BYTES", 1_000_000, "largest response body the http tool keeps"
 )
+# The http tool refuses loopback, private, link-local, multicast and reserved addresses
+# (orchestrator/netguard.py); these networks are let through. Empty everywhere by default.
+HTTP_TOOL_ALLOWED_NETWORKS = env.strings(
+    "HTTP_TOOL_ALLOWED_NETWORKS",
+    [],
+    "comma-separated CIDRs the http tool may reach although private (e.g. 10.1.2.0/24)",
+)
+for _cidr in HTTP_TOOL_ALLOWED_NETWORKS:
+    try:
+        ipaddress.ip_network(_cidr, strict=False)
+    except ValueError:
+        env.errors.append(f"HTTP_TOOL_ALLOWED_NETWORKS: {_cidr!r} is not a network (CIDR)")
 PYTHON_TOOL_ALLOWLIST = env.strings(
     "PYTHON_TOOL_ALLOWLIST",
     ["orchestrator.tools.examples.add", "orchestrator.tools.examples.word_count"],

@@ -1,5 +1,7 @@
 """Developer machine: `make run` and `manage.py` default to this module."""
 
+from config.settings.checks import check_consistency
+
 from .base import *  # noqa: F403
 from .base import env
 
@@ -8,4 +10,5 @@ FLOWER_BASIC_AUTH = env.string(
     "FLOWER_BASIC_AUTH", "admin:admin", "user:password Flower requires (comma-separate several)"
 )
 
+check_consistency(env, globals())
 env.raise_if_invalid()

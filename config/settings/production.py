@@ -5,6 +5,7 @@ A missing or malformed required variable stops start-up with a message naming it
 """
 
 from config.env import REQUIRED
+from config.settings.checks import check_consistency
 
 from .base import *  # noqa: F403
 from .base import database_config, env
@@ -54,4 +55,5 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = env.boolean(
 )
 SECURE_HSTS_PRELOAD = env.boolean("SECURE_HSTS_PRELOAD", True, "HSTS preload")
 
+check_consistency(env, globals())
 env.raise_if_invalid()

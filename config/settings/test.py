@@ -1,5 +1,7 @@
 """The test suite: `make test` points DATABASE_URL and CELERY_BROKER_URL at throwaway servers."""
 
+from config.settings.checks import check_consistency
+
 from .base import *  # noqa: F403
 from .base import env
 
@@ -19,4 +21,5 @@ LOGGING["root"]["level"] = env.string("LOG_LEVEL", "WARNING", "root log level") 
 ENGINE_HEARTBEAT_SECONDS = env.number("ENGINE_HEARTBEAT_SECONDS", 0.5, "lease renewal period")
 ENGINE_LEASE_SECONDS = env.number("ENGINE_LEASE_SECONDS", 3, "lease length")
 
+check_consistency(env, globals())
 env.raise_if_invalid()

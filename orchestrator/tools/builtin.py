@@ -18,6 +18,7 @@ from django.utils.module_loading import import_string
 
 from billing.pricing import llm_cost
 from orchestrator.errors import ERROR_CODES
+from orchestrator.netguard import AddressNotAllowed, guarded_client
 from orchestrator.tools.base import (
     CANCEL_CHECK_INTERVAL,
     ToolContext,
@@ -144,6 +145,7 @@ HTTP_RETRYABLE = {
 }
 HTTP_NON_RETRYABLE = {401: "auth_error", 403: "permission_denied", 404: "not_found"}
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD")
+HTTP_MAX_REDIRECTS = 5
 # How much of an error response's body its ToolError message quotes.
 HTTP_ERROR_EXCERPT = 300
 
@@ -175,20 +177,32 @@ def _http_request(params: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
 
 
 def http(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
-    """One HTTP request, redirects not followed: a 3xx is returned like a 2xx.
+    """One HTTP request; redirects are followed only with `follow_redirects: true` (at most
+    HTTP_MAX_REDIRECTS hops), otherwise a 3xx is returned like a 2xx.
 
-    A JSON body (by content type) is parsed, any other body is returned as text. Error
-    statuses raise the matching code (HTTP_RETRYABLE, HTTP_NON_RETRYABLE, server_error,
-    invalid_input). `timeout` bounds each network wait and the whole download.
+    Every connection, each redirect hop included, goes through the address guard
+    (``orchestrator.netguard``): a loopback, private, link-local... address fails the step
+    at once with `address_not_allowed` (never retried). A JSON body (by content type) is
+    parsed, any other body is returned as text. Error statuses raise the matching code
+    (HTTP_RETRYABLE, HTTP_NON_RETRYABLE, server_error, invalid_input). `timeout` bounds
+    each network wait and the whole download.
     """
     method, url, request = _http_request(params)
     timeout = _seconds(params, "timeout", ctx.timeout_s or 30)
+    follow = params.get("follow_redirects", False)
+    if not isinstance(follow, bool):
+        raise ToolError("invalid_input", "follow_redirects must be true or false", False)
     limit = settings.HTTP_TOOL_MAX_RESPONSE_BYTES
     deadline = time.monotonic() + timeout
     next_stop_check = time.monotonic() + CANCEL_CHECK_INTERVAL
     try:
         with (
-            httpx.Client(timeout=timeout, follow_redirects=False) as client,
+            guarded_client(
+                settings.HTTP_TOOL_ALLOWED_NETWORKS,
+                timeout=timeout,
+                follow_redirects=follow,
+                max_redirects=HTTP_MAX_REDIRECTS,
+            ) as client,
             client.stream(method, url, **request) as response,
         ):
             body = bytearray()
@@ -204,6 +218,11 @@ def http(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
                     next_stop_check = now + CANCEL_CHECK_INTERVAL
                     if ctx.stop_requested():
                         raise ToolError("cancelled", "the step was cancelled while running", False)
+    except AddressNotAllowed as exc:
+        raise ToolError("address_not_allowed", str(exc), False) from exc
+    except httpx.TooManyRedirects as exc:
+        message = f"more than {HTTP_MAX_REDIRECTS} redirects"
+        raise ToolError("invalid_output", message, False) from exc
     except httpx.TimeoutException as exc:
         raise ToolError("timeout", f"HTTP request timed out: {exc}") from exc
     except (httpx.UnsupportedProtocol, httpx.LocalProtocolError, httpx.InvalidURL) as exc:
@@ -253,6 +272,9 @@ def validate_http(params: dict[str, Any]) -> Problems:
     problems += _object(params, "query")
     if params.get("body") is not None and not isinstance(params["body"], str):
         problems.append(("body", "must be a string (use json for data)"))
+    follow = params.get("follow_redirects", False)
+    if not has_template(follow) and not isinstance(follow, bool):
+        problems.append(("follow_redirects", "must be true or false"))
     if "json" in params and "body" in params:
         problems.append(("body", "give either json or body, not both"))
     return problems

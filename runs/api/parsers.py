@@ -17,7 +17,7 @@ from rest_framework.exceptions import APIException, ParseError
 from rest_framework.parsers import BaseParser
 from rest_framework.renderers import JSONRenderer
 
-from runs.spec import json_depth, json_size
+from runs.spec import json_depth, json_size, text_problem
 
 # Python's decoder recurses once per nesting level; far below its recursion limit.
 MAX_NESTING = 100
@@ -54,16 +54,6 @@ def _constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _storable(text: str) -> bool:
-    if "\x00" in text:
-        return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # an unpaired surrogate (\ud800)
-        return False
-    return True
-
-
 def check_storable(data: Any) -> None:
     """Every string (keys too) storable by PostgreSQL, nesting bounded; iterative."""
     stack: list[tuple[Any, int]] = [(data, 1)]
@@ -72,7 +62,7 @@ def check_storable(data: Any) -> None:
         if depth > MAX_NESTING:
             raise ParseError(f"JSON nests deeper than {MAX_NESTING} levels")
         if isinstance(item, str):
-            if not _storable(item):
+            if text_problem(item) is not None:
                 raise ParseError("strings must not contain NUL characters or unpaired surrogates")
         elif isinstance(item, Mapping):
             for key, value in item.items():

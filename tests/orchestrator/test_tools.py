@@ -374,7 +374,8 @@ def test_http_reads_a_streamed_body_to_the_end(http_server: HttpServer) -> None:
     assert http({"url": f"{http_server.url}/stream"}, context()).output["body"] == "one two three"
 
 
-def test_http_to_a_closed_port_is_a_retryable_connection_error() -> None:
+def test_http_to_a_closed_port_is_a_retryable_connection_error(settings: Settings) -> None:
+    settings.HTTP_TOOL_ALLOWED_NETWORKS = ["127.0.0.1/32"]  # past the guard, to the port
     error = failure(http, {"url": f"{closed_port_url()}/"})
     assert (error.code, error.retryable) == ("connection_error", True)
 

@@ -505,7 +505,7 @@ def test_a_long_dependency_chain_validates_without_recursion(backward: bool) -> 
 
 # --------------------------------------------------------------------------- durations
 BAD_DURATIONS: list[Any] = ["30x", "-5s", "0s", "0.5ms", "", "30", "5 mins", "1e3s", "9" * 20 + "s"]
-BAD_DURATIONS += [True, False, None, [], {}, -1, 0, 0.0001, float("inf"), float("nan")]
+BAD_DURATIONS += [True, False, None, [], {}, -1, 0, 0.0001]
 DURATION_PLACES = {
     "timeouts.run": lambda value: plan(timeouts={"run": value}),
     "timeouts.step": lambda value: plan(timeouts={"step": value}),
@@ -522,6 +522,12 @@ def test_a_malformed_duration_is_refused(path: str, value: Any) -> None:
     assert_only_error(
         DURATION_PLACES[path](value), path, "must be a duration of at least 1ms such as '250ms'"
     )
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")], ids=repr)
+@pytest.mark.parametrize("path", list(DURATION_PLACES))
+def test_a_duration_that_is_not_a_json_number_is_refused_as_such(path: str, value: Any) -> None:
+    assert_only_error(DURATION_PLACES[path](value), path, "NaN and Infinity are not JSON numbers")
 
 
 @pytest.mark.parametrize(
@@ -658,7 +664,7 @@ def test_the_default_max_agents_respects_a_lower_limit() -> None:
         ({"jitter": -0.1}, "jitter", "got -0.1"),
         ({"jitter": True}, "jitter", "got true"),
         ({"multiplier": 0.5}, "multiplier", "must be a number from 1.0 to 10.0, got 0.5"),
-        ({"multiplier": float("nan")}, "multiplier", "must be a number"),
+        ({"multiplier": float("nan")}, "multiplier", "NaN and Infinity are not JSON numbers"),
     ],
 )
 def test_a_retry_policy_problem_is_refused(retry: dict[str, Any], path: str, fragment: str) -> None:
@@ -694,7 +700,6 @@ def test_a_retry_policy_is_normalised_with_defaults() -> None:
         1.1234567,
         "1.1234567",
         10**12,
-        float("inf"),
     ],
     ids=repr,
 )
@@ -1609,3 +1614,63 @@ def test_any_json_input_gives_a_plan_or_plan_invalid(data: Any) -> None:
         assert all(isinstance(e.path, str) and e.message for e in outcome.errors)
     else:
         assert outcome.step_count >= 1
+
+
+# --------------------------------------------------------------------------- storable values
+@pytest.mark.parametrize(
+    ("data", "path", "fragment"),
+    [
+        (one_step(params={"q": "a\x00b"}), f"{STEP}.params.q", "contains a NUL character"),
+        (one_step(params={"q": "\ud800"}), f"{STEP}.params.q", "contains an unpaired surrogate"),
+        (one_step(params={"n": float("nan")}), f"{STEP}.params.n", "NaN and Infinity"),
+        (one_step(params={"n": [1, float("-inf")]}), f"{STEP}.params.n[1]", "NaN and Infinity"),
+        (plan(variables={"v": "x\x00"}), "variables.v", "contains a NUL character"),
+        (plan(variables={"v": float("inf")}), "variables.v", "NaN and Infinity"),
+        ({**plan(), "name": "bad\x00name"}, "name", "contains a NUL character"),
+    ],
+    ids=[
+        "nul",
+        "surrogate",
+        "nan",
+        "minus-infinity-in-list",
+        "nul-variable",
+        "inf-variable",
+        "nul-name",
+    ],
+)
+def test_values_postgresql_cannot_store_are_refused_with_their_path(
+    data: Any, path: str, fragment: str
+) -> None:
+    assert_only_error(data, path, fragment)
+
+
+def test_a_key_with_a_nul_character_is_refused() -> None:
+    errors = errors_of(one_step(params={"a\x00b": 1}))
+
+    assert len(errors) == 1
+    assert errors[0][0].endswith("params.'a\\x00b'"), errors
+    assert "key contains a NUL character" in errors[0][1]
+
+
+def test_every_unstorable_value_is_reported_at_once() -> None:
+    data = one_step(params={"a": "\x00", "b": float("nan"), "c": "\udfff"})
+    data["variables"] = {"v": "\x00"}
+
+    paths = sorted(path for path, _ in errors_of(data))
+
+    assert paths == sorted(
+        ["variables.v", f"{STEP}.params.a", f"{STEP}.params.b", f"{STEP}.params.c"]
+    )
+
+
+@pytest.mark.django_db
+def test_the_service_refuses_such_a_plan_and_stores_nothing() -> None:
+    from runs.models import Run
+    from runs.services import run_create
+    from tests import factories
+
+    organization = factories.org()
+    with pytest.raises(PlanInvalid):
+        run_create(organization=organization, spec=one_step(params={"q": "\x00"}))
+
+    assert not Run.objects.filter(organization=organization).exists()

@@ -1,0 +1,80 @@
+"""Cross-checks between settings, run by every settings module after its own overrides.
+
+Each variable is valid on its own (``config.env.Env`` checked it); these catch the
+combinations that would fail later, at the worst moment: a lease that expires before it
+is renewed, a broker that hands a running step to a second worker, a price the ledger
+cannot store. A problem is added to ``env.errors``, so start-up refuses with a message
+that names the variables.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from config.env import Env
+
+# The ledger's columns: DecimalField(max_digits=18, decimal_places=6).
+LEDGER_PLACES = 6
+LEDGER_DIGITS = 18
+
+
+def _decimal_problem(name: str, value: Any) -> str | None:
+    try:
+        number = Decimal(str(value))
+    except InvalidOperation:
+        return f"{name} must be a decimal number of credits, got {value!r}"
+    if not number.is_finite() or number < 0:
+        return f"{name} must be a finite, non-negative number of credits, got {value!r}"
+    exponent = number.as_tuple().exponent
+    places = -exponent if isinstance(exponent, int) and exponent < 0 else 0
+    if places > LEDGER_PLACES:
+        return (
+            f"{name} has {places} decimal places, got {value!r}; the ledger keeps {LEDGER_PLACES}"
+        )
+    if len(number.as_tuple().digits) - places > LEDGER_DIGITS - LEDGER_PLACES:
+        return f"{name} is too large for the ledger, got {value!r}"
+    return None
+
+
+def check_consistency(env: Env, settings: dict[str, Any]) -> None:
+    heartbeat = float(settings["ENGINE_HEARTBEAT_SECONDS"])
+    lease = float(settings["ENGINE_LEASE_SECONDS"])
+    if heartbeat <= 0 or lease <= 0:
+        env.errors.append(
+            f"ENGINE_HEARTBEAT_SECONDS ({heartbeat:g}) and ENGINE_LEASE_SECONDS ({lease:g}) "
+            "must be positive"
+        )
+    elif heartbeat >= lease:
+        # A lease renewed no sooner than it expires is reclaimed from a live worker.
+        env.errors.append(
+            f"ENGINE_HEARTBEAT_SECONDS ({heartbeat:g}) must be shorter than "
+            f"ENGINE_LEASE_SECONDS ({lease:g}): a running step's lease would expire before "
+            "its renewal"
+        )
+
+    longest_step = settings["ORCHESTRATOR_PLAN_LIMITS"]["max_step_timeout_ms"] / 1000
+    grace = int(settings["ENGINE_HARD_LIMIT_GRACE"])
+    visibility = int(settings["CELERY_VISIBILITY_TIMEOUT"])
+    if visibility <= longest_step + grace:
+        # Redis would hand a message still being worked on to a second worker.
+        env.errors.append(
+            f"CELERY_VISIBILITY_TIMEOUT ({visibility} s) must be greater than "
+            f"PLAN_MAX_STEP_TIMEOUT ({longest_step:g} s) plus the hard-limit grace "
+            f"({grace} s): a step still running would be delivered again"
+        )
+
+    prices = {
+        "BILLING_LLM_PRICE_PER_1K_TOKENS": settings["BILLING_LLM_PRICE_PER_1K_TOKENS"],
+        "BILLING_LLM_ESTIMATE": settings["BILLING_LLM_ESTIMATE"],
+        "BILLING_MIN_RESERVATION": settings["BILLING_MIN_RESERVATION"],
+        "BILLING_DEFAULT_TOOL_PRICE": settings["BILLING_DEFAULT_TOOL_PRICE"],
+        **{
+            f"BILLING_TOOL_PRICES[{tool}]": price
+            for tool, price in settings["BILLING_TOOL_PRICES"].items()
+        },
+    }
+    for name, value in prices.items():
+        problem = _decimal_problem(name, value)
+        if problem:
+            env.errors.append(problem)

@@ -1,0 +1,178 @@
+"""Where the `http` tool may connect: public addresses only, unless an operator says more.
+
+A plan is written by a tenant, so its URLs are hostile input: without a guard a plan
+could read the cloud metadata service (169.254.169.254), the worker's own PostgreSQL and
+Redis on loopback, or anything on the private network. Every connection the tool opens,
+redirects included, goes through ``GuardedBackend``: the host name is resolved here, every
+address it resolves to is classified, and the socket connects to one of the addresses
+that were checked, never to the name again, so DNS rebinding (a name that answers a
+public address to the check and a private one to the connection) has no gap to use.
+
+Because the check is on resolved addresses, every notation of an address is covered:
+decimal integers (``2130706433``), short forms (``127.1``), hex and octal, IPv4-mapped
+and 6to4/Teredo/NAT64 IPv6 forms all resolve to the address they stand for.
+
+``HTTP_TOOL_ALLOWED_NETWORKS`` (CIDRs, empty by default) lifts the refusal for networks
+an operator trusts, e.g. an internal API on 10.1.2.0/24.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import socket
+import ssl
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import certifi
+import httpcore
+import httpx
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+SHARED = ipaddress.ip_network("100.64.0.0/10")  # carrier-grade NAT (RFC 6598)
+NAT64 = ipaddress.ip_network("64:ff9b::/96")  # IPv4 embedded in the last 32 bits
+
+
+class AddressNotAllowed(Exception):
+    """A connection the guard refused: ``host`` resolved to ``address`` of class ``kind``."""
+
+    def __init__(self, host: str, address: IPAddress, kind: str) -> None:
+        self.host, self.address, self.kind = host, address, kind
+        shown = host if host == str(address) else f"{host} ({address})"
+        super().__init__(
+            f"{shown} is a {kind} address; the http tool may not connect to it "
+            "(HTTP_TOOL_ALLOWED_NETWORKS lists the networks an operator allows)"
+        )
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address stands for (mapped, 6to4, Teredo, NAT64)."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip.teredo is not None:
+        return ip.teredo[1]  # (server, client): the client is where traffic goes
+    if ip in NAT64:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
+def classify(ip: IPAddress) -> str | None:
+    """The class of a refused address ("loopback", "private"...), or None if public."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = _embedded_ipv4(ip)
+        if embedded is not None:
+            return classify(embedded)
+        if ip.is_site_local:
+            return "site-local"
+    if ip.is_unspecified:
+        return "unspecified"
+    if ip.is_loopback:
+        return "loopback"
+    if ip.is_link_local:
+        return "link-local"
+    if ip.is_multicast:
+        return "multicast"
+    if isinstance(ip, ipaddress.IPv4Address) and ip in SHARED:
+        return "shared (carrier-grade NAT)"
+    if ip.is_reserved:  # before private: Python files 240.0.0.0/4 under both
+        return "reserved"
+    if ip.is_private:
+        return "private"
+    if not ip.is_global:
+        return "non-global"
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def parse_networks(cidrs: tuple[str, ...]) -> tuple[Network, ...]:
+    return tuple(ipaddress.ip_network(cidr.strip(), strict=False) for cidr in cidrs)
+
+
+def check_address(host: str, ip: IPAddress, allowed: Sequence[Network] = ()) -> None:
+    """Raise AddressNotAllowed unless ``ip`` is public or inside an allowed network."""
+    kind = classify(ip)
+    if kind is None:
+        return
+    candidates = [ip]
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = _embedded_ipv4(ip)
+        if embedded is not None:
+            candidates.append(embedded)
+    if any(candidate in network for candidate in candidates for network in allowed):
+        return
+    raise AddressNotAllowed(host, ip, kind)
+
+
+def resolve(host: str, port: int) -> list[IPAddress]:
+    """Every address ``host`` resolves to for TCP, in the resolver's order, once each."""
+    found: list[IPAddress] = []
+    for *_, sockaddr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+        address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])  # drop a scope id
+        if address not in found:
+            found.append(address)
+    return found
+
+
+def checked_addresses(host: str, port: int, allowed: Sequence[Network]) -> list[IPAddress]:
+    """Resolve ``host`` and check every answer: one refused address refuses the name."""
+    addresses = resolve(host, port)
+    for address in addresses:
+        check_address(host, address, allowed)
+    return addresses
+
+
+class GuardedBackend(httpcore.SyncBackend):
+    """httpcore's socket backend, connecting only to addresses the guard checked."""
+
+    def __init__(self, allowed: Sequence[Network]) -> None:
+        self.allowed = tuple(allowed)
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        try:
+            addresses = checked_addresses(host, port, self.allowed)
+        except socket.gaierror as exc:
+            raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from exc
+        last: Exception = httpcore.ConnectError(f"{host} resolved to no address")
+        for address in addresses:
+            try:
+                # The checked address itself: a second lookup could answer differently.
+                return super().connect_tcp(
+                    str(address), port, timeout, local_address, socket_options
+                )
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                last = exc
+        raise last
+
+
+class GuardedTransport(httpx.HTTPTransport):
+    """An httpx transport whose every connection goes through ``GuardedBackend``.
+
+    TLS still verifies the certificate against the URL's host name (httpcore passes the
+    request's host as server_hostname), only the TCP connection targets the address.
+    """
+
+    def __init__(self, allowed: Sequence[Network]) -> None:
+        super().__init__()
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=ssl.create_default_context(cafile=certifi.where()),
+            network_backend=GuardedBackend(allowed),
+        )
+
+
+def guarded_client(allowed_cidrs: Iterable[str], **options: Any) -> httpx.Client:
+    """An httpx client for tenant-supplied URLs. No proxy from the environment: a proxy
+    would make the connection for us, out of the guard's sight."""
+    allowed = parse_networks(tuple(allowed_cidrs))
+    return httpx.Client(transport=GuardedTransport(allowed), trust_env=False, **options)

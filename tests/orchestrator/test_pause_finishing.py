@@ -1,0 +1,65 @@
+"""Steps running when a pause comes finish and keep their results, even when they are the
+last of their task: found by `make chaos` (the recording failed with `task cannot go
+from paused to completed`, the step was reclaimed and its tool ran again).
+
+In-process: the engine's recording path is fed outcomes directly, no worker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orchestrator import engine, executor
+from orchestrator.tools.base import ToolError
+from runs import services
+from runs.models import Agent, Run, Step, Task
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+
+
+def running_single_step_run(**plan: Any) -> tuple[Run, Step]:
+    spec = factories.plan(steps=1, **plan)
+    run = services.run_create(organization=factories.org(), spec=spec)
+    services.run_start(run_id=run.pk)
+    assert engine.pick_up(run.pk)
+    step = Step.objects.get(run=run, name="step-0")
+    claimed = executor.claim(step.pk, "worker:test", "task-1")
+    assert claimed is not None
+    return run, claimed
+
+
+def status(model: Any, **filters: Any) -> str:
+    return str(model.objects.values_list("status", flat=True).get(**filters))
+
+
+def test_the_last_step_finishing_during_a_pause_completes_its_task_and_agent() -> None:
+    run, step = running_single_step_run()
+    services.run_pause(run_id=run.pk)
+
+    executor.record(step.pk, run.pk, step.attempts, executor.Outcome(output={"ok": 1}))
+
+    assert status(Step, pk=step.pk) == "completed"
+    assert status(Task, run=run) == "completed"
+    assert status(Agent, run=run) == "completed"
+    assert status(Run, pk=run.pk) == "paused"  # the run itself waits for resume
+
+    services.run_resume(run_id=run.pk)
+    engine.resume(run.pk)
+
+    assert status(Run, pk=run.pk) == "completed"
+
+
+def test_a_step_failing_for_good_during_a_pause_fails_a_fail_fast_run() -> None:
+    run, step = running_single_step_run()
+    services.run_pause(run_id=run.pk)
+
+    outcome = executor.Outcome(error=ToolError("invalid_input", "bad", False))
+    executor.record(step.pk, run.pk, step.attempts, outcome)
+
+    assert status(Step, pk=step.pk) == "failed"
+    current = Run.objects.get(pk=run.pk)
+    assert current.status == "failed"
+    assert current.last_error["code"] == "invalid_input"

@@ -29,7 +29,7 @@ class GrantCreditsForm(forms.Form):
 class ApiKeyInline(admin.TabularInline[ApiKey, Organization]):
     model = ApiKey
     extra = 0
-    fields = ("name", "prefix", "created_at", "last_used_at", "revoked_at")
+    fields = ("name", "scope", "prefix", "created_at", "last_used_at", "revoked_at")
     readonly_fields = fields
     can_delete = False
     show_change_link = True
@@ -110,23 +110,41 @@ class LedgerEntryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[LedgerEntry]):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
-    list_display = ("name", "prefix", "organization", "created_at", "last_used_at", "revoked_at")
-    list_filter = ("revoked_at",)
+    list_display = (
+        "name",
+        "prefix",
+        "scope",
+        "organization",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    )
+    list_filter = ("scope", "revoked_at")
     list_select_related = ("organization",)
     search_fields = ("name", "prefix", "organization__name")
     actions = ("revoke",)
 
     def get_fields(self, request: HttpRequest, obj: ApiKey | None = None) -> tuple[str, ...]:
         if obj is None:
-            return ("organization", "name")
-        return ("organization", "name", "prefix", "created_at", "last_used_at", "revoked_at")
+            return ("organization", "name", "scope")
+        return (
+            "organization",
+            "name",
+            "scope",
+            "prefix",
+            "created_at",
+            "last_used_at",
+            "revoked_at",
+        )
 
     def get_readonly_fields(
         self, request: HttpRequest, obj: ApiKey | None = None
     ) -> tuple[str, ...]:
         if obj is None:
             return ()
-        return ("organization", "prefix", "created_at", "last_used_at", "revoked_at")
+        # A key's scope is chosen once: widening it would hand more power to whoever
+        # already holds it. Issue a new key instead.
+        return ("organization", "scope", "prefix", "created_at", "last_used_at", "revoked_at")
 
     def save_model(
         self, request: HttpRequest, obj: ApiKey, form: ModelForm[ApiKey], change: bool
@@ -134,7 +152,9 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
         if change:
             obj.save(update_fields=["name"])
             return
-        created, raw_key = api_key_create(organization=obj.organization, name=obj.name)
+        created, raw_key = api_key_create(
+            organization=obj.organization, name=obj.name, scope=obj.scope
+        )
         obj.pk = created.pk
         obj._state.adding = False
         self.message_user(

@@ -31,6 +31,15 @@ class Organization(models.Model):
         return self.name
 
 
+class ApiKeyScope(models.TextChoices):
+    """What a key may do (runs.api.permissions): a dashboard or a runner host never holds
+    a key that can spend credits."""
+
+    FULL = "full", "full: every route"
+    READ = "read", "read: every GET route, nothing else"
+    RUNNER = "runner", "runner: the runner routes only"
+
+
 class ApiKey(models.Model):
     """A client's credential for one organization.
 
@@ -46,6 +55,7 @@ class ApiKey(models.Model):
     name = models.CharField(max_length=100)
     prefix = models.CharField(max_length=16, unique=True, editable=False)
     key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    scope = models.CharField(max_length=10, choices=ApiKeyScope.choices, default=ApiKeyScope.FULL)
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
     revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
@@ -53,6 +63,11 @@ class ApiKey(models.Model):
     class Meta:
         verbose_name = "API key"
         ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(scope__in=ApiKeyScope.values), name="apikey_scope_valid"
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"

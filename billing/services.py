@@ -12,7 +12,7 @@ from uuid import UUID
 from django.db import connection, transaction
 from django.utils import timezone
 
-from billing.models import ApiKey, EntryType, LedgerEntry, Organization
+from billing.models import ApiKey, ApiKeyScope, EntryType, LedgerEntry, Organization
 from runs.models import Run, RunAttempt, Step
 
 API_KEY_PREFIX = "ork"
@@ -34,8 +34,12 @@ def organization_create(*, name: str) -> Organization:
 
 
 @transaction.atomic
-def api_key_create(*, organization: Organization, name: str = "default") -> tuple[ApiKey, str]:
+def api_key_create(
+    *, organization: Organization, name: str = "default", scope: str = ApiKeyScope.FULL
+) -> tuple[ApiKey, str]:
     """Create a key; return it with the raw secret, which is never stored or shown again."""
+    if scope not in ApiKeyScope.values:
+        raise ValueError(f"unknown scope {scope!r}; use {', '.join(ApiKeyScope.values)}")
     prefix = secrets.token_hex(4)
     raw_key = f"{API_KEY_PREFIX}_{prefix}_{secrets.token_urlsafe(32)}"
     api_key = ApiKey.objects.create(
@@ -43,6 +47,7 @@ def api_key_create(*, organization: Organization, name: str = "default") -> tupl
         name=name.strip() or "default",
         prefix=prefix,
         key_hash=hash_api_key(raw_key),
+        scope=scope,
     )
     return api_key, raw_key
 

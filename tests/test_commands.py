@@ -102,3 +102,48 @@ def test_setup_periodic_tasks_installs_every_schedule_once_and_removes_stale_one
     assert {t.queue for t in installed} == {"sweeps"}
     assert all(t.enabled and t.expire_seconds for t in installed)
     assert PeriodicTask.objects.filter(name="added by hand").exists()
+
+
+def test_create_org_issues_a_full_key() -> None:
+    out = StringIO()
+    call_command("create_org", "Full Co", stdout=out)
+
+    result = json.loads(out.getvalue())
+    assert result["scope"] == "full"
+    assert api_key_authenticate(result["api_key"]).scope == "full"
+
+
+@pytest.mark.parametrize("scope", ["read", "full", "runner"])
+def test_create_api_key_prints_one_json_line_with_a_key_of_that_scope(scope: str) -> None:
+    call_command("create_org", "Scoped", stdout=StringIO())
+    out = StringIO()
+
+    call_command("create_api_key", "Scoped", "--scope", scope, "--name", "dash", stdout=out)
+
+    lines = out.getvalue().strip().splitlines()
+    assert len(lines) == 1
+    result = json.loads(lines[0])
+    assert (result["name"], result["scope"], result["key_name"]) == ("Scoped", scope, "dash")
+    key = api_key_authenticate(result["api_key"])
+    assert key is not None
+    assert (key.scope, key.organization.name, key.prefix) == (
+        scope,
+        "Scoped",
+        result["api_key_prefix"],
+    )
+
+
+def test_create_api_key_refuses_an_unknown_scope_and_creates_nothing() -> None:
+    call_command("create_org", "Strict", stdout=StringIO())
+    organization = Organization.objects.get(name="Strict")
+    keys_before = organization.api_keys.count()
+
+    with pytest.raises(CommandError, match="unknown scope 'admin'"):
+        call_command("create_api_key", "Strict", "--scope", "admin", stdout=StringIO())
+
+    assert organization.api_keys.count() == keys_before
+
+
+def test_create_api_key_refuses_an_unknown_organization() -> None:
+    with pytest.raises(CommandError, match="no organization named"):
+        call_command("create_api_key", "Nobody", stdout=StringIO())

@@ -49,7 +49,8 @@ class ErrorOutput(serializers.Serializer[Any]):
         help_text=(
             "Structured detail or null: for `invalid_request` and `invalid_plan` a list of "
             "`{path, message}`; for `invalid_transition` `{entity, from, to}`; for "
-            "`insufficient_credits` `{needed, available}`; for `throttled` `{retry_after}`."
+            "`insufficient_credits` `{needed, available}`; for `throttled` `{retry_after}`; "
+            "for `insufficient_scope` `{scope, required}`."
         ),
     )
 
@@ -128,6 +129,8 @@ def _api_error(exc: exceptions.APIException) -> Response:
         message = f"invalid request: {where}{first['message']}"
     else:
         message = str(exc.detail)
+    if getattr(exc, "details", None) is not None:
+        details = exc.details  # type: ignore[attr-defined]
     if getattr(exc, "retry_after", None):
         headers["Retry-After"] = str(exc.retry_after)  # type: ignore[attr-defined]
     wait = getattr(exc, "wait", None)
@@ -192,6 +195,8 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     401: "`not_authenticated` (no key) or `authentication_failed` (unknown, malformed or "
     "revoked key)",
     402: "`insufficient_credits`: the organization cannot cover the reservation",
+    403: "`insufficient_scope`: this API key's scope does not cover the route "
+    "(`details`: scope, required); checked before any object is looked up",
     404: "`not_found`: no such object in your organization (or no such page)",
     409: "`invalid_transition` (`details`: entity, from, to), `attempts_exhausted`, "
     "`run_deleted`, or `idempotency_key_in_use` (the first request with this key is still "
@@ -206,7 +211,7 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     "`Retry-After` seconds (nothing was changed)",
 }
 # Every response can be one of these (query parameters are validated everywhere).
-READ_ERRORS = (400, 401, 406, 429, 500, 503)
+READ_ERRORS = (400, 401, 403, 406, 429, 500, 503)
 LIST_ERRORS = (*READ_ERRORS, 404)
 WRITE_ERRORS = (*READ_ERRORS, 409, 413, 415, 422)
 

@@ -56,6 +56,7 @@ class Command(BaseCommand):
             "name": organization.name,
             "api_key": raw_key,
             "api_key_prefix": api_key.prefix,
+            "scope": api_key.scope,
             "credits": str(credits),
         }
         self.stdout.write(json.dumps(result))

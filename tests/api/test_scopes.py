@@ -1,0 +1,112 @@
+"""API key scopes on every route, generated from the URLconf (like the isolation tests):
+`read` may only GET, `runner` may only use runner routes, `full` may do everything; the
+scope is checked before any object is looked up. A new route is covered automatically."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from billing.models import ApiKeyScope
+from billing.services import api_key_create
+from runs.models import Run
+from tests.api import states
+from tests.api.conftest import Tenant
+from tests.api.routes import Route, api_routes
+from tests.api.test_isolation import snapshot
+
+pytestmark = pytest.mark.django_db
+
+ROUTES = api_routes()
+UNKNOWN_RUN = "00000000-0000-4000-8000-000000000000"
+
+
+def client_with(tenant: Tenant, scope: str) -> APIClient:
+    _, key = api_key_create(organization=tenant.organization, name=scope, scope=scope)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    return client
+
+
+def paths(route: Route, own: Run, foreign: Run) -> list[str]:
+    if "run_id" in route.parameters:
+        return [route.path(run_id=run_id) for run_id in (own.pk, foreign.pk, UNKNOWN_RUN)]
+    return [route.path()]
+
+
+def call(client: APIClient, method: str, path: str) -> Any:
+    return getattr(client, method)(path, {}, format="json")
+
+
+def assert_insufficient(response: Any, scope: str) -> None:
+    assert response.status_code == 403, response.content
+    body = response.json()
+    assert body["code"] == "insufficient_scope"
+    assert body["details"]["scope"] == scope
+    assert scope in body["message"]
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=str)
+def test_a_read_key_may_get_and_nothing_else(
+    route: Route, tenant: Tenant, other_tenant: Tenant
+) -> None:
+    own, foreign = states.running(tenant.organization), states.running(other_tenant.organization)
+    before = snapshot(own), snapshot(foreign)
+    reader = client_with(tenant, ApiKeyScope.READ)
+
+    for path in paths(route, own, foreign):
+        for method in route.methods:
+            response = call(reader, method, path)
+            if method == "get":
+                assert response.status_code != 403, (path, response.content)
+            else:
+                assert_insufficient(response, "read")
+                assert response.json()["details"]["required"] == ["full"]
+
+    assert (snapshot(own), snapshot(foreign)) == before
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=str)
+def test_a_runner_key_may_use_only_runner_routes(
+    route: Route, tenant: Tenant, other_tenant: Tenant
+) -> None:
+    own, foreign = states.running(tenant.organization), states.running(other_tenant.organization)
+    before = snapshot(own)
+    runner = client_with(tenant, ApiKeyScope.RUNNER)
+    runner_route = getattr(route.view, "runner_route", False)
+
+    for path in paths(route, own, foreign):
+        for method in route.methods:
+            response = call(runner, method, path)
+            if runner_route:
+                assert response.status_code != 403, (path, response.content)
+            else:
+                assert_insufficient(response, "runner")
+
+    assert snapshot(own) == before
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=str)
+def test_a_full_key_is_never_refused_for_its_scope(
+    route: Route, tenant: Tenant, other_tenant: Tenant
+) -> None:
+    own, foreign = states.running(tenant.organization), states.running(other_tenant.organization)
+    full = client_with(tenant, ApiKeyScope.FULL)
+
+    for path in paths(route, own, foreign):
+        for method in route.methods:
+            response = call(full, method, path)
+            assert response.status_code != 403, (method, path, response.content)
+
+
+def test_without_a_key_it_is_still_401_not_403(tenant: Tenant) -> None:
+    response = APIClient().post("/api/v1/runs", {}, format="json")
+
+    assert response.status_code == 401
+
+
+def test_an_unknown_scope_is_refused_by_the_service(tenant: Tenant) -> None:
+    with pytest.raises(ValueError, match="unknown scope"):
+        api_key_create(organization=tenant.organization, scope="admin")

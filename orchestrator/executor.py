@@ -214,6 +214,11 @@ def run_attempt(step: Step, attempt: int) -> Outcome:
             error=ToolError("timeout", f"step timed out after {timeout:g}s"),
             cost=tool_price(step.tool),
         )
+    except (OperationalError, InterfaceError):
+        # The database went away under the tool (its cancellation check, a template's
+        # query): not the tool's failure. The attempt is abandoned; its lease expires
+        # and the sweep runs it again (found by make chaos at a PostgreSQL restart).
+        raise
     except Exception as exc:
         logger.exception("tool %s crashed in step %s", step.tool, step.pk)
         return Outcome(

@@ -13,7 +13,7 @@ from django.forms import ModelForm
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
-from billing.models import ApiKey, LedgerEntry, Organization
+from billing.models import ApiKey, ApiKeyScope, LedgerEntry, Organization
 from billing.selectors import organization_balance
 from billing.services import api_key_create, api_key_revoke, credits_grant
 from orchestrator.admin import ReadOnlyAdminMixin
@@ -137,6 +137,14 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
             "revoked_at",
         )
 
+    def get_form(
+        self, request: HttpRequest, obj: ApiKey | None = None, change: bool = False, **kwargs: Any
+    ) -> type[ModelForm[ApiKey]]:
+        form = super().get_form(request, obj, change, **kwargs)
+        if obj is None and "scope" in form.base_fields:
+            form.base_fields["scope"].required = False  # left empty: a full key, as before
+        return form
+
     def get_readonly_fields(
         self, request: HttpRequest, obj: ApiKey | None = None
     ) -> tuple[str, ...]:
@@ -153,7 +161,7 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
             obj.save(update_fields=["name"])
             return
         created, raw_key = api_key_create(
-            organization=obj.organization, name=obj.name, scope=obj.scope
+            organization=obj.organization, name=obj.name, scope=obj.scope or ApiKeyScope.FULL
         )
         obj.pk = created.pk
         obj._state.adding = False

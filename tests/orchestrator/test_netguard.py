@@ -15,12 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from orchestrator import netguard
+from orchestrator import engine, executor, netguard
 from orchestrator.errors import is_retryable
 from orchestrator.netguard import AddressNotAllowed, check_address, classify, parse_networks
 from orchestrator.retry import decide
 from orchestrator.tools.base import ToolContext, ToolError
 from orchestrator.tools.builtin import http, validate_http
+from runs import services
+from runs.models import Run, Step
+from tests import factories
 
 if TYPE_CHECKING:
     from pytest_django.fixtures import Settings as SettingsWrapper
@@ -262,3 +265,29 @@ def test_address_not_allowed_is_never_retried() -> None:
         {"max_attempts": 5}, code="address_not_allowed", retryable=False, attempts=1, failures=1
     )
     assert not decision.retry
+
+
+# --------------------------------------------------------------------------- through the engine
+@pytest.mark.django_db
+def test_a_plan_aimed_at_a_refused_address_is_accepted_and_its_step_fails_once_unretried(
+    http_server: HttpServer, settings: SettingsWrapper
+) -> None:
+    settings.HTTP_TOOL_ALLOWED_NETWORKS = []
+    http_server.respond("/", json={})
+    spec = factories.plan(steps=1, variables={"target": http_server.url})
+    spec["agents"][0]["tasks"][0]["steps"][0].update(
+        tool="http", params={"url": "${variables.target}/"}, retry={"max_attempts": 3}
+    )
+    run = services.run_create(organization=factories.org(), spec=spec)  # the validator accepts
+    services.run_start(run_id=run.pk)
+    assert engine.pick_up(run.pk)
+    step_id = Step.objects.get(run=run, name="step-0").pk
+
+    assert executor.execute_step(step_id, worker="worker:test") == "failed"
+
+    step = Step.objects.get(pk=step_id)
+    assert (step.status, step.attempts) == ("failed", 1)
+    assert step.error["code"] == "address_not_allowed"
+    assert "127.0.0.1 is a loopback address" in step.error["message"]
+    assert Run.objects.get(pk=run.pk).status == "failed"
+    assert http_server.requests == []

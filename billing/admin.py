@@ -1,4 +1,4 @@
-"""Operators' views of organizations and API keys."""
+"""Operators' views of organizations, API keys and secrets."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from django.forms import ModelForm
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
-from billing.models import ApiKey, ApiKeyScope, LedgerEntry, Organization
+from billing.models import ApiKey, ApiKeyScope, LedgerEntry, Organization, Secret
+from billing.secrets import is_valid_secret_name, secret_delete, secret_put
 from billing.selectors import organization_balance
 from billing.services import api_key_create, api_key_revoke, credits_grant
 from orchestrator.admin import ReadOnlyAdminMixin
@@ -179,3 +180,69 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
         for api_key in queryset:
             api_key_revoke(api_key=api_key)
         self.message_user(request, f"{queryset.count()} key(s) revoked")
+
+
+class SecretForm(forms.ModelForm[Secret]):
+    # Write-only: never rendered back, never prefilled (render_value=False).
+    value = forms.CharField(
+        required=False,
+        strip=False,
+        widget=forms.PasswordInput(render_value=False),
+        help_text="Stored encrypted and never shown again. When changing a secret, leave "
+        "empty to keep the current value.",
+    )
+
+    class Meta:
+        model = Secret
+        fields = ("organization", "name")
+
+    def clean_name(self) -> str:
+        name = str(self.cleaned_data["name"])
+        if not is_valid_secret_name(name):
+            raise forms.ValidationError(
+                "A letter or _, then letters, digits or _ (at most 100 characters)."
+            )
+        return name
+
+
+@admin.register(Secret)
+class SecretAdmin(admin.ModelAdmin[Secret]):
+    """Names and dates only; a value is written through ``secret_put`` and never shown."""
+
+    form = SecretForm
+    list_display = ("name", "organization", "created_at", "updated_at")
+    list_filter = ("organization",)
+    list_select_related = ("organization",)
+    search_fields = ("name", "organization__name")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Secret]:
+        return super().get_queryset(request).defer("value_encrypted")
+
+    def get_fields(self, request: HttpRequest, obj: Secret | None = None) -> tuple[str, ...]:
+        if obj is None:
+            return ("organization", "name", "value")
+        return ("organization", "name", "value", "created_at", "updated_at")
+
+    def get_readonly_fields(
+        self, request: HttpRequest, obj: Secret | None = None
+    ) -> tuple[str, ...]:
+        # Another name or organization is another secret: add it, delete this one.
+        return () if obj is None else ("organization", "name", "created_at", "updated_at")
+
+    def save_model(
+        self, request: HttpRequest, obj: Secret, form: ModelForm[Secret], change: bool
+    ) -> None:
+        value = form.cleaned_data.get("value") or ""
+        if change and not value:
+            return  # nothing else is editable: the value is kept
+        saved, _ = secret_put(organization=obj.organization, name=obj.name, value=value)
+        obj.pk = saved.pk
+        obj.created_at, obj.updated_at = saved.created_at, saved.updated_at
+        obj._state.adding = False
+
+    def delete_model(self, request: HttpRequest, obj: Secret) -> None:
+        secret_delete(organization=obj.organization, name=obj.name)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Secret]) -> None:
+        for secret in queryset.select_related("organization"):
+            secret_delete(organization=secret.organization, name=secret.name)

@@ -1,23 +1,35 @@
-"""The billing API: the caller's organization's balance and ledger (read-only)."""
+"""The billing API: the caller's organization's balance and ledger (read-only), and its
+secrets (written here, never read back: only their names and dates are listed)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import extend_schema
+from django.core.validators import ProhibitNullCharactersValidator
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
-from billing.models import EntryType
+from billing.models import SECRET_NAME_PATTERN, EntryType
+from billing.secrets import is_valid_secret_name, secret_delete, secret_list, secret_put
 from billing.selectors import ledger_for, organization_balance
 from runs.api.authentication import organization_of
 from runs.api.errors import LIST_ERRORS, READ_ERRORS, RETRY_AFTER_PARAMETER, error_responses
 from runs.api.pagination import PageQuery, paginated
-from runs.api.serializers import BalanceOutput, LedgerEntryOutput
-from runs.api.views import ApiView, page_response
+from runs.api.parsers import AnyStringJSONParser
+from runs.api.serializers import (
+    BalanceOutput,
+    InputSerializer,
+    LedgerEntryOutput,
+    StrictCharField,
+)
+from runs.api.views import ApiView, page_response, validated
 
 TAG_BILLING = "billing"
+TAG_SECRETS = "secrets"
 LedgerPage = paginated(LedgerEntryOutput, "PaginatedLedgerEntryList")
 
 
@@ -65,3 +77,103 @@ class LedgerApi(ApiView):
         if "run" in params:
             entries = entries.filter(run_id=params["run"])
         return page_response(request, entries, params, LedgerEntryOutput)
+
+
+# --------------------------------------------------------------------------- secrets
+class SecretOutput(serializers.Serializer[Any]):
+    """A secret as the API shows it: never its value."""
+
+    name = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField(help_text="When the value was last replaced.")
+
+
+SecretPage = paginated(SecretOutput, "PaginatedSecretList")
+
+SECRET_NAME_PARAMETER = OpenApiParameter(
+    name="name",
+    type=str,
+    location=OpenApiParameter.PATH,
+    pattern=f"^{SECRET_NAME_PATTERN}$",
+    description="A letter or _, then letters, digits or _; at most 100 characters. "
+    "Plans read the value as `${secrets.NAME}`.",
+)
+
+
+class SecretValueField(StrictCharField):
+    """Any JSON string, exactly as sent: empty, NUL characters and unpaired surrogates
+    included (the value is stored encrypted, never as text)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(allow_blank=True, trim_whitespace=False, **kwargs)
+        self.validators = [
+            validator
+            for validator in self.validators
+            if not isinstance(
+                validator, ProhibitNullCharactersValidator | ProhibitSurrogateCharactersValidator
+            )
+        ]
+
+
+class SecretsApi(ApiView):
+    queries = {"get": PageQuery}
+
+    @extend_schema(
+        tags=[TAG_SECRETS],
+        operation_id="secrets_list",
+        summary="List your secrets",
+        parameters=[PageQuery, RETRY_AFTER_PARAMETER],
+        responses={200: SecretPage, **error_responses(*LIST_ERRORS)},
+    )
+    def get(self, request: Request) -> Response:
+        """Your organization's secrets by name: names and dates, never values."""
+        secrets = secret_list(organization=organization_of(request))
+        return page_response(request, secrets, self.query, SecretOutput)
+
+
+class SecretApi(ApiView):
+    # A value may be any string; the body's other strings are still checked.
+    parser_classes = [AnyStringJSONParser]
+
+    class SecretInput(InputSerializer):
+        value = SecretValueField(help_text="Any string; stored encrypted, never returned.")
+
+    @extend_schema(
+        tags=[TAG_SECRETS],
+        operation_id="secrets_put",
+        summary="Create or replace a secret",
+        request=SecretInput,
+        parameters=[SECRET_NAME_PARAMETER, RETRY_AFTER_PARAMETER],
+        responses={
+            201: OpenApiResponse(SecretOutput, description="Created."),
+            200: OpenApiResponse(SecretOutput, description="Its value replaced."),
+            **error_responses(*READ_ERRORS, 404, 413, 415),
+        },
+    )
+    def put(self, request: Request, name: str) -> Response:
+        """Set the secret `name` of your organization to `value` (201 when new, 200 when
+        replaced). The answer never holds the value; runs read it as `${secrets.NAME}`
+        when a step's tool runs, and it is redacted from what the step leaves behind."""
+        if not is_valid_secret_name(name):
+            raise serializers.ValidationError(
+                {"name": ["a letter or _, then letters, digits or _; at most 100 characters"]}
+            )
+        data = validated(self.SecretInput, request.data)
+        secret, created = secret_put(
+            organization=organization_of(request), name=name, value=data["value"]
+        )
+        return Response(SecretOutput(secret).data, status=201 if created else 200)
+
+    @extend_schema(
+        tags=[TAG_SECRETS],
+        operation_id="secrets_delete",
+        summary="Delete a secret",
+        parameters=[SECRET_NAME_PARAMETER, RETRY_AFTER_PARAMETER],
+        responses={204: None, **error_responses(404, *READ_ERRORS)},
+    )
+    def delete(self, request: Request, name: str) -> Response:
+        """Delete the secret; 404 when your organization has none of that name. Steps
+        that still refer to it fail with `template_error` when they run."""
+        if not secret_delete(organization=organization_of(request), name=name):
+            raise NotFound("not found")
+        return Response(status=204)

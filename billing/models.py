@@ -1,7 +1,9 @@
-"""Tenancy and money: organizations (the tenant and its credit account) and API keys."""
+"""Tenancy and money: organizations (the tenant and its credit account), API keys and
+the organizations' secrets."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from decimal import Decimal
 
@@ -155,3 +157,37 @@ class LedgerEntry(models.Model):
 
     def delete(self, *args: object, **kwargs: object) -> tuple[int, dict[str, int]]:
         raise ValueError("the ledger is append-only")
+
+
+# A secret's name, as plans write it in `${secrets.NAME}` (runs/spec.py checks it there too).
+SECRET_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]{0,99}"  # noqa: S105 (a pattern, not a secret)
+SECRET_NAME_RE = re.compile(SECRET_NAME_PATTERN)
+
+
+class Secret(models.Model):
+    """A value a plan may use (`${secrets.NAME}`) without ever holding it.
+
+    Only a Fernet token of the value is stored (``billing.secrets``, keys from
+    ``SECRETS_ENCRYPTION_KEYS``); it is decrypted on the worker when a step's tool runs,
+    never returned by the API nor shown in the admin.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="secrets")
+    name = models.CharField(max_length=100)
+    value_encrypted = models.BinaryField(editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "name"], name="secret_unique_name"),
+            models.CheckConstraint(
+                condition=models.Q(name__regex=f"^{SECRET_NAME_PATTERN}$"),
+                name="secret_name_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name

@@ -1,10 +1,13 @@
-"""One JSON object per log line, so log shippers need no parsing rules."""
+"""One JSON object per log line, so log shippers need no parsing rules; and no secret
+value in any line."""
 
 from __future__ import annotations
 
 import json
 import logging
 from datetime import UTC, datetime
+
+from orchestrator.redaction import active_values, redact_text
 
 # Attributes every LogRecord has; anything else was passed with `extra=` and is emitted.
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
@@ -21,6 +24,40 @@ class JsonFormatter(logging.Formatter):
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_"):
                 payload[key] = value
-        if record.exc_info:
+        # exc_text first: RedactSecrets leaves a redacted traceback there.
+        if record.exc_text:
+            payload["exc_info"] = record.exc_text
+        elif record.exc_info:
             payload["exc_info"] = self.formatException(record.exc_info)
         return json.dumps(payload, default=str)
+
+
+class RedactSecrets(logging.Filter):
+    """Replace the secret values of the step attempt in progress (``orchestrator.redaction``)
+    in a record's message, traceback, stack and string extras, before it is formatted.
+
+    The record is changed in place: handlers that run after this one (and the list a test's
+    ``caplog`` keeps) see it redacted as well.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        values = active_values()
+        if not values:
+            return True
+        record.msg = redact_text(record.getMessage(), values)
+        record.args = ()
+        if record.exc_info:
+            # Formatted now, while the values are known; the raw exception is dropped so
+            # that no later handler formats it again.
+            record.exc_text = record.exc_text or logging.Formatter().formatException(
+                record.exc_info
+            )
+            record.exc_info = None
+        if record.exc_text:
+            record.exc_text = redact_text(record.exc_text, values)
+        if record.stack_info:
+            record.stack_info = redact_text(record.stack_info, values)
+        for key, value in list(vars(record).items()):
+            if key not in _STANDARD and isinstance(value, str):
+                setattr(record, key, redact_text(value, values))
+        return True

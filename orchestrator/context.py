@@ -3,12 +3,17 @@
 References were checked against the plan when it was submitted (runs/spec.py); here
 they are resolved against the database, lazily: a step that reads nothing costs no
 query, one that reads `${steps.fetch.output.body}` costs one.
+
+`${secrets.NAME}` is decrypted here, on the worker, just before the tool runs, from the
+run's organization's secrets; the values handed out are kept (``secrets_used``) so that
+the executor can redact them from whatever the attempt leaves behind.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from billing.secrets import SecretUnreadable, secret_values
 from orchestrator.templates import Reference, UnresolvedReference, format_reference, resolve_in
 from runs.models import Run, Step, Task
 
@@ -16,19 +21,41 @@ STEP_FIELDS = ("output", "status", "error", "attempts", "cost")
 
 
 class StepContext:
-    """Resolver for one step attempt's references (variables, run, steps, tasks, error)."""
+    """Resolver for one step attempt's references (variables, run, step, steps, tasks,
+    error, secrets)."""
 
-    def __init__(self, step: Step, run_id: Any) -> None:
+    def __init__(self, step: Step, run_id: Any, attempt: int | None = None) -> None:
         self.step = step
         self.run_id = run_id
+        # The attempt being run: the claim has set step.attempts to it already.
+        self.attempt = step.attempts if attempt is None else attempt
         self._run: Run | None = None
+        # name -> value of every secret resolved for this attempt, to be redacted.
+        self.secrets_used: dict[str, str] = {}
 
     def _get_run(self) -> Run:
         if self._run is None:
             self._run = Run.objects.only(
-                "id", "name", "attempt_number", "priority", "variables"
+                "id", "name", "attempt_number", "priority", "variables", "organization_id"
             ).get(pk=self.run_id)
         return self._run
+
+    def _secret(self, rest: Reference) -> str:
+        # runs/spec.py allows exactly `secrets.NAME`; anything else names no secret.
+        if len(rest) != 1 or not isinstance(rest[0], str):
+            shown = format_reference(("secrets", *rest))
+            raise UnresolvedReference(f"cannot resolve {shown}: use secrets.NAME")
+        name = rest[0]
+        if name not in self.secrets_used:
+            organization_id = self._get_run().organization_id
+            try:
+                found = secret_values(organization_id=organization_id, names=[name])
+            except SecretUnreadable as exc:
+                raise UnresolvedReference(str(exc)) from None
+            if name not in found:
+                raise UnresolvedReference(f"unknown secret {name!r}: the organization has none")
+            self.secrets_used[name] = found[name]
+        return self.secrets_used[name]
 
     def _step_values(self, task_id: int, generation: int, name: str) -> dict[str, Any]:
         row = (
@@ -55,8 +82,10 @@ class StepContext:
             }
             return resolve_in(fields, rest)
         if root == "step":
-            current = {"id": self.step.pk, "name": self.step.name, "attempt": self.step.attempts}
+            current = {"id": self.step.pk, "name": self.step.name, "attempt": self.attempt}
             return resolve_in(current, rest)
+        if root == "secrets":
+            return self._secret(rest)
         if root == "error":
             original = self.step.handler_for
             if original is None or not original.error:

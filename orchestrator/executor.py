@@ -3,8 +3,9 @@
 1. Claim: one conditional UPDATE moves the step PENDING -> RUNNING (and writes its
    event) only if it is pending, dispatched, due, and its run is RUNNING. A duplicate or
    late delivery, or a message for a paused or cancelled run, claims nothing: a no-op.
-2. Run: the `when` condition and `${...}` parameters are resolved, then the tool runs
-   with no transaction open, its lease renewed by the heartbeat thread.
+2. Run: the `when` condition and `${...}` parameters are resolved (secrets decrypted
+   here, on the worker), then the tool runs with no transaction open, its lease renewed
+   by the heartbeat thread. The secret values are redacted from what it leaves behind.
 3. Record: one transaction, under the run's lock, that records output, cost and state,
    charges the attempt, and advances the run (``orchestrator.engine``). It applies only
    if the step is still running this attempt: a step cancelled or reclaimed meanwhile
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
@@ -32,9 +34,10 @@ from orchestrator.context import StepContext
 from orchestrator.dispatch import Outbox, StepMessage
 from orchestrator.expressions import Expression, ExpressionError
 from orchestrator.heartbeat import heart
-from orchestrator.templates import TemplateError, UnresolvedReference, render_value
+from orchestrator.redaction import redact, redact_text, redactable, redacting
+from orchestrator.templates import Reference, TemplateError, UnresolvedReference, render_value
 from orchestrator.tools import registry
-from orchestrator.tools.base import ToolContext, ToolError
+from orchestrator.tools.base import Tool, ToolContext, ToolError
 from runs.models import Run, Step
 from runs.states import StepStatus
 from runs.transitions import transition_locked
@@ -167,17 +170,24 @@ def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
 
 
 def run_attempt(step: Step, attempt: int) -> Outcome:
-    """Evaluate the condition, render the parameters and run the tool (no transaction)."""
-    context = StepContext(step, step.run_id)
+    """Evaluate the condition, render the parameters and run the tool (no transaction).
+
+    The values of the secrets the parameters resolved are redacted here, once, from the
+    outcome (output, error message) before anything records it, and from the log lines
+    written while the tool runs (``config.logging.RedactSecrets``). The rendered
+    parameters themselves are never stored: the step row keeps the template.
+    """
+    context = StepContext(step, step.run_id, attempt)
     try:
-        if step.when and not Expression.parse(step.when).truthy(context):
+        if step.when and not Expression.parse(step.when).truthy(_without_secrets(context)):
             return Outcome(skipped=True)
     except (ExpressionError, TemplateError, UnresolvedReference) as exc:
         return Outcome(error=ToolError("condition_error", f"when: {exc}", False))
     try:
         params = render_value(step.params, context)
     except (TemplateError, UnresolvedReference) as exc:
-        return Outcome(error=ToolError("template_error", str(exc), False))
+        message = redact_text(str(exc), context.secrets_used.values())
+        return Outcome(error=ToolError("template_error", message, False))
     spec = registry.get(step.tool)
     if spec is None or spec.run is None:
         return Outcome(
@@ -194,26 +204,40 @@ def run_attempt(step: Step, attempt: int) -> Outcome:
             ).exists()
         ),
     )
+    secrets = redactable(context.secrets_used.values())
     heart.begin(step.pk, step.run_id, attempt)
     try:
-        result = spec.run(params, ctx)
+        with redacting(secrets):
+            outcome = _run_tool(spec.run, step, params, ctx)
+        return _recordable(outcome, secrets, step.tool)
+    except SoftTimeLimitExceeded:  # while a large output was being redacted or checked
+        return _timed_out(step)
+    finally:
+        heart.end()
+
+
+def _without_secrets(context: StepContext) -> Callable[[Reference], Any]:
+    """The resolver of `when` conditions: runs/spec.py refuses secrets there, and this
+    keeps a value out of a condition's error message even for a plan it did not check."""
+
+    def resolve(ref: Reference) -> Any:
+        if ref[0] == "secrets":
+            raise UnresolvedReference("secrets cannot be used in conditions", ref)
+        return context(ref)
+
+    return resolve
+
+
+def _run_tool(tool: Tool, step: Step, params: dict[str, Any], ctx: ToolContext) -> Outcome:
+    """Call the tool; whatever it raises becomes the outcome's error (not yet redacted)."""
+    try:
+        result = tool(params, ctx)
         cost = tool_price(step.tool) if result.cost is None else result.cost
-        try:
-            # Stored as JSONB: it must be plain JSON (no NaN), and of a bounded size.
-            encoded = json.dumps(result.output, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise ToolError("invalid_output", f"output is not JSON: {exc}", False) from exc
-        if len(encoded) > MAX_OUTPUT_BYTES:
-            raise ToolError("invalid_output", f"output larger than {MAX_OUTPUT_BYTES} bytes", False)
         return Outcome(output=result.output, cost=cost)
     except ToolError as exc:
         return Outcome(error=exc, cost=tool_price(step.tool))
     except SoftTimeLimitExceeded:
-        timeout = engine.step_timeout_s(step)
-        return Outcome(
-            error=ToolError("timeout", f"step timed out after {timeout:g}s"),
-            cost=tool_price(step.tool),
-        )
+        return _timed_out(step)
     except (OperationalError, InterfaceError):
         # The database went away under the tool (its cancellation check, a template's
         # query): not the tool's failure. The attempt is abandoned; its lease expires
@@ -225,8 +249,34 @@ def run_attempt(step: Step, attempt: int) -> Outcome:
             error=ToolError("tool_error", f"{type(exc).__name__}: {exc}", False),
             cost=tool_price(step.tool),
         )
-    finally:
-        heart.end()
+
+
+def _timed_out(step: Step) -> Outcome:
+    timeout = engine.step_timeout_s(step)
+    return Outcome(
+        error=ToolError("timeout", f"step timed out after {timeout:g}s"),
+        cost=tool_price(step.tool),
+    )
+
+
+def _recordable(outcome: Outcome, secrets: tuple[str, ...], tool: str) -> Outcome:
+    """The outcome as it may be stored: secret values redacted (output deep, keys too;
+    the error message), then the output checked: stored as JSONB, it must be plain JSON
+    (no NaN), and of a bounded size."""
+    error = outcome.error
+    if error is not None and secrets:
+        error = ToolError(error.code, redact_text(error.message, secrets), error.retryable)
+    output = redact(outcome.output, secrets)
+    if error is None:
+        try:
+            encoded = json.dumps(output, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            message = redact_text(f"output is not JSON: {exc}", secrets)
+            return Outcome(error=ToolError("invalid_output", message, False), cost=tool_price(tool))
+        if len(encoded) > MAX_OUTPUT_BYTES:
+            message = f"output larger than {MAX_OUTPUT_BYTES} bytes"
+            return Outcome(error=ToolError("invalid_output", message, False), cost=tool_price(tool))
+    return Outcome(output=output, cost=outcome.cost, error=error, skipped=outcome.skipped)
 
 
 def record(step_id: int, run_id: Any, attempt: int, outcome: Outcome) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 
 from django.conf import settings
 
+from billing.models import SECRET_NAME_RE
 from orchestrator.errors import ERROR_CODES, RETRYABLE_CODES
 from orchestrator.expressions import Expression, ExpressionError
 from orchestrator.templates import (
@@ -698,10 +699,25 @@ class _Validator:
         return graph
 
     # ------------------------------------------------------------------ references
-    def check_reference(self, ref: Reference, path: str, scope: _Scope) -> None:
+    def check_reference(
+        self, ref: Reference, path: str, scope: _Scope, condition: bool = False
+    ) -> None:
         shown = f"${{{format_reference(ref)}}}"
         root = ref[0]
-        if root == "variables":
+        if root == "secrets":
+            # Resolved on the worker only when the tool runs, and redacted from what it
+            # leaves behind: a condition's outcome would reveal a value bit by bit.
+            if condition:
+                self.error(path, f"{shown}: secrets cannot be used in conditions")
+            elif len(ref) != 2 or not (
+                isinstance(ref[1], str) and SECRET_NAME_RE.fullmatch(ref[1])
+            ):
+                self.error(
+                    path,
+                    f"{shown}: name one secret, e.g. ${{secrets.API_TOKEN}} (a letter or _, "
+                    "then letters, digits or _, at most 100 characters)",
+                )
+        elif root == "variables":
             if len(ref) < 2:
                 self.error(path, f"{shown}: name a variable, e.g. ${{variables.topic}}")
             elif ref[1] not in scope.variables:
@@ -732,7 +748,8 @@ class _Validator:
         else:
             self.error(
                 path,
-                f"{shown}: unknown root '{root}'; use variables, run, step, steps, tasks or error",
+                f"{shown}: unknown root '{root}'; use variables, run, step, steps, tasks or "
+                "error (or secrets.NAME for a secret)",
             )
 
     def check_task_reference(self, ref: Reference, shown: str, path: str, scope: _Scope) -> None:
@@ -823,7 +840,7 @@ class _Validator:
             self.error(path, f"bad condition: {exc}")
             return when
         for ref in expression.references:
-            self.check_reference(ref, path, scope)
+            self.check_reference(ref, path, scope, condition=True)
         return when
 
     # ------------------------------------------------------------------ levels

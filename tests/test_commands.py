@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 from io import StringIO
+from typing import Any
 
 import pytest
+from cryptography.fernet import Fernet
 from django.core.management import CommandError, call_command
 from django.db import connection
 
 from billing.models import Organization
+from billing.secrets import secret_put, secret_values
 from billing.services import api_key_authenticate
 from runs import services
 from tests import factories
@@ -147,3 +150,30 @@ def test_create_api_key_refuses_an_unknown_scope_and_creates_nothing() -> None:
 def test_create_api_key_refuses_an_unknown_organization() -> None:
     with pytest.raises(CommandError, match="no organization named"):
         call_command("create_api_key", "Nobody", stdout=StringIO())
+
+
+def test_rotate_secrets_moves_every_secret_to_the_first_key(settings: Any) -> None:
+    old, new = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    organization = factories.org()
+    settings.SECRETS_ENCRYPTION_KEYS = [old]
+    secret_put(organization=organization, name="TOKEN", value="s3cr3t")
+    settings.SECRETS_ENCRYPTION_KEYS = [new, old]
+    out = StringIO()
+
+    call_command("rotate_secrets", stdout=out)
+
+    assert json.loads(out.getvalue()) == {"rotated": 1}
+    settings.SECRETS_ENCRYPTION_KEYS = [new]
+    assert secret_values(organization_id=organization.pk, names=["TOKEN"]) == {"TOKEN": "s3cr3t"}
+
+
+def test_rotate_secrets_names_a_secret_no_key_decrypts_without_its_value(settings: Any) -> None:
+    organization = factories.org()
+    settings.SECRETS_ENCRYPTION_KEYS = [Fernet.generate_key().decode()]
+    secret_put(organization=organization, name="LOST", value="s3cr3t")
+    settings.SECRETS_ENCRYPTION_KEYS = [Fernet.generate_key().decode()]
+
+    with pytest.raises(CommandError, match="LOST") as caught:
+        call_command("rotate_secrets", stdout=StringIO())
+
+    assert "s3cr3t" not in str(caught.value)

@@ -18,6 +18,7 @@ PRODUCTION_ENV = {
     "DATABASE_URL": "postgres://app:secret@db.internal:5432/orchestrator",
     "CELERY_BROKER_URL": "redis://redis.internal:6379/0",
     "FLOWER_BASIC_AUTH": "sre:a-long-flower-password",
+    "SECRETS_ENCRYPTION_KEYS": "cHJvZHVjdGlvbi1zZWNyZXRzLWtleS0zMi1ieXRlcyE=",
 }
 
 
@@ -59,7 +60,14 @@ def test_production_settings_pass_check_deploy() -> None:
 
 @pytest.mark.parametrize(
     "variable",
-    ["SECRET_KEY", "ALLOWED_HOSTS", "DATABASE_URL", "CELERY_BROKER_URL", "FLOWER_BASIC_AUTH"],
+    [
+        "SECRET_KEY",
+        "ALLOWED_HOSTS",
+        "DATABASE_URL",
+        "CELERY_BROKER_URL",
+        "FLOWER_BASIC_AUTH",
+        "SECRETS_ENCRYPTION_KEYS",
+    ],
 )
 def test_production_refuses_to_start_without_a_required_variable(variable: str) -> None:
     env = {k: v for k, v in PRODUCTION_ENV.items() if k != variable}
@@ -79,6 +87,7 @@ def test_production_refuses_to_start_without_a_required_variable(variable: str) 
         ("FLOWER_BASIC_AUTH", "no-colon"),
         ("CELERY_TASK_TIME_LIMIT", "soon"),
         ("HTTP_TOOL_ALLOWED_NETWORKS", "10.0.0.0/33"),
+        ("SECRETS_ENCRYPTION_KEYS", "cHJvZHVjdGlvbi1zZWNyZXRzLWtleS0zMi1ieXRlcyE=,not-a-key"),
     ],
 )
 def test_production_refuses_a_malformed_variable_naming_it(variable: str, value: str) -> None:
@@ -117,8 +126,9 @@ def test_models_and_migrations_agree_and_system_checks_pass() -> None:
             {"BILLING_LLM_PRICE_PER_1K_TOKENS": "0.0000001"},
             ["BILLING_LLM_PRICE_PER_1K_TOKENS", "7 decimal places"],
         ),
+        ({"BILLING_LLM_ESTIMATE": "1e20"}, ["BILLING_LLM_ESTIMATE", "too large", "'1e20'"]),
     ],
-    ids=["heartbeat-vs-lease", "visibility-vs-step", "decimal", "nan", "too-precise"],
+    ids=["heartbeat-vs-lease", "visibility-vs-step", "decimal", "nan", "too-precise", "too-large"],
 )
 def test_a_bad_combination_refuses_to_start_naming_the_variables(
     module: str, env: dict[str, str], names: list[str]

@@ -8,12 +8,15 @@ lists each variable read here.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import ipaddress
 from pathlib import Path
 from typing import Any
 
 import dj_database_url
 import django_stubs_ext
+from cryptography.fernet import Fernet
 
 from config.env import Env
 
@@ -131,6 +134,40 @@ SESSION_COOKIE_HTTPONLY = True
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 
+
+# --------------------------------------------------------------------------- secrets
+# Organizations' secrets (billing/secrets.py) are stored as Fernet tokens. The first key
+# encrypts, every key decrypts: to rotate, put a new key first, keep the old ones until
+# `secrets_rotate()` has re-encrypted every row. Without the variable (local, test) the
+# key is derived from SECRET_KEY, so changing SECRET_KEY makes existing secrets
+# unreadable; production requires it.
+def derived_secrets_key(secret_key: str) -> str:
+    digest = hashlib.sha256(b"orchestrator-secrets:" + secret_key.encode()).digest()
+    return base64.urlsafe_b64encode(digest).decode()
+
+
+def secrets_encryption_keys(keys: list[str]) -> list[str]:
+    """``keys`` after checking each is a Fernet key; a bad one is reported by position,
+    never by value (it is a secret)."""
+    for position, key in enumerate(keys, start=1):
+        try:
+            Fernet(key)
+        except (ValueError, TypeError):
+            env.errors.append(
+                f"SECRETS_ENCRYPTION_KEYS: key {position} is not a Fernet key (32 url-safe "
+                "base64-encoded bytes, e.g. from Fernet.generate_key())"
+            )
+    return keys
+
+
+SECRETS_ENCRYPTION_KEYS = secrets_encryption_keys(
+    env.strings(
+        "SECRETS_ENCRYPTION_KEYS",
+        [],
+        "comma-separated Fernet keys for secrets; the first encrypts, all decrypt",
+    )
+) or [derived_secrets_key(SECRET_KEY)]
+
 # --------------------------------------------------------------------------- logging
 LOG_LEVEL = env.string("LOG_LEVEL", "INFO", "root log level")
 LOG_FORMAT = env.string("LOG_FORMAT", "json", "json (one object per line) or text")
@@ -143,7 +180,15 @@ LOGGING: dict[str, Any] = {
         "json": {"()": "config.logging.JsonFormatter"},
         "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
+    # The values of the secrets a running step resolved never reach a log line.
+    "filters": {"redact_secrets": {"()": "config.logging.RedactSecrets"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": LOG_FORMAT,
+            "filters": ["redact_secrets"],
+        }
+    },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }

@@ -26,18 +26,22 @@ def _decimal_problem(name: str, value: Any) -> str | None:
         return f"{name} must be a decimal number of credits, got {value!r}"
     if not number.is_finite() or number < 0:
         return f"{name} must be a finite, non-negative number of credits, got {value!r}"
-    exponent = number.as_tuple().exponent
+    # By magnitude, not by digits written: "1e20" has one digit and 21 integer places.
+    if number >= Decimal(10) ** (LEDGER_DIGITS - LEDGER_PLACES):
+        return f"{name} is too large for the ledger, got {value!r}"
+    # Trailing zeros are no precision: "1.500000000" is 1.5 and fits.
+    exponent = number.normalize().as_tuple().exponent
     places = -exponent if isinstance(exponent, int) and exponent < 0 else 0
     if places > LEDGER_PLACES:
         return (
             f"{name} has {places} decimal places, got {value!r}; the ledger keeps {LEDGER_PLACES}"
         )
-    if len(number.as_tuple().digits) - places > LEDGER_DIGITS - LEDGER_PLACES:
-        return f"{name} is too large for the ledger, got {value!r}"
     return None
 
 
 def check_consistency(env: Env, settings: dict[str, Any]) -> None:
+    """Append to ``env.errors`` every inconsistent combination in a settings module's
+    namespace (its ``globals()``, after its own overrides)."""
     heartbeat = float(settings["ENGINE_HEARTBEAT_SECONDS"])
     lease = float(settings["ENGINE_LEASE_SECONDS"])
     if heartbeat <= 0 or lease <= 0:
@@ -74,6 +78,7 @@ def check_consistency(env: Env, settings: dict[str, Any]) -> None:
             for tool, price in settings["BILLING_TOOL_PRICES"].items()
         },
     }
+    # Each price becomes a ledger amount: DECIMAL(18, 6), finite, never negative.
     for name, value in prices.items():
         problem = _decimal_problem(name, value)
         if problem:

@@ -8,7 +8,7 @@ from config.env import REQUIRED
 from config.settings.checks import check_consistency
 
 from .base import *  # noqa: F403
-from .base import database_config, env
+from .base import database_config, env, secrets_encryption_keys
 
 DEBUG = False
 SECRET_KEY = env.string("SECRET_KEY", REQUIRED, "Django secret key (>= 50 random characters)")
@@ -39,6 +39,14 @@ if FLOWER_BASIC_AUTH and any(
     for pair in FLOWER_BASIC_AUTH.split(",")
 ):
     env.errors.append("FLOWER_BASIC_AUTH must be user:password (comma-separate several)")
+# Never derived from SECRET_KEY here: rotating SECRET_KEY must not lose every secret.
+SECRETS_ENCRYPTION_KEYS = secrets_encryption_keys(
+    env.strings(
+        "SECRETS_ENCRYPTION_KEYS",
+        REQUIRED,
+        "comma-separated Fernet keys for secrets; the first encrypts, all decrypt",
+    )
+)
 
 # HTTPS: the app sits behind a TLS-terminating proxy that sets X-Forwarded-Proto.
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")

@@ -54,22 +54,26 @@ def _constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def check_storable(data: Any) -> None:
-    """Every string (keys too) storable by PostgreSQL, nesting bounded; iterative."""
-    stack: list[tuple[Any, int]] = [(data, 1)]
+def check_storable(data: Any, *, any_string_values: bool = False) -> None:
+    """Every string (keys too) storable by PostgreSQL, nesting bounded; iterative.
+
+    ``any_string_values`` lets values, not keys, be any string: for a body whose values
+    are never stored as text (a secret's value is stored encrypted).
+    """
+    stack: list[tuple[Any, int, bool]] = [(data, 1, False)]
     while stack:
-        item, depth = stack.pop()
+        item, depth, is_key = stack.pop()
         if depth > MAX_NESTING:
             raise ParseError(f"JSON nests deeper than {MAX_NESTING} levels")
         if isinstance(item, str):
-            if text_problem(item) is not None:
+            if (is_key or not any_string_values) and text_problem(item) is not None:
                 raise ParseError("strings must not contain NUL characters or unpaired surrogates")
         elif isinstance(item, Mapping):
             for key, value in item.items():
-                stack.append((key, depth))
-                stack.append((value, depth + 1))
+                stack.append((key, depth, True))
+                stack.append((value, depth + 1, False))
         elif isinstance(item, list):
-            stack.extend((value, depth + 1) for value in item)
+            stack.extend((value, depth + 1, False) for value in item)
 
 
 class BoundedJSONParser(BaseParser):
@@ -77,6 +81,7 @@ class BoundedJSONParser(BaseParser):
 
     media_type = "application/json"
     renderer_class = JSONRenderer
+    any_string_values = False
 
     def parse(
         self,
@@ -96,8 +101,16 @@ class BoundedJSONParser(BaseParser):
             raise ParseError(f"JSON nests deeper than {MAX_NESTING} levels") from exc
         except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, too many digits
             raise ParseError(f"JSON parse error: {exc}") from exc
-        check_storable(data)
+        check_storable(data, any_string_values=self.any_string_values)
         return data
+
+
+class AnyStringJSONParser(BoundedJSONParser):
+    """Bounded JSON whose values may be any string, NUL and unpaired surrogates included
+    (keys may not: they are echoed in error messages). For a view that stores no string
+    of the body as text: a secret's value, encrypted."""
+
+    any_string_values = True
 
 
 def plan_size_hint(plan: Any, content_length: str | None) -> int | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from billing.api import BalanceApi, LedgerApi
+from billing.api import BalanceApi, LedgerApi, SecretApi, SecretsApi
 from runs.api import views
 
 app_name = "api"
@@ -25,4 +25,6 @@ urlpatterns = [
     path("runs/<uuid:run_id>/events", views.RunEventsApi.as_view(), name="run-events"),
     path("billing/balance", BalanceApi.as_view(), name="billing-balance"),
     path("billing/ledger", LedgerApi.as_view(), name="billing-ledger"),
+    path("secrets", SecretsApi.as_view(), name="secrets"),
+    path("secrets/<str:name>", SecretApi.as_view(), name="secret"),
 ]

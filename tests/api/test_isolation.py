@@ -1,12 +1,14 @@
 """Tenant isolation, generated from the URLconf: every route that takes a run id answers
 another organization 404 for every method (actions included) and changes nothing; every
-list shows none of another organization's rows. A new route is covered automatically."""
+route that takes a secret's name acts in the caller's organization only; every list shows
+none of another organization's rows. A new route is covered automatically."""
 
 from __future__ import annotations
 
 import pytest
 
-from billing.models import LedgerEntry
+from billing.models import LedgerEntry, Secret
+from billing.secrets import decrypt_value, secret_put
 from runs.models import Run, RunEvent
 from tests.api import states
 from tests.api.conftest import Tenant
@@ -15,6 +17,7 @@ from tests.api.routes import Route, api_routes, routes_with, routes_without_para
 pytestmark = pytest.mark.django_db
 
 ID_ROUTES = routes_with("run_id")
+NAME_ROUTES = routes_with("name")  # an organization's secret, by name
 LIST_ROUTES = [route for route in routes_without_parameters() if "get" in route.methods]
 
 
@@ -32,7 +35,7 @@ def snapshot(run: Run) -> tuple[object, ...]:
 def test_every_api_route_is_either_scoped_by_run_id_or_a_list() -> None:
     # If this fails, a route takes a parameter the isolation tests do not know how to
     # fill: teach them (a foreign object of that kind must answer 404 too).
-    known = {*map(str, ID_ROUTES), *map(str, routes_without_parameters())}
+    known = {*map(str, ID_ROUTES), *map(str, NAME_ROUTES), *map(str, routes_without_parameters())}
     assert {str(route) for route in api_routes()} == known
 
 
@@ -55,6 +58,38 @@ def test_another_organizations_run_is_not_found_for_every_method(
         assert tenant.get(path).status_code == 200
 
 
+def secrets_of(tenant: Tenant) -> dict[str, tuple[str, object]]:
+    return {
+        secret.name: (decrypt_value(secret.value_encrypted), secret.updated_at)
+        for secret in Secret.objects.filter(organization=tenant.organization)
+    }
+
+
+@pytest.mark.parametrize("route", NAME_ROUTES, ids=str)
+def test_another_organizations_secret_is_never_reached_by_name(
+    route: Route, tenant: Tenant, other_tenant: Tenant
+) -> None:
+    secret_put(organization=tenant.organization, name="TOKEN", value="theirs")
+    path = route.path(name="TOKEN")
+    before = secrets_of(tenant)
+
+    # PUT last: once it has created the caller's own TOKEN, a DELETE would find that one.
+    for method in sorted(route.methods, key=lambda method: method == "put"):
+        response = getattr(other_tenant.client, method)(path, {"value": "mine"}, format="json")
+
+        if method == "put":  # creates the caller's own secret of that name
+            assert response.status_code == 201, response.content
+            assert secrets_of(other_tenant)["TOKEN"][0] == "mine"
+        else:
+            assert response.status_code == 404, (method, path, response.content)
+            assert response.json() == {
+                "code": "not_found",
+                "message": "not found",
+                "details": None,
+            }
+    assert secrets_of(tenant) == before
+
+
 @pytest.mark.parametrize("route", ID_ROUTES, ids=str)
 def test_a_run_id_that_does_not_exist_is_not_found_like_a_foreign_one(
     route: Route, tenant: Tenant
@@ -73,10 +108,12 @@ def test_lists_and_totals_show_nothing_of_another_organization(
     path = route.path()
     params = {"page_size": 500} if route.accepts("get", "page_size") else {}
     states.created(other_tenant.organization)
+    secret_put(organization=other_tenant.organization, name="OTHERS", value="x")
     before = other_tenant.get(path, params).json()
 
     for make in (states.running, states.created, states.failed, states.waiting_approval):
         make(tenant.organization)
+    secret_put(organization=tenant.organization, name="OWN", value="y")
 
     # Another organization's activity is invisible: not a row, not a total changes.
     assert other_tenant.get(path, params).json() == before
@@ -84,8 +121,8 @@ def test_lists_and_totals_show_nothing_of_another_organization(
     assert theirs != before
     if "results" in theirs:
         assert theirs["results"], f"{route} shows its owner nothing: the test proves nothing"
-        assert not {row["id"] for row in theirs["results"]} & {
-            row["id"] for row in before["results"]
+        assert not {row.get("id", row.get("name")) for row in theirs["results"]} & {
+            row.get("id", row.get("name")) for row in before["results"]
         }
 
 

@@ -10,6 +10,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from billing.models import ApiKeyScope
+from billing.secrets import secret_put
 from billing.services import api_key_create
 from runs.models import Run
 from tests.api import states
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.django_db
 
 ROUTES = api_routes()
 UNKNOWN_RUN = "00000000-0000-4000-8000-000000000000"
+UNKNOWN_SECRET = "NO_SUCH_SECRET"
 
 
 def client_with(tenant: Tenant, scope: str) -> APIClient:
@@ -33,6 +35,10 @@ def client_with(tenant: Tenant, scope: str) -> APIClient:
 def paths(route: Route, own: Run, foreign: Run) -> list[str]:
     if "run_id" in route.parameters:
         return [route.path(run_id=run_id) for run_id in (own.pk, foreign.pk, UNKNOWN_RUN)]
+    if "name" in route.parameters:  # a secret: each organization has one of this name
+        for run in (own, foreign):
+            secret_put(organization=run.organization, name="TOKEN", value="v")
+        return [route.path(name=name) for name in ("TOKEN", UNKNOWN_SECRET)]
     return [route.path()]
 
 

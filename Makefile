@@ -20,6 +20,9 @@ bench: install  ## engine vs raw Celery on throwaway servers (BENCH_JSON=path fo
 chaos: install  ## faults injected under a mixed workload; exit 1 if anything is lost (CHAOS_JSON=path)
 	@scripts/chaos.sh $(CHAOS_ARGS)
 
+load: install  ## locust against gunicorn, then every run checked; exit 1 on a 5xx or inconsistency (LOAD_JSON=path)
+	@scripts/load.sh $(LOAD_ARGS)
+
 lint: install
 	@$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 

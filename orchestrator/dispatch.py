@@ -55,7 +55,13 @@ def enqueue_run_task(name: str, run_id: object, priority: int) -> None:
     """Publish a run-level task on its priority's queue once the transaction commits."""
 
     def publish() -> None:
-        app.send_task(name, args=(str(run_id),), queue=run_queue(priority), priority=priority)
+        app.send_task(
+            name,
+            args=(str(run_id),),
+            queue=run_queue(priority),
+            priority=priority,
+            ignore_result=True,
+        )
 
     after_commit(publish, f"{name} of run {run_id}")
 
@@ -93,6 +99,9 @@ class Outbox:
                     countdown=message.countdown_s or None,
                     soft_time_limit=max(1, math.ceil(message.timeout_s)),
                     time_limit=math.ceil(message.timeout_s) + settings.ENGINE_HARD_LIMIT_GRACE,
+                    # send_task by name asks for a result unless told otherwise, whatever
+                    # the task's own ignore_result says (PostgreSQL holds every outcome).
+                    ignore_result=True,
                     producer=producer,
                 )
 

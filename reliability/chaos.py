@@ -141,10 +141,15 @@ def publish_duplicates(run_ids: list[str], rng: random.Random) -> str:
         return "no runs yet"
     chosen = rng.sample(run_ids, min(5, len(run_ids)))
     steps = list(Step.objects.filter(run_id__in=chosen).values_list("pk", flat=True)[:40])
+    # As the engine publishes them (orchestrator.dispatch): no result asked for.
     for step_id in steps:
-        app.send_task(EXECUTE_STEP_TASK, args=(step_id,), queue=QUEUE_STEPS, priority=5)
+        app.send_task(
+            EXECUTE_STEP_TASK, args=(step_id,), queue=QUEUE_STEPS, priority=5, ignore_result=True
+        )
     for run_id in chosen:
-        app.send_task(PICK_UP_TASK, args=(run_id,), queue=QUEUE_RUNS_NORMAL, priority=5)
+        app.send_task(
+            PICK_UP_TASK, args=(run_id,), queue=QUEUE_RUNS_NORMAL, priority=5, ignore_result=True
+        )
     return f"{len(steps)} step and {len(chosen)} run messages"
 
 

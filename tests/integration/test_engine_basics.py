@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import redis
 
 from runs.models import Step
 from tests.factories import plan, step
@@ -167,3 +168,18 @@ def test_templates_pass_outputs_along_and_conditions_skip_steps(celery_worker: s
     assert steps["never"].status == "skipped"
     assert steps["summary"].output == {"text": "chips: 42"}
     assert_books_balanced(run)
+
+
+def test_the_engines_tasks_leave_no_result_in_redis(
+    celery_worker: str, broker: redis.Redis[bytes]
+) -> None:
+    # PostgreSQL holds every outcome. A result stored per step would cost Redis a write
+    # per step, and a worker storing one during a Redis restart crashed its main process
+    # (found by make chaos): the engine's messages ask for no result.
+    run = submit(plan(steps=3))
+
+    assert wait_for(run).status == "completed"
+
+    task_ids = [s.celery_task_id for s in Step.objects.filter(run=run)]
+    assert all(task_ids)
+    assert broker.exists(*(f"celery-task-meta-{task_id}" for task_id in task_ids)) == 0

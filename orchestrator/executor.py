@@ -27,6 +27,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
+from psycopg.pq import TransactionStatus
 
 from billing.pricing import tool_price
 from orchestrator import engine, retry
@@ -160,6 +161,7 @@ def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
         return "not claimed"
     attempt = step.attempts
     outcome = run_attempt(step, attempt)
+    discard_interrupted_connection()
     try:
         record(step_id, step.run_id, attempt, outcome)
     except (OperationalError, InterfaceError) as exc:
@@ -167,6 +169,27 @@ def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
     if outcome.skipped:
         return "skipped"
     return "failed" if outcome.error else "completed"
+
+
+def discard_interrupted_connection() -> None:
+    """Close the database connection if a query on it was interrupted mid-command.
+
+    The soft time limit is a signal that raises SoftTimeLimitExceeded wherever the tool
+    is, a query of its cancellation check included. psycopg cancels an interrupted query
+    only for KeyboardInterrupt and SystemExit; after any other exception the connection
+    stays ACTIVE and the next statement fails ("can't change 'autocommit' now"), which
+    lost the recording of a timed-out step (found by make load). The query is cancelled
+    on the server (closing alone leaves it running there until it ends) and the
+    connection closed; Django opens a fresh one for the recording.
+    """
+    raw = connection.connection
+    if raw is None or raw.info.transaction_status == TransactionStatus.IDLE:
+        return
+    try:
+        raw.cancel_safe(timeout=5)
+    except Exception:  # the server may be gone too; closing is what matters
+        logger.warning("could not cancel an interrupted query", exc_info=True)
+    connection.close()
 
 
 def run_attempt(step: Step, attempt: int) -> Outcome:

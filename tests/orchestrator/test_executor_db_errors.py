@@ -1,4 +1,6 @@
-"""A database error raised under a running tool is not the tool's failure.
+"""Database trouble under a running tool: not the tool's failure, and never lost.
+
+A database error raised under a running tool is not the tool's failure.
 
 Found by `make chaos` at a PostgreSQL restart: the tool's own query (a cancellation check,
 a template's lookup) raised OperationalError and the step was failed for good with
@@ -8,12 +10,15 @@ lease, nothing is recorded or charged, and the lease sweep runs it again.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from datetime import timedelta
+from types import FrameType
 from typing import TYPE_CHECKING
 
 import pytest
-from django.db import InterfaceError, OperationalError
+from celery.exceptions import SoftTimeLimitExceeded
+from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
 
 from billing.models import LedgerEntry
@@ -22,11 +27,10 @@ from orchestrator.sweeps import reclaim_expired_leases
 from runs import services
 from runs.models import Step
 from tests import factories
+from tests.support import wait_until
 
 if TYPE_CHECKING:
     from pytest_django.fixtures import Settings as SettingsWrapper
-
-pytestmark = pytest.mark.django_db
 
 # What the allow-listed callables raise, set per test.
 _raised: list[Exception] = []
@@ -36,11 +40,20 @@ def raises_a_database_error() -> None:
     raise _raised[0]
 
 
-@pytest.fixture
-def allowed(settings: SettingsWrapper) -> str:
-    path = f"{__name__}.raises_a_database_error"
+def queries_for_long() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_sleep(30)")
+
+
+def allow(settings: SettingsWrapper, name: str) -> str:
+    path = f"{__name__}.{name}"
     settings.PYTHON_TOOL_ALLOWLIST = [*settings.PYTHON_TOOL_ALLOWLIST, path]
     return path
+
+
+@pytest.fixture
+def allowed(settings: SettingsWrapper) -> str:
+    return allow(settings, "raises_a_database_error")
 
 
 def started_step(callable_path: str) -> int:
@@ -54,6 +67,7 @@ def started_step(callable_path: str) -> int:
     return Step.objects.get(run=run, name="step-0").pk
 
 
+@pytest.mark.django_db
 @pytest.mark.parametrize(
     "error",
     [
@@ -85,3 +99,40 @@ def test_a_database_error_under_the_tool_abandons_the_attempt_to_the_sweep(
     step.refresh_from_db()
     assert step.status == "pending"
     assert step.reclaims == 1
+
+
+@pytest.mark.django_db(transaction=True)  # the tool's query must run outside any transaction
+def test_a_soft_time_limit_inside_a_query_still_records_the_timeout(
+    settings: SettingsWrapper,
+) -> None:
+    # Celery's soft time limit is a signal raising SoftTimeLimitExceeded wherever the tool
+    # is; here, in the middle of a query. psycopg leaves that connection mid-command, and
+    # the recording on it failed with "can't change 'autocommit' now" (found by make load).
+    step_id = started_step(allow(settings, "queries_for_long"))
+
+    def soft_limit(signum: int, frame: FrameType | None) -> None:
+        raise SoftTimeLimitExceeded()
+
+    previous = signal.signal(signal.SIGALRM, soft_limit)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)  # fires while pg_sleep(30) runs
+    try:
+        result = executor.execute_step(step_id, worker="worker:test")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+    assert result == "failed"  # recorded: a retryable timeout, the retry scheduled
+    step = Step.objects.get(pk=step_id)
+    assert step.error["code"] == "timeout"
+    assert (step.status, step.failures) == ("pending", 1)
+    wait_until(lambda: not sleeping_queries(), timeout=10, what="the query to be cancelled")
+
+
+def sleeping_queries() -> int:
+    """Sessions still running the tool's interrupted query."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(30)%'"
+        )
+        row = cursor.fetchone()
+    return int(row[0])

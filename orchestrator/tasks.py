@@ -11,13 +11,36 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Task, shared_task
+from celery.backends.base import BaseBackend, DisabledBackend
 from django.db import InterfaceError, OperationalError
 from kombu.exceptions import OperationalError as BrokerError
 
 from orchestrator import engine, executor, sweeps
 
+
+class EngineTask(Task):  # type: ignore[type-arg]
+    """A task whose outcome lives in PostgreSQL only: it never touches the result backend.
+
+    Asking for no result (``ignore_result``) is not enough: Celery's worker still writes
+    one on some paths (cancelling running tasks after a broker connection loss stores a
+    "retry" state), and with Redis down at that moment the write raised in the worker's
+    main process and killed it (found by make chaos). A disabled backend stores nothing.
+    """
+
+    _disabled_backend: BaseBackend | None = None
+
+    # Read-only on purpose: nothing may put a real backend back.
+    @property  # type: ignore[misc]
+    def backend(self) -> BaseBackend:  # type: ignore[override]
+        if self._disabled_backend is None:
+            type(self)._disabled_backend = DisabledBackend(self.app)
+        assert self._disabled_backend is not None
+        return self._disabled_backend
+
+
 TRANSIENT = (OperationalError, InterfaceError, BrokerError)
 RETRY_OPTIONS: dict[str, Any] = {
+    "base": EngineTask,
     "autoretry_for": TRANSIENT,
     "retry_backoff": True,
     "retry_backoff_max": 60,
@@ -37,7 +60,7 @@ def pick_up_run_task(run_id: str) -> bool:
     return engine.pick_up(run_id, actor=f"worker:{pick_up_run_task.request.hostname}")
 
 
-@shared_task(bind=True, name="orchestrator.steps.execute", max_retries=8)
+@shared_task(bind=True, base=EngineTask, name="orchestrator.steps.execute", max_retries=8)
 def execute_step_task(
     self: Task[Any, Any], step_id: int, replay: dict[str, Any] | None = None
 ) -> str:

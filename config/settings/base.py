@@ -218,12 +218,11 @@ CELERY_RESULT_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-# A step running when the broker connection drops keeps running and records its outcome
-# in PostgreSQL; Redis restores its unacknowledged message, whose redelivery claims
-# nothing (the step is RUNNING under a live lease). Cancelling it instead would waste the
-# attempt, and Celery's cancel path stores a "retry" result in Redis, which, Redis being
-# down at that moment, raised in the worker's main process and killed it (make chaos).
-CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
+# After a broker connection loss a running task's acknowledgement cannot be delivered and
+# Redis restores its message: cancel it rather than let its redelivery meet it. Celery
+# writes a "retry" result when it cancels; the engine's tasks have no result backend
+# (orchestrator.tasks.EngineTask), or that write, Redis being down, killed the worker.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_IGNORE_RESULT = True  # PostgreSQL holds every outcome; opt in per task.
 # Celery's Django fixup closes every database connection before and after each task

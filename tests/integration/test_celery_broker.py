@@ -6,6 +6,7 @@ import uuid
 from typing import Any
 
 import pytest
+from celery.backends.base import DisabledBackend
 from celery.signals import before_task_publish
 from django.db import transaction
 
@@ -65,3 +66,18 @@ def test_task_names_route_to_their_queue(task_name: str, queue: str) -> None:
     route = app.amqp.router.route({}, task_name)
     assert route["queue"].name == queue
     assert {QUEUE_RUNS_NORMAL, QUEUE_STEPS, QUEUE_SWEEPS} <= set(app.amqp.queues)
+
+
+def test_the_engines_tasks_have_no_result_backend() -> None:
+    # Celery writes results on paths ignore_result does not cover (cancelling on a broker
+    # connection loss); with Redis down that write killed the worker (make chaos).
+    engine_tasks = [
+        task
+        for name, task in app.tasks.items()
+        if name.startswith("orchestrator.") and name != "orchestrator.diagnostics.echo"
+    ]
+    assert len(engine_tasks) >= 7
+    for task in engine_tasks:
+        assert isinstance(task.backend, DisabledBackend), task.name
+        task.backend.mark_as_retry("some-task-id", RuntimeError("cancelled"))  # stores nothing
+    assert not isinstance(echo_task.backend, DisabledBackend)  # the broker probe keeps one

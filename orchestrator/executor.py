@@ -183,7 +183,8 @@ def discard_interrupted_connection() -> None:
     connection closed; Django opens a fresh one for the recording.
     """
     raw = connection.connection
-    if raw is None or raw.info.transaction_status == TransactionStatus.IDLE:
+    # ACTIVE only: INTRANS is an open transaction (a test's), not an interrupted command.
+    if raw is None or raw.info.transaction_status != TransactionStatus.ACTIVE:
         return
     try:
         raw.cancel_safe(timeout=5)

@@ -17,7 +17,7 @@ from billing.models import ApiKey, ApiKeyScope, LedgerEntry, Organization, Secre
 from billing.secrets import is_valid_secret_name, secret_delete, secret_put
 from billing.selectors import organization_balance
 from billing.services import api_key_create, api_key_revoke, credits_grant
-from orchestrator.admin import ReadOnlyAdminMixin
+from common.admin import ReadOnlyAdminMixin
 
 
 class GrantCreditsForm(forms.Form):

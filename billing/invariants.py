@@ -9,7 +9,7 @@ from django.db.models.functions import Coalesce
 
 from billing.models import EntryType, LedgerEntry, Organization
 from billing.selectors import ZERO, balance_from_totals, ledger_totals
-from orchestrator.invariants import LIMIT, invariant
+from common.invariants import LIMIT, invariant
 from runs.models import RunAttempt
 
 

@@ -7,7 +7,7 @@ import json
 import logging
 from datetime import UTC, datetime
 
-from orchestrator.redaction import active_values, redact_text
+from common.redaction import active_values, redact_text
 
 # Attributes every LogRecord has; anything else was passed with `extra=` and is emitted.
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
@@ -33,7 +33,7 @@ class JsonFormatter(logging.Formatter):
 
 
 class RedactSecrets(logging.Filter):
-    """Replace the secret values of the step attempt in progress (``orchestrator.redaction``)
+    """Replace the secret values of the step attempt in progress (``common.redaction``)
     in a record's message, traceback, stack and string extras, before it is formatted.
 
     The record is changed in place: handlers that run after this one (and the list a test's

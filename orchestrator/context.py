@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from billing.secrets import SecretUnreadable, secret_values
-from orchestrator.templates import Reference, UnresolvedReference, format_reference, resolve_in
+from common.templates import Reference, UnresolvedReference, format_reference, resolve_in
 from runs.models import Run, Step, Task
 
 STEP_FIELDS = ("output", "status", "error", "attempts", "cost")

@@ -30,15 +30,15 @@ from django.utils import timezone
 from psycopg.pq import TransactionStatus
 
 from billing.pricing import tool_price
+from common.expressions import Expression, ExpressionError
+from common.redaction import redact, redact_text, redactable, redacting
+from common.templates import Reference, TemplateError, UnresolvedReference, render_value
+from common.tools import registry
+from common.tools.base import Tool, ToolContext, ToolError
 from orchestrator import engine, retry
 from orchestrator.context import StepContext
 from orchestrator.dispatch import Outbox, StepMessage
-from orchestrator.expressions import Expression, ExpressionError
 from orchestrator.heartbeat import heart
-from orchestrator.redaction import redact, redact_text, redactable, redacting
-from orchestrator.templates import Reference, TemplateError, UnresolvedReference, render_value
-from orchestrator.tools import registry
-from orchestrator.tools.base import Tool, ToolContext, ToolError
 from runs.models import Run, Step
 from runs.states import StepStatus
 from runs.transitions import transition_locked

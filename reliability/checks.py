@@ -57,7 +57,7 @@ def check_runs(run_ids: list[str]) -> Consistency:
     from django.db.models import Count, F
 
     from billing.models import LedgerEntry
-    from orchestrator.invariants import check_all
+    from common.invariants import check_all
     from runs.models import Run, RunAttempt
 
     result = Consistency()

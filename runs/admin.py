@@ -19,7 +19,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from billing.services import InsufficientCredits
-from orchestrator.admin import ReadOnlyAdminMixin
+from common.admin import ReadOnlyAdminMixin
 from runs import services
 from runs.models import Agent, Run, RunAttempt, RunEvent, Step, Task
 from runs.states import InvalidTransition

@@ -9,7 +9,7 @@ from django.db.models import Count, Exists, F, IntegerField, OuterRef, Q, QueryS
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from orchestrator.invariants import LIMIT, invariant
+from common.invariants import LIMIT, invariant
 from runs.models import Agent, Run, RunAttempt, Step, Task
 from runs.states import NODE_TERMINAL, RUN_TERMINAL, STEP_TERMINAL, NodeStatus, RunStatus
 

@@ -29,17 +29,17 @@ from typing import Any
 from django.conf import settings
 
 from billing.models import SECRET_NAME_RE
-from orchestrator.errors import ERROR_CODES, RETRYABLE_CODES
-from orchestrator.expressions import Expression, ExpressionError
-from orchestrator.templates import (
+from common.errors import ERROR_CODES, RETRYABLE_CODES
+from common.expressions import Expression, ExpressionError
+from common.templates import (
     Reference,
     Template,
     TemplateError,
     format_reference,
     json_type_name,
 )
-from orchestrator.tools import registry
-from orchestrator.tools.registry import WAITING_TOOLS, tool_names
+from common.tools import registry
+from common.tools.registry import WAITING_TOOLS, tool_names
 
 NAME_MAX_LENGTH = 100
 RUN_NAME_MAX_LENGTH = 200

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `make test`: throwaway PostgreSQL and Redis on free loopback ports, then ruff, mypy and
-# pytest against them. The servers and their data are removed on exit, whatever happens.
+# `make test`: throwaway PostgreSQL and Redis on free loopback ports, then ruff, mypy,
+# the import contracts and pytest against them. The servers and their data are removed
+# on exit, whatever happens.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -27,6 +28,8 @@ if [ "${PYTEST_ONLY:-0}" != 1 ]; then
   ruff format --check .
   echo "==> mypy"
   mypy .
+  echo "==> import contracts (docs/architecture.md#layers)"
+  lint-imports
 fi
 echo "==> pytest"
 pytest "$@"

@@ -17,16 +17,16 @@ from django.conf import settings
 from django.utils.module_loading import import_string
 
 from billing.pricing import llm_cost
-from orchestrator.errors import ERROR_CODES
-from orchestrator.netguard import AddressNotAllowed, guarded_client
-from orchestrator.tools.base import (
+from common.errors import ERROR_CODES
+from common.tools.base import (
     CANCEL_CHECK_INTERVAL,
     ToolContext,
     ToolError,
     ToolResult,
     has_template,
 )
-from orchestrator.tools.registry import register
+from common.tools.registry import register
+from orchestrator.netguard import AddressNotAllowed, guarded_client
 
 Problems = list[tuple[str, str]]
 

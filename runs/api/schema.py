@@ -14,8 +14,8 @@ from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.plumbing import ResolvedComponent, list_hash
 from rest_framework import serializers
 
-from orchestrator.errors import RETRYABLE_CODES
-from orchestrator.tools.registry import tool_names
+from common.errors import RETRYABLE_CODES
+from common.tools.registry import tool_names
 from runs import spec
 from runs.models import FailureMode, Mode
 

@@ -18,7 +18,7 @@ from billing.services import (
     credits_reserve,
     credits_settle,
 )
-from orchestrator.invariants import check_all
+from common.invariants import check_all
 from runs import services
 from runs.models import Run, RunAttempt, Step
 from tests import factories

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from billing.models import LedgerEntry
-from orchestrator.invariants import check_all
+from common.invariants import check_all
 from runs import services
 from runs.models import Run, RunAttempt, Step
 from runs.states import RUN_TERMINAL

@@ -80,6 +80,14 @@ def test_healthz_is_503_naming_workers_when_none_answers(
     broker.set(BEAT_TICK_KEY, repr(time.time()))
     # A real broker no worker listens on: the same Redis server, another database.
     lonely = Celery("lonely", broker=settings.CELERY_BROKER_URL.rsplit("/", 1)[0] + "/9")
+    # Redis pub/sub is shared by every database of a server: without a channel prefix of
+    # its own, this app's ping (with kombu's default separator) reached the session's
+    # worker, which could not parse its reply binding and died, failing every later test
+    # that needed it.
+    lonely.conf.broker_transport_options = {
+        **settings.CELERY_BROKER_TRANSPORT_OPTIONS,
+        "fanout_prefix": "/lonely.",
+    }
     monkeypatch.setattr(health, "app", lonely)
     settings.HEALTH_WORKER_PING_TIMEOUT = 0.3
 

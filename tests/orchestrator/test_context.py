@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from common.templates import render_value
 from orchestrator.context import StepContext
-from orchestrator.templates import render_value
 from tests import factories
 
 pytestmark = pytest.mark.django_db

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from common.errors import is_retryable
+from common.tools.base import ToolContext, ToolError
 from orchestrator import engine, executor, netguard
-from orchestrator.errors import is_retryable
 from orchestrator.netguard import AddressNotAllowed, check_address, classify, parse_networks
 from orchestrator.retry import decide
-from orchestrator.tools.base import ToolContext, ToolError
 from orchestrator.tools.builtin import http, validate_http
 from runs import services
 from runs.models import Run, Step

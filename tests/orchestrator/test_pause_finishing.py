@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from common.tools.base import ToolError
 from orchestrator import engine, executor
-from orchestrator.tools.base import ToolError
 from runs import services
 from runs.models import Agent, Run, Step, Task
 from tests import factories

@@ -13,11 +13,11 @@ import pytest
 from django.db import connection
 
 from billing.secrets import secret_put
+from common.redaction import REDACTED, redact, redact_text, redacting
+from common.templates import UnresolvedReference, render_value
 from config.logging import JsonFormatter, RedactSecrets
 from orchestrator import engine, executor
 from orchestrator.context import StepContext
-from orchestrator.redaction import REDACTED, redact, redact_text, redacting
-from orchestrator.templates import UnresolvedReference, render_value
 from runs import services
 from runs.models import Run, RunEvent, Step
 from runs.spec import PlanInvalid

@@ -7,8 +7,8 @@ from datetime import datetime, timedelta
 import pytest
 from django.utils import timezone
 
+from common.invariants import check_all
 from orchestrator import engine, sweeps
-from orchestrator.invariants import check_all
 from runs import services
 from runs.models import Agent, Run, RunAttempt, Task
 from tests import factories

@@ -15,8 +15,8 @@ import pytest
 from pytest_django.fixtures import Settings
 
 from billing.pricing import llm_cost
-from orchestrator.tools import registry
-from orchestrator.tools.base import ToolContext, ToolError, ToolResult
+from common.tools import registry
+from common.tools.base import ToolContext, ToolError, ToolResult
 from orchestrator.tools.builtin import (
     echo,
     fail,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.invariants import check_all
+from common.invariants import check_all
 from runs import services
 from runs.models import Run, RunEvent
 from tests import factories, race_support

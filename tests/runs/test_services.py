@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.invariants import check_all
+from common.invariants import check_all
 from runs import services
 from runs.models import Agent, Run, RunAttempt, RunEvent, Step, Task
 from runs.states import InvalidTransition

@@ -20,7 +20,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from orchestrator.invariants import check_all
+from common.invariants import check_all
 from runs import services
 from runs.models import Run, RunEvent, Step
 from runs.states import InvalidTransition

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from orchestrator.invariants import all_invariants
+from common.invariants import all_invariants
 
 
 class Command(BaseCommand):

@@ -3,7 +3,7 @@
 Tools run in a worker process outside any database transaction. They return their
 output (JSON-serialisable) and, optionally, their cost in credits (otherwise the tool's
 price from settings is charged). Failures raise ``ToolError`` with a code from
-``orchestrator.errors``; the code decides whether the engine retries.
+``common.errors``; the code decides whether the engine retries.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from orchestrator.errors import is_retryable
+from common.errors import is_retryable
 
 # How often a long tool looks for cancellation (a cooperative check; revoke with
 # terminate is the other half).

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.expressions import MAX_DEPTH, MAX_LENGTH, Expression, ExpressionError
-from orchestrator.templates import Reference, UnresolvedReference, resolve_in
+from common.expressions import MAX_DEPTH, MAX_LENGTH, Expression, ExpressionError
+from common.templates import Reference, UnresolvedReference, resolve_in
 
 CONTEXT: dict[str, Any] = {
     "tasks": {"gather": {"status": "completed", "steps": {"search": {"output": {"hits": 3}}}}},

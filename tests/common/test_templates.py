@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.templates import (
+from common.templates import (
     Reference,
     Template,
     TemplateError,

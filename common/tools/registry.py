@@ -7,7 +7,7 @@ before anything is stored. Built-in tools register themselves when
 
 from __future__ import annotations
 
-from orchestrator.tools.base import ParamValidator, Tool, ToolSpec
+from common.tools.base import ParamValidator, Tool, ToolSpec
 
 # Named by SPEC section 5 and 9; `runner` and `run` are implemented by later work, so a
 # plan that names them validates but its step fails with `tool_error` until then.

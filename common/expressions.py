@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from orchestrator.templates import (
+from common.templates import (
     Reference,
     TemplateError,
     UnresolvedReference,

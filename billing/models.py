@@ -34,7 +34,7 @@ class Organization(models.Model):
 
 
 class ApiKeyScope(models.TextChoices):
-    """What a key may do (runs.api.permissions): a dashboard or a runner host never holds
+    """What a key may do (api.permissions): a dashboard or a runner host never holds
     a key that can spend credits."""
 
     FULL = "full", "full: every route"

@@ -7,12 +7,12 @@ from orchestrator.health import healthz
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
-    path("api/v1/", include("runs.api.urls")),
+    path("api/v1/", include("api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
 ]
 
 # JSON errors under /api/ for what Django answers itself (unknown routes, malformed ids,
 # crashes outside a view); Django's own pages elsewhere.
-handler404 = "runs.api.errors.not_found"
-handler500 = "runs.api.errors.server_error"
+handler404 = "api.errors.not_found"
+handler500 = "api.errors.server_error"

@@ -17,7 +17,7 @@ class IdempotencyRecord(models.Model):
     """One `Idempotency-Key` of one organization on one endpoint (method and path).
 
     The unique constraint decides which of several concurrent requests owns the key
-    (``runs.api.idempotency``). An ``in_progress`` row is a claim: the request that
+    (``api.idempotency``). An ``in_progress`` row is a claim: the request that
     inserted it is running. A ``completed`` row holds the response to replay. Past
     ``expires_at`` a row counts as absent; a beat sweep deletes such rows.
     """

@@ -107,7 +107,4 @@ def sweep_lost_messages_task() -> dict[str, int]:
 
 @shared_task(name="orchestrator.sweeps.idempotency_records", **RETRY_OPTIONS)
 def sweep_idempotency_records_task() -> int:
-    # Imported here: the API package builds on the engine, not the other way round.
-    from runs.api.idempotency import idempotency_records_expire
-
-    return idempotency_records_expire()
+    return sweeps.idempotency_records_expire()

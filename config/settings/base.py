@@ -418,19 +418,19 @@ ENGINE_LOST_MESSAGE_AFTER = env.integer(
 )
 
 # --------------------------------------------------------------------------- REST API
-# (the API block: owned by the API; see runs/api/ and docs/api.md). Every API view is
+# (the API block: owned by the API; see api/ and docs/api.md). Every API view is
 # authenticated by API key, throttled per key and answers errors as {code, message,
 # details} unless it says otherwise.
 REST_FRAMEWORK: dict[str, Any] = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["runs.api.parsers.BoundedJSONParser"],
-    "DEFAULT_AUTHENTICATION_CLASSES": ["runs.api.authentication.ApiKeyAuthentication"],
+    "DEFAULT_PARSER_CLASSES": ["api.parsers.BoundedJSONParser"],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["api.authentication.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": [
         "rest_framework.permissions.IsAuthenticated",
-        "runs.api.permissions.ScopePermission",
+        "api.permissions.ScopePermission",
     ],
-    "DEFAULT_THROTTLE_CLASSES": ["runs.api.throttling.ApiKeyRateThrottle"],
-    "EXCEPTION_HANDLER": "runs.api.errors.api_exception_handler",
+    "DEFAULT_THROTTLE_CLASSES": ["api.throttling.ApiKeyRateThrottle"],
+    "EXCEPTION_HANDLER": "api.errors.api_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
 API_THROTTLE_RATE = env.string(
@@ -477,6 +477,6 @@ SPECTACULAR_SETTINGS: dict[str, Any] = {
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "runs.api.schema.strict_request_bodies",
+        "api.schema.strict_request_bodies",
     ],
 }

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from django.db import InterfaceError, OperationalError
 
+from api.parsers import BoundedJSONParser, PayloadTooLarge
 from runs import selectors
-from runs.api.parsers import BoundedJSONParser, PayloadTooLarge
 from runs.models import Run
 from tests import factories
 from tests.api import states

@@ -1,4 +1,4 @@
-"""Idempotency-Key: one side effect per key, each rule of runs/api/idempotency.py."""
+"""Idempotency-Key: one side effect per key, each rule of api/idempotency.py."""
 
 from __future__ import annotations
 
@@ -12,20 +12,20 @@ from django.db import connection
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from billing.models import LedgerEntry
-from billing.services import credits_grant
-from orchestrator import engine
-from orchestrator.models import IdempotencyRecord
-from runs import services
-from runs.api.idempotency import (
+from api.idempotency import (
     IN_PROGRESS_LEASE,
     Claim,
     Scope,
     fingerprint,
     idempotency_claim,
     idempotency_complete,
-    idempotency_records_expire,
 )
+from billing.models import LedgerEntry
+from billing.services import credits_grant
+from orchestrator import engine
+from orchestrator.models import IdempotencyRecord
+from orchestrator.sweeps import idempotency_records_expire
+from runs import services
 from runs.models import Run, RunEvent
 from tests import factories
 from tests.api import states

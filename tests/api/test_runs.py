@@ -10,10 +10,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from api.views import EXAMPLE_CREATE
 from billing.models import LedgerEntry
 from orchestrator import engine
 from runs import services
-from runs.api.views import EXAMPLE_CREATE
 from runs.models import Run, Step
 from tests import factories
 from tests.api import states

@@ -25,20 +25,19 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from runs import selectors, services
-from runs.api.authentication import client_of, organization_of
-from runs.api.errors import (
+from api.authentication import client_of, organization_of
+from api.errors import (
     LIST_ERRORS,
     READ_ERRORS,
     RETRY_AFTER_PARAMETER,
     WRITE_ERRORS,
     error_responses,
 )
-from runs.api.idempotency import IDEMPOTENCY_PARAMETER, REPLAYED_PARAMETER, idempotent
-from runs.api.pagination import PageQuery, paginate, paginated
-from runs.api.parsers import plan_size_hint, refuse_if_too_large
-from runs.api.schema import PlanField
-from runs.api.serializers import (
+from api.idempotency import IDEMPOTENCY_PARAMETER, REPLAYED_PARAMETER, idempotent
+from api.pagination import PageQuery, paginate, paginated
+from api.parsers import plan_size_hint, refuse_if_too_large
+from api.schema import PlanField
+from api.serializers import (
     MAX_BIGINT,
     AgentOutput,
     ApprovalOutput,
@@ -53,6 +52,7 @@ from runs.api.serializers import (
     StrictIntegerField,
     TaskOutput,
 )
+from runs import selectors, services
 from runs.models import EventKind
 from runs.states import NodeStatus, RunStatus, StepStatus
 

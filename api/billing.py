@@ -13,20 +13,20 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
-from billing.models import SECRET_NAME_PATTERN, EntryType
-from billing.secrets import is_valid_secret_name, secret_delete, secret_list, secret_put
-from billing.selectors import ledger_for, organization_balance
-from runs.api.authentication import organization_of
-from runs.api.errors import LIST_ERRORS, READ_ERRORS, RETRY_AFTER_PARAMETER, error_responses
-from runs.api.pagination import PageQuery, paginated
-from runs.api.parsers import AnyStringJSONParser
-from runs.api.serializers import (
+from api.authentication import organization_of
+from api.errors import LIST_ERRORS, READ_ERRORS, RETRY_AFTER_PARAMETER, error_responses
+from api.pagination import PageQuery, paginated
+from api.parsers import AnyStringJSONParser
+from api.serializers import (
     BalanceOutput,
     InputSerializer,
     LedgerEntryOutput,
     StrictCharField,
 )
-from runs.api.views import ApiView, page_response, validated
+from api.views import ApiView, page_response, validated
+from billing.models import SECRET_NAME_PATTERN, EntryType
+from billing.secrets import is_valid_secret_name, secret_delete, secret_list, secret_put
+from billing.selectors import ledger_for, organization_balance
 
 TAG_BILLING = "billing"
 TAG_SECRETS = "secrets"

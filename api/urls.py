@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django.urls import path
 
-from billing.api import BalanceApi, LedgerApi, SecretApi, SecretsApi
-from runs.api import views
+from api import views
+from api.billing import BalanceApi, LedgerApi, SecretApi, SecretsApi
 
 app_name = "api"
 

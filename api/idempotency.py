@@ -41,9 +41,9 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from api.authentication import organization_of
 from billing.models import Organization
 from orchestrator.models import IdempotencyRecord, IdempotencyStatus
-from runs.api.authentication import organization_of
 
 HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -83,7 +83,7 @@ class InvalidIdempotencyKey(APIException):
 class IdempotencyKeyInUse(APIException):
     status_code = 409
     default_code = "idempotency_key_in_use"
-    retry_after = 1  # seconds; sent as Retry-After (runs.api.errors)
+    retry_after = 1  # seconds; sent as Retry-After (api.errors)
     default_detail = (
         f"a request with this {HEADER} is still being processed; retry once it has finished"
     )
@@ -178,25 +178,6 @@ def idempotency_release(*, claim: Claim) -> None:
     IdempotencyRecord.objects.filter(
         pk=claim.record_id, status=IdempotencyStatus.IN_PROGRESS
     ).delete()
-
-
-def idempotency_records_expire(*, now: datetime | None = None, batch: int = 1000) -> int:
-    """Delete expired records, ``batch`` rows per statement; return how many. Idempotent:
-    two sweeps at once delete each row once, a late one finds nothing."""
-    now = now or timezone.now()
-    deleted = 0
-    while True:
-        ids = list(
-            IdempotencyRecord.objects.filter(expires_at__lte=now).values_list("pk", flat=True)[
-                :batch
-            ]
-        )
-        if not ids:
-            return deleted
-        count, _ = IdempotencyRecord.objects.filter(pk__in=ids, expires_at__lte=now).delete()
-        deleted += count
-        if len(ids) < batch:
-            return deleted
 
 
 def replay(record: IdempotencyRecord) -> Response:

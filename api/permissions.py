@@ -19,8 +19,8 @@ from rest_framework.exceptions import APIException
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.request import Request
 
+from api.authentication import ApiClient
 from billing.models import ApiKeyScope
-from runs.api.authentication import ApiClient
 
 
 class InsufficientScope(APIException):

@@ -79,7 +79,13 @@ def test_healthz_is_503_naming_workers_when_none_answers(
 ) -> None:
     broker.set(BEAT_TICK_KEY, repr(time.time()))
     # A real broker no worker listens on: the same Redis server, another database.
-    lonely = Celery("lonely", broker=settings.CELERY_BROKER_URL.rsplit("/", 1)[0] + "/9")
+    lonely = Celery(
+        "lonely",
+        broker=settings.CELERY_BROKER_URL.rsplit("/", 1)[0] + "/9",
+        # Not the current app: shared tasks resolve through it, and later tests would
+        # publish through this one (without a result backend) instead of the project's.
+        set_as_current=False,
+    )
     # Redis pub/sub is shared by every database of a server: without a channel prefix of
     # its own, this app's ping (with kombu's default separator) reached the session's
     # worker, which could not parse its reply binding and died, failing every later test

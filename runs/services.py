@@ -18,11 +18,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.models import Organization
-from billing.pricing import plan_reservation
 from billing.services import credits_reserve, credits_settle
 from orchestrator.dispatch import PICK_UP_TASK, RESUME_TASK, enqueue_run_task, revoke_running_steps
 from runs.materialize import materialize
 from runs.models import Agent, EventKind, Run, RunAttempt, Step, Task
+from runs.reservation import plan_reservation
 from runs.spec import Plan, parse_plan
 from runs.states import InvalidTransition, NodeStatus, RunStatus, StepStatus
 from runs.transitions import record_event, transition, transition_many

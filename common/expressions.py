@@ -35,6 +35,7 @@ operator that failed.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -642,3 +643,11 @@ class Expression:
 
     def __repr__(self) -> str:
         return f"Expression({self.source!r})"
+
+
+@functools.lru_cache(maxsize=4096)
+def parsed(source: str) -> Expression:
+    """``Expression.parse``, remembered per process: a worker evaluates the same few
+    conditions on every attempt of every step that carries them. Parsing is deterministic
+    and an Expression is never changed, so sharing one is safe; errors are not cached."""
+    return Expression.parse(source)

@@ -35,11 +35,10 @@ from runs import services
 from runs.materialize import step_row, step_rows, task_rows, wiring
 from runs.models import Agent, EventKind, FailureMode, Mode, Run, RunAttempt, Step, Task
 from runs.spec import PlanInvalid, RetryPolicy, StepPlan, parse_plan
-from runs.states import NodeStatus, RunStatus, StepStatus
+from runs.states import NODE_OPEN, NodeStatus, RunStatus, StepStatus
 from runs.transitions import record_event, transition, transition_many
 
 MAX_LEVEL_RETRIES = 3  # seed 000 section 3: at most 3 retries of a task, agent or run
-OPEN_NODE = (NodeStatus.PENDING, NodeStatus.RUNNING, NodeStatus.PAUSED)
 OPEN_STEP = (
     StepStatus.PENDING,
     StepStatus.RUNNING,
@@ -80,13 +79,8 @@ def _row(node: Run | Agent | Task | Step) -> Any:
 
 
 def lock_run(run_id: Any) -> Run:
-    # The plan itself (`spec`, tens of kilobytes for a wide run) is not needed to move a
-    # run forward; reading it on every step would make a step's cost grow with the run.
-    return (
-        Run.objects.select_for_update(no_key=True)
-        .defer("spec", "variables", "timeouts", "last_error")
-        .get(pk=run_id)
-    )
+    """The run locked without its plan (``runs.services.lock_run(light=True)``)."""
+    return services.lock_run(run_id, light=True)
 
 
 # --------------------------------------------------------------------------- dispatch
@@ -479,7 +473,7 @@ def _close_open_children(node: Agent | Task, message: str) -> None:
     revoke_running_steps(steps)
     transition_many(Step, steps, StepStatus.CANCELLED, from_states=OPEN_STEP, message=message)
     if tasks is not None:
-        transition_many(Task, tasks, NodeStatus.CANCELLED, from_states=OPEN_NODE, message=message)
+        transition_many(Task, tasks, NodeStatus.CANCELLED, from_states=NODE_OPEN, message=message)
 
     waiting = Step.objects.filter(
         run_id=node.run_id, attempt_number=node.attempt_number, status=StepStatus.WAITING_APPROVAL
@@ -646,7 +640,7 @@ def start_handlers(run: Run, task: Task, step: Step, outbox: Outbox) -> bool:
 
 
 def _retry_policy(data: dict[str, Any]) -> RetryPolicy:
-    return RetryPolicy(**{**data, "retry_on": tuple(data.get("retry_on", ()))})
+    return RetryPolicy.from_dict(data)
 
 
 # --------------------------------------------------------------------------- steps

@@ -30,7 +30,7 @@ from django.utils import timezone
 from psycopg.pq import TransactionStatus
 
 from billing.pricing import tool_price
-from common.expressions import Expression, ExpressionError
+from common.expressions import ExpressionError, parsed
 from common.redaction import redact, redact_text, redactable, redacting
 from common.templates import Reference, TemplateError, UnresolvedReference, render_value
 from common.tools import registry
@@ -203,7 +203,7 @@ def run_attempt(step: Step, attempt: int) -> Outcome:
     """
     context = StepContext(step, step.run_id, attempt)
     try:
-        if step.when and not Expression.parse(step.when).truthy(_without_secrets(context)):
+        if step.when and not parsed(step.when).truthy(_without_secrets(context)):
             return Outcome(skipped=True)
     except (ExpressionError, TemplateError, UnresolvedReference) as exc:
         return Outcome(error=ToolError("condition_error", f"when: {exc}", False))

@@ -9,8 +9,11 @@ retryable codes are retried, narrowed to ``retry_on`` when the plan lists codes.
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from runs.spec import RetryPolicy
 
 
 @dataclass(frozen=True)
@@ -20,37 +23,47 @@ class Decision:
     code: str = ""  # the failure code when not retried
 
 
-def backoff_ms(policy: dict[str, Any], failures: int, rand: random.Random | None = None) -> int:
+def backoff_ms(
+    policy: RetryPolicy | Mapping[str, Any], failures: int, rand: random.Random | None = None
+) -> int:
     """Delay before the next attempt after ``failures`` failed attempts (1-based).
 
     fixed: base; linear: base x failures; exponential: base x multiplier^(failures-1);
     then capped at max_delay_ms and spread by +/- jitter (a fraction of the delay).
     """
-    base = float(policy.get("base_delay_ms", 100))
-    cap = float(policy.get("max_delay_ms", 30_000))
-    kind = policy.get("backoff", "exponential")
-    if kind == "fixed":
+    policy = _typed(policy)
+    base = float(policy.base_delay_ms)
+    if policy.backoff == "fixed":
         delay = base
-    elif kind == "linear":
+    elif policy.backoff == "linear":
         delay = base * failures
     else:
-        delay = base * float(policy.get("multiplier", 2.0)) ** (failures - 1)
-    delay = min(delay, cap)
-    jitter = float(policy.get("jitter", 0.0))
-    if jitter:
-        delay += delay * jitter * (2 * (rand or random).random() - 1)
+        delay = base * policy.multiplier ** (failures - 1)
+    delay = min(delay, float(policy.max_delay_ms))
+    if policy.jitter:
+        delay += delay * policy.jitter * (2 * (rand or random).random() - 1)
     return max(0, int(delay))
 
 
 def decide(
-    policy: dict[str, Any], *, code: str, retryable: bool, attempts: int, failures: int
+    policy: RetryPolicy | Mapping[str, Any],
+    *,
+    code: str,
+    retryable: bool,
+    attempts: int,
+    failures: int,
 ) -> Decision:
     """What to do after a failed attempt. ``attempts`` and ``failures`` include it."""
-    retry_on = policy.get("retry_on") or []
-    if not retryable or (retry_on and code not in retry_on):
+    policy = _typed(policy)
+    if not retryable or (policy.retry_on and code not in policy.retry_on):
         return Decision(False, code=code)
-    if attempts >= int(policy.get("max_attempts", 3)):
+    if attempts >= policy.max_attempts:
         return Decision(False, code="attempt_budget_exhausted")
-    if failures >= int(policy.get("max_failures", policy.get("max_attempts", 3))):
+    if failures >= policy.max_failures:
         return Decision(False, code="failure_budget_exhausted")
     return Decision(True, delay_ms=backoff_ms(policy, failures))
+
+
+def _typed(policy: RetryPolicy | Mapping[str, Any]) -> RetryPolicy:
+    # A step row stores the policy as JSON; its defaults are the plan's (runs.spec).
+    return policy if isinstance(policy, RetryPolicy) else RetryPolicy.from_dict(policy)

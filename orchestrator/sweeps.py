@@ -27,6 +27,7 @@ from orchestrator.dispatch import (
 from orchestrator.models import IdempotencyRecord
 from runs import services
 from runs.models import Agent, EventKind, Run, Step, Task
+from runs.spec import format_duration_ms
 from runs.states import RunStatus, StepStatus
 from runs.transitions import record_event, transition
 
@@ -113,14 +114,6 @@ LIMIT %(limit)s
 """
 
 
-def _human(ms: float) -> str:
-    seconds = ms / 1000
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
-
-
 def sweep_timeouts(now: datetime | None = None) -> dict[str, int]:
     """End every run, agent and task that stayed too long in a timed state.
 
@@ -177,7 +170,7 @@ def _time_out_run(run_id: Any, status: str, key: str, action: str, now: datetime
         limit = _limit_ms(run, key)
         if run.status != status or clock is None or (now - clock).total_seconds() * 1000 < limit:
             return False  # it moved on, or its deadline moved, since the batch was read
-        message = f"{key} timeout: {status} for more than {_human(limit)}"
+        message = f"{key} timeout: {status} for more than {format_duration_ms(limit)}"
         if action == "cancel":
             services.run_cancel(
                 run_id=run.pk, reason=message, actor="sweep", error_code=f"{key}_timeout"
@@ -196,7 +189,7 @@ def _time_out_node(model: Any, node_id: int, run_id: Any, key: str, now: datetim
         limit = node.timeout_ms or int(settings.RUN_TIMEOUT_DEFAULTS[key]) * 1000
         if node.started_at is None or (now - node.started_at).total_seconds() * 1000 < limit:
             return False
-        message = f"{key} {node.name} timed out after {_human(limit)}"
+        message = f"{key} {node.name} timed out after {format_duration_ms(limit)}"
         engine.node_timed_out(run, node, f"{key}_timeout", message)
         return True
 

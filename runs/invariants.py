@@ -11,9 +11,7 @@ from django.utils import timezone
 
 from common.invariants import LIMIT, invariant
 from runs.models import Agent, Run, RunAttempt, Step, Task
-from runs.states import NODE_TERMINAL, RUN_TERMINAL, STEP_TERMINAL, NodeStatus, RunStatus
-
-NODE_OPEN = [s for s in NodeStatus.values if s not in NODE_TERMINAL]
+from runs.states import NODE_OPEN, NODE_TERMINAL, RUN_TERMINAL, STEP_TERMINAL, NodeStatus, RunStatus
 
 
 def _count(model: type[Agent] | type[Task] | type[Step], **filters: object) -> Coalesce:

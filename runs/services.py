@@ -24,12 +24,11 @@ from runs.materialize import materialize
 from runs.models import Agent, EventKind, Run, RunAttempt, Step, Task
 from runs.reservation import plan_reservation
 from runs.spec import Plan, parse_plan
-from runs.states import InvalidTransition, NodeStatus, RunStatus, StepStatus
+from runs.states import NODE_OPEN, InvalidTransition, NodeStatus, RunStatus, StepStatus
 from runs.transitions import record_event, transition, transition_many
 
 RunId = UUID | str
 
-NODE_OPEN = (NodeStatus.PENDING, NodeStatus.RUNNING, NodeStatus.PAUSED)
 STEP_OPEN = (
     StepStatus.PENDING,
     StepStatus.RUNNING,
@@ -54,9 +53,18 @@ def error_payload(code: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"code": code, "message": message, **extra}
 
 
-def lock_run(run_id: RunId, organization: Organization | None = None) -> Run:
-    """The run, locked for the rest of the transaction; scoped to ``organization``."""
+def lock_run(
+    run_id: RunId, organization: Organization | None = None, *, light: bool = False
+) -> Run:
+    """The run, locked for the rest of the transaction; scoped to ``organization``.
+
+    ``light`` leaves out the plan and other large fields: the engine moves a run forward
+    on every step without them (reading a wide run's plan, tens of kilobytes, on every
+    step would make a step's cost grow with the run).
+    """
     query = Run.objects.select_for_update(no_key=True)
+    if light:
+        query = query.defer("spec", "variables", "timeouts", "last_error")
     if organization is not None:
         query = query.filter(organization=organization)
     try:

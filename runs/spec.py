@@ -21,7 +21,7 @@ import difflib
 import json
 import math
 import re
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -158,6 +158,16 @@ class RetryPolicy:
     multiplier: float = 2.0
     jitter: float = 0.1
     retry_on: tuple[str, ...] = ()  # empty: every retryable code
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RetryPolicy:
+        """The policy a step row stores (``as_dict``); a key it lacks takes the plan's
+        default, so there is one set of defaults (these fields)."""
+        known = {name: data[name] for name in cls.__dataclass_fields__ if name in data}
+        known["retry_on"] = tuple(known.get("retry_on", ()))
+        if "max_failures" not in known and "max_attempts" in known:
+            known["max_failures"] = known["max_attempts"]  # as the validator defaults it
+        return cls(**known)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -368,12 +378,6 @@ def find_cycles(depends: dict[str, list[str]], order: list[str] | None = None) -
         cycles.append([start, *reversed(path[1:-1]), start])
     cycles.sort(key=lambda cycle: rank.get(cycle[0], len(rank)))
     return cycles
-
-
-def find_cycle(depends: dict[str, list[str]]) -> list[str] | None:
-    """One dependency cycle as a list of names (first repeated at the end), or None."""
-    cycles = find_cycles(depends)
-    return cycles[0] if cycles else None
 
 
 class _Finished(Collection[str]):

@@ -110,6 +110,8 @@ TABLES: dict[str, dict[str, frozenset[str]]] = {
 
 RUN_TERMINAL = frozenset({R.COMPLETED, R.FAILED, R.CANCELLED})
 NODE_TERMINAL = frozenset({N.COMPLETED, N.FAILED, N.SKIPPED, N.CANCELLED})
+# Agents and tasks not yet ended: what a cancellation or a failure closes.
+NODE_OPEN = (N.PENDING, N.RUNNING, N.PAUSED)
 STEP_TERMINAL = frozenset({S.COMPLETED, S.FAILED, S.SKIPPED, S.CANCELLED})
 TERMINAL: dict[str, frozenset[str]] = {
     "run": RUN_TERMINAL,

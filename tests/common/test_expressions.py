@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.expressions import MAX_DEPTH, MAX_LENGTH, Expression, ExpressionError
+from common.expressions import MAX_DEPTH, MAX_LENGTH, Expression, ExpressionError, parsed
 from common.templates import Reference, UnresolvedReference, resolve_in
 
 CONTEXT: dict[str, Any] = {
@@ -550,3 +550,11 @@ def test_integer_arithmetic_matches_python(a: int, b: int) -> None:
     assert ev(f"{a} == {b}") is (a == b)
     if b:
         assert ev(f"{a} % {b}") == a % b
+
+
+def test_a_worker_parses_each_condition_once() -> None:
+    source = "${variables.n} > 2 and ${variables.mode} == 'fast'"
+    first = parsed(source)
+
+    assert parsed(source) is first
+    assert first == Expression.parse(source)

@@ -41,59 +41,11 @@ from orchestrator.dispatch import Outbox, StepMessage
 from orchestrator.heartbeat import heart
 from runs.models import Run, Step
 from runs.states import StepStatus
-from runs.transitions import transition_locked
+from runs.transitions import claim_step, transition_locked
 
 logger = logging.getLogger(__name__)
 
 MAX_OUTPUT_BYTES = 1_000_000
-
-_CLAIM_SQL = """
-WITH claimed AS (
-    UPDATE runs_step AS s
-    SET status = 'running',
-        attempts = s.attempts + 1,
-        started_at = COALESCE(s.started_at, now()),
-        status_changed_at = now(),
-        lease_expires_at = now() + make_interval(secs => %(lease)s),
-        next_run_at = NULL,
-        worker = %(worker)s,
-        celery_task_id = %(task_id)s
-    FROM runs_run AS r
-    WHERE s.id = %(step)s
-      AND s.status = 'pending'
-      AND s.dispatched_at IS NOT NULL
-      AND (s.next_run_at IS NULL OR s.next_run_at <= now())
-      AND r.id = s.run_id
-      AND r.status = 'running'
-    RETURNING s.id, s.run_id, s.attempt_number, s.attempts, s.task_id, s.generation, s.name,
-              s.tool, s.params, s."when", s.timeout_ms, s.handler_for_id
-), event AS (
-    INSERT INTO runs_runevent
-        (run_id, attempt_number, entity, entity_id, kind, from_status, to_status, actor,
-         message, payload, created_at)
-    SELECT run_id, attempt_number, 'step', id::text, 'transition', 'pending', 'running',
-           %(worker)s, '', jsonb_build_object('attempt', attempts), now()
-    FROM claimed
-)
-SELECT id, run_id, attempt_number, attempts, task_id, generation, name, tool, params, "when",
-       timeout_ms, handler_for_id
-FROM claimed
-"""
-# What a step attempt needs to run, read in the same statement that claims it.
-_CLAIMED_FIELDS = (
-    "id",
-    "run_id",
-    "attempt_number",
-    "attempts",
-    "task_id",
-    "generation",
-    "name",
-    "tool",
-    "params",
-    "when",
-    "timeout_ms",
-    "handler_for_id",
-)
 
 
 @dataclass(frozen=True)
@@ -134,23 +86,10 @@ class RecordFailed(Exception):
 def claim(step_id: int, worker: str, task_id: str) -> Step | None:
     """Claim the step; return it (the fields an attempt needs), or None if there is
     nothing to do."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _CLAIM_SQL,
-            {
-                "step": step_id,
-                "lease": float(settings.ENGINE_LEASE_SECONDS),
-                "worker": worker,
-                "task_id": task_id,
-            },
-        )
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    values = dict(zip(_CLAIMED_FIELDS, row, strict=True))
-    if isinstance(values["params"], str):  # a driver that hands jsonb back as text
-        values["params"] = json.loads(values["params"])
-    return engine.step_from_row(values)
+    values = claim_step(
+        step_id, worker=worker, task_id=task_id, lease_seconds=float(settings.ENGINE_LEASE_SECONDS)
+    )
+    return None if values is None else engine.step_from_row(values)
 
 
 def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:

@@ -13,7 +13,7 @@ from django.forms import ModelForm
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
-from billing.models import ApiKey, ApiKeyScope, LedgerEntry, Organization, Secret
+from billing.models import ApiKey, ApiKeyScope, LedgerEntry, Organization, Reservation, Secret
 from billing.secrets import is_valid_secret_name, secret_delete, secret_put
 from billing.selectors import organization_balance
 from billing.services import api_key_create, api_key_revoke, credits_grant
@@ -106,6 +106,26 @@ class LedgerEntryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[LedgerEntry]):
     list_filter = ("type", "organization", "created_at")
     list_select_related = ("organization", "run", "step")
     search_fields = ("=run__id", "idempotency_key", "reason")
+    show_full_result_count = False
+
+
+@admin.register(Reservation)
+class ReservationAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[Reservation]):
+    """Credits held per run attempt, read-only: written by the billing services alone."""
+
+    list_display = (
+        "created_at",
+        "organization",
+        "run_id",
+        "attempt_number",
+        "reserved",
+        "charged",
+        "refunded",
+        "settled_at",
+    )
+    list_filter = ("organization", ("settled_at", admin.EmptyFieldListFilter))
+    list_select_related = ("organization",)
+    search_fields = ("=run_id",)
     show_full_result_count = False
 
 

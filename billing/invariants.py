@@ -7,15 +7,14 @@ from typing import Any
 from django.db.models import F, Q, Sum
 from django.db.models.functions import Coalesce
 
-from billing.models import EntryType, LedgerEntry, Organization
+from billing.models import EntryType, LedgerEntry, Organization, Reservation
 from billing.selectors import ZERO, balance_from_totals, ledger_totals
 from common.invariants import LIMIT, invariant
-from runs.models import RunAttempt
 
 
 @invariant("billing.cached_balances", "cached balances equal the ledger")
 def cached_balances() -> list[str]:
-    """Set-based: one aggregate over the ledger and one over attempts, for every org."""
+    """Set-based: one aggregate over the ledger and one over reservations, for every org."""
     ledger: dict[Any, dict[str, Any]] = {
         row["organization_id"]: dict(row)
         for row in LedgerEntry.objects.values("organization_id").annotate(
@@ -23,16 +22,15 @@ def cached_balances() -> list[str]:
         )
     }
     held: dict[Any, dict[str, Any]] = {
-        row["run__organization_id"]: dict(row)
-        for row in RunAttempt.objects.values("run__organization_id").annotate(
+        row["organization_id"]: dict(row)
+        for row in Reservation.objects.values("organization_id").annotate(
             reserved=Coalesce(
                 Sum(
-                    F("credits_reserved") - F("credits_charged") - F("credits_refunded"),
-                    filter=Q(settled_at__isnull=True),
+                    F("reserved") - F("charged") - F("refunded"), filter=Q(settled_at__isnull=True)
                 ),
                 ZERO,
             ),
-            spent=Coalesce(Sum("credits_charged"), ZERO),
+            spent=Coalesce(Sum("charged"), ZERO),
         )
     }
     problems = []
@@ -70,28 +68,27 @@ def non_negative() -> list[str]:
 
 
 @invariant(
-    "billing.attempts", "per attempt: cache equals ledger; settled => charged+refunded=reserved"
+    "billing.reservations",
+    "per run attempt: the reservation equals its ledger; settled => charged+refunded=reserved",
 )
-def attempts_balanced() -> list[str]:
+def reservations_balanced() -> list[str]:
     problems = []
-    settled_unbalanced = RunAttempt.objects.filter(settled_at__isnull=False).exclude(
-        credits_reserved=F("credits_charged") + F("credits_refunded")
+    settled_unbalanced = Reservation.objects.filter(settled_at__isnull=False).exclude(
+        reserved=F("charged") + F("refunded")
     )
     problems += [
-        f"attempt {a.pk} (run {a.run_id}): settled with reserved {a.credits_reserved} != "
-        f"charged {a.credits_charged} + refunded {a.credits_refunded}"
-        for a in settled_unbalanced[:LIMIT]
+        f"reservation of run {r.run_id} attempt {r.attempt_number}: settled with reserved "
+        f"{r.reserved} != charged {r.charged} + refunded {r.refunded}"
+        for r in settled_unbalanced[:LIMIT]
     ]
-    for attempt in RunAttempt.objects.filter(ledger_entries__isnull=False).distinct()[:5000]:
-        totals = ledger_totals(LedgerEntry.objects.filter(attempt=attempt))
-        cached = (attempt.credits_reserved, attempt.credits_charged, attempt.credits_refunded)
+    for reservation in Reservation.objects.all()[:5000]:
+        totals = ledger_totals(LedgerEntry.objects.filter(attempt_id=reservation.attempt_id))
+        cached = (reservation.reserved, reservation.charged, reservation.refunded)
         if cached != (totals["reserve"], totals["charge"], totals["refund"]):
-            problems.append(f"attempt {attempt.pk}: cached credits {cached} differ from ledger")
+            problems.append(
+                f"reservation of run {reservation.run_id} attempt {reservation.attempt_number}: "
+                f"{cached} differs from the ledger"
+            )
             if len(problems) >= LIMIT:
                 break
-    finished_unsettled = RunAttempt.objects.exclude(outcome="").filter(settled_at__isnull=True)
-    problems += [
-        f"attempt {pk}: finished but not settled"
-        for pk in finished_unsettled.values_list("pk", flat=True)[:LIMIT]
-    ]
     return problems

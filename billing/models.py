@@ -159,6 +159,58 @@ class LedgerEntry(models.Model):
         raise ValueError("the ledger is append-only")
 
 
+class Reservation(models.Model):
+    """The credits held for one run attempt, and what became of them: billing's own row.
+
+    Written only by ``billing.services`` (reserve when the attempt opens, charge per step
+    attempt, settle when it ends). Found by the run's id and the attempt's number, which
+    is what the engine knows when it charges a step; billing never reads the run's rows.
+    reserved = charged + refunded + what is still held; nothing is held once settled.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    organization = models.ForeignKey(
+        Organization, on_delete=models.PROTECT, related_name="reservations"
+    )
+    run_id = models.UUIDField()
+    attempt_number = models.PositiveSmallIntegerField()
+    # The same attempt as a relation, for the ledger's entries and the admin.
+    attempt = models.OneToOneField(
+        "runs.RunAttempt", on_delete=models.PROTECT, related_name="reservation"
+    )
+    reserved = models.DecimalField(max_digits=18, decimal_places=6, default=Decimal(0))
+    charged = models.DecimalField(max_digits=18, decimal_places=6, default=Decimal(0))
+    refunded = models.DecimalField(max_digits=18, decimal_places=6, default=Decimal(0))
+    settled_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run_id", "attempt_number"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run_id", "attempt_number"], name="reservation_unique_attempt"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(reserved__gte=models.F("charged") + models.F("refunded")),
+                name="reservation_conserved",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(charged__gte=0), name="reservation_charged_gte_0"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(refunded__gte=0), name="reservation_refunded_gte_0"
+            ),
+        ]
+        indexes = [models.Index(fields=["organization", "settled_at"], name="reservation_org")]
+
+    def __str__(self) -> str:
+        return f"reservation of run {self.run_id} attempt {self.attempt_number}"
+
+    @property
+    def held(self) -> Decimal:
+        return Decimal(0) if self.settled_at else self.reserved - self.charged - self.refunded
+
+
 # A secret's name, as plans write it in `${secrets.NAME}` (runs/spec.py checks it there too).
 SECRET_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]{0,99}"  # noqa: S105 (a pattern, not a secret)
 SECRET_NAME_RE = re.compile(SECRET_NAME_PATTERN)

@@ -9,8 +9,7 @@ from decimal import Decimal
 from django.db.models import F, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 
-from billing.models import EntryType, LedgerEntry, Organization
-from runs.models import RunAttempt
+from billing.models import EntryType, LedgerEntry, Organization, Reservation
 
 ZERO = Decimal(0)
 
@@ -27,16 +26,14 @@ class Balance:
 
 
 def organization_balance(organization: Organization) -> Balance:
-    """Available is cached on the row; reserved and spent are summed over its attempts."""
-    held = RunAttempt.objects.filter(run__organization=organization).aggregate(
+    """Available is cached on the row; reserved and spent are summed over its
+    reservations (one per run attempt)."""
+    held = Reservation.objects.filter(organization=organization).aggregate(
         reserved=Coalesce(
-            Sum(
-                F("credits_reserved") - F("credits_charged") - F("credits_refunded"),
-                filter=Q(settled_at__isnull=True),
-            ),
+            Sum(F("reserved") - F("charged") - F("refunded"), filter=Q(settled_at__isnull=True)),
             ZERO,
         ),
-        spent=Coalesce(Sum("credits_charged"), ZERO),
+        spent=Coalesce(Sum("charged"), ZERO),
     )
     return Balance(
         available=organization.credits_available, reserved=held["reserved"], spent=held["spent"]

@@ -12,8 +12,14 @@ from uuid import UUID
 from django.db import connection, transaction
 from django.utils import timezone
 
-from billing.models import ApiKey, ApiKeyScope, EntryType, LedgerEntry, Organization
-from runs.models import Run, RunAttempt, Step
+from billing.models import (
+    ApiKey,
+    ApiKeyScope,
+    EntryType,
+    LedgerEntry,
+    Organization,
+    Reservation,
+)
 
 API_KEY_PREFIX = "ork"
 CREDIT_QUANTUM = Decimal("0.000001")
@@ -124,12 +130,6 @@ def _lock_org(organization_id: UUID) -> Organization:
     return Organization.objects.select_for_update(no_key=True).get(pk=organization_id)
 
 
-def _lock_attempt(attempt: RunAttempt) -> RunAttempt:
-    return (
-        RunAttempt.objects.select_for_update(no_key=True).select_related("run").get(pk=attempt.pk)
-    )
-
-
 @transaction.atomic
 def credits_grant(
     *,
@@ -163,7 +163,13 @@ def credits_grant(
 
 @transaction.atomic
 def credits_reserve(
-    *, attempt: RunAttempt, amount: Decimal | int | str, actor: str = "system"
+    *,
+    organization_id: UUID,
+    run_id: UUID,
+    attempt_id: int,
+    attempt_number: int,
+    amount: Decimal | int | str,
+    actor: str = "system",
 ) -> LedgerEntry:
     """Hold ``amount`` for a run attempt; raise InsufficientCredits if it is not available.
 
@@ -172,10 +178,8 @@ def credits_reserve(
     amount = to_credits(amount)
     if amount <= 0:
         raise ValueError("a reservation must be positive")
-    attempt = _lock_attempt(attempt)
-    run = attempt.run
-    key = f"reserve:{attempt.pk}"
-    org = _lock_org(run.organization_id)
+    key = f"reserve:{attempt_id}"
+    org = _lock_org(organization_id)  # serialises every movement of this organization
     existing = _existing(org.pk, key)
     if existing:
         return existing
@@ -183,55 +187,61 @@ def credits_reserve(
         raise InsufficientCredits(amount, org.credits_available)
     entry = LedgerEntry.objects.create(
         organization=org,
-        run=run,
-        attempt=attempt,
+        run_id=run_id,
+        attempt_id=attempt_id,
         type=EntryType.RESERVE,
         amount=amount,
         idempotency_key=key,
-        reason=f"run {run.pk} attempt {attempt.attempt_number}",
+        reason=f"run {run_id} attempt {attempt_number}",
         actor=actor,
     )
     org.credits_available -= amount
     org.save(update_fields=["credits_available"])
-    attempt.credits_reserved += amount
-    attempt.save(update_fields=["credits_reserved"])
+    Reservation.objects.create(
+        organization=org,
+        run_id=run_id,
+        attempt_number=attempt_number,
+        attempt_id=attempt_id,
+        reserved=amount,
+    )
     return entry
 
 
 # One statement: the attempt's budget is checked and drawn on, and the entry written, in a
 # single round trip (this runs once per step attempt). The NOT EXISTS keeps a replay from
-# drawing twice; two concurrent replays serialise on the attempt row and the second then
-# fails on the unique key, rolling its transaction back.
+# drawing twice; two concurrent replays serialise on the reservation row and the second
+# then fails on the unique key, rolling its transaction back.
 _CHARGE_SQL = """
 WITH drawn AS (
-    UPDATE runs_runattempt SET credits_charged = credits_charged + %(amount)s
+    UPDATE billing_reservation SET charged = charged + %(amount)s
     WHERE run_id = %(run)s AND attempt_number = %(number)s
       AND settled_at IS NULL
-      AND credits_reserved - credits_charged - credits_refunded >= %(amount)s
+      AND reserved - charged - refunded >= %(amount)s
       AND NOT EXISTS (
           SELECT 1 FROM billing_ledgerentry
           WHERE organization_id = %(organization)s AND idempotency_key = %(key)s
       )
-    RETURNING id, run_id
+    RETURNING attempt_id, run_id
 )
 INSERT INTO billing_ledgerentry
     (id, organization_id, run_id, attempt_id, step_id, type, amount, idempotency_key,
      reason, actor, created_at)
-SELECT %(id)s, %(organization)s, drawn.run_id, drawn.id, %(step)s, 'charge', %(amount)s,
-       %(key)s, %(reason)s, %(actor)s, now()
+SELECT %(id)s, %(organization)s, drawn.run_id, drawn.attempt_id, %(step)s, 'charge',
+       %(amount)s, %(key)s, %(reason)s, %(actor)s, now()
 FROM drawn
 RETURNING id, attempt_id
-
 """
 
 
 def credits_charge(
     *,
-    attempt: RunAttempt,
-    step: Step,
+    organization_id: UUID,
+    run_id: UUID,
+    attempt_number: int,
+    step_id: int,
     step_attempt: int,
     amount: Decimal | int | str,
-    organization_id: UUID | None = None,
+    reason: str = "",
     actor: str = "system",
 ) -> LedgerEntry | None:
     """Charge one step attempt against the run attempt's reservation.
@@ -245,23 +255,19 @@ def credits_charge(
         raise ValueError("a charge cannot be negative")
     if amount == 0:
         return None
-    if organization_id is None:
-        organization_id = Run.objects.values_list("organization_id", flat=True).get(
-            pk=attempt.run_id
-        )
-    key = f"charge:{step.pk}:{step_attempt}"
+    key = f"charge:{step_id}:{step_attempt}"
     with connection.cursor() as cursor:
         cursor.execute(
             _CHARGE_SQL,
             {
                 "id": uuid.uuid4(),
                 "organization": organization_id,
-                "run": attempt.run_id,
-                "number": attempt.attempt_number,
-                "step": step.pk,
+                "run": run_id,
+                "number": attempt_number,
+                "step": step_id,
                 "amount": amount,
                 "key": key,
-                "reason": f"step {step.name} attempt {step_attempt}"[:500],
+                "reason": (reason or f"step {step_id} attempt {step_attempt}")[:500],
                 "actor": actor,
             },
         )
@@ -270,9 +276,9 @@ def credits_charge(
         return LedgerEntry(
             id=row[0],
             organization_id=organization_id,
-            run_id=attempt.run_id,
+            run_id=run_id,
             attempt_id=row[1],
-            step_id=step.pk,
+            step_id=step_id,
             type=EntryType.CHARGE,
             amount=amount,
             idempotency_key=key,
@@ -281,40 +287,43 @@ def credits_charge(
     existing = _existing(organization_id, key)
     if existing:
         return existing
-    state = RunAttempt.objects.values(
-        "credits_reserved", "credits_charged", "credits_refunded", "settled_at"
-    ).get(run_id=attempt.run_id, attempt_number=attempt.attempt_number)
-    remaining = (
-        Decimal(0)
-        if state["settled_at"] is not None
-        else state["credits_reserved"] - state["credits_charged"] - state["credits_refunded"]
-    )
-    raise BudgetExhausted(amount, remaining)
+    reservation = Reservation.objects.filter(run_id=run_id, attempt_number=attempt_number).first()
+    raise BudgetExhausted(amount, Decimal(0) if reservation is None else reservation.held)
 
 
 @transaction.atomic
-def credits_settle(*, attempt: RunAttempt, actor: str = "system") -> LedgerEntry | None:
-    """On a terminal state: refund whatever is reserved and not charged. Idempotent."""
-    attempt = _lock_attempt(attempt)
-    if attempt.settled_at is not None:
-        return _existing(attempt.run.organization_id, f"refund:{attempt.pk}")
-    org = _lock_org(attempt.run.organization_id)
-    remaining = attempt.credits_reserved - attempt.credits_charged - attempt.credits_refunded
+def credits_settle(
+    *, run_id: UUID, attempt_number: int, actor: str = "system"
+) -> LedgerEntry | None:
+    """On a terminal state: refund whatever is reserved and not charged. Idempotent; an
+    attempt that reserved nothing has nothing to settle."""
+    reservation = (
+        Reservation.objects.select_for_update(no_key=True)
+        .filter(run_id=run_id, attempt_number=attempt_number)
+        .first()
+    )
+    if reservation is None:
+        return None
+    key = f"refund:{reservation.attempt_id}"
+    if reservation.settled_at is not None:
+        return _existing(reservation.organization_id, key)
+    remaining = reservation.reserved - reservation.charged - reservation.refunded
     entry = None
     if remaining > 0:
+        org = _lock_org(reservation.organization_id)
         entry = LedgerEntry.objects.create(
             organization=org,
-            run=attempt.run,
-            attempt=attempt,
+            run_id=run_id,
+            attempt_id=reservation.attempt_id,
             type=EntryType.REFUND,
             amount=remaining,
-            idempotency_key=f"refund:{attempt.pk}",
-            reason=f"settled run {attempt.run_id} attempt {attempt.attempt_number}",
+            idempotency_key=key,
+            reason=f"settled run {run_id} attempt {attempt_number}",
             actor=actor,
         )
         org.credits_available += remaining
         org.save(update_fields=["credits_available"])
-        attempt.credits_refunded += remaining
-    attempt.settled_at = timezone.now()
-    attempt.save(update_fields=["credits_refunded", "settled_at"])
+        reservation.refunded += remaining
+    reservation.settled_at = timezone.now()
+    reservation.save(update_fields=["refunded", "settled_at"])
     return entry

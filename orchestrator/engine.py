@@ -33,7 +33,7 @@ from billing.services import BudgetExhausted, InsufficientCredits, credits_charg
 from orchestrator.dispatch import Outbox, StepMessage, revoke_running_steps
 from runs import services
 from runs.materialize import step_row, step_rows, task_rows, wiring
-from runs.models import Agent, EventKind, FailureMode, Mode, Run, RunAttempt, Step, Task
+from runs.models import Agent, EventKind, FailureMode, Mode, Run, Step, Task
 from runs.spec import PlanInvalid, RetryPolicy, StepPlan, parse_plan
 from runs.states import NODE_OPEN, NodeStatus, RunStatus, StepStatus
 from runs.transitions import record_event, transition, transition_many
@@ -649,11 +649,13 @@ def charge_step(run: Run, step: Step, cost: Decimal) -> Failure | None:
     try:
         credits_charge(
             # Identified by run and number: no need to read the attempt row first.
-            attempt=RunAttempt(run_id=run.pk, attempt_number=step.attempt_number),
-            step=step,
+            organization_id=run.organization_id,
+            run_id=run.pk,
+            attempt_number=step.attempt_number,
+            step_id=step.pk,
             step_attempt=step.attempts,
             amount=cost,
-            organization_id=run.organization_id,
+            reason=f"step {step.name} attempt {step.attempts}",
             actor="engine",
         )
     except BudgetExhausted as exc:

@@ -56,9 +56,9 @@ def check_runs(run_ids: list[str]) -> Consistency:
     """Every check, over the runs in ``run_ids`` (and the invariants over everything)."""
     from django.db.models import Count, F
 
-    from billing.models import LedgerEntry
+    from billing.models import LedgerEntry, Reservation
     from common.invariants import check_all
-    from runs.models import Run, RunAttempt
+    from runs.models import Run
 
     result = Consistency()
     runs = Run.objects.filter(pk__in=run_ids)
@@ -67,14 +67,14 @@ def check_runs(run_ids: list[str]) -> Consistency:
         f"{pk} {status}"
         for pk, status in runs.exclude(status__in=TERMINAL).values_list("pk", "status")
     ]
-    attempts = RunAttempt.objects.filter(run__in=runs)
+    reservations = Reservation.objects.filter(run_id__in=runs.values("pk"))
+    terminal = runs.filter(status__in=TERMINAL).values("pk")
     result.unsettled = [
-        f"run {a.run_id} attempt {a.attempt_number}: reserved {a.credits_reserved}, "
-        f"charged {a.credits_charged}, refunded {a.credits_refunded}, "
-        f"settled {'yes' if a.settled_at else 'no'}"
-        for a in attempts.filter(run__status__in=TERMINAL).exclude(
-            credits_reserved=F("credits_charged") + F("credits_refunded"),
-            settled_at__isnull=False,
+        f"run {r.run_id} attempt {r.attempt_number}: reserved {r.reserved}, "
+        f"charged {r.charged}, refunded {r.refunded}, "
+        f"settled {'yes' if r.settled_at else 'no'}"
+        for r in reservations.filter(run_id__in=terminal).exclude(
+            reserved=F("charged") + F("refunded"), settled_at__isnull=False
         )
     ]
     # A charge is keyed by (step, attempt): more charges than attempts means one was

@@ -92,6 +92,25 @@ def run_attempts() -> list[str]:
     ]
 
 
+@invariant(
+    "runs.attempts_settled",
+    "every attempt reserved its credits, and an attempt that ended settled them",
+)
+def attempts_settled() -> list[str]:
+    unreserved = RunAttempt.objects.filter(reservation__isnull=True)
+    problems = [
+        f"attempt {a.attempt_number} of run {a.run_id}: no reservation" for a in unreserved[:LIMIT]
+    ]
+    finished_unsettled = RunAttempt.objects.exclude(outcome="").filter(
+        reservation__settled_at__isnull=True, reservation__isnull=False
+    )
+    problems += [
+        f"attempt {a.attempt_number} of run {a.run_id}: finished but not settled"
+        for a in finished_unsettled[:LIMIT]
+    ]
+    return problems
+
+
 @invariant("runs.state_consistency", "a run's state agrees with its agents (seed 000 inv. 3)")
 def run_state_consistency() -> list[str]:
     open_agent = Exists(_current_agents(status__in=NODE_OPEN))

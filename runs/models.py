@@ -131,22 +131,11 @@ class RunAttempt(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     outcome = models.CharField(max_length=20, choices=RunStatus.choices, blank=True)
-    # Credits of this attempt, cached from its ledger entries (billing.services).
-    credits_reserved = models.DecimalField(max_digits=18, decimal_places=6, default=Decimal(0))
-    credits_charged = models.DecimalField(max_digits=18, decimal_places=6, default=Decimal(0))
-    credits_refunded = models.DecimalField(max_digits=18, decimal_places=6, default=Decimal(0))
-    settled_at = models.DateTimeField(null=True, blank=True)
+    # Its credits: billing.Reservation (``attempt.reservation``).
 
     class Meta:
         ordering = ["run", "attempt_number"]
         constraints = [
-            models.CheckConstraint(
-                condition=Q(
-                    credits_reserved__gte=models.F("credits_charged") + models.F("credits_refunded")
-                ),
-                name="attempt_credits_conserved",
-            ),
-            *_non_negative("attempt", "credits_charged", "credits_refunded"),
             models.UniqueConstraint(fields=["run", "attempt_number"], name="attempt_unique_number"),
             models.CheckConstraint(condition=Q(attempt_number__gte=1), name="attempt_number_gte_1"),
         ]

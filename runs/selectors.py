@@ -29,8 +29,8 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce
 
-from billing.models import Organization
-from runs.models import Agent, Run, RunAttempt, RunEvent, Step, Task
+from billing.models import Organization, Reservation
+from runs.models import Agent, Run, RunEvent, Step, Task
 from runs.services import RunNotFound
 from runs.states import STEP_TERMINAL, RunStatus
 
@@ -61,10 +61,11 @@ class RunFilters:
 
 
 def _attempt_sum(expression: Any, condition: Q | None = None) -> Coalesce:
+    """A sum over the run's reservations (one per attempt, billing's rows)."""
     total = (
-        RunAttempt.objects.filter(run=OuterRef("pk"))
+        Reservation.objects.filter(run_id=OuterRef("pk"))
         .order_by()
-        .values("run")
+        .values("run_id")
         .annotate(total=Sum(expression, filter=condition))
         .values("total")[:1]
     )
@@ -76,11 +77,11 @@ def with_credits(runs: QuerySet[Run]) -> QuerySet[Run]:
     """Annotate each run's credits over all its attempts (reserved, charged, refunded,
     and held: reserved but neither charged nor refunded yet)."""
     return runs.annotate(
-        credits_reserved=_attempt_sum(F("credits_reserved")),
-        credits_charged=_attempt_sum(F("credits_charged")),
-        credits_refunded=_attempt_sum(F("credits_refunded")),
+        credits_reserved=_attempt_sum(F("reserved")),
+        credits_charged=_attempt_sum(F("charged")),
+        credits_refunded=_attempt_sum(F("refunded")),
         credits_held=_attempt_sum(
-            F("credits_reserved") - F("credits_charged") - F("credits_refunded"),
+            F("reserved") - F("charged") - F("refunded"),
             Q(settled_at__isnull=True),
         ),
     )

@@ -153,7 +153,14 @@ def _open_attempt(run: Run, actor: str) -> RunAttempt:
     """Create the run's current attempt and reserve its credits (same transaction)."""
     attempt = RunAttempt.objects.create(run=run, attempt_number=run.attempt_number)
     amount = plan_reservation(plan_of(run))
-    entry = credits_reserve(attempt=attempt, amount=amount, actor=actor)
+    entry = credits_reserve(
+        organization_id=run.organization_id,
+        run_id=run.pk,
+        attempt_id=attempt.pk,
+        attempt_number=attempt.attempt_number,
+        amount=amount,
+        actor=actor,
+    )
     record_event(
         run,
         EventKind.CHARGE,
@@ -227,7 +234,7 @@ def _finish_attempt(run: Run, actor: str = "system") -> None:
     attempt.outcome = run.status
     attempt.finished_at = run.completed_at or timezone.now()
     attempt.save(update_fields=["outcome", "finished_at"])
-    refund = credits_settle(attempt=attempt, actor=actor)
+    refund = credits_settle(run_id=run.pk, attempt_number=attempt.attempt_number, actor=actor)
     if refund is not None:
         record_event(
             run,

@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 from django.db import DatabaseError, connection, connections, transaction
 
-from billing.models import LedgerEntry, Organization
+from billing.models import LedgerEntry, Organization, Reservation
 from billing.selectors import balance_from_ledger, organization_balance
 from billing.services import (
     BudgetExhausted,
@@ -31,12 +31,29 @@ def assert_invariants_hold() -> None:
     assert {name: found for name, found in check_all().items() if found} == {}
 
 
-def assert_settled(run: Run) -> RunAttempt:
+def reservation_of(run: Run, attempt_number: int = 1) -> Reservation:
+    return Reservation.objects.get(run_id=run.pk, attempt_number=attempt_number)
+
+
+def charge(
+    attempt: RunAttempt, step: Step, step_attempt: int, amount: object
+) -> LedgerEntry | None:
+    return credits_charge(
+        organization_id=attempt.run.organization_id,
+        run_id=attempt.run_id,
+        attempt_number=attempt.attempt_number,
+        step_id=step.pk,
+        step_attempt=step_attempt,
+        amount=amount,  # type: ignore[arg-type]
+    )
+
+
+def assert_settled(run: Run) -> Reservation:
     run = Run.objects.get(pk=run.pk)
-    attempt = RunAttempt.objects.get(run=run, attempt_number=run.attempt_number)
-    assert attempt.settled_at is not None
-    assert attempt.credits_charged + attempt.credits_refunded == attempt.credits_reserved
-    return attempt
+    reservation = reservation_of(run, run.attempt_number)
+    assert reservation.settled_at is not None
+    assert reservation.charged + reservation.refunded == reservation.reserved
+    return reservation
 
 
 @pytest.mark.parametrize(
@@ -80,8 +97,8 @@ def test_start_reserves_the_plans_credits_and_the_estimate_otherwise() -> None:
     services.run_start(run_id=explicit.pk)
     services.run_start(run_id=estimated.pk)
 
-    assert RunAttempt.objects.get(run=explicit).credits_reserved == Decimal("12.5")
-    assert RunAttempt.objects.get(run=estimated).credits_reserved == Decimal("0.12")
+    assert reservation_of(explicit).reserved == Decimal("12.5")
+    assert reservation_of(estimated).reserved == Decimal("0.12")
     organization.refresh_from_db()
     assert organization_balance(organization).available == Decimal("87.38")
     assert organization_balance(organization).reserved == Decimal("12.62")
@@ -111,13 +128,12 @@ def test_the_same_charge_applied_twice_writes_one_entry() -> None:
     step = Step.objects.filter(run=run).first()
     assert step is not None
 
-    first = credits_charge(attempt=attempt, step=step, step_attempt=1, amount="0.5")
-    second = credits_charge(attempt=attempt, step=step, step_attempt=1, amount="0.5")
+    first = charge(attempt, step, 1, "0.5")
+    second = charge(attempt, step, 1, "0.5")
 
     assert first == second
     assert LedgerEntry.objects.filter(step=step, type="charge").count() == 1
-    attempt.refresh_from_db()
-    assert attempt.credits_charged == Decimal("0.5")
+    assert reservation_of(run).charged == Decimal("0.5")
 
 
 def test_a_charge_beyond_the_reservation_is_refused_with_budget_exhausted() -> None:
@@ -127,10 +143,10 @@ def test_a_charge_beyond_the_reservation_is_refused_with_budget_exhausted() -> N
     attempt = RunAttempt.objects.get(run=run)
     step = Step.objects.filter(run=run).first()
     assert step is not None
-    credits_charge(attempt=attempt, step=step, step_attempt=1, amount="0.75")
+    charge(attempt, step, 1, "0.75")
 
     with pytest.raises(BudgetExhausted) as raised:
-        credits_charge(attempt=attempt, step=step, step_attempt=2, amount="0.5")
+        charge(attempt, step, 2, "0.5")
 
     assert raised.value.code == "budget_exhausted"
     assert LedgerEntry.objects.filter(step=step, type="charge").count() == 1
@@ -142,7 +158,7 @@ def _started_with_charges(credits: int = 10) -> Run:
     services.run_pick_up(run_id=run.pk)
     attempt = RunAttempt.objects.get(run=run)
     for number, step in enumerate(Step.objects.filter(run=run).order_by("pk"), start=1):
-        credits_charge(attempt=attempt, step=step, step_attempt=1, amount=number)
+        charge(attempt, step, 1, number)
     return Run.objects.get(pk=run.pk)
 
 
@@ -153,8 +169,8 @@ def test_completed_run_refunds_what_was_not_charged() -> None:
         finish_all_work(services.lock_run(run.pk))
         services.run_complete(run_id=run.pk)
 
-    attempt = assert_settled(run)
-    assert (attempt.credits_charged, attempt.credits_refunded) == (Decimal(3), Decimal(7))
+    reservation = assert_settled(run)
+    assert (reservation.charged, reservation.refunded) == (Decimal(3), Decimal(7))
     assert_invariants_hold()
 
 
@@ -163,7 +179,7 @@ def test_failed_run_refunds_what_was_not_charged() -> None:
 
     services.run_fail(run_id=run.pk, code="tool_error", message="boom")
 
-    assert assert_settled(run).credits_refunded == Decimal(7)
+    assert assert_settled(run).refunded == Decimal(7)
     assert_invariants_hold()
 
 
@@ -182,8 +198,7 @@ def test_run_cancelled_while_pending_is_refunded_in_full() -> None:
 
     services.run_cancel(run_id=run.pk, reason="not needed")
 
-    attempt = assert_settled(run)
-    assert attempt.credits_refunded == Decimal(10)
+    assert assert_settled(run).refunded == Decimal(10)
     assert_invariants_hold()
 
 
@@ -193,7 +208,7 @@ def test_pending_timeout_refunds_in_full() -> None:
 
     services.run_fail(run_id=run.pk, code="pending_timeout", message="not picked up in 24h")
 
-    assert assert_settled(run).credits_refunded == Decimal(10)
+    assert assert_settled(run).refunded == Decimal(10)
     assert_invariants_hold()
 
 
@@ -203,10 +218,10 @@ def test_retry_reserves_anew_for_the_new_attempt() -> None:
 
     services.run_retry(run_id=run.pk)
 
-    attempts = list(RunAttempt.objects.filter(run=run).order_by("attempt_number"))
-    assert [a.credits_reserved for a in attempts] == [Decimal(10), Decimal(10)]
-    assert attempts[0].settled_at is not None
-    assert attempts[1].settled_at is None
+    reservations = list(Reservation.objects.filter(run_id=run.pk).order_by("attempt_number"))
+    assert [r.reserved for r in reservations] == [Decimal(10), Decimal(10)]
+    assert reservations[0].settled_at is not None
+    assert reservations[1].settled_at is None
     assert_invariants_hold()
 
 
@@ -215,8 +230,8 @@ def test_settle_twice_refunds_once() -> None:
     services.run_start(run_id=run.pk)
     attempt = RunAttempt.objects.get(run=run)
 
-    credits_settle(attempt=attempt)
-    credits_settle(attempt=attempt)
+    credits_settle(run_id=run.pk, attempt_number=1)
+    credits_settle(run_id=run.pk, attempt_number=1)
 
     assert LedgerEntry.objects.filter(attempt=attempt, type="refund").count() == 1
 
@@ -263,7 +278,13 @@ def test_reserve_is_keyed_by_attempt() -> None:
     services.run_start(run_id=run.pk)
     attempt = RunAttempt.objects.get(run=run)
 
-    again = credits_reserve(attempt=attempt, amount=10)
+    again = credits_reserve(
+        organization_id=run.organization_id,
+        run_id=run.pk,
+        attempt_id=attempt.pk,
+        attempt_number=1,
+        amount=10,
+    )
 
     assert LedgerEntry.objects.filter(attempt=attempt, type="reserve").count() == 1
     assert again.amount == Decimal(10)

@@ -99,7 +99,12 @@ class Ledger(RuleBasedStateMachine):
             return
         self._try(
             lambda: credits_charge(
-                attempt=attempt, step=steps[index], step_attempt=step_attempt, amount=amount
+                organization_id=run.organization_id,
+                run_id=run.pk,
+                attempt_number=attempt.attempt_number,
+                step_id=steps[index].pk,
+                step_attempt=step_attempt,
+                amount=amount,
             )
         )
 
@@ -120,10 +125,17 @@ class Ledger(RuleBasedStateMachine):
         if attempt is None:
             return
         before = LedgerEntry.objects.count()
-        credits_reserve(attempt=attempt, amount="0.01")  # keyed by attempt: a no-op
+        # Keyed by attempt: a no-op.
+        credits_reserve(
+            organization_id=run.organization_id,
+            run_id=run.pk,
+            attempt_id=attempt.pk,
+            attempt_number=attempt.attempt_number,
+            amount="0.01",
+        )
         assert LedgerEntry.objects.count() == before
-        if attempt.settled_at is not None:
-            credits_settle(attempt=attempt)
+        if attempt.reservation.settled_at is not None:
+            credits_settle(run_id=run.pk, attempt_number=attempt.attempt_number)
             assert LedgerEntry.objects.count() == before
 
     @invariant()

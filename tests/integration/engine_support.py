@@ -38,8 +38,11 @@ def steps_of(run: Run) -> dict[str, Step]:
 
 def assert_books_balanced(run: Run, check_invariants: bool = True) -> None:
     for attempt in RunAttempt.objects.filter(run=run):
-        assert attempt.settled_at is not None, attempt
-        assert attempt.credits_charged + attempt.credits_refunded == attempt.credits_reserved
+        assert attempt.reservation.settled_at is not None, attempt
+        assert (
+            attempt.reservation.charged + attempt.reservation.refunded
+            == attempt.reservation.reserved
+        )
     charges = LedgerEntry.objects.filter(run=run, type="charge")
     keys = list(charges.values_list("idempotency_key", flat=True))
     assert len(keys) == len(set(keys))

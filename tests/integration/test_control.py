@@ -167,7 +167,7 @@ def test_retry_after_failure_runs_attempt_two_with_its_own_reservation(celery_wo
     assert done.attempt_number == 2
     attempts = list(RunAttempt.objects.filter(run=run).order_by("attempt_number"))
     assert [a.outcome for a in attempts] == ["failed", "completed"]
-    assert [a.credits_reserved for a in attempts] == [3, 3]
+    assert [a.reservation.reserved for a in attempts] == [3, 3]
     assert {(s.pk, s.status) for s in Step.objects.filter(run=run, attempt_number=1)} == attempt_one
     assert steps_of(run)["gate"].status == "skipped"
     assert_books_balanced(run)

@@ -250,7 +250,7 @@ def test_run_retry_starts_a_new_attempt_with_its_own_reservation(celery_worker: 
     done = wait_for(run)
     assert done.status == "failed"
     attempts = list(RunAttempt.objects.filter(run=run).order_by("attempt_number"))
-    assert [a.credits_reserved for a in attempts] == [5, 5]
+    assert [a.reservation.reserved for a in attempts] == [5, 5]
     assert [a.outcome for a in attempts] == ["failed", "failed"]
     assert Step.objects.filter(run=run).count() == 2  # one per attempt, both kept
     assert_books_balanced(run)

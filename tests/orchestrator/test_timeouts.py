@@ -25,8 +25,11 @@ def later(delta: timedelta) -> datetime:
 def assert_consistent(run: Run) -> None:
     attempt = RunAttempt.objects.filter(run=run).order_by("-attempt_number").first()
     if attempt is not None:
-        assert attempt.settled_at is not None
-        assert attempt.credits_charged + attempt.credits_refunded == attempt.credits_reserved
+        assert attempt.reservation.settled_at is not None
+        assert (
+            attempt.reservation.charged + attempt.reservation.refunded
+            == attempt.reservation.reserved
+        )
     assert {name: found for name, found in check_all().items() if found} == {}
 
 

@@ -146,8 +146,8 @@ class Command(BaseCommand):
             f"attempts; summary output: {summary.output}"
         )
         self.stdout.write(
-            f"credits: reserved {attempt.credits_reserved}, charged {attempt.credits_charged}, "
-            f"refunded {attempt.credits_refunded}"
+            f"credits: reserved {attempt.reservation.reserved}, "
+            f"charged {attempt.reservation.charged}, refunded {attempt.reservation.refunded}"
         )
         if run.status != "completed":
             raise CommandError(f"demo run ended {run.status}: {run.last_error}")

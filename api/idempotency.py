@@ -42,8 +42,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from api.authentication import organization_of
+from api.models import IdempotencyRecord, IdempotencyStatus
 from billing.models import Organization
-from orchestrator.models import IdempotencyRecord, IdempotencyStatus
 
 HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -178,6 +178,25 @@ def idempotency_release(*, claim: Claim) -> None:
     IdempotencyRecord.objects.filter(
         pk=claim.record_id, status=IdempotencyStatus.IN_PROGRESS
     ).delete()
+
+
+def idempotency_records_expire(*, now: datetime | None = None, batch: int = 1000) -> int:
+    """Delete expired records, ``batch`` rows per statement; return how many. Idempotent:
+    two sweeps at once delete each row once, a late one finds nothing."""
+    now = now or timezone.now()
+    deleted = 0
+    while True:
+        ids = list(
+            IdempotencyRecord.objects.filter(expires_at__lte=now).values_list("pk", flat=True)[
+                :batch
+            ]
+        )
+        if not ids:
+            return deleted
+        count, _ = IdempotencyRecord.objects.filter(pk__in=ids, expires_at__lte=now).delete()
+        deleted += count
+        if len(ids) < batch:
+            return deleted
 
 
 def replay(record: IdempotencyRecord) -> Response:

@@ -24,7 +24,6 @@ from orchestrator.dispatch import (
     StepMessage,
     enqueue_run_task,
 )
-from orchestrator.models import IdempotencyRecord
 from runs import services
 from runs.models import Agent, EventKind, Run, Step, Task
 from runs.spec import format_duration_ms
@@ -263,23 +262,3 @@ def redispatch_lost(now: datetime | None = None, older_than: float | None = None
         counts["runs"] += 1
 
     return counts
-
-
-# --------------------------------------------------------------------------- idempotency records
-def idempotency_records_expire(*, now: datetime | None = None, batch: int = 1000) -> int:
-    """Delete expired records, ``batch`` rows per statement; return how many. Idempotent:
-    two sweeps at once delete each row once, a late one finds nothing."""
-    now = now or timezone.now()
-    deleted = 0
-    while True:
-        ids = list(
-            IdempotencyRecord.objects.filter(expires_at__lte=now).values_list("pk", flat=True)[
-                :batch
-            ]
-        )
-        if not ids:
-            return deleted
-        count, _ = IdempotencyRecord.objects.filter(pk__in=ids, expires_at__lte=now).delete()
-        deleted += count
-        if len(ids) < batch:
-            return deleted

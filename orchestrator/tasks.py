@@ -103,8 +103,3 @@ def sweep_timeouts_task() -> dict[str, int]:
 @shared_task(name="orchestrator.sweeps.lost_messages", **RETRY_OPTIONS)
 def sweep_lost_messages_task() -> dict[str, int]:
     return sweeps.redispatch_lost()
-
-
-@shared_task(name="orchestrator.sweeps.idempotency_records", **RETRY_OPTIONS)
-def sweep_idempotency_records_task() -> int:
-    return sweeps.idempotency_records_expire()

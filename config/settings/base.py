@@ -55,6 +55,7 @@ INSTALLED_APPS = [
     "runs",
     "billing",
     "artifacts",
+    "api",
 ]
 
 MIDDLEWARE = [

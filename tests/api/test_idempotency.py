@@ -19,12 +19,12 @@ from api.idempotency import (
     fingerprint,
     idempotency_claim,
     idempotency_complete,
+    idempotency_records_expire,
 )
+from api.models import IdempotencyRecord
 from billing.models import LedgerEntry
 from billing.services import credits_grant
 from orchestrator import engine
-from orchestrator.models import IdempotencyRecord
-from orchestrator.sweeps import idempotency_records_expire
 from runs import services
 from runs.models import Run, RunEvent
 from tests import factories

@@ -71,6 +71,7 @@ def test_task_names_route_to_their_queue(task_name: str, queue: str) -> None:
 def test_the_engines_tasks_have_no_result_backend() -> None:
     # Celery writes results on paths ignore_result does not cover (cancelling on a broker
     # connection loss); with Redis down that write killed the worker (make chaos).
+    app.loader.import_default_modules()  # every app's tasks, as a worker loads them
     engine_tasks = [
         task
         for name, task in app.tasks.items()

@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from reliability.checks import detail_lines
 from reliability.client import Client, GaveUp, Tally
 from reliability.stack import Stack, wait_for
 from reliability.workload import EXPECTED, KINDS, EffectServer, plan_for
@@ -449,26 +450,23 @@ def format_report(report: dict[str, Any]) -> str:
     lines += [f"| {name} | {value} |" for name, value in rows]
     lines += ["", "fault schedule (seconds after the first submission):"]
     lines += [f"  {f['at_s']:7.2f}  {f['kind']:<26} {f['result']}" for f in report["faults"]]
-    for title, items in (
-        ("unexplained outcomes", report["unexplained_outcomes"]),
-        ("stuck runs", consistency["runs_stuck"]),
-        ("unsettled ledgers", consistency["ledgers_unsettled"]),
-        ("charged twice", consistency["step_attempts_charged_twice"]),
-        ("effects twice", effects["executed_twice"]),
-        ("phantom effects", effects["phantom_attempts"]),
-        ("effects missing", effects["completed_without_effect"]),
-        ("API 5xx", report["api"]["server_errors"]),
-        ("processes that exited by themselves", report["unexpected_exits"]),
-        ("submission errors", report["submission_errors"]),
-    ):
-        if items:
-            lines += ["", f"{title}:"] + [f"  - {item}" for item in items[:20]]
-    for name, violations in consistency["invariants"]["violations"].items():
-        lines += ["", f"invariant {name}:"] + [f"  - {v}" for v in violations[:20]]
-    errors = report["worker_log_errors"]["distinct"]
-    if errors:
-        lines += ["", "worker/beat log errors (most frequent; faults cause some by design):"]
-        lines += [f"  {n:5d}  {gist}" for gist, n in errors.items()]
+    lines += detail_lines(
+        [
+            ("unexplained outcomes", report["unexplained_outcomes"]),
+            ("stuck runs", consistency["runs_stuck"]),
+            ("unsettled ledgers", consistency["ledgers_unsettled"]),
+            ("charged twice", consistency["step_attempts_charged_twice"]),
+            ("effects twice", effects["executed_twice"]),
+            ("phantom effects", effects["phantom_attempts"]),
+            ("effects missing", effects["completed_without_effect"]),
+            ("API 5xx", report["api"]["server_errors"]),
+            ("processes that exited by themselves", report["unexpected_exits"]),
+            ("submission errors", report["submission_errors"]),
+        ],
+        consistency["invariants"]["violations"],
+        report["worker_log_errors"]["distinct"],
+        "worker/beat log errors (most frequent; faults cause some by design)",
+    )
     return "\n".join(lines)
 
 

@@ -91,3 +91,23 @@ def check_runs(run_ids: list[str]) -> Consistency:
     ]
     result.invariants = check_all()
     return result
+
+
+def detail_lines(
+    lists: list[tuple[str, list[Any]]],
+    invariants: dict[str, list[str]],
+    log_errors: dict[str, int],
+    log_errors_title: str,
+) -> list[str]:
+    """The report's tail shared by chaos and load: every non-empty list of findings (at most
+    20 items each), the violations of each invariant, and the most frequent log errors."""
+    lines: list[str] = []
+    for title, items in lists:
+        if items:
+            lines += ["", f"{title}:"] + [f"  - {item}" for item in items[:20]]
+    for name, violations in invariants.items():
+        lines += ["", f"invariant {name}:"] + [f"  - {v}" for v in violations[:20]]
+    if log_errors:
+        lines += ["", f"{log_errors_title}:"]
+        lines += [f"  {n:5d}  {gist}" for gist, n in log_errors.items()]
+    return lines

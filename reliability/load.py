@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from reliability.checks import detail_lines
 from reliability.load_mix import API, BAD_KINDS
 from reliability.stack import ROOT, Stack
 
@@ -331,25 +332,25 @@ def format_report(report: dict[str, Any]) -> str:
     ]  # fmt: skip
     lines += ["", "| check | result |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in rows]
-    for title, items in (
-        ("unexpected answers (samples)", load["unexpected_samples"]),
-        ("exceptions in the users", [f"{e['count']}x {e['msg']}" for e in load["user_exceptions"]]),
-        ("stuck runs", checks["runs_stuck"]),
-        ("unsettled ledgers", checks["ledgers_unsettled"]),
-        ("charged twice", checks["step_attempts_charged_twice"]),
-        ("runs missing from the database", runs["runs_missing_from_database"]),
-        ("runs no client saw created", runs["runs_unseen_by_clients"]),
-        ("cross-tenant events", runs["cross_tenant_events"]),
-        ("web log errors", report.get("web_log_errors", [])),
-    ):  # fmt: skip
-        if items:
-            lines += ["", f"{title}:"] + [f"  - {item}" for item in items[:20]]
-    for name, violations in checks["invariants"]["violations"].items():
-        lines += ["", f"invariant {name}:"] + [f"  - {v}" for v in violations[:20]]
-    errors = report["worker_log_errors"]["distinct"]
-    if errors:
-        lines += ["", "worker/beat log errors (most frequent):"]
-        lines += [f"  {n:5d}  {gist}" for gist, n in errors.items()]
+    lines += detail_lines(
+        [
+            ("unexpected answers (samples)", load["unexpected_samples"]),
+            (
+                "exceptions in the users",
+                [f"{e['count']}x {e['msg']}" for e in load["user_exceptions"]],
+            ),
+            ("stuck runs", checks["runs_stuck"]),
+            ("unsettled ledgers", checks["ledgers_unsettled"]),
+            ("charged twice", checks["step_attempts_charged_twice"]),
+            ("runs missing from the database", runs["runs_missing_from_database"]),
+            ("runs no client saw created", runs["runs_unseen_by_clients"]),
+            ("cross-tenant events", runs["cross_tenant_events"]),
+            ("web log errors", report.get("web_log_errors", [])),
+        ],
+        checks["invariants"]["violations"],
+        report["worker_log_errors"]["distinct"],
+        "worker/beat log errors (most frequent)",
+    )
     return "\n".join(lines)
 
 

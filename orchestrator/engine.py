@@ -78,11 +78,6 @@ def _row(node: Run | Agent | Task | Step) -> Any:
     return _model(node).objects.filter(pk=node.pk)
 
 
-def lock_run(run_id: Any) -> Run:
-    """The run locked without its plan (``runs.services.lock_run(light=True)``)."""
-    return services.lock_run(run_id, light=True)
-
-
 # --------------------------------------------------------------------------- dispatch
 def pick_up(run_id: Any, actor: str = "worker") -> bool:
     """(RETRYING ->) PENDING -> RUNNING: materialise the plan and dispatch what is ready.
@@ -91,7 +86,7 @@ def pick_up(run_id: Any, actor: str = "worker") -> bool:
     was created) fails the run with `invalid_plan` rather than leaving it pending.
     """
     with transaction.atomic():
-        if lock_run(run_id).status == RunStatus.RETRYING:
+        if services.lock_run(run_id, light=True).status == RunStatus.RETRYING:
             services.run_requeue(run_id=run_id, actor=actor)
         try:
             with transaction.atomic():
@@ -608,7 +603,7 @@ def start_handlers(run: Run, task: Task, step: Step, outbox: Outbox) -> bool:
                 tool=spec["tool"],
                 params=spec.get("params", {}),
                 when=spec.get("when", ""),
-                retry=_retry_policy(spec.get("retry", {})),
+                retry=RetryPolicy.from_dict(spec.get("retry", {})),
                 timeout_ms=spec.get("timeout_ms"),
                 depends_on=(),
                 on_error=(),
@@ -637,10 +632,6 @@ def start_handlers(run: Run, task: Task, step: Step, outbox: Outbox) -> bool:
         message=f"running {len(rows)} on_error handler(s) for {step.name}",
     )
     return True
-
-
-def _retry_policy(data: dict[str, Any]) -> RetryPolicy:
-    return RetryPolicy.from_dict(data)
 
 
 # --------------------------------------------------------------------------- steps
@@ -689,7 +680,7 @@ def resume(run_id: Any, actor: str = "worker") -> bool:
     of a message still queued is harmless: the claim lets one through).
     """
     with transaction.atomic():
-        run = lock_run(run_id)
+        run = services.lock_run(run_id, light=True)
         if run.status != RunStatus.RESUMING:
             return False
         now = timezone.now()

@@ -39,6 +39,7 @@ from orchestrator import engine, retry
 from orchestrator.context import StepContext
 from orchestrator.dispatch import Outbox, StepMessage
 from orchestrator.heartbeat import heart
+from runs import services
 from runs.models import Run, Step
 from runs.states import StepStatus
 from runs.transitions import claim_step, transition_locked
@@ -245,7 +246,7 @@ def _recordable(outcome: Outcome, secrets: tuple[str, ...], tool: str) -> Outcom
 def record(step_id: int, run_id: Any, attempt: int, outcome: Outcome) -> None:
     """Record the attempt and advance the run, in one transaction under the run's lock."""
     with transaction.atomic():
-        run = engine.lock_run(run_id)
+        run = services.lock_run(run_id, light=True)
         step = (
             Step.objects.select_for_update(no_key=True)
             .filter(pk=step_id, status=StepStatus.RUNNING, attempts=attempt)

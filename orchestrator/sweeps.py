@@ -44,7 +44,7 @@ def reclaim_expired_leases() -> dict[str, int]:
     counts = {"reclaimed": 0, "failed": 0}
     for run_id, step_ids in by_run.items():
         with transaction.atomic():
-            run = engine.lock_run(run_id)
+            run = services.lock_run(run_id, light=True)
             outbox = Outbox()
             expired = Step.objects.select_for_update(no_key=True).filter(
                 pk__in=step_ids, status=StepStatus.RUNNING, lease_expires_at__lt=now
@@ -164,7 +164,7 @@ def _limit_ms(run: Run, key: str) -> int:
 
 def _time_out_run(run_id: Any, status: str, key: str, action: str, now: datetime) -> bool:
     with transaction.atomic():
-        run = engine.lock_run(run_id)
+        run = services.lock_run(run_id, light=True)
         clock = run.picked_up_at if key == "run" else run.status_changed_at
         limit = _limit_ms(run, key)
         if run.status != status or clock is None or (now - clock).total_seconds() * 1000 < limit:
@@ -181,7 +181,7 @@ def _time_out_run(run_id: Any, status: str, key: str, action: str, now: datetime
 
 def _time_out_node(model: Any, node_id: int, run_id: Any, key: str, now: datetime) -> bool:
     with transaction.atomic():
-        run = engine.lock_run(run_id)
+        run = services.lock_run(run_id, light=True)
         node = model.objects.filter(pk=node_id, status="running").first()
         if node is None or run.status not in (RunStatus.RUNNING, RunStatus.WAITING_APPROVAL):
             return False
@@ -222,7 +222,7 @@ def redispatch_lost(now: datetime | None = None, older_than: float | None = None
         by_run[run_id].append(step_id)
     for run_id, step_ids in by_run.items():
         with transaction.atomic():
-            run = engine.lock_run(run_id)
+            run = services.lock_run(run_id, light=True)
             if run.status != RunStatus.RUNNING:
                 continue
             outbox = Outbox()

@@ -17,7 +17,8 @@ from rest_framework.exceptions import APIException, ParseError
 from rest_framework.parsers import BaseParser
 from rest_framework.renderers import JSONRenderer
 
-from runs.spec import json_depth, json_size, text_problem
+from common.text import text_problem
+from runs.spec import json_depth, json_size
 
 # Python's decoder recurses once per nesting level; far below its recursion limit.
 MAX_NESTING = 100

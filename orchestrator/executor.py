@@ -33,6 +33,7 @@ from billing.pricing import tool_price
 from common.expressions import ExpressionError, parsed
 from common.redaction import redact, redact_text, redactable, redacting
 from common.templates import Reference, TemplateError, UnresolvedReference, render_value
+from common.text import storable_text, unstorable_string
 from common.tools import registry
 from common.tools.base import Tool, ToolContext, ToolError
 from orchestrator import engine, retry
@@ -228,8 +229,11 @@ def _recordable(outcome: Outcome, secrets: tuple[str, ...], tool: str) -> Outcom
     the error message), then the output checked: stored as JSONB, it must be plain JSON
     (no NaN), and of a bounded size."""
     error = outcome.error
-    if error is not None and secrets:
-        error = ToolError(error.code, redact_text(error.message, secrets), error.retryable)
+    if error is not None:
+        # A tool's message may quote anything it met (a response body with a NUL byte);
+        # it is recorded readable rather than failing the recording itself.
+        message = storable_text(redact_text(error.message, secrets) if secrets else error.message)
+        error = ToolError(error.code, message, error.retryable)
     output = redact(outcome.output, secrets)
     if error is None:
         try:
@@ -239,6 +243,10 @@ def _recordable(outcome: Outcome, secrets: tuple[str, ...], tool: str) -> Outcom
             return Outcome(error=ToolError("invalid_output", message, False), cost=tool_price(tool))
         if len(encoded) > MAX_OUTPUT_BYTES:
             message = f"output larger than {MAX_OUTPUT_BYTES} bytes"
+            return Outcome(error=ToolError("invalid_output", message, False), cost=tool_price(tool))
+        unstorable = unstorable_string(output)
+        if unstorable is not None:
+            message = f"output cannot be stored: {unstorable}"
             return Outcome(error=ToolError("invalid_output", message, False), cost=tool_price(tool))
     return Outcome(output=output, cost=outcome.cost, error=error, skipped=outcome.skipped)
 

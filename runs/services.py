@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from billing.models import Organization
 from billing.services import credits_reserve, credits_settle
+from common.text import storable_text
 from orchestrator.dispatch import PICK_UP_TASK, RESUME_TASK, enqueue_run_task, revoke_running_steps
 from runs.materialize import materialize
 from runs.models import Agent, EventKind, Run, RunAttempt, Step, Task
@@ -273,6 +274,7 @@ def run_fail(
 ) -> Run:
     """Fail the run with ``last_error``; its unfinished work ends FAILED (or as asked)."""
     run = lock_run(run_id)
+    message = storable_text(message)
     error = error_payload(code, message)
     result = transition(
         Run,
@@ -317,7 +319,7 @@ def run_cancel(
     `last_error` when the cancellation is not a person's decision (paused too long).
     """
     run = lock_run(run_id, organization)
-    reason = reason.strip()[:1000] or "cancelled"
+    reason = storable_text(reason.strip()[:1000]) or "cancelled"
     updates: dict[str, Any] = {"cancel_reason": reason}
     if error_code:
         updates["last_error"] = error_payload(error_code, reason)
@@ -481,7 +483,7 @@ def _decide(
     approve: bool,
 ) -> ApprovalResult:
     run = lock_run(run_id, organization)
-    comment = comment.strip()[:2000]
+    comment = storable_text(comment.strip()[:2000])
     decision = {"approved": approve, "comment": comment, "by": actor}
     if approve:
         updates: dict[str, Any] = {"output": decision}

@@ -38,6 +38,7 @@ from common.templates import (
     format_reference,
     json_type_name,
 )
+from common.text import text_problem
 from common.tools import registry
 from common.tools.registry import WAITING_TOOLS, tool_names
 
@@ -1211,17 +1212,6 @@ class _Validator:
 
 def join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
-
-
-def text_problem(text: str) -> str | None:
-    """Why PostgreSQL could not store ``text`` (jsonb, text columns), or None."""
-    if "\x00" in text:
-        return "contains a NUL character"
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return "contains an unpaired surrogate"
-    return None
 
 
 def unstorable_values(data: Any) -> list[PlanError]:

@@ -1,4 +1,5 @@
-"""Database trouble under a running tool: not the tool's failure, and never lost.
+"""Database trouble under a running tool: not the tool's failure, and never lost; and what
+a tool returns that the database could not store.
 
 A database error raised under a running tool is not the tool's failure.
 
@@ -22,6 +23,7 @@ from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
 
 from billing.models import LedgerEntry
+from common.tools.base import ToolError
 from orchestrator import engine, executor
 from orchestrator.sweeps import reclaim_expired_leases
 from runs import services
@@ -136,3 +138,42 @@ def sleeping_queries() -> int:
         )
         row = cursor.fetchone()
     return int(row[0])
+
+
+# --------------------------------------------------------------------------- unstorable text
+def returns_a_nul_character() -> dict[str, object]:
+    return {"body": ["fine", "binary\x00junk"]}
+
+
+def raises_with_a_nul_character() -> None:
+    raise ToolError("upstream_error", "the server said: \x00\ud800", retryable=False)
+
+
+@pytest.mark.django_db
+def test_an_output_postgresql_cannot_store_fails_the_step_as_invalid_output(
+    settings: SettingsWrapper,
+) -> None:
+    step_id = started_step(allow(settings, "returns_a_nul_character"))
+
+    assert executor.execute_step(step_id, worker="worker:test") == "failed"
+
+    step = Step.objects.get(pk=step_id)
+    assert step.status == "failed"
+    assert step.error is not None
+    assert step.error["code"] == "invalid_output"
+    assert step.error["message"] == "output cannot be stored: $.body[1]: contains a NUL character"
+    assert step.output is None
+
+
+@pytest.mark.django_db
+def test_an_error_message_postgresql_cannot_store_is_recorded_readable(
+    settings: SettingsWrapper,
+) -> None:
+    step_id = started_step(allow(settings, "raises_with_a_nul_character"))
+
+    assert executor.execute_step(step_id, worker="worker:test") == "failed"
+
+    step = Step.objects.get(pk=step_id)
+    assert step.error is not None
+    assert (step.status, step.error["code"]) == ("failed", "upstream_error")
+    assert step.error["message"] == "the server said: \ufffd\ufffd"

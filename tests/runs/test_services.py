@@ -290,3 +290,48 @@ def test_fail_records_last_error_and_fails_unfinished_agents() -> None:
     assert Agent.objects.exclude(pk=agent.pk).get(run=run).status == "failed"  # never started
     assert set(Step.objects.filter(run=run).values_list("status", flat=True)) == {"cancelled"}
     assert_invariants_hold()
+
+
+# Free text from callers other than the API (the admin, the CLI, a tool's error) may hold
+# characters PostgreSQL cannot store; the operation goes through with them replaced.
+UNSTORABLE = "left\x00right \ud800"
+STORED = "left\ufffdright \ufffd"
+
+
+def test_a_cancel_reason_with_unstorable_characters_is_stored_readable() -> None:
+    run = started()
+
+    cancelled = services.run_cancel(run_id=run.pk, reason=UNSTORABLE)
+
+    assert Run.objects.get(pk=cancelled.pk).cancel_reason == STORED
+    event = RunEvent.objects.get(run=run, entity="run", to_status="cancelled")
+    assert (event.message, event.payload) == (STORED, {"reason": STORED})
+    assert_invariants_hold()
+
+
+def test_a_failure_message_with_unstorable_characters_is_stored_readable() -> None:
+    run = started()
+
+    services.run_fail(run_id=run.pk, code="tool_error", message=UNSTORABLE)
+
+    assert Run.objects.get(pk=run.pk).last_error == {"code": "tool_error", "message": STORED}
+    assert_invariants_hold()
+
+
+@pytest.mark.parametrize("approve", [True, False], ids=["approve", "reject"])
+def test_an_approval_comment_with_unstorable_characters_is_stored_readable(approve: bool) -> None:
+    run = started()
+    step = _waiting_for_approval(run)
+    decide = services.run_approve if approve else services.run_reject
+
+    decide(run_id=run.pk, comment=UNSTORABLE)
+
+    event = RunEvent.objects.get(run=run, kind="approval")
+    assert (event.message, event.payload["comment"]) == (STORED, STORED)
+    decided = Step.objects.get(pk=step.pk)
+    if approve:
+        assert decided.output is not None
+        assert decided.output["comment"] == STORED
+    else:
+        assert decided.error is not None
+        assert decided.error["message"] == STORED

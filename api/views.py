@@ -52,7 +52,8 @@ from api.serializers import (
     StrictIntegerField,
     TaskOutput,
 )
-from runs import selectors, services
+from runs import approvals, selectors, services
+from runs.approvals import ApprovalResult
 from runs.models import EventKind
 from runs.states import NodeStatus, RunStatus, StepStatus
 
@@ -380,7 +381,7 @@ class DecisionInput(InputSerializer):
     comment = StrictCharField(required=False, allow_blank=True, max_length=2000)
 
 
-def _decision_response(request: Request, run_id: UUID, result: services.ApprovalResult) -> Response:
+def _decision_response(request: Request, run_id: UUID, result: ApprovalResult) -> Response:
     detail = selectors.run_detail(organization=organization_of(request), run_id=run_id)
     return Response(
         ApprovalOutput({"run": detail, "steps": [step.pk for step in result.steps]}).data
@@ -400,7 +401,7 @@ class RunApproveApi(ApiView):
         moves on. Nothing waiting: a no-op (`steps` is empty)."""
         data = validated(DecisionInput, request.data)
         client = client_of(request)
-        result = services.run_approve(
+        result = approvals.run_approve(
             run_id=run_id,
             step_id=data.get("step_id"),
             comment=data.get("comment", ""),
@@ -423,7 +424,7 @@ class RunRejectApi(ApiView):
         its failure mode. Nothing waiting: a no-op."""
         data = validated(DecisionInput, request.data)
         client = client_of(request)
-        result = services.run_reject(
+        result = approvals.run_reject(
             run_id=run_id,
             step_id=data.get("step_id"),
             comment=data.get("comment", ""),

@@ -6,5 +6,10 @@ class OrchestratorConfig(AppConfig):
     verbose_name = "Orchestrator engine"
 
     def ready(self) -> None:
-        # Built-in tools register themselves; plans are validated against the registry.
+        from orchestrator.dispatch import CeleryTransport
         from orchestrator.tools import builtin  # noqa: F401
+        from runs.outbox import use_transport
+
+        # Built-in tools register themselves; plans are validated against the registry.
+        # Run messages leave through Celery (the run lifecycle never imports it).
+        use_transport(CeleryTransport())

@@ -5,11 +5,12 @@
    late delivery, or a message for a paused or cancelled run, claims nothing: a no-op.
 2. Run: the `when` condition and `${...}` parameters are resolved (secrets decrypted
    here, on the worker), then the tool runs with no transaction open, its lease renewed
-   by the heartbeat thread. The secret values are redacted from what it leaves behind.
-3. Record: one transaction, under the run's lock, that records output, cost and state,
-   charges the attempt, and advances the run (``orchestrator.engine``). It applies only
-   if the step is still running this attempt: a step cancelled or reclaimed meanwhile
-   keeps its new state and the late result is dropped.
+   by the heartbeat thread. The secret values are redacted from what it leaves behind,
+   and what PostgreSQL could not store is refused (``invalid_output``) or replaced.
+3. Record: ``runs.engine.outcomes.record``, one transaction under the run's lock that
+   records output, cost and state, charges the attempt, and advances the run. It
+   applies only if the step is still running this attempt: a step cancelled or
+   reclaimed meanwhile keeps its new state and the late result is dropped.
 """
 
 from __future__ import annotations
@@ -18,15 +19,11 @@ import json
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import timedelta
-from decimal import Decimal
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connection, transaction
-from django.utils import timezone
+from django.db import InterfaceError, OperationalError, connection
 from psycopg.pq import TransactionStatus
 
 from billing.pricing import tool_price
@@ -36,44 +33,17 @@ from common.templates import Reference, TemplateError, UnresolvedReference, rend
 from common.text import storable_text, unstorable_string
 from common.tools import registry
 from common.tools.base import Tool, ToolContext, ToolError
-from orchestrator import engine, retry
 from orchestrator.context import StepContext
-from orchestrator.dispatch import Outbox, StepMessage
 from orchestrator.heartbeat import heart
-from runs import services
-from runs.models import Run, Step
+from runs.engine.dispatch import step_from_row, step_timeout_s
+from runs.engine.outcomes import Outcome, record
+from runs.models import Step
 from runs.states import StepStatus
-from runs.transitions import claim_step, transition_locked
+from runs.transitions import claim_step
 
 logger = logging.getLogger(__name__)
 
 MAX_OUTPUT_BYTES = 1_000_000
-
-
-@dataclass(frozen=True)
-class Outcome:
-    output: Any = None
-    cost: Decimal = Decimal(0)
-    error: ToolError | None = None
-    skipped: bool = False
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "output": self.output,
-            "cost": str(self.cost),
-            "error": self.error.as_dict() if self.error else None,
-            "skipped": self.skipped,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Outcome:
-        error = data.get("error")
-        return cls(
-            output=data.get("output"),
-            cost=Decimal(data.get("cost", "0")),
-            error=ToolError(error["code"], error["message"], error["retryable"]) if error else None,
-            skipped=bool(data.get("skipped")),
-        )
 
 
 class RecordFailed(Exception):
@@ -91,7 +61,7 @@ def claim(step_id: int, worker: str, task_id: str) -> Step | None:
     values = claim_step(
         step_id, worker=worker, task_id=task_id, lease_seconds=float(settings.ENGINE_LEASE_SECONDS)
     )
-    return None if values is None else engine.step_from_row(values)
+    return None if values is None else step_from_row(values)
 
 
 def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
@@ -162,7 +132,7 @@ def run_attempt(step: Step, attempt: int) -> Outcome:
         step_id=step.pk,
         run_id=str(step.run_id),
         attempt=attempt,
-        timeout_s=engine.step_timeout_s(step),
+        timeout_s=step_timeout_s(step),
         stop_requested=lambda: (
             not Step.objects.filter(
                 pk=step.pk, status=StepStatus.RUNNING, attempts=attempt
@@ -217,7 +187,7 @@ def _run_tool(tool: Tool, step: Step, params: dict[str, Any], ctx: ToolContext) 
 
 
 def _timed_out(step: Step) -> Outcome:
-    timeout = engine.step_timeout_s(step)
+    timeout = step_timeout_s(step)
     return Outcome(
         error=ToolError("timeout", f"step timed out after {timeout:g}s"),
         cost=tool_price(step.tool),
@@ -249,94 +219,3 @@ def _recordable(outcome: Outcome, secrets: tuple[str, ...], tool: str) -> Outcom
             message = f"output cannot be stored: {unstorable}"
             return Outcome(error=ToolError("invalid_output", message, False), cost=tool_price(tool))
     return Outcome(output=output, cost=outcome.cost, error=error, skipped=outcome.skipped)
-
-
-def record(step_id: int, run_id: Any, attempt: int, outcome: Outcome) -> None:
-    """Record the attempt and advance the run, in one transaction under the run's lock."""
-    with transaction.atomic():
-        run = services.lock_run(run_id, light=True)
-        step = (
-            Step.objects.select_for_update(no_key=True)
-            .filter(pk=step_id, status=StepStatus.RUNNING, attempts=attempt)
-            .defer("params", "output", "on_error", "when")
-            .first()
-        )
-        if step is None:
-            return  # cancelled, failed by a sweep or reclaimed meanwhile: result dropped
-        outbox = Outbox()
-        now = timezone.now()
-        if now - (run.last_heartbeat or now) > timedelta(seconds=5):
-            Run.objects.filter(pk=run.pk).update(last_heartbeat=now)
-        if outcome.skipped:
-            transition_locked(
-                step,
-                StepStatus.SKIPPED,
-                message="condition is false",
-                updates={"lease_expires_at": None},
-                now=now,
-            )
-            step.status = StepStatus.SKIPPED
-            engine.step_finished(run, step, outbox)
-            return
-        failure = engine.charge_step(run, step, outcome.cost) if outcome.cost else None
-        if outcome.error is None and failure is None:
-            done = transition_locked(
-                step,
-                StepStatus.COMPLETED,
-                payload={"cost": str(outcome.cost)},
-                updates={
-                    "output": outcome.output,
-                    "cost": step.cost + outcome.cost,
-                    "lease_expires_at": None,
-                },
-                now=now,
-            ).obj
-            engine.step_finished(run, done, outbox)
-            engine.update_waiting_state(run)
-            return
-
-        error = outcome.error or ToolError(failure.code, failure.message, False)  # type: ignore[union-attr]
-        if failure is not None:
-            error = ToolError(failure.code, failure.message, False)
-        failures = step.failures + 1
-        decision = retry.decide(
-            step.retry,
-            code=error.code,
-            retryable=error.retryable,
-            attempts=attempt,
-            failures=failures,
-        )
-        charged = outcome.cost if failure is None else Decimal(0)
-        Step.objects.filter(pk=step.pk).update(
-            failures=failures, error=error.as_dict(), cost=step.cost + charged
-        )
-        step.failures, step.error, step.cost = failures, error.as_dict(), step.cost + charged
-        if decision.retry:
-            due = now + timedelta(milliseconds=decision.delay_ms)
-            transition_locked(
-                step,
-                StepStatus.PENDING,
-                message=f"retry in {decision.delay_ms} ms after {error.code}",
-                payload={**error.as_dict(), "delay_ms": decision.delay_ms, "attempt": attempt},
-                updates={"next_run_at": due, "lease_expires_at": None},
-                now=now,
-            )
-            outbox.add(
-                StepMessage(
-                    step.pk, run.priority, engine.step_timeout_s(step), decision.delay_ms / 1000
-                )
-            )
-            return
-        message = (
-            error.message
-            if decision.code == error.code
-            else f"{decision.code} after {error.code}: {error.message}"
-        )
-        step.error = {
-            **error.as_dict(),
-            "code": decision.code,
-            "message": message,
-            "cause": error.code,
-        }
-        Step.objects.filter(pk=step.pk).update(error=step.error, lease_expires_at=None)
-        engine.step_failed(run, step, engine.Failure(decision.code, message), outbox)

@@ -16,16 +16,12 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from orchestrator import engine
-from orchestrator.dispatch import (
-    PICK_UP_TASK,
-    RESUME_TASK,
-    Outbox,
-    StepMessage,
-    enqueue_run_task,
-)
 from runs import services
+from runs.engine.dispatch import step_timeout_s
+from runs.engine.failure import Failure, node_timed_out
+from runs.engine.outcomes import step_failed
 from runs.models import Agent, EventKind, Run, Step, Task
+from runs.outbox import Outbox, RunMessage, StepMessage, enqueue_run_message
 from runs.spec import format_duration_ms
 from runs.states import RunStatus, StepStatus
 from runs.transitions import record_event, transition
@@ -60,7 +56,7 @@ def reclaim_expired_leases() -> dict[str, int]:
                         error=error, failures=F("failures") + 1, lease_expires_at=None
                     )
                     step.error = error
-                    engine.step_failed(run, step, engine.Failure("worker_lost", message), outbox)
+                    step_failed(run, step, Failure("worker_lost", message), outbox)
                     counts["failed"] += 1
     return counts
 
@@ -75,7 +71,7 @@ def _reclaim(run: Any, step: Step, outbox: Outbox) -> None:
         updates={"reclaims": step.reclaims + 1, "lease_expires_at": None, "next_run_at": None},
     ).obj
     if run.status == RunStatus.RUNNING:
-        outbox.add(StepMessage(pending.pk, run.priority, engine.step_timeout_s(pending)))
+        outbox.add(StepMessage(pending.pk, run.priority, step_timeout_s(pending)))
     elif run.status == RunStatus.PAUSED:
         transition(Step, pending.pk, StepStatus.PAUSED, message="run is paused")
 
@@ -189,7 +185,7 @@ def _time_out_node(model: Any, node_id: int, run_id: Any, key: str, now: datetim
         if node.started_at is None or (now - node.started_at).total_seconds() * 1000 < limit:
             return False
         message = f"{key} {node.name} timed out after {format_duration_ms(limit)}"
-        engine.node_timed_out(run, node, f"{key}_timeout", message)
+        node_timed_out(run, node, f"{key}_timeout", message)
         return True
 
 
@@ -234,7 +230,7 @@ def redispatch_lost(now: datetime | None = None, older_than: float | None = None
             # A fresh dispatch time: the next sweep waits a full threshold again.
             Step.objects.filter(pk__in=[s.pk for s in steps]).update(dispatched_at=now)
             for step in steps:
-                outbox.add(StepMessage(step.pk, run.priority, engine.step_timeout_s(step)))
+                outbox.add(StepMessage(step.pk, run.priority, step_timeout_s(step)))
             if steps:
                 record_event(
                     run,
@@ -255,10 +251,10 @@ def redispatch_lost(now: datetime | None = None, older_than: float | None = None
         .values_list("pk", "status", "priority")[: settings.ENGINE_SWEEP_BATCH]
     )
     for run_id, status, priority in stalled:
-        task = RESUME_TASK if status == RunStatus.RESUMING else PICK_UP_TASK
+        message = RunMessage.RESUME if status == RunStatus.RESUMING else RunMessage.PICK_UP
         with transaction.atomic():
             Run.objects.filter(pk=run_id).update(redispatched_at=now)
-            enqueue_run_task(task, run_id, priority)
+            enqueue_run_message(message, run_id, priority)
         counts["runs"] += 1
 
     return counts

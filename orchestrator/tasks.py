@@ -1,4 +1,5 @@
-"""Celery tasks of the engine. Thin: they take ids and call the engine or a service.
+"""Celery tasks of the engine. Thin: they take ids and call the engine (``runs.engine``) or a
+service.
 
 Every task is safe to receive twice: a run is picked up only while PENDING, a step is
 claimed only while pending (a conditional UPDATE), sweeps re-check each row under lock.
@@ -15,7 +16,9 @@ from celery.backends.base import BaseBackend, DisabledBackend
 from django.db import InterfaceError, OperationalError
 from kombu.exceptions import OperationalError as BrokerError
 
-from orchestrator import engine, executor, sweeps
+from orchestrator import executor, sweeps
+from runs.engine import control
+from runs.engine.outcomes import Outcome, record
 
 
 class EngineTask(Task):  # type: ignore[type-arg]
@@ -57,7 +60,7 @@ def echo_task(payload: Any) -> dict[str, Any]:
 
 @shared_task(name="orchestrator.runs.pick_up", **RETRY_OPTIONS)
 def pick_up_run_task(run_id: str) -> bool:
-    return engine.pick_up(run_id, actor=f"worker:{pick_up_run_task.request.hostname}")
+    return control.pick_up(run_id, actor=f"worker:{pick_up_run_task.request.hostname}")
 
 
 @shared_task(bind=True, base=EngineTask, name="orchestrator.steps.execute", max_retries=8)
@@ -66,11 +69,8 @@ def execute_step_task(
 ) -> str:
     try:
         if replay is not None:
-            executor.record(
-                step_id,
-                replay["run_id"],
-                replay["attempt"],
-                executor.Outcome.from_dict(replay["outcome"]),
+            record(
+                step_id, replay["run_id"], replay["attempt"], Outcome.from_dict(replay["outcome"])
             )
             return "recorded"
         return executor.execute_step(
@@ -92,7 +92,7 @@ def sweep_leases_task() -> dict[str, int]:
 
 @shared_task(name="orchestrator.runs.resume", **RETRY_OPTIONS)
 def resume_run_task(run_id: str) -> bool:
-    return engine.resume(run_id, actor=f"worker:{resume_run_task.request.hostname}")
+    return control.resume(run_id, actor=f"worker:{resume_run_task.request.hostname}")
 
 
 @shared_task(name="orchestrator.sweeps.timeouts", **RETRY_OPTIONS)

@@ -77,7 +77,7 @@ class Run(Timestamps):
     # The plan's `timeouts` (milliseconds by key); settings.RUN_TIMEOUT_DEFAULTS fill gaps.
     timeouts = models.JSONField(default=dict, blank=True)
 
-    # Engine bookkeeping of the current attempt's agents (see orchestrator.engine).
+    # Engine bookkeeping of the current attempt's agents (see runs.engine).
     open_children = models.IntegerField(default=0)
     active_children = models.IntegerField(default=0)
     waiting_approvals = models.IntegerField(default=0)

@@ -9,7 +9,6 @@ KEY UPDATE locks; see there) and records what it did as RunEvents.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
@@ -20,9 +19,9 @@ from django.utils import timezone
 from billing.models import Organization
 from billing.services import credits_reserve, credits_settle
 from common.text import storable_text
-from orchestrator.dispatch import PICK_UP_TASK, RESUME_TASK, enqueue_run_task, revoke_running_steps
 from runs.materialize import materialize
 from runs.models import Agent, EventKind, Run, RunAttempt, Step, Task
+from runs.outbox import RunMessage, enqueue_run_message, revoke_running_steps
 from runs.reservation import plan_reservation
 from runs.spec import Plan, parse_plan
 from runs.states import NODE_OPEN, InvalidTransition, NodeStatus, RunStatus, StepStatus
@@ -146,7 +145,7 @@ def run_start(
         return transition(Run, run.pk, RunStatus.PENDING, actor=actor).obj
     run = transition(Run, run.pk, RunStatus.PENDING, actor=actor, updates={"attempt_number": 1}).obj
     _open_attempt(run, actor)
-    enqueue_run_task(PICK_UP_TASK, run.pk, run.priority)
+    enqueue_run_message(RunMessage.PICK_UP, run.pk, run.priority)
     return run
 
 
@@ -394,7 +393,7 @@ def run_resume(
             from_states=[StepStatus.PAUSED],
             actor=actor,
         )
-        enqueue_run_task(RESUME_TASK, run.pk, run.priority)
+        enqueue_run_message(RunMessage.RESUME, run.pk, run.priority)
     return result.obj
 
 
@@ -439,7 +438,7 @@ def run_retry(
         updates={"attempt_number": number, "agent_count": 0, "last_error": None},
     )
     _open_attempt(result.obj, actor)
-    enqueue_run_task(PICK_UP_TASK, result.obj.pk, result.obj.priority)
+    enqueue_run_message(RunMessage.PICK_UP, result.obj.pk, result.obj.priority)
     return result.obj
 
 
@@ -450,137 +449,6 @@ def run_requeue(*, run_id: RunId, actor: str = "worker") -> Run:
     if not require_source(run, RunStatus.RETRYING, RunStatus.PENDING):
         return run
     return transition(Run, run.pk, RunStatus.PENDING, actor=actor).obj
-
-
-@dataclass(frozen=True)
-class ApprovalResult:
-    run: Run
-    steps: list[Step]
-
-    @property
-    def changed(self) -> bool:
-        return bool(self.steps)
-
-
-def _waiting_steps(run: Run, step_id: int | None) -> Any:
-    steps = Step.objects.filter(
-        run=run, attempt_number=run.attempt_number, status=StepStatus.WAITING_APPROVAL
-    )
-    if step_id is not None:
-        if not Step.objects.filter(run=run, pk=step_id).exists():
-            raise StepNotFound(f"step {step_id} is not part of run {run.pk}")
-        steps = steps.filter(pk=step_id)
-    return steps
-
-
-def _decide(
-    *,
-    run_id: RunId,
-    step_id: int | None,
-    comment: str,
-    organization: Organization | None,
-    actor: str,
-    approve: bool,
-) -> ApprovalResult:
-    run = lock_run(run_id, organization)
-    comment = storable_text(comment.strip()[:2000])
-    decision = {"approved": approve, "comment": comment, "by": actor}
-    if approve:
-        updates: dict[str, Any] = {"output": decision}
-        to_status = StepStatus.COMPLETED
-    else:
-        message = comment or "approval rejected"
-        updates = {"error": {**error_payload("approval_rejected", message), "retryable": False}}
-        to_status = StepStatus.FAILED
-    steps = transition_many(
-        Step,
-        _waiting_steps(run, step_id),
-        to_status,
-        from_states=[StepStatus.WAITING_APPROVAL],
-        actor=actor,
-        message=comment,
-        payload=decision,
-        updates=updates,
-    )
-    if steps:
-        record_event(
-            run,
-            EventKind.APPROVAL,
-            actor=actor,
-            message=comment,
-            payload={**decision, "steps": [step.pk for step in steps]},
-        )
-        if run.status == RunStatus.WAITING_APPROVAL:
-            run = transition(Run, run.pk, RunStatus.RUNNING, actor=actor).obj
-        run = _continue_after_decision(run, steps, approve)
-    return ApprovalResult(run, steps)
-
-
-def _continue_after_decision(run: Run, steps: list[Step], approved: bool) -> Run:
-    """Hand the decided steps to the engine, which moves the run on (same transaction)."""
-    # Imported here: the engine builds on these services, not the other way round.
-    from orchestrator import engine
-    from orchestrator.dispatch import Outbox
-
-    waiting = Step.objects.filter(
-        run=run, attempt_number=run.attempt_number, status=StepStatus.WAITING_APPROVAL
-    ).count()
-    Run.objects.filter(pk=run.pk).update(waiting_approvals=waiting)
-    run.waiting_approvals = waiting
-    outbox = Outbox()
-    for step in steps:
-        if run.status != RunStatus.RUNNING:
-            break  # an earlier rejection failed the run; nothing else to move on
-        if approved:
-            engine.step_finished(run, step, outbox)
-        else:
-            error = step.error or {}
-            failure = engine.Failure(
-                error.get("code", "approval_rejected"), error.get("message", "")
-            )
-            engine.step_failed(run, step, failure, outbox)
-        run.refresh_from_db()
-    return run
-
-
-@transaction.atomic
-def run_approve(
-    *,
-    run_id: RunId,
-    step_id: int | None = None,
-    comment: str = "",
-    organization: Organization | None = None,
-    actor: str = "system",
-) -> ApprovalResult:
-    """Complete the steps waiting for approval (one, or all). Nothing waiting: no-op."""
-    return _decide(
-        run_id=run_id,
-        step_id=step_id,
-        comment=comment,
-        organization=organization,
-        actor=actor,
-        approve=True,
-    )
-
-
-@transaction.atomic
-def run_reject(
-    *,
-    run_id: RunId,
-    step_id: int | None = None,
-    comment: str = "",
-    organization: Organization | None = None,
-    actor: str = "system",
-) -> ApprovalResult:
-    """Fail the steps waiting for approval with `approval_rejected`. Nothing waiting: no-op."""
-    return _decide(
-        run_id=run_id,
-        step_id=step_id,
-        comment=comment,
-        organization=organization,
-        actor=actor,
-        approve=False,
-    )
 
 
 @transaction.atomic

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from billing.models import Organization
-from orchestrator import engine
 from runs import services
+from runs.engine import control
 from runs.models import Run
 from tests import factories
 
@@ -24,7 +24,7 @@ def pending(organization: Organization) -> Run:
 def running(organization: Organization) -> Run:
     """Picked up: agents, tasks and steps materialised, the first steps dispatched."""
     run = pending(organization)
-    engine.pick_up(run.pk)
+    control.pick_up(run.pk)
     return Run.objects.get(pk=run.pk)
 
 
@@ -41,7 +41,7 @@ def waiting_approval(organization: Organization) -> Run:
     spec["agents"][0]["tasks"][0]["steps"] = [factories.step("sign-off", "approval")]
     run = services.run_create(organization=organization, spec=spec)
     services.run_start(run_id=run.pk)
-    engine.pick_up(run.pk)
+    control.pick_up(run.pk)
     run = Run.objects.get(pk=run.pk)
     assert run.status == "waiting_approval", run.status
     return run

@@ -24,8 +24,8 @@ from api.idempotency import (
 from api.models import IdempotencyRecord
 from billing.models import LedgerEntry
 from billing.services import credits_grant
-from orchestrator import engine
 from runs import services
+from runs.engine import control
 from runs.models import Run, RunEvent
 from tests import factories
 from tests.api import states
@@ -176,7 +176,7 @@ def test_a_409_is_not_stored_either(tenant: Tenant) -> None:
 
     refused = post(tenant, path, {})
     services.run_start(run_id=run.pk)
-    engine.pick_up(run.pk)
+    control.pick_up(run.pk)
     accepted = post(tenant, path, {})
 
     assert refused.status_code == 409

@@ -12,8 +12,8 @@ from django.utils import timezone
 
 from api.views import EXAMPLE_CREATE
 from billing.models import LedgerEntry
-from orchestrator import engine
 from runs import services
+from runs.engine import control
 from runs.models import Run, Step
 from tests import factories
 from tests.api import states
@@ -206,7 +206,7 @@ def test_lists_run_a_bounded_number_of_queries_whatever_their_length(tenant: Ten
         organization=tenant.organization, spec=factories.plan(agents=3, tasks=3, steps=4)
     )
     services.run_start(run_id=big.pk)
-    engine.pick_up(big.pk)
+    control.pick_up(big.pk)
     services.run_cancel(run_id=big.pk)
     large = queries(big)
 

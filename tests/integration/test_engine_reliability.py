@@ -10,7 +10,7 @@ import pytest
 from billing.models import LedgerEntry
 from config.celery import QUEUE_STEPS, QUEUE_SWEEPS, app
 from orchestrator.dispatch import EXECUTE_STEP_TASK
-from runs import services
+from runs import approvals
 from runs.models import Run, RunEvent, Step
 from tests.factories import plan, step
 from tests.integration.engine_support import assert_books_balanced, steps_of, submit, wait_for
@@ -127,8 +127,8 @@ def test_an_approval_step_waits_and_approve_lets_the_run_finish(celery_worker: s
     run = submit(approval_plan())
 
     waiting = wait_for(run, ("waiting_approval",))
-    first = services.run_approve(run_id=run.pk, comment="looks good", actor="admin:ops")
-    again = services.run_approve(run_id=run.pk, comment="twice")
+    first = approvals.run_approve(run_id=run.pk, comment="looks good", actor="admin:ops")
+    again = approvals.run_approve(run_id=run.pk, comment="twice")
     done = wait_for(run)
 
     assert waiting.status == "waiting_approval"
@@ -146,7 +146,7 @@ def test_reject_fails_the_run_with_approval_rejected(celery_worker: str) -> None
     run = submit(approval_plan())
     wait_for(run, ("waiting_approval",))
 
-    services.run_reject(run_id=run.pk, comment="not this one")
+    approvals.run_reject(run_id=run.pk, comment="not this one")
     done = wait_for(run)
 
     assert done.status == "failed"

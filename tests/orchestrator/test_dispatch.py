@@ -10,7 +10,8 @@ from django.db import transaction
 from kombu.exceptions import OperationalError as BrokerError
 
 from config.celery import app
-from orchestrator.dispatch import PICK_UP_TASK, Outbox, StepMessage, enqueue_run_task
+from orchestrator.dispatch import PICK_UP_TASK
+from runs.outbox import Outbox, RunMessage, StepMessage, enqueue_run_message
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,7 +33,7 @@ def test_a_run_message_the_broker_refuses_is_logged_not_raised(
     broker_down: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     with transaction.atomic():
-        enqueue_run_task(PICK_UP_TASK, "00000000-0000-4000-8000-000000000001", 5)
+        enqueue_run_message(RunMessage.PICK_UP, "00000000-0000-4000-8000-000000000001", 5)
 
     assert broker_down == [PICK_UP_TASK]
     assert "not published" in caplog.text
@@ -52,7 +53,7 @@ def test_step_messages_the_broker_refuses_are_logged_not_raised(
 def test_nothing_is_published_when_the_transaction_rolls_back(broker_down: list[str]) -> None:
     def enqueue_then_fail() -> None:
         with transaction.atomic():
-            enqueue_run_task(PICK_UP_TASK, "00000000-0000-4000-8000-000000000001", 5)
+            enqueue_run_message(RunMessage.PICK_UP, "00000000-0000-4000-8000-000000000001", 5)
             raise RuntimeError("rolled back")
 
     with pytest.raises(RuntimeError):

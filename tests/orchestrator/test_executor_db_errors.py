@@ -24,9 +24,10 @@ from django.utils import timezone
 
 from billing.models import LedgerEntry
 from common.tools.base import ToolError
-from orchestrator import engine, executor
+from orchestrator import executor
 from orchestrator.sweeps import reclaim_expired_leases
 from runs import services
+from runs.engine import control
 from runs.models import Step
 from tests import factories
 from tests.support import wait_until
@@ -65,7 +66,7 @@ def started_step(callable_path: str) -> int:
     )
     run = services.run_create(organization=factories.org(), spec=spec)
     services.run_start(run_id=run.pk)
-    assert engine.pick_up(run.pk)
+    assert control.pick_up(run.pk)
     return Step.objects.get(run=run, name="step-0").pk
 
 

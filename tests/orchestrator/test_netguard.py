@@ -17,11 +17,12 @@ import pytest
 
 from common.errors import is_retryable
 from common.tools.base import ToolContext, ToolError
-from orchestrator import engine, executor, netguard
+from orchestrator import executor, netguard
 from orchestrator.netguard import AddressNotAllowed, check_address, classify, parse_networks
-from orchestrator.retry import decide
 from orchestrator.tools.builtin import http, validate_http
 from runs import services
+from runs.engine import control
+from runs.engine.retry import decide
 from runs.models import Run, Step
 from tests import factories
 
@@ -280,7 +281,7 @@ def test_a_plan_aimed_at_a_refused_address_is_accepted_and_its_step_fails_once_u
     )
     run = services.run_create(organization=factories.org(), spec=spec)  # the validator accepts
     services.run_start(run_id=run.pk)
-    assert engine.pick_up(run.pk)
+    assert control.pick_up(run.pk)
     step_id = Step.objects.get(run=run, name="step-0").pk
 
     assert executor.execute_step(step_id, worker="worker:test") == "failed"

@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 
 from common.tools.base import ToolError
-from orchestrator import engine, executor
+from orchestrator import executor
 from runs import services
+from runs.engine import control
+from runs.engine.outcomes import Outcome, record
 from runs.models import Agent, Run, Step, Task
 from tests import factories
 
@@ -24,7 +26,7 @@ def running_single_step_run(**plan: Any) -> tuple[Run, Step]:
     spec = factories.plan(steps=1, **plan)
     run = services.run_create(organization=factories.org(), spec=spec)
     services.run_start(run_id=run.pk)
-    assert engine.pick_up(run.pk)
+    assert control.pick_up(run.pk)
     step = Step.objects.get(run=run, name="step-0")
     claimed = executor.claim(step.pk, "worker:test", "task-1")
     assert claimed is not None
@@ -39,7 +41,7 @@ def test_the_last_step_finishing_during_a_pause_completes_its_task_and_agent() -
     run, step = running_single_step_run()
     services.run_pause(run_id=run.pk)
 
-    executor.record(step.pk, run.pk, step.attempts, executor.Outcome(output={"ok": 1}))
+    record(step.pk, run.pk, step.attempts, Outcome(output={"ok": 1}))
 
     assert status(Step, pk=step.pk) == "completed"
     assert status(Task, run=run) == "completed"
@@ -47,7 +49,7 @@ def test_the_last_step_finishing_during_a_pause_completes_its_task_and_agent() -
     assert status(Run, pk=run.pk) == "paused"  # the run itself waits for resume
 
     services.run_resume(run_id=run.pk)
-    engine.resume(run.pk)
+    control.resume(run.pk)
 
     assert status(Run, pk=run.pk) == "completed"
 
@@ -56,8 +58,8 @@ def test_a_step_failing_for_good_during_a_pause_fails_a_fail_fast_run() -> None:
     run, step = running_single_step_run()
     services.run_pause(run_id=run.pk)
 
-    outcome = executor.Outcome(error=ToolError("invalid_input", "bad", False))
-    executor.record(step.pk, run.pk, step.attempts, outcome)
+    outcome = Outcome(error=ToolError("invalid_input", "bad", False))
+    record(step.pk, run.pk, step.attempts, outcome)
 
     assert status(Step, pk=step.pk) == "failed"
     current = Run.objects.get(pk=run.pk)

@@ -16,9 +16,10 @@ from billing.secrets import secret_put
 from common.redaction import REDACTED, redact, redact_text, redacting
 from common.templates import UnresolvedReference, render_value
 from config.logging import JsonFormatter, RedactSecrets
-from orchestrator import engine, executor
+from orchestrator import executor
 from orchestrator.context import StepContext
 from runs import services
+from runs.engine import control
 from runs.models import Run, RunEvent, Step
 from runs.spec import PlanInvalid
 from tests import factories
@@ -43,7 +44,7 @@ def start_one_step(
     spec["agents"][0]["tasks"][0]["steps"][0].update(tool=tool, params=params, **fields)
     run = services.run_create(organization=tenant.organization, spec=spec)
     services.run_start(run_id=run.pk)
-    assert engine.pick_up(run.pk)
+    assert control.pick_up(run.pk)
     return run, Step.objects.get(run=run, name="step-0").pk
 
 

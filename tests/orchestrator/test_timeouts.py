@@ -8,8 +8,9 @@ import pytest
 from django.utils import timezone
 
 from common.invariants import check_all
-from orchestrator import engine, sweeps
+from orchestrator import sweeps
 from runs import services
+from runs.engine import control
 from runs.models import Agent, Run, RunAttempt, Task
 from tests import factories
 
@@ -40,7 +41,7 @@ def started(**options: object) -> Run:
 
 def running(**options: object) -> Run:
     run = started(**options)
-    engine.pick_up(run.pk)  # in this process; dispatch is off, so nothing is sent
+    control.pick_up(run.pk)  # in this process; dispatch is off, so nothing is sent
     return Run.objects.get(pk=run.pk)
 
 
@@ -125,7 +126,7 @@ def test_an_agent_past_its_timeout_fails_and_a_continue_run_carries_on() -> None
     }
     run = services.run_create(organization=organization, spec=spec)
     services.run_start(run_id=run.pk)
-    engine.pick_up(run.pk)
+    control.pick_up(run.pk)
     slow, fast = Agent.objects.filter(run=run).order_by("position")
     # The other agent (and its task) started later: not overdue.
     Agent.objects.filter(pk=fast.pk).update(started_at=timezone.now() + 2 * HOUR)

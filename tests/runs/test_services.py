@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from common.invariants import check_all
-from runs import services
+from runs import approvals, services
 from runs.models import Agent, Run, RunAttempt, RunEvent, Step, Task
 from runs.states import InvalidTransition
 from runs.transitions import transition
@@ -207,8 +207,8 @@ def test_approve_completes_the_waiting_step_once() -> None:
     run = started()
     step = _waiting_for_approval(run)
 
-    first = services.run_approve(run_id=run.pk, comment="ship it", actor="admin:ops")
-    second = services.run_approve(run_id=run.pk, comment="ship it")
+    first = approvals.run_approve(run_id=run.pk, comment="ship it", actor="admin:ops")
+    second = approvals.run_approve(run_id=run.pk, comment="ship it")
 
     assert [s.pk for s in first.steps] == [step.pk]
     assert second.changed is False
@@ -223,7 +223,7 @@ def test_approve_when_nothing_waits_changes_nothing() -> None:
     run = started()
     events = RunEvent.objects.count()
 
-    result = services.run_approve(run_id=run.pk)
+    result = approvals.run_approve(run_id=run.pk)
 
     assert result.changed is False
     assert RunEvent.objects.count() == events
@@ -234,7 +234,7 @@ def test_reject_fails_the_waiting_step_with_a_reason_code() -> None:
     run = started()
     step = _waiting_for_approval(run)
 
-    services.run_reject(run_id=run.pk, step_id=step.pk, comment="not today")
+    approvals.run_reject(run_id=run.pk, step_id=step.pk, comment="not today")
 
     rejected = Step.objects.get(pk=step.pk)
     assert rejected.status == "failed"
@@ -247,7 +247,7 @@ def test_approve_by_a_step_of_another_run_is_not_found() -> None:
     step = _waiting_for_approval(other)
 
     with pytest.raises(services.StepNotFound):
-        services.run_approve(run_id=run.pk, step_id=step.pk)
+        approvals.run_approve(run_id=run.pk, step_id=step.pk)
 
     assert Step.objects.get(pk=step.pk).status == "waiting_approval"
 
@@ -322,7 +322,7 @@ def test_a_failure_message_with_unstorable_characters_is_stored_readable() -> No
 def test_an_approval_comment_with_unstorable_characters_is_stored_readable(approve: bool) -> None:
     run = started()
     step = _waiting_for_approval(run)
-    decide = services.run_approve if approve else services.run_reject
+    decide = approvals.run_approve if approve else approvals.run_reject
 
     decide(run_id=run.pk, comment=UNSTORABLE)
 

@@ -21,7 +21,7 @@ from hypothesis.stateful import (
 )
 
 from common.invariants import check_all
-from runs import services
+from runs import approvals, services
 from runs.models import Run, RunEvent, Step
 from runs.states import InvalidTransition
 from runs.transitions import transition
@@ -139,7 +139,7 @@ class RunOperations(RuleBasedStateMachine):
 
     @rule(run=runs, approve=st.booleans())
     def decide(self, run: Run, approve: bool) -> None:
-        service = services.run_approve if approve else services.run_reject
+        service = approvals.run_approve if approve else approvals.run_reject
         self._apply(run, lambda: service(run_id=run.pk, comment="random"))
 
     @invariant()

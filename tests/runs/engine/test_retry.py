@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from orchestrator.retry import backoff_ms, decide
+from runs.engine.retry import backoff_ms, decide
 from runs.spec import RetryPolicy, parse_plan
 from tests.factories import plan
 

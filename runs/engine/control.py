@@ -1,0 +1,98 @@
+"""Control that needs the engine: picking a run up, and resuming it after a pause."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from runs import services
+from runs.engine.dispatch import (
+    dispatch_agents,
+    dispatch_steps,
+    dispatch_tasks,
+    step_timeout_s,
+    update_waiting_state,
+)
+from runs.engine.propagation import finish_if_done
+from runs.models import Agent, Step, Task
+from runs.outbox import Outbox, StepMessage
+from runs.spec import PlanInvalid
+from runs.states import NodeStatus, RunStatus, StepStatus
+from runs.transitions import transition_many
+
+
+def pick_up(run_id: Any, actor: str = "worker") -> bool:
+    """(RETRYING ->) PENDING -> RUNNING: materialise the plan and dispatch what is ready.
+
+    A stored plan that no longer validates (the validator grew stricter since the run
+    was created) fails the run with `invalid_plan` rather than leaving it pending.
+    """
+    with transaction.atomic():
+        if services.lock_run(run_id, light=True).status == RunStatus.RETRYING:
+            services.run_requeue(run_id=run_id, actor=actor)
+        try:
+            with transaction.atomic():
+                run, picked = services.run_pick_up(run_id=run_id, actor=actor)
+        except PlanInvalid as exc:
+            services.run_fail(
+                run_id=run_id, code="invalid_plan", message=str(exc)[:2000], actor=actor
+            )
+            return False
+
+        if picked:
+            dispatch_agents(run, Outbox())
+            finish_if_done(run)
+        return picked
+
+
+def resume(run_id: Any, actor: str = "worker") -> bool:
+    """RESUMING -> RUNNING: re-dispatch what the pause held, then carry on.
+
+    Agents and tasks that were already under way go back to RUNNING; their dispatched
+    steps whose messages were dropped while paused are published again (a duplicate
+    of a message still queued is harmless: the claim lets one through).
+    """
+    with transaction.atomic():
+        run = services.lock_run(run_id, light=True)
+        if run.status != RunStatus.RESUMING:
+            return False
+        now = timezone.now()
+        for model in (Agent, Task):
+            transition_many(
+                model,  # type: ignore[type-var]
+                model.objects.filter(
+                    run=run,
+                    attempt_number=run.attempt_number,
+                    status=NodeStatus.PENDING,
+                    dispatched_at__isnull=False,
+                ),
+                NodeStatus.RUNNING,
+                from_states=[NodeStatus.PENDING],
+                actor=actor,
+                now=now,
+            )
+        run = services.run_resumed(run_id=run.pk, actor=actor)
+        outbox = Outbox()
+        held = Step.objects.filter(
+            run=run,
+            attempt_number=run.attempt_number,
+            status=StepStatus.PENDING,
+            dispatched_at__isnull=False,
+        ).only("pk", "timeout_ms")
+        for step in held:
+            outbox.add(StepMessage(step.pk, run.priority, step_timeout_s(step)))
+        dispatch_agents(run, outbox)
+        for agent in Agent.objects.filter(
+            run=run, attempt_number=run.attempt_number, status=NodeStatus.RUNNING
+        ):
+            dispatch_tasks(run, agent, outbox)
+        for task in Task.objects.filter(
+            run=run, attempt_number=run.attempt_number, status=NodeStatus.RUNNING
+        ):
+            dispatch_steps(run, task, outbox)
+        update_waiting_state(run)
+        # Everything may have finished during the pause: then nothing is left to run.
+        finish_if_done(run)
+        return True

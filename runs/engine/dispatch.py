@@ -1,0 +1,177 @@
+"""Dispatch: which children are ready to start, within each parent's concurrency limit.
+
+Agents and tasks become RUNNING in the same transaction; steps are marked dispatched and
+their messages put in the outbox (published after commit). An approval step is never
+sent to a worker: it waits for a decision (``runs.approvals``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import F
+from django.utils import timezone
+
+from runs.models import Agent, Run, Step, Task
+from runs.outbox import Outbox, StepMessage
+from runs.states import NodeStatus, RunStatus, StepStatus
+from runs.transitions import transition, transition_many
+
+
+def step_timeout_s(step: Step) -> float:
+    if step.timeout_ms:
+        return step.timeout_ms / 1000
+    return float(settings.ENGINE_DEFAULT_STEP_TIMEOUT)
+
+
+def step_from_row(values: dict[str, Any]) -> Step:
+    """A Step built from raw columns (the rest deferred), as Django would load it."""
+    names = [f.attname for f in Step._meta.concrete_fields if f.attname in values]
+    return Step.from_db("default", names, [values[name] for name in names])
+
+
+def dispatch_agents(run: Run, outbox: Outbox) -> None:
+    if run.status != RunStatus.RUNNING:
+        return
+    free = run.max_agents - run.active_children
+    if free <= 0:
+        return
+    ready = list(
+        Agent.objects.filter(
+            run=run,
+            attempt_number=run.attempt_number,
+            status=NodeStatus.PENDING,
+            pending_dependencies=0,
+            dispatched_at__isnull=True,
+        ).order_by("position")[:free]
+    )
+    now = timezone.now()
+    for agent in ready:
+        agent = transition(
+            Agent, agent.pk, NodeStatus.RUNNING, updates={"dispatched_at": now}, now=now
+        ).obj
+        run.active_children += 1
+        Run.objects.filter(pk=run.pk).update(active_children=F("active_children") + 1)
+        dispatch_tasks(run, agent, outbox)
+
+
+def dispatch_tasks(run: Run, agent: Agent, outbox: Outbox) -> None:
+    if run.status != RunStatus.RUNNING or agent.status != NodeStatus.RUNNING:
+        return
+    free = agent.max_concurrent_tasks - agent.active_children
+    if free <= 0:
+        return
+    ready = list(
+        Task.objects.filter(
+            agent=agent,
+            generation=agent.retry_count,
+            status=NodeStatus.PENDING,
+            pending_dependencies=0,
+            dispatched_at__isnull=True,
+        ).order_by("position")[:free]
+    )
+    if not ready:
+        return
+    now = timezone.now()
+    started = transition_many(
+        Task,
+        Task.objects.filter(pk__in=[task.pk for task in ready]),
+        NodeStatus.RUNNING,
+        from_states=[NodeStatus.PENDING],
+        updates={"dispatched_at": now},
+        now=now,
+    )
+    agent.active_children += len(started)
+    Agent.objects.filter(pk=agent.pk).update(active_children=F("active_children") + len(started))
+    for task in sorted(started, key=lambda t: t.position):
+        dispatch_steps(run, task, outbox)
+
+
+_DISPATCH_STEPS_SQL = """
+WITH ready AS (
+    SELECT id FROM runs_step
+    WHERE task_id = %(task)s AND generation = %(generation)s AND status = 'pending'
+      AND pending_dependencies = 0 AND dispatched_at IS NULL
+    ORDER BY position
+    LIMIT %(limit)s
+)
+UPDATE runs_step AS s SET dispatched_at = %(now)s
+FROM ready WHERE s.id = ready.id
+RETURNING s.id, s.tool, s.timeout_ms, s.run_id, s.attempt_number, s.status
+"""
+
+
+def dispatch_steps(run: Run, task: Task, outbox: Outbox) -> None:
+    """Publish the task's ready steps, up to its concurrency limit."""
+    if run.status != RunStatus.RUNNING or task.status != NodeStatus.RUNNING:
+        return
+    free = task.max_concurrent_steps - task.active_children
+    if free <= 0:
+        return
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        # Pick the next ready steps and mark them dispatched, in one statement.
+        cursor.execute(
+            _DISPATCH_STEPS_SQL,
+            {"task": task.pk, "generation": task.retry_count, "limit": free, "now": now},
+        )
+        columns = ["id", "tool", "timeout_ms", "run_id", "attempt_number", "status"]
+        ready = [step_from_row(dict(zip(columns, row, strict=True))) for row in cursor.fetchall()]
+
+    if not ready:
+        return
+
+    task.active_children += len(ready)
+    Task.objects.filter(pk=task.pk).update(active_children=F("active_children") + len(ready))
+    approvals = [step for step in ready if step.tool == "approval"]
+    if approvals:
+        # Never executed by a worker: the step waits for approve() or reject().
+        transition_many(
+            Step,
+            Step.objects.filter(pk__in=[step.pk for step in approvals]),
+            StepStatus.WAITING_APPROVAL,
+            from_states=[StepStatus.PENDING],
+            message="waiting for approval",
+            now=now,
+        )
+        run.waiting_approvals += len(approvals)
+        Run.objects.filter(pk=run.pk).update(
+            waiting_approvals=F("waiting_approvals") + len(approvals)
+        )
+    for step in ready:
+        if step.tool != "approval":
+            outbox.add(StepMessage(step.pk, run.priority, step_timeout_s(step)))
+    if approvals:
+        update_waiting_state(run)
+
+
+def update_waiting_state(run: Run) -> None:
+    """RUNNING <-> WAITING_APPROVAL: the run waits when approvals are all it waits for."""
+    if run.waiting_approvals <= 0:
+        return
+    # Read the status afresh: a failure earlier in this transaction may have ended the run.
+    if Run.objects.values_list("status", flat=True).get(pk=run.pk) != RunStatus.RUNNING:
+        return
+
+    in_flight = Step.objects.filter(
+        run=run,
+        attempt_number=run.attempt_number,
+        status__in=[StepStatus.RUNNING, StepStatus.PENDING],
+        dispatched_at__isnull=False,
+    ).exists()
+    if not in_flight:
+        updated = transition(
+            Run, run.pk, RunStatus.WAITING_APPROVAL, message="waiting for approval"
+        )
+        run.status = updated.obj.status
+
+
+def dispatch_children(run: Run, parent: Run | Agent | Task, outbox: Outbox) -> None:
+    if isinstance(parent, Run):
+        dispatch_agents(run, outbox)
+    elif isinstance(parent, Agent):
+        dispatch_tasks(run, parent, outbox)
+    else:
+        dispatch_steps(run, parent, outbox)
+        update_waiting_state(run)

@@ -1,0 +1,193 @@
+"""A step attempt's outcome, recorded: charged, then completed, retried or failed, and the
+run moved on, in one transaction under the run's lock."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from billing.services import BudgetExhausted, credits_charge
+from common.tools.base import ToolError
+from runs import services
+from runs.engine.dispatch import step_timeout_s, update_waiting_state
+from runs.engine.failure import Failure, child_failed, end_child
+from runs.engine.handlers import handler_finished, start_handlers
+from runs.engine.propagation import child_done
+from runs.engine.retry import decide
+from runs.engine.tree import counts_as_success
+from runs.models import Run, Step, Task
+from runs.outbox import Outbox, StepMessage
+from runs.states import StepStatus
+from runs.transitions import transition_locked
+
+
+@dataclass(frozen=True)
+class Outcome:
+    output: Any = None
+    cost: Decimal = Decimal(0)
+    error: ToolError | None = None
+    skipped: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "output": self.output,
+            "cost": str(self.cost),
+            "error": self.error.as_dict() if self.error else None,
+            "skipped": self.skipped,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Outcome:
+        error = data.get("error")
+        return cls(
+            output=data.get("output"),
+            cost=Decimal(data.get("cost", "0")),
+            error=ToolError(error["code"], error["message"], error["retryable"]) if error else None,
+            skipped=bool(data.get("skipped")),
+        )
+
+
+def step_finished(run: Run, step: Step, outbox: Outbox) -> None:
+    """A step reached a terminal state: count it, release its dependents, finish its task."""
+    task = Task.objects.get(pk=step.task_id)
+    if step.handler_for_id is not None:
+        handler_finished(run, task, step, outbox)
+        return
+    child_done(
+        run,
+        task,
+        step,
+        success=counts_as_success(step),
+        was_dispatched=step.dispatched_at is not None,
+        outbox=outbox,
+    )
+
+
+def charge_step(run: Run, step: Step, cost: Decimal) -> Failure | None:
+    """Charge a finished step attempt; a charge beyond the reservation is a failure."""
+    try:
+        credits_charge(
+            # Identified by run and number: no need to read the attempt row first.
+            organization_id=run.organization_id,
+            run_id=run.pk,
+            attempt_number=step.attempt_number,
+            step_id=step.pk,
+            step_attempt=step.attempts,
+            amount=cost,
+            reason=f"step {step.name} attempt {step.attempts}",
+            actor="engine",
+        )
+    except BudgetExhausted as exc:
+        return Failure("budget_exhausted", str(exc))
+    return None
+
+
+def step_failed(run: Run, step: Step, failure: Failure, outbox: Outbox) -> None:
+    """A running step failed for good (retries exhausted or not retryable).
+
+    With on_error handlers it ends FAILED while they run; otherwise its task reacts by
+    its failure mode (``child_failed``). A failing handler settles its original step.
+    """
+    task = Task.objects.get(pk=step.task_id)
+    if step.handler_for_id is not None:
+        end_child(step, "failed", failure)
+        handler_finished(run, task, step, outbox)
+    elif step.on_error:
+        end_child(step, "failed", failure)
+        start_handlers(run, task, step, outbox)
+    else:
+        child_failed(run, task, step, failure, outbox)
+
+
+def record(step_id: int, run_id: Any, attempt: int, outcome: Outcome) -> None:
+    """Record the attempt and advance the run, in one transaction under the run's lock."""
+    with transaction.atomic():
+        run = services.lock_run(run_id, light=True)
+        step = (
+            Step.objects.select_for_update(no_key=True)
+            .filter(pk=step_id, status=StepStatus.RUNNING, attempts=attempt)
+            .defer("params", "output", "on_error", "when")
+            .first()
+        )
+        if step is None:
+            return  # cancelled, failed by a sweep or reclaimed meanwhile: result dropped
+        outbox = Outbox()
+        now = timezone.now()
+        if now - (run.last_heartbeat or now) > timedelta(seconds=5):
+            Run.objects.filter(pk=run.pk).update(last_heartbeat=now)
+        if outcome.skipped:
+            transition_locked(
+                step,
+                StepStatus.SKIPPED,
+                message="condition is false",
+                updates={"lease_expires_at": None},
+                now=now,
+            )
+            step.status = StepStatus.SKIPPED
+            step_finished(run, step, outbox)
+            return
+        failure = charge_step(run, step, outcome.cost) if outcome.cost else None
+        if outcome.error is None and failure is None:
+            done = transition_locked(
+                step,
+                StepStatus.COMPLETED,
+                payload={"cost": str(outcome.cost)},
+                updates={
+                    "output": outcome.output,
+                    "cost": step.cost + outcome.cost,
+                    "lease_expires_at": None,
+                },
+                now=now,
+            ).obj
+            step_finished(run, done, outbox)
+            update_waiting_state(run)
+            return
+
+        error = outcome.error or ToolError(failure.code, failure.message, False)  # type: ignore[union-attr]
+        if failure is not None:
+            error = ToolError(failure.code, failure.message, False)
+        failures = step.failures + 1
+        decision = decide(
+            step.retry,
+            code=error.code,
+            retryable=error.retryable,
+            attempts=attempt,
+            failures=failures,
+        )
+        charged = outcome.cost if failure is None else Decimal(0)
+        Step.objects.filter(pk=step.pk).update(
+            failures=failures, error=error.as_dict(), cost=step.cost + charged
+        )
+        step.failures, step.error, step.cost = failures, error.as_dict(), step.cost + charged
+        if decision.retry:
+            due = now + timedelta(milliseconds=decision.delay_ms)
+            transition_locked(
+                step,
+                StepStatus.PENDING,
+                message=f"retry in {decision.delay_ms} ms after {error.code}",
+                payload={**error.as_dict(), "delay_ms": decision.delay_ms, "attempt": attempt},
+                updates={"next_run_at": due, "lease_expires_at": None},
+                now=now,
+            )
+            outbox.add(
+                StepMessage(step.pk, run.priority, step_timeout_s(step), decision.delay_ms / 1000)
+            )
+            return
+        message = (
+            error.message
+            if decision.code == error.code
+            else f"{decision.code} after {error.code}: {error.message}"
+        )
+        step.error = {
+            **error.as_dict(),
+            "code": decision.code,
+            "message": message,
+            "cause": error.code,
+        }
+        Step.objects.filter(pk=step.pk).update(error=step.error, lease_expires_at=None)
+        step_failed(run, step, Failure(decision.code, message), outbox)

@@ -1,0 +1,34 @@
+"""The levels alike: a run's agents, an agent's tasks and a task's steps are each a
+parent's children, counted and finished the same way."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runs.models import Agent, Run, Step, Task
+from runs.states import NodeStatus, StepStatus
+
+
+def model_of(node: Run | Agent | Task | Step) -> Any:
+    """The node's model class, typed loosely: the engine treats the levels alike."""
+    return type(node)
+
+
+def row_of(node: Run | Agent | Task | Step) -> Any:
+    """A queryset of just ``node``, for F() updates of its counters."""
+    return model_of(node).objects.filter(pk=node.pk)
+
+
+def children_of(parent: Run | Agent | Task) -> Any:
+    """The parent's current children (this attempt, this generation, no handlers)."""
+    if isinstance(parent, Run):
+        return Agent.objects.filter(run=parent, attempt_number=parent.attempt_number)
+    if isinstance(parent, Agent):
+        return Task.objects.filter(agent=parent, generation=parent.retry_count)
+    return Step.objects.filter(task=parent, generation=parent.retry_count, handler_for__isnull=True)
+
+
+def counts_as_success(node: Agent | Task | Step) -> bool:
+    if isinstance(node, Step):
+        return node.status == StepStatus.COMPLETED or node.handled
+    return node.status == NodeStatus.COMPLETED

@@ -1,0 +1,126 @@
+"""What the run lifecycle asks the transport to do once its transaction commits.
+
+The services and the engine decide; they never talk to the broker. They put what must
+be sent here (a step to execute, a run to pick up or resume, running steps to
+terminate), and the transport that the orchestrator app registers at start-up
+(``orchestrator.dispatch.CeleryTransport``, see ``OrchestratorConfig.ready``) publishes
+it after commit, so a worker never sees work that might still roll back. This keeps the
+layers one way: ``runs`` names no Celery task and imports nothing of ``orchestrator``.
+
+A transport never raises for a broker outage: the state it announces is committed
+already, and the lost-message sweep sends it again.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
+
+__all__ = [
+    "Outbox",
+    "RunMessage",
+    "StepMessage",
+    "Transport",
+    "enqueue_run_message",
+    "revoke_running_steps",
+    "use_transport",
+]
+
+
+class RunMessage(enum.StrEnum):
+    """The run-level messages a worker acts on."""
+
+    PICK_UP = "pick_up"  # PENDING (or RETRYING) -> RUNNING: materialise and dispatch
+    RESUME = "resume"  # RESUMING -> RUNNING: send again what the pause held
+
+
+@dataclass(frozen=True)
+class StepMessage:
+    """Execute one attempt of a step (the message carries only its id)."""
+
+    step_id: int
+    priority: int
+    timeout_s: float
+    countdown_s: float = 0.0
+
+
+class Transport(Protocol):
+    def publish_steps(self, messages: Sequence[StepMessage]) -> None: ...
+
+    def publish_run(self, message: RunMessage, run_id: str, priority: int) -> None: ...
+
+    def revoke(self, task_ids: Sequence[str]) -> None: ...
+
+
+_transport: Transport | None = None
+
+
+def use_transport(transport: Transport) -> None:
+    """Register how messages leave this process (the orchestrator app does, at start-up)."""
+    global _transport
+    _transport = transport
+
+
+def _current() -> Transport:
+    if _transport is None:
+        raise ImproperlyConfigured(
+            "no transport registered for run messages: is 'orchestrator' in INSTALLED_APPS?"
+        )
+    return _transport
+
+
+def after_commit(action: Callable[[], None]) -> None:
+    """Run ``action`` once the transaction commits (never if it rolls back)."""
+
+    def guarded() -> None:
+        if settings.ORCHESTRATOR_DISPATCH_ENABLED:
+            action()
+
+    transaction.on_commit(guarded)
+
+
+def enqueue_run_message(message: RunMessage, run_id: object, priority: int) -> None:
+    """Publish a run-level message on its priority's queue once the transaction commits."""
+    after_commit(lambda: _current().publish_run(message, str(run_id), priority))
+
+
+@dataclass
+class Outbox:
+    """Step messages collected during one transaction, published together after it
+    commits (one connection for a fan-out of thousands)."""
+
+    messages: list[StepMessage] = field(default_factory=list)
+    _registered: bool = False
+
+    def add(self, message: StepMessage) -> None:
+        self.messages.append(message)
+        if not self._registered:
+            self._registered = True
+            after_commit(self.publish)
+
+    def publish(self) -> None:
+        messages, self.messages, self._registered = self.messages, [], False
+        if messages:
+            _current().publish_steps(messages)
+
+
+def revoke_running_steps(steps: Any) -> None:
+    """Terminate, after commit, the worker tasks executing the RUNNING steps in ``steps``.
+
+    Call it before the steps leave RUNNING. A tool that checks ``stop_requested`` stops
+    even sooner; a revoke lost with the broker leaves the tool running to its end, and
+    its result is dropped (its step is no longer RUNNING).
+    """
+    task_ids = [
+        task_id
+        for task_id in steps.filter(status="running").values_list("celery_task_id", flat=True)
+        if task_id
+    ]
+    if task_ids:
+        after_commit(lambda: _current().revoke(task_ids))

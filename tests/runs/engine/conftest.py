@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from orchestrator.dispatch import CeleryTransport
+from runs.outbox import use_transport
+from tests.runs.engine.harness import EngineRun, RecordingTransport
+
+
+@pytest.fixture
+def transport(settings: Any) -> Iterator[RecordingTransport]:
+    settings.ORCHESTRATOR_DISPATCH_ENABLED = True
+    recording = RecordingTransport()
+    use_transport(recording)
+    try:
+        yield recording
+    finally:
+        use_transport(CeleryTransport())
+
+
+@pytest.fixture
+def engine_run(
+    db: None, transport: RecordingTransport, django_capture_on_commit_callbacks: Any
+) -> Callable[[dict[str, Any]], EngineRun]:
+    """Start and pick up a run of the given plan, in this process."""
+
+    def start(spec: dict[str, Any]) -> EngineRun:
+        return EngineRun(spec, transport, django_capture_on_commit_callbacks)
+
+    return start

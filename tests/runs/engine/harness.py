@@ -1,0 +1,108 @@
+"""Drive a run through the engine in this process, without a broker or a worker.
+
+The engine's messages go to a recording transport instead of Celery: a test sees which
+steps the engine sent, claims one as a worker would (the same conditional UPDATE), and
+feeds the recording path the outcome it chooses. What the tool would have done is the
+test's to decide; everything after it (charging, retries, failure modes, handlers,
+propagation up the tree) is the real engine, in the test's transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from common.tools.base import ToolError
+from runs import services
+from runs.engine import control
+from runs.engine.outcomes import Outcome, record
+from runs.models import Run, Step
+from runs.outbox import RunMessage, StepMessage
+from runs.transitions import claim_step
+from tests import factories
+
+CaptureCallbacks = Callable[..., AbstractContextManager[Any]]
+
+
+@dataclass
+class RecordingTransport:
+    """``runs.outbox.Transport`` that keeps what would have been published."""
+
+    steps: list[StepMessage] = field(default_factory=list)
+    runs: list[tuple[RunMessage, str]] = field(default_factory=list)
+    revoked: list[str] = field(default_factory=list)
+
+    def publish_steps(self, messages: Sequence[StepMessage]) -> None:
+        self.steps.extend(messages)
+
+    def publish_run(self, message: RunMessage, run_id: str, priority: int) -> None:
+        self.runs.append((message, run_id))
+
+    def revoke(self, task_ids: Sequence[str]) -> None:
+        self.revoked.extend(task_ids)
+
+
+class EngineRun:
+    """One run, started and picked up; steps addressed by name."""
+
+    def __init__(
+        self, spec: dict[str, Any], transport: RecordingTransport, capture: CaptureCallbacks
+    ) -> None:
+        self.transport = transport
+        self._capture = capture
+        self.run = services.run_create(organization=factories.org(), spec=spec)
+        with self._committed():
+            services.run_start(run_id=self.run.pk)
+        with self._committed():
+            assert control.pick_up(self.run.pk)
+        self._claims = 0
+
+    def _committed(self) -> AbstractContextManager[Any]:
+        # The test's transaction never commits; run the after-commit publishing anyway.
+        return self._capture(execute=True)
+
+    # ------------------------------------------------------------------ reading
+    def step(self, name: str) -> Step:
+        """The current generation's step called ``name`` (the latest one)."""
+        found = Step.objects.filter(run=self.run, name=name).order_by("-generation", "-pk").first()
+        assert found is not None, f"no step {name!r}"
+        return found
+
+    def statuses(self) -> dict[str, str]:
+        """Every step of the current attempt and generation, by name."""
+        run = self.refresh()
+        rows = Step.objects.filter(run=run, attempt_number=run.attempt_number).order_by(
+            "generation", "pk"
+        )
+        return {step.name: step.status for step in rows}  # the latest generation wins
+
+    def refresh(self) -> Run:
+        self.run = Run.objects.get(pk=self.run.pk)
+        return self.run
+
+    def sent(self) -> list[str]:
+        """The names of the steps messages were published for, in order."""
+        names = dict(Step.objects.filter(run=self.run).values_list("pk", "name"))
+        return [names[message.step_id] for message in self.transport.steps]
+
+    # ------------------------------------------------------------------ acting
+    def finish(self, name: str, outcome: Outcome | None = None) -> Step:
+        """Claim the step as a worker would and record ``outcome`` (success by default)."""
+        step = self.step(name)
+        # A retry's delay has passed: the test decides when.
+        Step.objects.filter(pk=step.pk).update(next_run_at=None)
+        self._claims += 1
+        claimed = claim_step(
+            step.pk, worker="test", task_id=f"task-{self._claims}", lease_seconds=60
+        )
+        assert claimed is not None, f"step {name!r} could not be claimed ({step.status})"
+        with self._committed():
+            record(step.pk, self.run.pk, claimed["attempts"], outcome or Outcome(output={}))
+        return Step.objects.get(pk=step.pk)
+
+    def fail(self, name: str, code: str = "tool_error", *, retryable: bool = False) -> Step:
+        error = ToolError(code, f"{name} failed", retryable)
+        return self.finish(name, Outcome(error=error, cost=Decimal("0.01")))

@@ -49,11 +49,6 @@ def ledger_totals(entries: QuerySet[LedgerEntry]) -> dict[str, Decimal]:
     return entries.aggregate(**{entry_type: _sum(entry_type) for entry_type in EntryType.values})
 
 
-def balance_from_ledger(organization: Organization) -> Balance:
-    """The balances recomputed from the ledger alone (what the cache must equal)."""
-    return balance_from_totals(ledger_totals(LedgerEntry.objects.filter(organization=organization)))
-
-
 def balance_from_totals(totals: Mapping[str, Decimal]) -> Balance:
     """What the ledger's totals per entry type say the balances are."""
     return Balance(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from celery import Celery, Task
+from celery import Celery
 from celery.signals import task_prerun
 from kombu import Queue
 
@@ -50,18 +50,3 @@ def _drop_stale_connections(**kwargs: Any) -> None:
     from django.db import close_old_connections
 
     close_old_connections()
-
-
-def enqueue_on_commit(
-    task: Task[Any, Any], *args: Any, using: str | None = None, **options: Any
-) -> None:
-    """Publish ``task`` with ``args`` once the current transaction commits.
-
-    Work made necessary by a transaction must not run before that transaction is
-    visible (the worker would read the old rows) nor at all if it rolls back. Outside
-    a transaction Django runs the callback at once. ``options`` go to ``apply_async``
-    (``queue``, ``priority``, ``countdown``...).
-    """
-    from django.db import transaction
-
-    transaction.on_commit(lambda: task.apply_async(args=args, **options), using=using)

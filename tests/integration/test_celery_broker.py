@@ -10,8 +10,13 @@ from celery.backends.base import DisabledBackend
 from celery.signals import before_task_publish
 from django.db import transaction
 
-from config.celery import QUEUE_RUNS_NORMAL, QUEUE_STEPS, QUEUE_SWEEPS, app, enqueue_on_commit
+from config.celery import QUEUE_RUNS_NORMAL, QUEUE_STEPS, QUEUE_SWEEPS, app
+from orchestrator.dispatch import PICK_UP_TASK
 from orchestrator.tasks import echo_task
+from runs import services
+from runs.models import Run
+from tests import factories
+from tests.support import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -25,32 +30,36 @@ def test_a_task_goes_through_the_broker_to_the_worker_and_back(celery_worker: st
 
 
 def test_work_enqueued_in_a_rolled_back_transaction_never_runs(celery_worker: str) -> None:
-    rolled_back, committed = uuid.uuid4().hex, uuid.uuid4().hex
-    published: list[Any] = []
+    run = factories.run(steps=1)
+    published: list[str] = []
 
-    def record(body: Any, **kwargs: Any) -> None:
-        published.append(body[0][0])  # args of the task
+    def record(body: Any, headers: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        published.append((headers or {}).get("task", ""))
 
-    def enqueue_then_fail() -> None:
+    def start_then_fail() -> None:
         with transaction.atomic():
-            enqueue_on_commit(echo_task, rolled_back)
+            services.run_start(run_id=run.pk)  # asks for a pick-up after commit
             raise RuntimeError("roll back")
 
     before_task_publish.connect(record, weak=False)
     try:
         with pytest.raises(RuntimeError):
-            enqueue_then_fail()
+            start_then_fail()
         assert published == []  # nothing was handed to the broker
+        assert Run.objects.get(pk=run.pk).status == "created"
 
         with transaction.atomic():
-            enqueue_on_commit(echo_task, committed, task_id=f"committed-{committed}")
+            services.run_start(run_id=run.pk)
             assert published == []  # not before the commit either
     finally:
         before_task_publish.disconnect(record)
 
-    assert published == [committed]
-    result = app.AsyncResult(f"committed-{committed}").get(timeout=30)
-    assert result["payload"] == committed
+    assert published == [PICK_UP_TASK]
+    wait_until(
+        lambda: Run.objects.get(pk=run.pk).status == "completed",
+        timeout=30,
+        what="the committed run to be picked up and completed",
+    )
 
 
 @pytest.mark.parametrize(

@@ -346,23 +346,40 @@ def run_pause(
     run = lock_run(run_id, organization)
     result = transition(Run, run.pk, RunStatus.PAUSED, actor=actor)
     if result.changed:
-        attempt = run.attempt_number
-        for model in (Agent, Task):
-            transition_many(
-                model,  # type: ignore[type-var]
-                model.objects.filter(run=run, attempt_number=attempt),
-                NodeStatus.PAUSED,
-                from_states=[NodeStatus.PENDING, NodeStatus.RUNNING],
-                actor=actor,
-            )
-        transition_many(
-            Step,
-            Step.objects.filter(run=run, attempt_number=attempt),
-            StepStatus.PAUSED,
-            from_states=[StepStatus.PENDING],
+        _move_work(
+            run,
+            nodes=([NodeStatus.PENDING, NodeStatus.RUNNING], NodeStatus.PAUSED),
+            steps=([StepStatus.PENDING], StepStatus.PAUSED),
             actor=actor,
         )
     return result.obj
+
+
+def _move_work(
+    run: Run,
+    *,
+    nodes: tuple[list[str], str],
+    steps: tuple[list[str], str],
+    actor: str,
+) -> None:
+    """Move the current attempt's agents and tasks, then its steps, from the listed
+    states to another (pause and resume: running steps are left to finish)."""
+    attempt = run.attempt_number
+    for model in (Agent, Task):
+        transition_many(
+            model,  # type: ignore[type-var]
+            model.objects.filter(run=run, attempt_number=attempt),
+            nodes[1],
+            from_states=nodes[0],
+            actor=actor,
+        )
+    transition_many(
+        Step,
+        Step.objects.filter(run=run, attempt_number=attempt),
+        steps[1],
+        from_states=steps[0],
+        actor=actor,
+    )
 
 
 @transaction.atomic
@@ -377,20 +394,10 @@ def run_resume(
     run = lock_run(run_id, organization)
     result = transition(Run, run.pk, RunStatus.RESUMING, actor=actor)
     if result.changed:
-        attempt = run.attempt_number
-        for model in (Agent, Task):
-            transition_many(
-                model,  # type: ignore[type-var]
-                model.objects.filter(run=run, attempt_number=attempt),
-                NodeStatus.PENDING,
-                from_states=[NodeStatus.PAUSED],
-                actor=actor,
-            )
-        transition_many(
-            Step,
-            Step.objects.filter(run=run, attempt_number=attempt),
-            StepStatus.PENDING,
-            from_states=[StepStatus.PAUSED],
+        _move_work(
+            run,
+            nodes=([NodeStatus.PAUSED], NodeStatus.PENDING),
+            steps=([StepStatus.PAUSED], StepStatus.PENDING),
             actor=actor,
         )
         enqueue_run_message(RunMessage.RESUME, run.pk, run.priority)

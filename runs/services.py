@@ -24,17 +24,10 @@ from runs.models import Agent, EventKind, Run, RunAttempt, Step, Task
 from runs.outbox import RunMessage, enqueue_run_message, revoke_running_steps
 from runs.reservation import plan_reservation
 from runs.spec import Plan, parse_plan
-from runs.states import NODE_OPEN, InvalidTransition, NodeStatus, RunStatus, StepStatus
+from runs.states import NODE_OPEN, STEP_OPEN, InvalidTransition, NodeStatus, RunStatus, StepStatus
 from runs.transitions import record_event, transition, transition_many
 
 RunId = UUID | str
-
-STEP_OPEN = (
-    StepStatus.PENDING,
-    StepStatus.RUNNING,
-    StepStatus.WAITING_APPROVAL,
-    StepStatus.PAUSED,
-)
 
 
 class RunNotFound(Exception):

@@ -113,6 +113,8 @@ NODE_TERMINAL = frozenset({N.COMPLETED, N.FAILED, N.SKIPPED, N.CANCELLED})
 # Agents and tasks not yet ended: what a cancellation or a failure closes.
 NODE_OPEN = (N.PENDING, N.RUNNING, N.PAUSED)
 STEP_TERMINAL = frozenset({S.COMPLETED, S.FAILED, S.SKIPPED, S.CANCELLED})
+# Steps not yet ended, the same for steps (which may also wait for an approval).
+STEP_OPEN = (S.PENDING, S.RUNNING, S.WAITING_APPROVAL, S.PAUSED)
 TERMINAL: dict[str, frozenset[str]] = {
     "run": RUN_TERMINAL,
     "agent": NODE_TERMINAL,

@@ -19,18 +19,10 @@ from runs.materialize import step_rows, task_rows
 from runs.models import Agent, EventKind, FailureMode, Run, Step, Task
 from runs.outbox import Outbox, revoke_running_steps
 from runs.spec import parse_plan
-from runs.states import NODE_OPEN, NodeStatus, StepStatus
+from runs.states import NODE_OPEN, STEP_OPEN, NodeStatus, StepStatus
 from runs.transitions import record_event, transition, transition_many
 
 MAX_LEVEL_RETRIES = 3  # seed 000 section 3: at most 3 retries of a task, agent or run
-
-
-OPEN_STEP = (
-    StepStatus.PENDING,
-    StepStatus.RUNNING,
-    StepStatus.WAITING_APPROVAL,
-    StepStatus.PAUSED,
-)
 
 
 @dataclass(frozen=True)
@@ -120,7 +112,7 @@ def _close_open_children(node: Agent | Task, message: str) -> None:
         tasks = None
         steps = Step.objects.filter(task_id=node.pk)
     revoke_running_steps(steps)
-    transition_many(Step, steps, StepStatus.CANCELLED, from_states=OPEN_STEP, message=message)
+    transition_many(Step, steps, StepStatus.CANCELLED, from_states=STEP_OPEN, message=message)
     if tasks is not None:
         transition_many(Task, tasks, NodeStatus.CANCELLED, from_states=NODE_OPEN, message=message)
 

@@ -17,6 +17,7 @@ from api.authentication import organization_of
 from api.errors import LIST_ERRORS, READ_ERRORS, RETRY_AFTER_PARAMETER, error_responses
 from api.pagination import PageQuery, paginated
 from api.parsers import AnyStringJSONParser
+from api.query import filter_parameters
 from api.serializers import (
     BalanceOutput,
     InputSerializer,
@@ -24,7 +25,8 @@ from api.serializers import (
     StrictCharField,
 )
 from api.views import ApiView, page_response, validated
-from billing.models import SECRET_NAME_PATTERN, EntryType
+from billing.filters import LedgerFilter
+from billing.models import SECRET_NAME_PATTERN
 from billing.secrets import is_valid_secret_name, secret_delete, secret_list, secret_put
 from billing.selectors import ledger_for, organization_balance
 
@@ -54,29 +56,21 @@ class BalanceApi(ApiView):
 
 
 class LedgerApi(ApiView):
-    class LedgerQuery(PageQuery):
-        type = serializers.ChoiceField(choices=EntryType.choices, required=False)
-        run = serializers.UUIDField(required=False, help_text="Only this run's entries.")
-
-    queries = {"get": LedgerQuery}
+    queries = {"get": PageQuery}
+    filterset = LedgerFilter
 
     @extend_schema(
         tags=[TAG_BILLING],
         operation_id="billing_ledger",
         summary="Your ledger",
-        parameters=[LedgerQuery, RETRY_AFTER_PARAMETER],
+        parameters=[PageQuery, *filter_parameters(LedgerFilter), RETRY_AFTER_PARAMETER],
         responses={200: LedgerPage, **error_responses(*LIST_ERRORS)},
     )
     def get(self, request: Request) -> Response:
         """Every movement of your credits, newest first: grants, reservations, charges and
         refunds. Append-only."""
-        params = self.query
-        entries = ledger_for(organization_of(request))
-        if "type" in params:
-            entries = entries.filter(type=params["type"])
-        if "run" in params:
-            entries = entries.filter(run_id=params["run"])
-        return page_response(request, entries, params, LedgerEntryOutput)
+        entries = ledger_for(organization_of(request), query=self.filters)
+        return page_response(request, entries, self.query, LedgerEntryOutput)
 
 
 # --------------------------------------------------------------------------- secrets

@@ -24,6 +24,7 @@ from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
 from billing.services import InsufficientCredits
+from common.filters import Problems, QueryInvalid
 from runs.services import AttemptsExhausted, RunDeleted, RunNotFound, StepNotFound
 from runs.spec import PlanInvalid, errors_as_dicts
 from runs.states import InvalidTransition
@@ -116,6 +117,18 @@ def flatten_errors(detail: Any, path: str = "") -> list[dict[str, str]]:
     return [{"path": path, "message": str(detail), "code": str(code)}]
 
 
+def problems_detail(problems: Problems) -> dict[str, list[exceptions.ErrorDetail]]:
+    """A FilterSet's problems (Django's ValidationErrors) as DRF's error detail."""
+    return {
+        name: [
+            exceptions.ErrorDetail(message, code=error.code or "invalid")
+            for error in errors
+            for message in error.messages
+        ]
+        for name, errors in problems.items()
+    }
+
+
 def _api_error(exc: exceptions.APIException) -> Response:
     headers: dict[str, str] = {}
     if getattr(exc, "auth_header", None):
@@ -150,6 +163,8 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
         exc = exceptions.PermissionDenied()
     elif isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(exc.messages)
+    elif isinstance(exc, QueryInvalid):  # a selector refused its query
+        exc = exceptions.ValidationError(problems_detail(exc.problems))
     if isinstance(exc, exceptions.APIException):
         return _api_error(exc)
     for exc_type, (status, details, message) in DOMAIN_ERRORS.items():

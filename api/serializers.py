@@ -18,8 +18,6 @@ from runs.models import EventKind, FailureMode, Mode
 from runs.selectors import RunDetail
 from runs.states import NodeStatus, RunStatus, StepStatus
 
-MAX_BIGINT = 2**63 - 1
-
 
 # --------------------------------------------------------------------------- inputs
 class StrictBooleanField(serializers.BooleanField):

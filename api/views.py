@@ -13,6 +13,7 @@ from typing import Any, ClassVar, TypeVar
 from uuid import UUID
 
 from django.db import transaction
+from django.http import QueryDict
 from django.urls import reverse
 from drf_spectacular.utils import (
     OpenApiExample,
@@ -36,9 +37,9 @@ from api.errors import (
 from api.idempotency import IDEMPOTENCY_PARAMETER, REPLAYED_PARAMETER, idempotent
 from api.pagination import PageQuery, paginate, paginated
 from api.parsers import plan_size_hint, refuse_if_too_large
+from api.query import NoQuery, checked_query, filter_parameters
 from api.schema import PlanField
 from api.serializers import (
-    MAX_BIGINT,
     AgentOutput,
     ApprovalOutput,
     EmptyInput,
@@ -52,13 +53,12 @@ from api.serializers import (
     StrictIntegerField,
     TaskOutput,
 )
+from common.filters import MAX_BIGINT, StrictFilterSet
 from runs import approvals, selectors, services
 from runs.approvals import ApprovalResult
-from runs.models import EventKind
-from runs.states import NodeStatus, RunStatus, StepStatus
+from runs.filters import AgentFilter, EventFilter, RunFilter, StepFilter, TaskFilter
 
 TAG_RUNS = "runs"
-MAX_ATTEMPT = 32767
 
 EXAMPLE_CREATE = {
     "plan": {
@@ -109,27 +109,6 @@ def validated(serializer_class: type[serializers.Serializer[Any]], data: Any) ->
     return dict(serializer.validated_data)
 
 
-class NoQuery(serializers.Serializer[Any]):
-    """No query parameters."""
-
-
-def validated_query(
-    serializer_class: type[serializers.Serializer[Any]], request: Request
-) -> dict[str, Any]:
-    """Query parameters validated strictly: an unknown parameter is refused (a typo must
-    not silently return everything) and ``?priority=`` is a malformed integer, not an
-    omitted one (DRF reads a QueryDict like an HTML form, where empty means absent)."""
-    fields = serializer_class().fields
-    unknown = sorted(key for key in request.query_params if key not in fields)
-    if unknown:
-        raise serializers.ValidationError({key: ["unknown query parameter"] for key in unknown})
-    data: dict[str, Any] = {}
-    for key, values in request.query_params.lists():
-        many = isinstance(fields.get(key), serializers.ListField | serializers.MultipleChoiceField)
-        data[key] = values if many else values[-1]
-    return validated(serializer_class, data)
-
-
 def page_response(request: Request, rows: Any, params: dict[str, Any], output: Any) -> Response:
     envelope, page = paginate(
         request, rows, page=params.get("page"), page_size=params.get("page_size")
@@ -145,19 +124,27 @@ def detail_response(request: Request, run_id: UUID, status: int = 200) -> Respon
 class ApiView(APIView):
     """Authentication, throttling, parsing and errors come from REST_FRAMEWORK settings.
 
-    ``queries`` names the query parameters each method accepts (none by default); they are
-    validated, after authentication and throttling, into ``self.query``.
+    ``queries`` names the query parameters each method accepts besides filters (none by
+    default; a list's pagination), and ``filterset`` the filters of a GET list, which its
+    selector applies. Both are checked after authentication and throttling and before
+    anything is looked up (``api.query.checked_query``): the former validated into
+    ``self.query``, the latter kept as sent in ``self.filters``, for the selector.
     """
 
     queries: ClassVar[dict[str, type[serializers.Serializer[Any]]]] = {}
+    filterset: ClassVar[type[StrictFilterSet] | None] = None
     query: dict[str, Any]
+    filters: QueryDict
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
         method = (request.method or "").lower()
         if method in ("post", "put", "patch"):  # other methods' bodies are never read
             refuse_if_too_large(request.META.get("CONTENT_LENGTH"))
-        self.query = validated_query(self.queries.get(method, NoQuery), request)
+        filterset = self.filterset if method == "get" else None
+        self.query, self.filters = checked_query(
+            request, self.queries.get(method, NoQuery), filterset
+        )
 
 
 Handler = TypeVar("Handler", bound=Callable[..., Response])
@@ -182,25 +169,6 @@ def action_schema(
 
 # --------------------------------------------------------------------------- /runs
 class RunsApi(ApiView):
-    class ListQuery(PageQuery):
-        status = serializers.MultipleChoiceField(
-            choices=RunStatus.choices,
-            required=False,
-            help_text="Only runs in these states (repeat the parameter for several).",
-        )
-        name = serializers.CharField(
-            required=False,
-            allow_blank=True,
-            max_length=200,
-            help_text="Part of the name, case-insensitive.",
-        )
-        created_after = serializers.DateTimeField(required=False, help_text="Inclusive.")
-        created_before = serializers.DateTimeField(required=False, help_text="Exclusive.")
-        priority = serializers.IntegerField(required=False, min_value=0, max_value=9)
-        ordering = serializers.ChoiceField(
-            choices=selectors.RUN_ORDERINGS, default="-created_at", required=False
-        )
-
     class CreateInput(InputSerializer):
         """A plan, and whether to start the run at once."""
 
@@ -211,29 +179,21 @@ class RunsApi(ApiView):
             default=False, help_text="Also start the run (reserve credits and enqueue it)."
         )
 
-    queries = {"get": ListQuery}
+    queries = {"get": PageQuery}
+    filterset = RunFilter
 
     @extend_schema(
         tags=[TAG_RUNS],
         operation_id="runs_list",
         summary="List runs",
-        parameters=[ListQuery, RETRY_AFTER_PARAMETER],
+        parameters=[PageQuery, *filter_parameters(RunFilter), RETRY_AFTER_PARAMETER],
         responses={200: RunPage, **error_responses(*LIST_ERRORS)},
     )
     def get(self, request: Request) -> Response:
         """Your organization's runs, newest first unless `ordering` says otherwise;
         deleted runs are not listed."""
-        params = self.query
-        filters = selectors.RunFilters(
-            statuses=sorted(params.get("status", ())),
-            name=params.get("name") or None,
-            created_after=params.get("created_after"),
-            created_before=params.get("created_before"),
-            priority=params.get("priority"),
-            ordering=params.get("ordering", "-created_at"),
-        )
-        runs = selectors.run_list(organization=organization_of(request), filters=filters)
-        return page_response(request, runs, params, RunOutput)
+        runs = selectors.run_list(organization=organization_of(request), query=self.filters)
+        return page_response(request, runs, self.query, RunOutput)
 
     @extend_schema(
         tags=[TAG_RUNS],
@@ -435,107 +395,66 @@ class RunRejectApi(ApiView):
 
 
 # --------------------------------------------------------------------------- hierarchy
-class AttemptQuery(PageQuery):
-    attempt = serializers.IntegerField(
-        required=False,
-        min_value=1,
-        max_value=MAX_ATTEMPT,
-        help_text="Attempt number; the current attempt when omitted.",
-    )
-
-
 def list_schema(
-    summary: str, query: Any, page: Any, operation_id: str
+    summary: str,
+    query: Any,
+    filterset: type[StrictFilterSet],
+    page: Any,
+    operation_id: str,
 ) -> Callable[[Handler], Handler]:
     return extend_schema(
         tags=[TAG_RUNS],
         summary=summary,
         operation_id=operation_id,
-        parameters=[query, RETRY_AFTER_PARAMETER],
+        parameters=[query, *filter_parameters(filterset), RETRY_AFTER_PARAMETER],
         responses={200: page, **error_responses(*LIST_ERRORS)},
     )
 
 
 class RunAgentsApi(ApiView):
-    class AgentQuery(AttemptQuery):
-        status = serializers.ChoiceField(choices=NodeStatus.choices, required=False)
+    queries = {"get": PageQuery}
+    filterset = AgentFilter
 
-    queries = {"get": AgentQuery}
-
-    @list_schema("List a run's agents", AgentQuery, AgentPage, "runs_agents")
+    @list_schema("List a run's agents", PageQuery, AgentFilter, AgentPage, "runs_agents")
     def get(self, request: Request, run_id: UUID) -> Response:
-        params = self.query
+        """The agents of one attempt of the run (the current one unless `attempt` says)."""
         run = selectors.run_get(organization=organization_of(request), run_id=run_id, credits=False)
-        agents = selectors.agent_list(
-            run=run, attempt=params.get("attempt"), status=params.get("status")
-        )
-        return page_response(request, agents, params, AgentOutput)
+        agents = selectors.agent_list(run=run, query=self.filters)
+        return page_response(request, agents, self.query, AgentOutput)
 
 
 class RunTasksApi(ApiView):
-    class TaskQuery(AttemptQuery):
-        agent = serializers.IntegerField(required=False, min_value=1, max_value=MAX_BIGINT)
-        status = serializers.ChoiceField(choices=NodeStatus.choices, required=False)
+    queries = {"get": PageQuery}
+    filterset = TaskFilter
 
-    queries = {"get": TaskQuery}
-
-    @list_schema("List a run's tasks", TaskQuery, TaskPage, "runs_tasks")
+    @list_schema("List a run's tasks", PageQuery, TaskFilter, TaskPage, "runs_tasks")
     def get(self, request: Request, run_id: UUID) -> Response:
-        params = self.query
+        """The tasks of one attempt of the run (the current one unless `attempt` says)."""
         run = selectors.run_get(organization=organization_of(request), run_id=run_id, credits=False)
-        tasks = selectors.task_list(
-            run=run,
-            attempt=params.get("attempt"),
-            agent_id=params.get("agent"),
-            status=params.get("status"),
-        )
-        return page_response(request, tasks, params, TaskOutput)
+        tasks = selectors.task_list(run=run, query=self.filters)
+        return page_response(request, tasks, self.query, TaskOutput)
 
 
 class RunStepsApi(ApiView):
-    class StepQuery(AttemptQuery):
-        task = serializers.IntegerField(required=False, min_value=1, max_value=MAX_BIGINT)
-        status = serializers.ChoiceField(choices=StepStatus.choices, required=False)
+    queries = {"get": PageQuery}
+    filterset = StepFilter
 
-    queries = {"get": StepQuery}
-
-    @list_schema("List a run's steps", StepQuery, StepPage, "runs_steps")
+    @list_schema("List a run's steps", PageQuery, StepFilter, StepPage, "runs_steps")
     def get(self, request: Request, run_id: UUID) -> Response:
-        params = self.query
+        """The steps of one attempt of the run (the current one unless `attempt` says), with
+        their output, error and cost."""
         run = selectors.run_get(organization=organization_of(request), run_id=run_id, credits=False)
-        steps = selectors.step_list(
-            run=run,
-            attempt=params.get("attempt"),
-            task_id=params.get("task"),
-            status=params.get("status"),
-        )
-        return page_response(request, steps, params, StepOutput)
+        steps = selectors.step_list(run=run, query=self.filters)
+        return page_response(request, steps, self.query, StepOutput)
 
 
 class RunEventsApi(ApiView):
-    class EventQuery(PageQuery):
-        attempt = serializers.IntegerField(
-            required=False, min_value=0, max_value=MAX_ATTEMPT, help_text="All when omitted."
-        )
-        kind = serializers.ChoiceField(choices=EventKind.choices, required=False)
-        after = serializers.IntegerField(
-            required=False,
-            min_value=0,
-            max_value=MAX_BIGINT,
-            help_text="Only events after this event id (to follow a run as it goes).",
-        )
+    queries = {"get": PageQuery}
+    filterset = EventFilter
 
-    queries = {"get": EventQuery}
-
-    @list_schema("List a run's events", EventQuery, EventPage, "runs_events")
+    @list_schema("List a run's events", PageQuery, EventFilter, EventPage, "runs_events")
     def get(self, request: Request, run_id: UUID) -> Response:
         """The run's history, oldest first: transitions, retries, charges, approvals."""
-        params = self.query
         run = selectors.run_get(organization=organization_of(request), run_id=run_id, credits=False)
-        events = selectors.event_list(
-            run=run,
-            attempt=params.get("attempt"),
-            kind=params.get("kind"),
-            after=params.get("after"),
-        )
-        return page_response(request, events, params, EventOutput)
+        events = selectors.event_list(run=run, query=self.filters)
+        return page_response(request, events, self.query, EventOutput)

@@ -9,7 +9,9 @@ from decimal import Decimal
 from django.db.models import F, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 
+from billing.filters import LedgerFilter
 from billing.models import EntryType, LedgerEntry, Organization, Reservation
+from common.filters import QueryData
 
 ZERO = Decimal(0)
 
@@ -58,5 +60,9 @@ def balance_from_totals(totals: Mapping[str, Decimal]) -> Balance:
     )
 
 
-def ledger_for(organization: Organization) -> QuerySet[LedgerEntry]:
-    return LedgerEntry.objects.filter(organization=organization).order_by("-created_at", "-id")
+def ledger_for(
+    organization: Organization, *, query: QueryData | None = None
+) -> QuerySet[LedgerEntry]:
+    """The organization's ledger, newest first, as ``query`` filters it (``LedgerFilter``)."""
+    entries = LedgerEntry.objects.filter(organization=organization)
+    return LedgerFilter(query or {}, queryset=entries).filtered().order_by("-created_at", "-id")

@@ -1,16 +1,17 @@
 """Reads of runs and their hierarchy, always scoped to one organization.
 
-Every list is one query for its rows plus one COUNT for its page envelope, whatever the
-number of rows: credits are correlated subqueries evaluated for the page's rows only, and
-the names shown beside a task or step come in through ``select_related``.
+Lists are filtered by the FilterSets of ``runs.filters``: ``query`` is the client's query
+(parameter -> value), applied whole or refused with ``QueryInvalid`` when a parameter is
+unknown or malformed. Every list is one query for its rows plus one COUNT for its page
+envelope, whatever the number of rows: credits are correlated subqueries evaluated for the
+page's rows only, and the names shown beside a task or step come in through
+``select_related``.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection
 from dataclasses import dataclass
-from datetime import datetime
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
@@ -30,34 +31,13 @@ from django.db.models import (
 from django.db.models.functions import Coalesce
 
 from billing.models import Organization, Reservation
+from common.filters import QueryData
+from runs.filters import AgentFilter, EventFilter, RunFilter, StepFilter, TaskFilter
 from runs.models import Agent, Run, RunEvent, Step, Task
 from runs.services import RunNotFound
 from runs.states import STEP_TERMINAL, RunStatus
 
 ZERO = Decimal(0)
-# Client-facing orderings; each gets the primary key as a tie-breaker for stable pages.
-RUN_ORDERINGS = (
-    "created_at",
-    "-created_at",
-    "priority",
-    "-priority",
-    "name",
-    "-name",
-    "status",
-    "-status",
-    "updated_at",
-    "-updated_at",
-)
-
-
-@dataclass(frozen=True)
-class RunFilters:
-    statuses: Collection[str] = ()
-    name: str | None = None
-    created_after: datetime | None = None
-    created_before: datetime | None = None
-    priority: int | None = None
-    ordering: str = "-created_at"
 
 
 def _attempt_sum(expression: Any, condition: Q | None = None) -> Coalesce:
@@ -87,23 +67,12 @@ def with_credits(runs: QuerySet[Run]) -> QuerySet[Run]:
     )
 
 
-def run_list(*, organization: Organization, filters: RunFilters) -> QuerySet[Run]:
-    """The organization's runs, soft-deleted ones hidden; the plan itself is not loaded."""
+def run_list(*, organization: Organization, query: QueryData | None = None) -> QuerySet[Run]:
+    """The organization's runs as ``query`` filters and orders them (``RunFilter``; newest
+    first by default), soft-deleted ones hidden; the plan itself is not loaded."""
     runs = Run.objects.filter(organization=organization, deleted_at__isnull=True)
-    if filters.statuses:
-        runs = runs.filter(status__in=list(filters.statuses))
-    if filters.name:
-        runs = runs.filter(name__icontains=filters.name)
-    if filters.created_after is not None:
-        runs = runs.filter(created_at__gte=filters.created_after)
-    if filters.created_before is not None:
-        runs = runs.filter(created_at__lt=filters.created_before)
-    if filters.priority is not None:
-        runs = runs.filter(priority=filters.priority)
-    if filters.ordering not in RUN_ORDERINGS:
-        raise ValueError(f"unknown ordering {filters.ordering!r}")
-    tie_breaker = "-id" if filters.ordering.startswith("-") else "id"
-    return with_credits(runs.defer("spec", "variables")).order_by(filters.ordering, tie_breaker)
+    filtered = RunFilter(query or {}, queryset=runs.defer("spec", "variables")).filtered()
+    return with_credits(filtered)
 
 
 def run_get(*, organization: Organization, run_id: UUID | str, credits: bool = True) -> Run:
@@ -171,46 +140,21 @@ def run_summary(run: Run) -> RunSummary:
 
 
 # --------------------------------------------------------------------------- hierarchy
-def _attempt(run: Run, attempt: int | None) -> int:
-    return run.attempt_number if attempt is None else attempt
-
-
-def agent_list(
-    *, run: Run, attempt: int | None = None, status: str | None = None
-) -> QuerySet[Agent]:
-    agents = Agent.objects.filter(run=run, attempt_number=_attempt(run, attempt))
-    if status:
-        agents = agents.filter(status=status)
+def agent_list(*, run: Run, query: QueryData | None = None) -> QuerySet[Agent]:
+    """The run's agents of one attempt (``AgentFilter``: the current one by default)."""
+    agents = AgentFilter(query or {}, queryset=Agent.objects.filter(run=run)).filtered()
     return agents.order_by("position", "id")
 
 
-def task_list(
-    *,
-    run: Run,
-    attempt: int | None = None,
-    agent_id: int | None = None,
-    status: str | None = None,
-) -> QuerySet[Task]:
-    tasks = Task.objects.filter(run=run, attempt_number=_attempt(run, attempt))
-    if agent_id is not None:
-        tasks = tasks.filter(agent_id=agent_id)
-    if status:
-        tasks = tasks.filter(status=status)
+def task_list(*, run: Run, query: QueryData | None = None) -> QuerySet[Task]:
+    """The run's tasks of one attempt (``TaskFilter``), each with its agent."""
+    tasks = TaskFilter(query or {}, queryset=Task.objects.filter(run=run)).filtered()
     return tasks.select_related("agent").order_by("agent__position", "generation", "position", "id")
 
 
-def step_list(
-    *,
-    run: Run,
-    attempt: int | None = None,
-    task_id: int | None = None,
-    status: str | None = None,
-) -> QuerySet[Step]:
-    steps = Step.objects.filter(run=run, attempt_number=_attempt(run, attempt))
-    if task_id is not None:
-        steps = steps.filter(task_id=task_id)
-    if status:
-        steps = steps.filter(status=status)
+def step_list(*, run: Run, query: QueryData | None = None) -> QuerySet[Step]:
+    """The run's steps of one attempt (``StepFilter``), each with its task and agent."""
+    steps = StepFilter(query or {}, queryset=Step.objects.filter(run=run)).filtered()
     return steps.select_related("task__agent").order_by(
         "task__agent__position",
         "task__generation",
@@ -221,21 +165,10 @@ def step_list(
     )
 
 
-def event_list(
-    *,
-    run: Run,
-    attempt: int | None = None,
-    kind: str | None = None,
-    after: int | None = None,
-) -> QuerySet[RunEvent]:
-    """The run's history in order; ``after`` an event id, to follow it as it grows."""
-    events = RunEvent.objects.filter(run=run)
-    if attempt is not None:
-        events = events.filter(attempt_number=attempt)
-    if kind:
-        events = events.filter(kind=kind)
-    if after is not None:
-        events = events.filter(id__gt=after)
+def event_list(*, run: Run, query: QueryData | None = None) -> QuerySet[RunEvent]:
+    """The run's history in order (``EventFilter``; ``after`` an event id, to follow it as
+    it grows)."""
+    events = EventFilter(query or {}, queryset=RunEvent.objects.filter(run=run)).filtered()
     return events.order_by("id")
 
 

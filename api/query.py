@@ -1,11 +1,11 @@
 """Query parameters: checked before a view looks anything up, and described for OpenAPI.
 
 A list's parameters come from two places: its pagination (``api.pagination``: a
-serializer, ``page`` and ``page_size``) and the FilterSet its selector applies
-(``runs.filters``, ``billing.filters``). ``checked_query`` refuses a parameter neither
-knows (a typo must not silently return everything) and every malformed value of either,
-all at once, as one ``400 invalid_request``; the filters' part is then handed to the
-selector, which applies the same FilterSet. ``filter_parameters`` describes a
+serializer of ``page`` or ``cursor``, and ``page_size``) and the FilterSet its selector
+applies (``runs.filters``, ``billing.filters``). ``checked_query`` refuses a parameter
+neither knows (a typo must not silently return everything) and every malformed value of
+either, all at once, as one ``400 invalid_request``; the filters' part is then handed to
+the selector, which applies the same FilterSet. ``filter_parameters`` describes a
 FilterSet's parameters for the schema from the filters themselves.
 """
 
@@ -39,15 +39,17 @@ def checked_query(
     """The serializer's parameters validated, and the filters' parameters checked (for
     the selector to apply); ``ValidationError`` naming each parameter otherwise.
 
-    An unknown parameter is reported alone. ``?priority=`` is a malformed integer, not
-    an omitted one: the serializer reads a plain dict (DRF reads a QueryDict like an HTML
-    form, where empty means absent), and ``StrictFilterSet`` refuses empty values itself."""
+    An unknown parameter is reported alone, explained when the serializer's ``refused``
+    names it (``page`` where pages go by cursor). ``?priority=`` is a malformed integer,
+    not an omitted one: the serializer reads a plain dict (DRF reads a QueryDict like an
+    HTML form, where empty means absent), and ``StrictFilterSet`` refuses empty values."""
     fields = serializer_class().fields
     filters = filterset_class.base_filters if filterset_class is not None else {}
     known = {*fields, *filters}
     unknown = sorted(key for key in request.query_params if key not in known)
     if unknown:
-        raise serializers.ValidationError({key: [UNKNOWN] for key in unknown})
+        refused: dict[str, str] = getattr(serializer_class, "refused", {})
+        raise serializers.ValidationError({key: [refused.get(key, UNKNOWN)] for key in unknown})
     data: dict[str, Any] = {}
     filter_query = QueryDict(mutable=True)
     for key, values in request.query_params.lists():

@@ -35,7 +35,14 @@ from api.errors import (
     error_responses,
 )
 from api.idempotency import IDEMPOTENCY_PARAMETER, REPLAYED_PARAMETER, idempotent
-from api.pagination import PageQuery, paginate, paginated
+from api.pagination import (
+    CursorQuery,
+    PageQuery,
+    cursor_paginated,
+    paginate,
+    paginate_by_id,
+    paginated,
+)
 from api.parsers import plan_size_hint, refuse_if_too_large
 from api.query import NoQuery, checked_query, filter_parameters
 from api.schema import PlanField
@@ -100,7 +107,7 @@ RunPage = paginated(RunOutput, "PaginatedRunList")
 AgentPage = paginated(AgentOutput, "PaginatedAgentList")
 TaskPage = paginated(TaskOutput, "PaginatedTaskList")
 StepPage = paginated(StepOutput, "PaginatedStepList")
-EventPage = paginated(EventOutput, "PaginatedEventList")
+EventPage = cursor_paginated(EventOutput, "CursorPaginatedEventList")
 
 
 def validated(serializer_class: type[serializers.Serializer[Any]], data: Any) -> dict[str, Any]:
@@ -112,6 +119,13 @@ def validated(serializer_class: type[serializers.Serializer[Any]], data: Any) ->
 def page_response(request: Request, rows: Any, params: dict[str, Any], output: Any) -> Response:
     envelope, page = paginate(
         request, rows, page=params.get("page"), page_size=params.get("page_size")
+    )
+    return Response({**envelope, "results": output(page, many=True).data})
+
+
+def cursor_response(request: Request, rows: Any, params: dict[str, Any], output: Any) -> Response:
+    envelope, page = paginate_by_id(
+        request, rows, cursor=params.get("cursor"), page_size=params.get("page_size")
     )
     return Response({**envelope, "results": output(page, many=True).data})
 
@@ -449,12 +463,13 @@ class RunStepsApi(ApiView):
 
 
 class RunEventsApi(ApiView):
-    queries = {"get": PageQuery}
+    queries = {"get": CursorQuery}
     filterset = EventFilter
 
-    @list_schema("List a run's events", PageQuery, EventFilter, EventPage, "runs_events")
+    @list_schema("List a run's events", CursorQuery, EventFilter, EventPage, "runs_events")
     def get(self, request: Request, run_id: UUID) -> Response:
-        """The run's history, oldest first: transitions, retries, charges, approvals."""
+        """The run's history, oldest first: transitions, retries, charges, approvals.
+        Pages by cursor: follow `next` until it is null (no `count`, no `page`)."""
         run = selectors.run_get(organization=organization_of(request), run_id=run_id, credits=False)
         events = selectors.event_list(run=run, query=self.filters)
-        return page_response(request, events, self.query, EventOutput)
+        return cursor_response(request, events, self.query, EventOutput)

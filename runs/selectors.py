@@ -2,10 +2,10 @@
 
 Lists are filtered by the FilterSets of ``runs.filters``: ``query`` is the client's query
 (parameter -> value), applied whole or refused with ``QueryInvalid`` when a parameter is
-unknown or malformed. Every list is one query for its rows plus one COUNT for its page
-envelope, whatever the number of rows: credits are correlated subqueries evaluated for the
-page's rows only, and the names shown beside a task or step come in through
-``select_related``.
+unknown or malformed. A list is one query for its rows whatever their number (the API's
+page-number envelopes add a COUNT; events are paged by key and never counted): credits
+are correlated subqueries evaluated for the page's rows only, and the names shown beside
+a task or step come in through ``select_related``.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def step_list(*, run: Run, query: QueryData | None = None) -> QuerySet[Step]:
 
 def event_list(*, run: Run, query: QueryData | None = None) -> QuerySet[RunEvent]:
     """The run's history in order (``EventFilter``; ``after`` an event id, to follow it as
-    it grows)."""
+    it grows). Ordered by id alone, which the (run, id) index serves to keyset pages."""
     events = EventFilter(query or {}, queryset=RunEvent.objects.filter(run=run)).filtered()
     return events.order_by("id")
 

@@ -58,6 +58,7 @@ def test_every_list_refuses_an_unknown_parameter_even_for_a_run_that_does_not_ex
         ("/steps", "status"),
         ("/events", "kind"),
         ("/events", "after"),
+        ("/events", "cursor"),
         ("/events", "page_size"),
     ],
 )

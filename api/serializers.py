@@ -30,11 +30,17 @@ class StrictBooleanField(serializers.BooleanField):
 
 
 class StrictCharField(serializers.CharField):
-    """A JSON string only (DRF also takes numbers)."""
+    """A JSON string only (DRF also takes numbers), its length checked as sent.
+
+    DRF trims whitespace before checking ``max_length``, so a string the schema refuses
+    (over ``maxLength`` with trailing spaces) was accepted (found by the schema test).
+    """
 
     def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
             self.fail("invalid")
+        if self.max_length is not None and len(data) > self.max_length:
+            self.fail("max_length", max_length=self.max_length)
         return super().to_internal_value(data)
 
 

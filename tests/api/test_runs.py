@@ -316,6 +316,24 @@ def test_cancel_records_the_reason_and_refunds(tenant: Tenant) -> None:
     assert body["credits"]["refunded"] == body["credits"]["reserved"]
 
 
+def test_a_cancel_reason_over_the_limit_is_refused_even_if_trimming_would_fit(
+    tenant: Tenant,
+) -> None:
+    run = states.running(tenant.organization)
+
+    response = tenant.post(f"{RUNS}/{run.pk}/cancel", {"reason": "x" * 1000 + "   "})
+
+    assert response.status_code == 400
+    assert response.json()["details"] == [
+        {
+            "path": "reason",
+            "message": "Ensure this field has no more than 1000 characters.",
+            "code": "max_length",
+        }
+    ]
+    assert Run.objects.get(pk=run.pk).status == "running"
+
+
 def test_a_terminal_run_cannot_be_paused_409_with_from_and_to(tenant: Tenant) -> None:
     run = states.failed(tenant.organization)
 

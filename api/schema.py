@@ -2,7 +2,7 @@
 
 The plan schema is built from the validator's own constants and the limits in settings,
 so that it never refuses a plan the validator accepts (it is looser where JSON Schema
-cannot say what ``runs.spec`` checks: dependency graphs, templates, total sizes).
+cannot say what ``runs.spec.parse_plan`` checks: dependency graphs, templates, total sizes).
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from rest_framework import serializers
 
 from common.errors import RETRYABLE_CODES
 from common.tools.registry import tool_names
-from runs import spec
 from runs.models import FailureMode, Mode
+from runs.plan import fields as spec
+from runs.plan.model import BACKOFFS, FAILURE_MODES, MODES, Timeouts
 
 NAME = {
     "type": "string",
@@ -59,13 +60,13 @@ def plan_components() -> dict[str, dict[str, Any]]:
     """The plan and its parts, as named schemas (names prefixed ``Plan``)."""
     limits = settings.ORCHESTRATOR_PLAN_LIMITS
     # The same choice sets as the outputs' `mode` and `failure_mode`: one enum component each.
-    modes = {**_enum(spec.MODES), "x-spec-enum-id": list_hash(Mode.choices)}
-    failure_modes = {**_enum(spec.FAILURE_MODES), "x-spec-enum-id": list_hash(FailureMode.choices)}
+    modes = {**_enum(MODES), "x-spec-enum-id": list_hash(Mode.choices)}
+    failure_modes = {**_enum(FAILURE_MODES), "x-spec-enum-id": list_hash(FailureMode.choices)}
     retry = _object(
         {
             "max_attempts": _integer(1, limits["max_retry_attempts"]),
             "max_failures": _integer(1, limits["max_retry_attempts"]),
-            "backoff": _enum(spec.BACKOFFS),
+            "backoff": _enum(BACKOFFS),
             "base_delay_ms": _integer(0, 3_600_000),
             "max_delay_ms": _integer(0, 3_600_000),
             "multiplier": {"type": "number", "minimum": 1, "maximum": 10},
@@ -157,7 +158,7 @@ def plan_components() -> dict[str, dict[str, Any]]:
             },
             "variables": {"type": "object", "description": "Read by `${variables.<name>}`."},
             "timeouts": _object(
-                dict.fromkeys(spec.TIMEOUT_KEYS, DURATION), [], "Timeouts by level and state."
+                dict.fromkeys(Timeouts.model_fields, DURATION), [], "Timeouts by level and state."
             ),
             "max_agents": _integer(1, limits["max_agents"]),
             "agents": {

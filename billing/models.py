@@ -211,7 +211,7 @@ class Reservation(models.Model):
         return Decimal(0) if self.settled_at else self.reserved - self.charged - self.refunded
 
 
-# A secret's name, as plans write it in `${secrets.NAME}` (runs/spec.py checks it there too).
+# A secret's name, as plans write it in `${secrets.NAME}` (runs/plan/checks.py checks it there too).
 SECRET_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]{0,99}"  # noqa: S105 (a pattern, not a secret)
 SECRET_NAME_RE = re.compile(SECRET_NAME_PATTERN)
 

@@ -57,9 +57,9 @@ def _is_list(value: Any) -> TypeGuard[list[Any] | tuple[Any, ...]]:
 def _mode(data: dict[str, Any], level: type[PlanModel]) -> str:
     """The mode a level runs in: its own, or its level's default when absent or refused."""
     mode = data.get("mode")
-    return (
-        mode if isinstance(mode, str) and mode in MODES else str(level.model_fields["mode"].default)
-    )
+    if isinstance(mode, str) and mode in MODES:
+        return mode
+    return str(level.model_fields["mode"].default)
 
 
 def _dependency_mode(data: dict[str, Any], mode: str) -> str:

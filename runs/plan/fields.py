@@ -11,7 +11,7 @@ reported as ``must be an integer from 0 to 9, got 10``, never as pydantic's mess
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, TypeGuard, get_args
@@ -54,6 +54,7 @@ def limits_of(info: ValidationInfo) -> Limits:
 
 
 def _settings_limit(name: str) -> int:
+    """A plan limit as settings have it when the schema is generated."""
     value: int = getattr(Limits.from_settings(), name)
     return value
 
@@ -467,8 +468,3 @@ def _credits(raw: Any) -> Decimal:
             f"got {show(raw)}"
         )
     return value
-
-
-def choices_of(literal: Any) -> Sequence[str]:
-    """The values of a ``Literal[...]`` type, in order."""
-    return get_args(literal)

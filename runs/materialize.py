@@ -101,25 +101,13 @@ def step_row(
         tool=plan.tool,
         params=plan.params,
         when=plan.when,
-        on_error=[_handler_spec(handler) for handler in plan.on_error],
+        on_error=[handler.stored() for handler in plan.on_error],
         retry=plan.retry.as_dict(),
         timeout_ms=plan.timeout_ms,
         depends_on=list(plan.depends_on),
         pending_dependencies=wired[0],
         dependents=wired[1],
     )
-
-
-def _handler_spec(plan: StepPlan) -> dict[str, object]:
-    """What an `on_error` handler needs to be created later, if its step fails."""
-    return {
-        "name": plan.name,
-        "tool": plan.tool,
-        "params": plan.params,
-        "when": plan.when,
-        "retry": plan.retry.as_dict(),
-        "timeout_ms": plan.timeout_ms,
-    }
 
 
 def wire_children(

@@ -12,7 +12,7 @@ from runs.engine.propagation import child_done
 from runs.materialize import step_row, wiring
 from runs.models import EventKind, Mode, Run, Step, Task
 from runs.outbox import Outbox, StepMessage
-from runs.spec import RetryPolicy, StepPlan
+from runs.spec import HandlerPlan
 from runs.states import StepStatus
 from runs.transitions import record_event, transition_many
 
@@ -78,16 +78,7 @@ def start_handlers(run: Run, task: Task, step: Step, outbox: Outbox) -> bool:
         handler = step_row(
             run,
             task,
-            StepPlan(
-                name=f"{step.name}.on_error.{spec['name']}",
-                tool=spec["tool"],
-                params=spec.get("params", {}),
-                when=spec.get("when", ""),
-                retry=RetryPolicy.from_dict(spec.get("retry", {})),
-                timeout_ms=spec.get("timeout_ms"),
-                depends_on=(),
-                on_error=(),
-            ),
+            HandlerPlan.from_stored(spec, name=f"{step.name}.on_error.{spec['name']}"),
             first_position + index,
             (wired[index][0], [f"{step.name}.on_error.{n}" for n in wired[index][1]]),
             step.generation,

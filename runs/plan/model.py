@@ -85,31 +85,6 @@ class PlanModel(BaseModel):
         allow_inf_nan=False,
     )
 
-    def __init__(self, /, **values: Any) -> None:
-        """Build from values the caller already holds, by field name, like the dataclass
-        this replaced: defaults are filled in, nothing is parsed or checked (the engine
-        builds a failed step's handlers from the step's stored row: milliseconds, names
-        it made up). A plan from outside goes through ``runs.spec.parse_plan``."""
-        cls = type(self)
-        unknown = values.keys() - cls.model_fields.keys()
-        missing = {n for n, f in cls.model_fields.items() if f.is_required()} - values.keys()
-        if unknown or missing:
-            raise TypeError(
-                f"{cls.__name__}() unknown: {sorted(unknown)}, missing: {sorted(missing)}"
-            )
-        built = cls.model_construct(**values)
-        for slot in (
-            "__dict__",
-            "__pydantic_fields_set__",
-            "__pydantic_extra__",
-            "__pydantic_private__",
-        ):
-            object.__setattr__(self, slot, getattr(built, slot))
-
-    # Validation must not call this __init__: pydantic calls a model's own __init__ to
-    # validate it as a nested value unless it is marked as its base one.
-    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
-
 
 class RetryPolicy(PlanModel):
     """A step's retry policy. Only retryable error codes are retried; `retry_on` narrows
@@ -147,7 +122,8 @@ class RetryPolicy(PlanModel):
         default, so there is one set of defaults (these fields)."""
         known = {name: data[name] for name in cls.model_fields if name in data}
         known["retry_on"] = tuple(known.get("retry_on", ()))
-        return cls(**known)
+        # Stored by the engine from a plan already checked: taken as it is.
+        return cls.model_construct(**known)
 
     def as_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -178,6 +154,32 @@ class HandlerPlan(StepPlan):
 
     depends_on: Annotated[tuple[str, ...], NotForHandlers()] = ()
     on_error: Annotated[tuple[HandlerPlan, ...], NotForHandlers()] = ()
+
+    def stored(self) -> dict[str, Any]:
+        """What a step row keeps of its handler until the step fails (``from_stored``
+        reads it back): the one description of a handler between the two."""
+        return {
+            "name": self.name,
+            "tool": self.tool,
+            "params": self.params,
+            "when": self.when,
+            "retry": self.retry.as_dict(),
+            "timeout_ms": self.timeout_ms,
+        }
+
+    @classmethod
+    def from_stored(cls, data: Mapping[str, Any], *, name: str) -> HandlerPlan:
+        """The handler ``stored()`` kept, called ``name`` now (its step's name joined to
+        its own, which may be longer than a plan may write): built from a plan already
+        checked, so taken as it is, not validated again."""
+        return cls.model_construct(
+            name=name,
+            tool=data["tool"],
+            params=data.get("params", {}),
+            when=data.get("when", ""),
+            retry=RetryPolicy.from_dict(data.get("retry", {})),
+            timeout_ms=data.get("timeout_ms"),
+        )
 
 
 StepPlan.model_rebuild()

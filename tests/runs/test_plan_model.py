@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from runs.models import FailureMode, Mode
 from runs.plan.model import FAILURE_MODES, MODES
 from runs.spec import HandlerPlan, PlanInvalid, RetryPolicy, StepPlan, parse_plan
-from tests.runs.test_spec import json_values, one_step, plan_values, valid
+from tests.runs.test_spec import json_values, one_step, plan_values, the_step, valid
 
 # pydantic's own wording, which a plan's author must never see.
 PYDANTIC_PHRASES = ("Input should", "Field required", "Extra inputs", "validation error")
@@ -27,30 +27,31 @@ def test_the_plans_modes_are_the_rows_choices() -> None:
     assert tuple(FailureMode.values) == FAILURE_MODES
 
 
-def test_a_step_built_in_code_is_taken_as_given() -> None:
+def test_a_handler_kept_on_its_step_row_is_read_back_as_it_was_planned() -> None:
+    handler = the_step(
+        valid(
+            one_step(
+                on_error=[{"name": "h", "tool": "echo", "params": {"text": "x"}, "timeout": "2s"}]
+            )
+        )
+    ).on_error[0]
     # As the engine builds a failed step's handler from its stored row: a name longer
-    # than a plan may write, a timeout already in milliseconds, no condition.
+    # than a plan may write, the timeout already in milliseconds.
     name = "s" * 100 + ".on_error." + "h" * 100
-    handler = StepPlan(
-        name=name,
-        tool="noop",
-        params={},
-        when="",
-        retry=RetryPolicy.from_dict({"max_attempts": 2}),
-        timeout_ms=30_000,
-        depends_on=(),
-        on_error=(),
-    )
 
-    assert (handler.name, handler.timeout_ms, handler.when) == (name, 30_000, "")
-    assert handler.retry == RetryPolicy(max_attempts=2, max_failures=2)
+    again = HandlerPlan.from_stored(handler.stored(), name=name)
+
+    assert again == handler.model_copy(update={"name": name})
+    assert (again.timeout_ms, again.retry) == (2_000, RetryPolicy())
 
 
-def test_building_with_an_unknown_or_without_a_required_field_is_a_type_error() -> None:
-    with pytest.raises(TypeError, match="unknown: \\['nme'\\]"):
+def test_building_in_code_validates_like_a_submitted_plan() -> None:
+    with pytest.raises(ValidationError):
         StepPlan(name="a", tool="noop", nme="b")  # type: ignore[call-arg]
-    with pytest.raises(TypeError, match="missing: \\['tool'\\]"):
+    with pytest.raises(ValidationError):
         StepPlan(name="a")  # type: ignore[call-arg]
+    with pytest.raises(ValidationError):
+        RetryPolicy(max_attempts=0)
 
 
 def test_the_typed_plan_cannot_be_changed() -> None:

@@ -25,8 +25,8 @@ from rest_framework.views import set_rollback
 
 from billing.services import InsufficientCredits
 from common.filters import Problems, QueryInvalid
+from runs.plan import PlanInvalid, errors_as_dicts
 from runs.services import AttemptsExhausted, RunDeleted, RunNotFound, StepNotFound
-from runs.spec import PlanInvalid, errors_as_dicts
 from runs.states import InvalidTransition
 
 logger = logging.getLogger(__name__)

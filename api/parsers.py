@@ -18,7 +18,7 @@ from rest_framework.parsers import BaseParser
 from rest_framework.renderers import JSONRenderer
 
 from common.text import text_problem
-from runs.spec import json_depth, json_size
+from runs.plan import json_depth, json_size
 
 # Python's decoder recurses once per nesting level; far below its recursion limit.
 MAX_NESTING = 100

@@ -1,6 +1,6 @@
 """OpenAPI details drf-spectacular cannot infer: the plan's schema, strict bodies.
 
-The plan's schema is generated from the model that validates it (``runs.spec.Plan``,
+The plan's schema is generated from the model that validates it (``runs.plan.Plan``,
 declared in ``runs.plan.model``), so the two cannot drift: it never refuses a plan
 ``parse_plan`` accepts, and refuses every plan whose fields are of the wrong type, out
 of range, unknown or missing (tests/api/test_plan_schema.py holds them to it). It is
@@ -17,7 +17,7 @@ from drf_spectacular.plumbing import ResolvedComponent, list_hash
 from rest_framework import serializers
 
 from runs.models import FailureMode, Mode
-from runs.spec import Plan
+from runs.plan import Plan
 
 # Keywords whose values are schemas (the rest are copied as they are).
 _SUBSCHEMA_LISTS = ("anyOf", "allOf", "oneOf")
@@ -70,7 +70,7 @@ def _openapi(schema: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
 
 
 class PlanField(serializers.JSONField):
-    """A run's plan: any JSON here; ``runs.spec.parse_plan`` validates it (in the service)."""
+    """A run's plan: any JSON here; ``runs.plan.parse_plan`` validates it (in the service)."""
 
 
 class PlanFieldExtension(OpenApiSerializerFieldExtension):  # type: ignore[no-untyped-call]

@@ -137,7 +137,7 @@ class ProgressOutput(serializers.Serializer[Any]):
 class RunDetailOutput(RunOutput):
     """A run with its plan and the current attempt's counts and progress."""
 
-    plan = serializers.JSONField(source="spec", help_text="The plan exactly as submitted.")
+    plan = serializers.JSONField(help_text="The plan exactly as submitted.")
     variables = serializers.JSONField()
     counts = CountsOutput(help_text="The current attempt's agents, tasks and steps by status.")
     progress = ProgressOutput()
@@ -146,7 +146,7 @@ class RunDetailOutput(RunOutput):
         assert isinstance(instance, RunDetail)
         run, summary = instance.run, instance.summary
         data = RunOutput(run).data
-        data["plan"] = run.spec
+        data["plan"] = run.plan
         data["variables"] = run.variables
         data["counts"] = summary.counts
         data["progress"] = {

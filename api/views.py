@@ -234,7 +234,7 @@ class RunsApi(ApiView):
         with transaction.atomic():
             run = services.run_create(
                 organization=client.organization,
-                spec=data["plan"],
+                plan=data["plan"],
                 actor=client.actor,
                 size_hint=size_hint,
             )

@@ -142,7 +142,7 @@ class Engine:
         credits_grant(organization=self.organization, amount=10_000_000, reason="benchmark")
 
     def _create(self, spec: dict[str, Any]) -> Run:
-        return services.run_create(organization=self.organization, spec=spec, actor="bench")
+        return services.run_create(organization=self.organization, plan=spec, actor="bench")
 
     def _wait_terminal(self, run: Run, started: float) -> str:
         while True:

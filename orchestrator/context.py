@@ -1,6 +1,6 @@
 """What `${...}` templates and `when` conditions read while a step runs.
 
-References were checked against the plan when it was submitted (runs/spec.py); here
+References were checked against the plan when it was submitted (runs/plan/); here
 they are resolved against the database, lazily: a step that reads nothing costs no
 query, one that reads `${steps.fetch.output.body}` costs one.
 
@@ -41,7 +41,7 @@ class StepContext:
         return self._run
 
     def _secret(self, rest: Reference) -> str:
-        # runs/spec.py allows exactly `secrets.NAME`; anything else names no secret.
+        # runs/plan/ allows exactly `secrets.NAME`; anything else names no secret.
         if len(rest) != 1 or not isinstance(rest[0], str):
             shown = format_reference(("secrets", *rest))
             raise UnresolvedReference(f"cannot resolve {shown}: use secrets.NAME")

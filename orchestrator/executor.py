@@ -152,7 +152,7 @@ def run_attempt(step: Step, attempt: int) -> Outcome:
 
 
 def _without_secrets(context: StepContext) -> Callable[[Reference], Any]:
-    """The resolver of `when` conditions: runs/spec.py refuses secrets there, and this
+    """The resolver of `when` conditions: runs/plan/ refuses secrets there, and this
     keeps a value out of a condition's error message even for a plan it did not check."""
 
     def resolve(ref: Reference) -> Any:

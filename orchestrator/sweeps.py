@@ -22,7 +22,7 @@ from runs.engine.failure import Failure, node_timed_out
 from runs.engine.outcomes import step_failed
 from runs.models import Agent, EventKind, Run, Step, Task
 from runs.outbox import Outbox, RunMessage, StepMessage, enqueue_run_message
-from runs.spec import format_duration_ms
+from runs.plan import format_duration_ms
 from runs.states import RunStatus, StepStatus
 from runs.transitions import record_event, transition
 

@@ -100,7 +100,7 @@ class RunAdmin(admin.ModelAdmin[Run]):
         ),
         ("Hierarchy (current attempt)", {"fields": ("hierarchy",)}),
         ("Events", {"fields": ("event_list",)}),
-        ("Specification", {"classes": ("collapse",), "fields": ("spec",)}),
+        ("Plan", {"classes": ("collapse",), "fields": ("plan",)}),
     )
 
     def get_readonly_fields(self, request: HttpRequest, obj: Run | None = None) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from runs.models import Agent, Run, RunAttempt, Step, Task
-from runs.spec import AgentPlan, Plan, StepPlan, TaskPlan
+from runs.plan import AgentPlan, Plan, StepPlan, TaskPlan
 
 
 def wiring(

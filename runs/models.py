@@ -64,7 +64,7 @@ class Run(Timestamps):
     name = models.CharField(max_length=200)
     status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.CREATED)
     priority = models.PositiveSmallIntegerField(default=5)
-    spec = models.JSONField(help_text="The specification as submitted.")
+    plan = models.JSONField(help_text="The plan exactly as submitted.")
     failure_mode = models.CharField(
         max_length=12, choices=FailureMode.choices, default=FailureMode.FAIL_FAST
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from billing.pricing import attempt_estimate, minimum_reservation
-from runs.spec import Plan, StepPlan
+from runs.plan import Plan, StepPlan
 
 # A task or agent whose failure mode is `retry` may run its children 1 + 3 times.
 LEVEL_RUNS = 4

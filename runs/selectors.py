@@ -71,7 +71,7 @@ def run_list(*, organization: Organization, query: QueryData | None = None) -> Q
     """The organization's runs as ``query`` filters and orders them (``RunFilter``; newest
     first by default), soft-deleted ones hidden; the plan itself is not loaded."""
     runs = Run.objects.filter(organization=organization, deleted_at__isnull=True)
-    filtered = RunFilter(query or {}, queryset=runs.defer("spec", "variables")).filtered()
+    filtered = RunFilter(query or {}, queryset=runs.defer("plan", "variables")).filtered()
     return with_credits(filtered)
 
 

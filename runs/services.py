@@ -22,8 +22,8 @@ from common.text import storable_text
 from runs.materialize import materialize
 from runs.models import Agent, EventKind, Run, RunAttempt, Step, Task
 from runs.outbox import RunMessage, enqueue_run_message, revoke_running_steps
+from runs.plan import Plan, parse_plan
 from runs.reservation import plan_reservation
-from runs.spec import Plan, parse_plan
 from runs.states import NODE_OPEN, STEP_OPEN, InvalidTransition, NodeStatus, RunStatus, StepStatus
 from runs.transitions import record_event, transition, transition_many
 
@@ -57,7 +57,7 @@ def lock_run(
     """
     query = Run.objects.select_for_update(no_key=True)
     if light:
-        query = query.defer("spec", "variables", "timeouts", "last_error")
+        query = query.defer("plan", "variables", "timeouts", "last_error")
     if organization is not None:
         query = query.filter(organization=organization)
     try:
@@ -84,35 +84,39 @@ def current_attempt(run: Run) -> RunAttempt:
 
 
 def plan_of(run: Run) -> Plan:
-    return parse_plan(run.spec)
+    return parse_plan(run.plan)
 
 
 # --------------------------------------------------------------------------- create
 def run_create(
-    *, organization: Organization, spec: Any, actor: str = "system", size_hint: int | None = None
+    *, organization: Organization, plan: Any, actor: str = "system", size_hint: int | None = None
 ) -> Run:
-    """Validate the plan and store a CREATED run. Nothing is stored if the plan is invalid."""
-    plan = parse_plan(spec, size_hint=size_hint)
+    """Validate the plan and store a CREATED run. Nothing is stored if the plan is invalid.
+
+    The run keeps ``plan`` exactly as submitted; its parsed form (defaults filled in) is
+    derived from it again when a worker materialises the run.
+    """
+    parsed = parse_plan(plan, size_hint=size_hint)
     with transaction.atomic():
         run = Run.objects.create(
             organization=organization,
-            name=plan.name,
-            priority=plan.priority,
-            spec=spec,
-            failure_mode=plan.failure_mode,
-            mode=plan.mode,
-            max_attempts=plan.max_attempts,
-            max_agents=plan.max_agents,
-            variables=plan.variables,
-            timeouts=plan.timeouts_ms,
+            name=parsed.name,
+            priority=parsed.priority,
+            plan=plan,
+            failure_mode=parsed.failure_mode,
+            mode=parsed.mode,
+            max_attempts=parsed.max_attempts,
+            max_agents=parsed.max_agents,
+            variables=parsed.variables,
+            timeouts=parsed.timeouts_ms,
             created_by=actor,
         )
         record_event(
             run,
             EventKind.CREATED,
             actor=actor,
-            message=f"run created with {plan.step_count} steps",
-            payload={"priority": plan.priority, "steps": plan.step_count},
+            message=f"run created with {parsed.step_count} steps",
+            payload={"priority": parsed.priority, "steps": parsed.step_count},
         )
         return run
 

@@ -62,7 +62,7 @@ def plan(
 
 
 def run(organization: Organization | None = None, **plan_options: Any) -> Run:
-    return run_create(organization=organization or org(), spec=plan(**plan_options))
+    return run_create(organization=organization or org(), plan=plan(**plan_options))
 
 
 def hierarchy(status: dict[str, str] | None = None) -> tuple[Run, Agent, Task, Step]:
@@ -72,7 +72,7 @@ def hierarchy(status: dict[str, str] | None = None) -> tuple[Run, Agent, Task, S
     the_run = Run.objects.create(
         organization=organization,
         name="direct",
-        spec=plan(),
+        plan=plan(),
         status=status.get("run", "running"),
         attempt_number=1,
         agent_count=1,

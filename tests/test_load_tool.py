@@ -24,7 +24,7 @@ from reliability.load_mix import (
     list_query,
     oversized_body,
 )
-from runs.spec import PlanInvalid, parse_plan
+from runs.plan import PlanInvalid, parse_plan
 
 DOCS_API = Path(__file__).resolve().parent.parent / "docs" / "api.md"
 

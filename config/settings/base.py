@@ -288,7 +288,7 @@ FLOWER_PORT = env.integer("FLOWER_PORT", 5555, "Flower's HTTP port", minimum=1, 
 FLOWER_ADDRESS = env.string("FLOWER_ADDRESS", "127.0.0.1", "address Flower listens on")
 
 # --------------------------------------------------------------------------- run plans
-# Size limits of a submitted plan (runs/spec.py): beyond them it is refused, whole.
+# Size limits of a submitted plan (runs/plan/): beyond them it is refused, whole.
 ORCHESTRATOR_PLAN_LIMITS = {
     "max_spec_bytes": env.integer(
         "PLAN_MAX_BYTES", 1_000_000, "largest accepted plan, bytes of JSON", minimum=1000

@@ -18,7 +18,7 @@ from runs.engine.dispatch import (
 from runs.engine.propagation import finish_if_done
 from runs.models import Agent, Step, Task
 from runs.outbox import Outbox, StepMessage
-from runs.spec import PlanInvalid
+from runs.plan import PlanInvalid
 from runs.states import NodeStatus, RunStatus, StepStatus
 from runs.transitions import transition_many
 

@@ -18,7 +18,7 @@ from runs.engine.tree import model_of
 from runs.materialize import step_rows, task_rows
 from runs.models import Agent, EventKind, FailureMode, Run, Step, Task
 from runs.outbox import Outbox, revoke_running_steps
-from runs.spec import parse_plan
+from runs.plan import parse_plan
 from runs.states import NODE_OPEN, STEP_OPEN, NodeStatus, StepStatus
 from runs.transitions import record_event, transition, transition_many
 
@@ -125,7 +125,7 @@ def _close_open_children(node: Agent | Task, message: str) -> None:
 def _restart(run: Run, node: Agent | Task, failure: Failure, outbox: Outbox) -> None:
     """Level retry: run the node's children again, from the start, as a new generation."""
     _close_open_children(node, f"restarting after: {failure.message}")
-    plan = parse_plan(run.spec)
+    plan = parse_plan(run.plan)
     generation = node.retry_count + 1
     if isinstance(node, Task):
         agent = Agent.objects.get(pk=node.agent_id)

@@ -12,7 +12,7 @@ from runs.engine.propagation import child_done
 from runs.materialize import step_row, wiring
 from runs.models import EventKind, Mode, Run, Step, Task
 from runs.outbox import Outbox, StepMessage
-from runs.spec import HandlerPlan
+from runs.plan import HandlerPlan
 from runs.states import StepStatus
 from runs.transitions import record_event, transition_many
 

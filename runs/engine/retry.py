@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from runs.spec import RetryPolicy
+from runs.plan import RetryPolicy
 
 
 @dataclass(frozen=True)
@@ -65,5 +65,5 @@ def decide(
 
 
 def _typed(policy: RetryPolicy | Mapping[str, Any]) -> RetryPolicy:
-    # A step row stores the policy as JSON; its defaults are the plan's (runs.spec).
+    # A step row stores the policy as JSON; its defaults are the plan's (runs.plan).
     return policy if isinstance(policy, RetryPolicy) else RetryPolicy.from_dict(policy)

@@ -11,7 +11,7 @@ These pydantic models are three things at once:
 - the OpenAPI ``Plan`` schema, generated from them (``api.schema``).
 
 What the whole plan must satisfy beyond each field (known tools, unique names,
-dependencies, templates, ...) is checked by ``runs.plan.checks``; ``runs.spec.parse_plan``
+dependencies, templates, ...) is checked by ``runs.plan.checks``; ``runs.plan.parse_plan``
 runs both.
 """
 

@@ -39,7 +39,7 @@ def failed(organization: Organization) -> Run:
 def waiting_approval(organization: Organization) -> Run:
     spec = factories.plan(name="needs-a-person")
     spec["agents"][0]["tasks"][0]["steps"] = [factories.step("sign-off", "approval")]
-    run = services.run_create(organization=organization, spec=spec)
+    run = services.run_create(organization=organization, plan=spec)
     services.run_start(run_id=run.pk)
     control.pick_up(run.pk)
     run = Run.objects.get(pk=run.pk)

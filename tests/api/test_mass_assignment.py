@@ -95,4 +95,4 @@ def test_the_stored_plan_is_exactly_what_was_sent_and_nothing_comes_from_it_but_
     run = Run.objects.get(pk=body["id"])
     assert run.organization_id == tenant.organization.pk
     assert (run.status, run.priority) == ("created", 3)
-    assert run.spec == plan
+    assert run.plan == plan

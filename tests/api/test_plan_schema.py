@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from jsonschema import Draft4Validator
 
 from common.errors import RETRYABLE_CODES
-from runs.spec import Limits, Plan, PlanInvalid, parse_plan
+from runs.plan import Limits, Plan, PlanInvalid, parse_plan
 from tests.runs.test_spec import json_values, plan_values
 
 LIMITS = Limits.from_settings()

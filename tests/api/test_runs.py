@@ -203,7 +203,7 @@ def test_lists_run_a_bounded_number_of_queries_whatever_their_length(tenant: Ten
     for _ in range(10):
         states.failed(tenant.organization)
     big = services.run_create(
-        organization=tenant.organization, spec=factories.plan(agents=3, tasks=3, steps=4)
+        organization=tenant.organization, plan=factories.plan(agents=3, tasks=3, steps=4)
     )
     services.run_start(run_id=big.pk)
     control.pick_up(big.pk)

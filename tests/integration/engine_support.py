@@ -15,7 +15,7 @@ from tests.support import wait_until
 
 def submit(spec: dict[str, Any], credits: int = 1000) -> Run:
     organization = factories.org(credits=credits)
-    run = services.run_create(organization=organization, spec=spec)
+    run = services.run_create(organization=organization, plan=spec)
     return services.run_start(run_id=run.pk)
 
 

@@ -94,7 +94,7 @@ def test_cancel_racing_completion_ends_each_run_in_exactly_one_terminal_state(
     organization = factories.org(credits=100)
     runs = []
     for _ in range(150):
-        run = services.run_create(organization=organization, spec=task_plan([step("only")]))
+        run = services.run_create(organization=organization, plan=task_plan([step("only")]))
         services.run_start(run_id=run.pk)
         if rng.random() < 0.6:  # vary the moment: queued, picked up, mid-step, finished
             time.sleep(rng.random() * 0.03)  # jitter to vary the race, not synchronisation

@@ -56,7 +56,7 @@ def test_a_started_run_is_published_with_its_priority_on_its_queue(settings: Any
     try:
         for priority in (7, 1):
             run = services.run_create(
-                organization=organization, spec=factories.plan(priority=priority)
+                organization=organization, plan=factories.plan(priority=priority)
             )
             services.run_start(run_id=run.pk)
             services.run_cancel(run_id=run.pk)  # no worker in this test: leave nothing running

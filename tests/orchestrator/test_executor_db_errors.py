@@ -64,7 +64,7 @@ def started_step(callable_path: str) -> int:
     spec["agents"][0]["tasks"][0]["steps"][0].update(
         tool="python", params={"callable": callable_path}
     )
-    run = services.run_create(organization=factories.org(), spec=spec)
+    run = services.run_create(organization=factories.org(), plan=spec)
     services.run_start(run_id=run.pk)
     assert control.pick_up(run.pk)
     return Step.objects.get(run=run, name="step-0").pk

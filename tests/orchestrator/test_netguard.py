@@ -279,7 +279,7 @@ def test_a_plan_aimed_at_a_refused_address_is_accepted_and_its_step_fails_once_u
     spec["agents"][0]["tasks"][0]["steps"][0].update(
         tool="http", params={"url": "${variables.target}/"}, retry={"max_attempts": 3}
     )
-    run = services.run_create(organization=factories.org(), spec=spec)  # the validator accepts
+    run = services.run_create(organization=factories.org(), plan=spec)  # the validator accepts
     services.run_start(run_id=run.pk)
     assert control.pick_up(run.pk)
     step_id = Step.objects.get(run=run, name="step-0").pk

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.django_db
 
 def running_single_step_run(**plan: Any) -> tuple[Run, Step]:
     spec = factories.plan(steps=1, **plan)
-    run = services.run_create(organization=factories.org(), spec=spec)
+    run = services.run_create(organization=factories.org(), plan=spec)
     services.run_start(run_id=run.pk)
     assert control.pick_up(run.pk)
     step = Step.objects.get(run=run, name="step-0")

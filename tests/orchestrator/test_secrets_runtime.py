@@ -21,7 +21,7 @@ from orchestrator.context import StepContext
 from runs import services
 from runs.engine import control
 from runs.models import Run, RunEvent, Step
-from runs.spec import PlanInvalid
+from runs.plan import PlanInvalid
 from tests import factories
 from tests.api.conftest import Tenant, make_tenant
 from tests.integration.engine_support import wait_for
@@ -42,7 +42,7 @@ def start_one_step(
     """A started, picked-up run of one step; returns it and the step's id (not run yet)."""
     spec = factories.plan(steps=1)
     spec["agents"][0]["tasks"][0]["steps"][0].update(tool=tool, params=params, **fields)
-    run = services.run_create(organization=tenant.organization, spec=spec)
+    run = services.run_create(organization=tenant.organization, plan=spec)
     services.run_start(run_id=run.pk)
     assert control.pick_up(run.pk)
     return run, Step.objects.get(run=run, name="step-0").pk
@@ -252,7 +252,7 @@ def test_a_secret_in_a_condition_is_refused_at_submission(tenant: Tenant) -> Non
     spec["agents"][0]["tasks"][0]["steps"][0]["when"] = "${secrets.TOKEN} == 'x'"
 
     with pytest.raises(PlanInvalid, match="secrets cannot be used in conditions"):
-        services.run_create(organization=tenant.organization, spec=spec)
+        services.run_create(organization=tenant.organization, plan=spec)
 
     response = tenant.post("/api/v1/runs", {"plan": spec})
     assert response.status_code == 400
@@ -384,7 +384,7 @@ def test_a_real_worker_resolves_the_secret_and_records_it_redacted(celery_worker
     )
     organization = factories.org()
     secret_put(organization=organization, name="TOKEN", value=VALUE)
-    run = services.run_create(organization=organization, spec=spec)
+    run = services.run_create(organization=organization, plan=spec)
     services.run_start(run_id=run.pk)
 
     done = wait_for(run)

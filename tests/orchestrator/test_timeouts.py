@@ -124,7 +124,7 @@ def test_an_agent_past_its_timeout_fails_and_a_continue_run_carries_on() -> None
         "failure_mode": "continue",
         "timeouts": {"agent": "1h"},
     }
-    run = services.run_create(organization=organization, spec=spec)
+    run = services.run_create(organization=organization, plan=spec)
     services.run_start(run_id=run.pk)
     control.pick_up(run.pk)
     slow, fast = Agent.objects.filter(run=run).order_by("position")

@@ -26,7 +26,7 @@ def make_runs(count: int) -> Run:
     organization = factories.org()
     template = factories.run(organization, agents=2, tasks=2, steps=3)
     Run.objects.bulk_create(
-        Run(organization=organization, name=f"bulk-{i}", spec=template.spec, status="created")
+        Run(organization=organization, name=f"bulk-{i}", plan=template.plan, status="created")
         for i in range(count - 1)
     )
     services.run_start(run_id=template.pk)

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from runs.models import FailureMode, Mode
+from runs.plan import HandlerPlan, PlanInvalid, RetryPolicy, StepPlan, parse_plan
 from runs.plan.model import FAILURE_MODES, MODES
-from runs.spec import HandlerPlan, PlanInvalid, RetryPolicy, StepPlan, parse_plan
 from tests.runs.test_spec import json_values, one_step, plan_values, the_step, valid
 
 # pydantic's own wording, which a plan's author must never see.

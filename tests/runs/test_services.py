@@ -31,10 +31,10 @@ def test_create_stores_the_spec_as_submitted_and_no_agents() -> None:
     organization = factories.org()
     spec = factories.plan(name="research", priority=2)
 
-    run = services.run_create(organization=organization, spec=spec, actor="api:test")
+    run = services.run_create(organization=organization, plan=spec, actor="api:test")
 
     assert (run.status, run.priority, run.attempt_number, run.agent_count) == ("created", 2, 0, 0)
-    assert Run.objects.get(pk=run.pk).spec == spec
+    assert Run.objects.get(pk=run.pk).plan == spec
     assert not Agent.objects.filter(run=run).exists()
     assert list(RunEvent.objects.filter(run=run).values_list("kind", flat=True)) == ["created"]
     assert_invariants_hold()

@@ -1,4 +1,4 @@
-"""The run-plan validator (runs/spec.py): every class of bad plan, with exact paths.
+"""The run-plan validator (runs/plan/): every class of bad plan, with exact paths.
 
 Most tests build a small valid plan, break one thing, and check that exactly one problem
 is reported, at the expected path, with a recognisable message. Size limits use a small
@@ -17,8 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runs.models import Run, RunEvent
-from runs.services import run_create
-from runs.spec import (
+from runs.plan import (
     Limits,
     Plan,
     PlanError,
@@ -28,6 +27,7 @@ from runs.spec import (
     parse_duration_ms,
     parse_plan,
 )
+from runs.services import run_create
 from tests import factories
 
 STEP = "agents[0].tasks[0].steps[0]"
@@ -1471,7 +1471,7 @@ def test_run_create_stores_nothing_for_an_invalid_plan(bad: Any) -> None:
     organization = factories.org()
     runs, events = Run.objects.count(), RunEvent.objects.count()
     with pytest.raises(PlanInvalid):
-        run_create(organization=organization, spec=bad)
+        run_create(organization=organization, plan=bad)
     assert (Run.objects.count(), RunEvent.objects.count()) == (runs, events)
 
 
@@ -1479,10 +1479,10 @@ def test_run_create_stores_nothing_for_an_invalid_plan(bad: Any) -> None:
 def test_run_create_stores_a_valid_plan_as_submitted() -> None:
     organization = factories.org()
     runs, events = Run.objects.count(), RunEvent.objects.count()
-    run = run_create(organization=organization, spec=spec_example())
+    run = run_create(organization=organization, plan=spec_example())
     assert (Run.objects.count(), RunEvent.objects.count()) == (runs + 1, events + 1)
     run.refresh_from_db()
-    assert (run.name, run.priority, run.spec) == ("market-research", 5, spec_example())
+    assert (run.name, run.priority, run.plan) == ("market-research", 5, spec_example())
 
 
 # --------------------------------------------------------------------------- property
@@ -1689,6 +1689,6 @@ def test_every_unstorable_value_is_reported_at_once() -> None:
 def test_the_service_refuses_such_a_plan_and_stores_nothing() -> None:
     organization = factories.org()
     with pytest.raises(PlanInvalid):
-        run_create(organization=organization, spec=one_step(params={"q": "\x00"}))
+        run_create(organization=organization, plan=one_step(params={"q": "\x00"}))
 
     assert not Run.objects.filter(organization=organization).exists()

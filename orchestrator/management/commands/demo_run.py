@@ -113,7 +113,7 @@ class Command(BaseCommand):
             credits_grant(
                 organization=organization, amount=100, reason="demo credits", actor="demo"
             )
-        run = services.run_create(organization=organization, spec=demo_plan(), actor="demo")
+        run = services.run_create(organization=organization, plan=demo_plan(), actor="demo")
         run = services.run_start(run_id=run.pk, actor="demo")
         self.stdout.write(f"demo run {run.pk} started; following it (Ctrl-C stops following only)")
         deadline = time.monotonic() + options["timeout"]

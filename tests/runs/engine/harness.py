@@ -53,7 +53,7 @@ class EngineRun:
     ) -> None:
         self.transport = transport
         self._capture = capture
-        self.run = services.run_create(organization=factories.org(), spec=spec)
+        self.run = services.run_create(organization=factories.org(), plan=spec)
         with self._committed():
             services.run_start(run_id=self.run.pk)
         with self._committed():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from runs.engine.retry import backoff_ms, decide
-from runs.spec import RetryPolicy, parse_plan
+from runs.plan import RetryPolicy, parse_plan
 from tests.factories import plan
 
 

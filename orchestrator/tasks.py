@@ -9,6 +9,7 @@ and jitter; a step's own retry policy is the engine's, persisted in PostgreSQL.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from celery import Task, shared_task
@@ -69,12 +70,14 @@ def execute_step_task(
 ) -> str:
     try:
         if replay is not None:
-            record(
-                step_id, replay["run_id"], replay["attempt"], Outcome.from_dict(replay["outcome"])
-            )
+            outcome = Outcome.from_dict(replay["outcome"])
+            record(replay.get("step_id", step_id), replay["run_id"], replay["attempt"], outcome)
             return "recorded"
         return executor.execute_step(
-            step_id, worker=f"worker:{self.request.hostname}", task_id=self.request.id or ""
+            step_id,
+            worker=f"worker:{self.request.hostname}",
+            task_id=self.request.id or "",
+            deadline=_soft_deadline(self.request.timelimit),
         )
     except executor.RecordFailed as exc:
         # The tool ran; only the recording is retried, never the tool.
@@ -83,6 +86,12 @@ def execute_step_task(
         ) from exc
     except TRANSIENT as exc:
         raise self.retry(exc=exc, countdown=2**self.request.retries) from exc
+
+
+def _soft_deadline(timelimit: Any) -> float | None:
+    """When this task's soft time limit strikes (``time.monotonic()``), if it has one."""
+    soft = (timelimit or (None, None))[1]
+    return time.monotonic() + float(soft) if soft else None
 
 
 @shared_task(name="orchestrator.sweeps.leases", **RETRY_OPTIONS)

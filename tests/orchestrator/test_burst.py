@@ -39,7 +39,7 @@ def names(transport: RecordingTransport) -> list[str]:
 def started(capture: Capture, steps: list[dict[str, Any]]) -> Run:
     spec = factories.plan(steps=0)
     spec["agents"][0]["tasks"][0]["steps"] = steps
-    run = services.run_create(organization=factories.org(), plan=spec)
+    run = services.run_create(organization=factories.org(), spec=spec)
     with capture(execute=True):
         services.run_start(run_id=run.pk)
     with capture(execute=True):

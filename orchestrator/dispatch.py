@@ -42,13 +42,6 @@ def _guarded(publish: Callable[[], None], what: str) -> None:
         logger.warning("%s not published (%s); the lost-message sweep will resend", what, exc)
 
 
-def soft_limit(timeout_s: float) -> int:
-    """A step task's soft time limit: the step's timeout, and room for the burst of steps
-    the task may run after it (the worker times each of them itself)."""
-    burst_s = math.ceil(settings.ENGINE_BURST_MS / 1000) if settings.ENGINE_BURST_STEPS > 1 else 0
-    return max(1, math.ceil(timeout_s)) + burst_s
-
-
 class CeleryTransport:
     """``runs.outbox.Transport`` over Celery: run messages on the runs queues by
     priority, step messages on the steps queue with their time limits."""
@@ -77,8 +70,8 @@ class CeleryTransport:
                         queue=QUEUE_STEPS,
                         priority=message.priority,
                         countdown=message.countdown_s or None,
-                        soft_time_limit=soft_limit(message.timeout_s),
-                        time_limit=soft_limit(message.timeout_s) + settings.ENGINE_HARD_LIMIT_GRACE,
+                        soft_time_limit=max(1, math.ceil(message.timeout_s)),
+                        time_limit=math.ceil(message.timeout_s) + settings.ENGINE_HARD_LIMIT_GRACE,
                         # send_task by name asks for a result unless told otherwise,
                         # whatever the task's own ignore_result says (PostgreSQL holds
                         # every outcome).

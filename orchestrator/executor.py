@@ -18,13 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
-import threading
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from types import FrameType
+from collections.abc import Callable
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -42,7 +36,7 @@ from common.tools.base import Tool, ToolContext, ToolError
 from orchestrator.context import StepContext
 from orchestrator.heartbeat import heart
 from runs.engine.dispatch import step_from_row, step_timeout_s
-from runs.engine.outcomes import Continuation, Outcome, record
+from runs.engine.outcomes import Outcome, record
 from runs.models import Step
 from runs.states import StepStatus
 from runs.transitions import claim_step
@@ -57,12 +51,7 @@ class RecordFailed(Exception):
     task can retry the recording alone, without running the tool again."""
 
     def __init__(self, step_id: int, run_id: Any, attempt: int, outcome: Outcome) -> None:
-        self.replay = {
-            "step_id": step_id,  # in a burst, not necessarily the step the task was sent for
-            "run_id": str(run_id),
-            "attempt": attempt,
-            "outcome": outcome.as_dict(),
-        }
+        self.replay = {"run_id": str(run_id), "attempt": attempt, "outcome": outcome.as_dict()}
         super().__init__(f"could not record step {step_id} attempt {attempt}")
 
 
@@ -75,96 +64,22 @@ def claim(step_id: int, worker: str, task_id: str) -> Step | None:
     return None if values is None else step_from_row(values)
 
 
-@dataclass
-class Burst:
-    """The steps one task may run one after another (local continuation).
-
-    ``deadline`` is when the task's soft time limit strikes (``time.monotonic()``); a
-    step is taken on only if its whole timeout fits before it, within the burst's budget
-    of steps (``ENGINE_BURST_STEPS``) and time (``ENGINE_BURST_MS``).
-    """
-
-    deadline: float
-    started: float = field(default_factory=time.monotonic)
-    steps: int = 1
-
-    def accepts(self, timeout_s: float) -> bool:
-        now = time.monotonic()
-        return (
-            self.steps < settings.ENGINE_BURST_STEPS
-            and (now - self.started) * 1000 < settings.ENGINE_BURST_MS
-            and now + timeout_s + DEADLINE_MARGIN_S <= self.deadline
-        )
-
-
-# Room left between a step's timeout and the task's soft limit: the task's clock starts
-# when the pool hands it over, a little before this process sees it.
-DEADLINE_MARGIN_S = 1.0
-
-
-def execute_step(
-    step_id: int, *, worker: str = "", task_id: str = "", deadline: float | None = None
-) -> str:
-    """Run one attempt of ``step_id``; return what happened to it (for logs and tests).
-
-    With a ``deadline`` (the task's soft time limit, ``time.monotonic()``), each step's
-    own timeout is enforced here, and the steps that become ready as this one is recorded
-    may be run by this task too, one after another (``Burst``), each committed before the
-    next starts: a sequence of steps costs no broker hop per step.
-    """
-    worker = f"{worker or os.uname().nodename}:{os.getpid()}"
-    step = claim(step_id, worker, task_id)
+def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
+    """Run one attempt of ``step_id``; return what happened (for logs and tests)."""
+    worker = worker or f"{os.uname().nodename}:{os.getpid()}"
+    step = claim(step_id, f"{worker}:{os.getpid()}", task_id)
     if step is None:
         return "not claimed"
-    burst = Burst(deadline) if deadline is not None and _can_time_steps() else None
-    first: str | None = None
-    while step is not None:
-        attempt = step.attempts
-        if burst is None:
-            outcome = run_attempt(step, attempt)
-        else:
-            with step_time_limit(step_timeout_s(step)):
-                outcome = run_attempt(step, attempt)
-        discard_interrupted_connection()
-        continuation = None
-        if burst is not None:
-            continuation = Continuation(
-                worker, task_id, float(settings.ENGINE_LEASE_SECONDS), burst.accepts
-            )
-        try:
-            claimed = record(step.pk, step.run_id, attempt, outcome, continuation)
-        except (OperationalError, InterfaceError) as exc:
-            raise RecordFailed(step.pk, step.run_id, attempt, outcome) from exc
-        if first is None:
-            first = "skipped" if outcome.skipped else "failed" if outcome.error else "completed"
-        step = None if claimed is None else step_from_row(claimed)
-        if burst is not None and step is not None:
-            burst.steps += 1
-    return first or "not claimed"
-
-
-def _can_time_steps() -> bool:
-    # Signals can only be handled in the main thread: a threads or gevent pool runs
-    # tasks elsewhere, and then the task's own soft limit is the step's.
-    return threading.current_thread() is threading.main_thread()
-
-
-@contextmanager
-def step_time_limit(seconds: float) -> Iterator[None]:
-    """Raise SoftTimeLimitExceeded in this (main) thread after ``seconds``, as Celery's
-    soft time limit does: a burst runs several steps in one task, so each step's timeout
-    is its own, not the task's."""
-
-    def expire(signum: int, frame: FrameType | None) -> None:
-        raise SoftTimeLimitExceeded(f"step timed out after {seconds:g}s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001))
+    attempt = step.attempts
+    outcome = run_attempt(step, attempt)
+    discard_interrupted_connection()
     try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        record(step_id, step.run_id, attempt, outcome)
+    except (OperationalError, InterfaceError) as exc:
+        raise RecordFailed(step_id, step.run_id, attempt, outcome) from exc
+    if outcome.skipped:
+        return "skipped"
+    return "failed" if outcome.error else "completed"
 
 
 def discard_interrupted_connection() -> None:

@@ -9,7 +9,6 @@ and jitter; a step's own retry policy is the engine's, persisted in PostgreSQL.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from celery import Task, shared_task
@@ -70,14 +69,12 @@ def execute_step_task(
 ) -> str:
     try:
         if replay is not None:
-            outcome = Outcome.from_dict(replay["outcome"])
-            record(replay.get("step_id", step_id), replay["run_id"], replay["attempt"], outcome)
+            record(
+                step_id, replay["run_id"], replay["attempt"], Outcome.from_dict(replay["outcome"])
+            )
             return "recorded"
         return executor.execute_step(
-            step_id,
-            worker=f"worker:{self.request.hostname}",
-            task_id=self.request.id or "",
-            deadline=_soft_deadline(self.request.timelimit),
+            step_id, worker=f"worker:{self.request.hostname}", task_id=self.request.id or ""
         )
     except executor.RecordFailed as exc:
         # The tool ran; only the recording is retried, never the tool.
@@ -86,12 +83,6 @@ def execute_step_task(
         ) from exc
     except TRANSIENT as exc:
         raise self.retry(exc=exc, countdown=2**self.request.retries) from exc
-
-
-def _soft_deadline(timelimit: Any) -> float | None:
-    """When this task's soft time limit strikes (``time.monotonic()``), if it has one."""
-    soft = (timelimit or (None, None))[1]
-    return time.monotonic() + float(soft) if soft else None
 
 
 @shared_task(name="orchestrator.sweeps.leases", **RETRY_OPTIONS)

@@ -19,9 +19,7 @@ from hypothesis import Phase
 from hypothesis import settings as hypothesis_settings
 
 from config.celery import ALL_QUEUES, app
-from orchestrator.dispatch import CeleryTransport
-from runs.outbox import use_transport
-from tests.support import Child, RecordingTransport, child_env, python_cmd, wait_until
+from tests.support import Child, child_env, python_cmd, wait_until
 
 # `http_server`: a scriptable local HTTP server (tests/http_fixture.py).
 pytest_plugins = ["tests.http_fixture"]
@@ -93,15 +91,3 @@ def celery_worker(
     finally:
         worker.stop(timeout=10)  # warm shutdown, then SIGKILL: nothing here must survive
         worker.kill_group()
-
-
-# `transport`: engine messages recorded instead of published (no broker, no worker).
-@pytest.fixture
-def transport(settings: Any) -> Iterator[RecordingTransport]:
-    settings.ORCHESTRATOR_DISPATCH_ENABLED = True
-    recording = RecordingTransport()
-    use_transport(recording)
-    try:
-        yield recording
-    finally:
-        use_transport(CeleryTransport())

@@ -9,14 +9,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
 from django.conf import settings
-
-from runs.outbox import RunMessage, StepMessage
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -132,21 +129,3 @@ def processes_with_env(marker: str) -> list[int]:
         except (FileNotFoundError, PermissionError, ProcessLookupError):
             continue
     return found
-
-
-@dataclass
-class RecordingTransport:
-    """``runs.outbox.Transport`` that keeps what would have been published."""
-
-    steps: list[StepMessage] = field(default_factory=list)
-    runs: list[tuple[RunMessage, str]] = field(default_factory=list)
-    revoked: list[str] = field(default_factory=list)
-
-    def publish_steps(self, messages: Sequence[StepMessage]) -> None:
-        self.steps.extend(messages)
-
-    def publish_run(self, message: RunMessage, run_id: str, priority: int) -> None:
-        self.runs.append((message, run_id))
-
-    def revoke(self, task_ids: Sequence[str]) -> None:
-        self.revoked.extend(task_ids)

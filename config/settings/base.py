@@ -348,16 +348,6 @@ ENGINE_LEASE_SECONDS = env.number(
 # Seconds between a step's soft time limit (the tool is interrupted, the attempt fails
 # with `timeout`) and the hard one (the process is killed).
 ENGINE_HARD_LIMIT_GRACE = 10
-# Local continuation: a worker that records a step runs the step that became ready next
-# itself (claimed in the same transaction), without a broker hop, for at most
-# ENGINE_BURST_STEPS steps and ENGINE_BURST_MS milliseconds in one task; then it hands
-# the next one to the queue, where other runs' work is waiting. 1 turns it off.
-ENGINE_BURST_STEPS = env.integer(
-    "ENGINE_BURST_STEPS", 50, "steps one task may run one after another", minimum=1
-)
-ENGINE_BURST_MS = env.integer(
-    "ENGINE_BURST_MS", 1000, "milliseconds a task may keep running ready steps", minimum=0
-)
 ENGINE_MAX_RECLAIMS = env.integer(
     "ENGINE_MAX_RECLAIMS", 3, "reclaims before worker_lost", minimum=0
 )

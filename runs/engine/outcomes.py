@@ -3,7 +3,6 @@ run moved on, in one transaction under the run's lock."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
@@ -24,7 +23,7 @@ from runs.engine.tree import counts_as_success
 from runs.models import Run, Step, Task
 from runs.outbox import Outbox, StepMessage
 from runs.states import StepStatus
-from runs.transitions import claim_step, transition_locked
+from runs.transitions import transition_locked
 
 
 @dataclass(frozen=True)
@@ -105,35 +104,8 @@ def step_failed(run: Run, step: Step, failure: Failure, outbox: Outbox) -> None:
         child_failed(run, task, step, failure, outbox)
 
 
-@dataclass(frozen=True)
-class Continuation:
-    """May the worker that recorded an attempt run the next ready step itself?
-
-    After recording, a step of the same run that became ready (the next one of a
-    sequence, a freed slot of a fan-out, a handler) is claimed in the same transaction
-    and run by the same worker, without a broker hop, while ``accepts`` says the burst
-    has room for a step of that timeout. It is claimed like any other (RUNNING, a lease,
-    its event), so a worker that dies mid-burst leaves it to the lease sweep, as it
-    would any running step.
-    """
-
-    worker: str
-    task_id: str
-    lease_seconds: float
-    accepts: Callable[[float], bool]
-
-
-def record(
-    step_id: int,
-    run_id: Any,
-    attempt: int,
-    outcome: Outcome,
-    continuation: Continuation | None = None,
-) -> dict[str, Any] | None:
-    """Record the attempt and advance the run, in one transaction under the run's lock.
-
-    Returns the fields of the step claimed to continue with (``claim_step``'s), or None.
-    """
+def record(step_id: int, run_id: Any, attempt: int, outcome: Outcome) -> None:
+    """Record the attempt and advance the run, in one transaction under the run's lock."""
     with transaction.atomic():
         run = services.lock_run(run_id, light=True)
         step = (
@@ -143,104 +115,79 @@ def record(
             .first()
         )
         if step is None:
-            return None  # cancelled, failed by a sweep or reclaimed meanwhile: dropped
+            return  # cancelled, failed by a sweep or reclaimed meanwhile: result dropped
         outbox = Outbox()
-        _apply(run, step, attempt, outcome, outbox)
-        if continuation is None:
-            return None
-        return _continue(outbox, continuation)
+        now = timezone.now()
+        if now - (run.last_heartbeat or now) > timedelta(seconds=5):
+            Run.objects.filter(pk=run.pk).update(last_heartbeat=now)
+        if outcome.skipped:
+            transition_locked(
+                step,
+                StepStatus.SKIPPED,
+                message="condition is false",
+                updates={"lease_expires_at": None},
+                now=now,
+            )
+            step.status = StepStatus.SKIPPED
+            step_finished(run, step, outbox)
+            return
+        failure = charge_step(run, step, outcome.cost) if outcome.cost else None
+        if outcome.error is None and failure is None:
+            done = transition_locked(
+                step,
+                StepStatus.COMPLETED,
+                payload={"cost": str(outcome.cost)},
+                updates={
+                    "output": outcome.output,
+                    "cost": step.cost + outcome.cost,
+                    "lease_expires_at": None,
+                },
+                now=now,
+            ).obj
+            step_finished(run, done, outbox)
+            update_waiting_state(run)
+            return
 
-
-def _continue(outbox: Outbox, continuation: Continuation) -> dict[str, Any] | None:
-    """Claim, for this worker, the first step message of the outbox it may run now."""
-    for message in outbox.messages:
-        if message.countdown_s or not continuation.accepts(message.timeout_s):
-            continue  # a delayed retry waits for its time; a long step goes to the queue
-        claimed = claim_step(
-            message.step_id,
-            worker=continuation.worker,
-            task_id=continuation.task_id,
-            lease_seconds=continuation.lease_seconds,
+        error = outcome.error or ToolError(failure.code, failure.message, False)  # type: ignore[union-attr]
+        if failure is not None:
+            error = ToolError(failure.code, failure.message, False)
+        failures = step.failures + 1
+        decision = decide(
+            step.retry,
+            code=error.code,
+            retryable=error.retryable,
+            attempts=attempt,
+            failures=failures,
         )
-        if claimed is not None:  # None: the run is no longer running (same transaction)
-            outbox.messages.remove(message)
-            return claimed
-    return None
-
-
-def _apply(run: Run, step: Step, attempt: int, outcome: Outcome, outbox: Outbox) -> None:
-    """What the outcome does to the step and, through it, to the run."""
-    now = timezone.now()
-    if now - (run.last_heartbeat or now) > timedelta(seconds=5):
-        Run.objects.filter(pk=run.pk).update(last_heartbeat=now)
-    if outcome.skipped:
-        transition_locked(
-            step,
-            StepStatus.SKIPPED,
-            message="condition is false",
-            updates={"lease_expires_at": None},
-            now=now,
+        charged = outcome.cost if failure is None else Decimal(0)
+        Step.objects.filter(pk=step.pk).update(
+            failures=failures, error=error.as_dict(), cost=step.cost + charged
         )
-        step.status = StepStatus.SKIPPED
-        step_finished(run, step, outbox)
-        return
-    failure = charge_step(run, step, outcome.cost) if outcome.cost else None
-    if outcome.error is None and failure is None:
-        done = transition_locked(
-            step,
-            StepStatus.COMPLETED,
-            payload={"cost": str(outcome.cost)},
-            updates={
-                "output": outcome.output,
-                "cost": step.cost + outcome.cost,
-                "lease_expires_at": None,
-            },
-            now=now,
-        ).obj
-        step_finished(run, done, outbox)
-        update_waiting_state(run)
-        return
-
-    error = outcome.error or ToolError(failure.code, failure.message, False)  # type: ignore[union-attr]
-    if failure is not None:
-        error = ToolError(failure.code, failure.message, False)
-    failures = step.failures + 1
-    decision = decide(
-        step.retry,
-        code=error.code,
-        retryable=error.retryable,
-        attempts=attempt,
-        failures=failures,
-    )
-    charged = outcome.cost if failure is None else Decimal(0)
-    Step.objects.filter(pk=step.pk).update(
-        failures=failures, error=error.as_dict(), cost=step.cost + charged
-    )
-    step.failures, step.error, step.cost = failures, error.as_dict(), step.cost + charged
-    if decision.retry:
-        due = now + timedelta(milliseconds=decision.delay_ms)
-        transition_locked(
-            step,
-            StepStatus.PENDING,
-            message=f"retry in {decision.delay_ms} ms after {error.code}",
-            payload={**error.as_dict(), "delay_ms": decision.delay_ms, "attempt": attempt},
-            updates={"next_run_at": due, "lease_expires_at": None},
-            now=now,
+        step.failures, step.error, step.cost = failures, error.as_dict(), step.cost + charged
+        if decision.retry:
+            due = now + timedelta(milliseconds=decision.delay_ms)
+            transition_locked(
+                step,
+                StepStatus.PENDING,
+                message=f"retry in {decision.delay_ms} ms after {error.code}",
+                payload={**error.as_dict(), "delay_ms": decision.delay_ms, "attempt": attempt},
+                updates={"next_run_at": due, "lease_expires_at": None},
+                now=now,
+            )
+            outbox.add(
+                StepMessage(step.pk, run.priority, step_timeout_s(step), decision.delay_ms / 1000)
+            )
+            return
+        message = (
+            error.message
+            if decision.code == error.code
+            else f"{decision.code} after {error.code}: {error.message}"
         )
-        outbox.add(
-            StepMessage(step.pk, run.priority, step_timeout_s(step), decision.delay_ms / 1000)
-        )
-        return
-    message = (
-        error.message
-        if decision.code == error.code
-        else f"{decision.code} after {error.code}: {error.message}"
-    )
-    step.error = {
-        **error.as_dict(),
-        "code": decision.code,
-        "message": message,
-        "cause": error.code,
-    }
-    Step.objects.filter(pk=step.pk).update(error=step.error, lease_expires_at=None)
-    step_failed(run, step, Failure(decision.code, message), outbox)
+        step.error = {
+            **error.as_dict(),
+            "code": decision.code,
+            "message": message,
+            "cause": error.code,
+        }
+        Step.objects.filter(pk=step.pk).update(error=step.error, lease_expires_at=None)
+        step_failed(run, step, Failure(decision.code, message), outbox)

@@ -9,8 +9,9 @@ propagation up the tree) is the real engine, in the test's transaction.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -19,11 +20,29 @@ from runs import services
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record
 from runs.models import Run, Step
+from runs.outbox import RunMessage, StepMessage
 from runs.transitions import claim_step
 from tests import factories
-from tests.support import RecordingTransport
 
 CaptureCallbacks = Callable[..., AbstractContextManager[Any]]
+
+
+@dataclass
+class RecordingTransport:
+    """``runs.outbox.Transport`` that keeps what would have been published."""
+
+    steps: list[StepMessage] = field(default_factory=list)
+    runs: list[tuple[RunMessage, str]] = field(default_factory=list)
+    revoked: list[str] = field(default_factory=list)
+
+    def publish_steps(self, messages: Sequence[StepMessage]) -> None:
+        self.steps.extend(messages)
+
+    def publish_run(self, message: RunMessage, run_id: str, priority: int) -> None:
+        self.runs.append((message, run_id))
+
+    def revoke(self, task_ids: Sequence[str]) -> None:
+        self.revoked.extend(task_ids)
 
 
 class EngineRun:

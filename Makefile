@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 export VENV
 
-.PHONY: install run test bench chaos load lint format typecheck clean
+.PHONY: install run test bench profile chaos load lint format typecheck clean
 
 install:
 	@scripts/bootstrap.sh
@@ -16,6 +16,9 @@ test: install  ## throwaway PostgreSQL and Redis, then ruff, mypy and pytest
 
 bench: install  ## engine vs raw Celery on throwaway servers (BENCH_JSON=path for JSON)
 	@scripts/bench.sh
+
+profile: install  ## one step's cost in the engine, in process, under cProfile (PROFILE_ARGS="--steps 500")
+	@scripts/bench.sh profile $(PROFILE_ARGS)
 
 chaos: install  ## faults injected under a mixed workload; exit 1 if anything is lost (CHAOS_JSON=path)
 	@scripts/chaos.sh $(CHAOS_ARGS)

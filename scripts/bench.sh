@@ -10,7 +10,9 @@
 #   BENCH_TIMEOUT=600 seconds each scenario may take
 #   BENCH_JSON=path   also write every figure and goal verdict there as JSON
 #
-# Extra arguments go to `python -m bench.run` (e.g. --only seq_100,chain_100).
+# Extra arguments go to `python -m bench.run` (e.g. --only seq_100,chain_100);
+# `scripts/bench.sh profile [--steps N]` (`make profile`) runs `python -m bench.profile`
+# instead: one step's cost in the engine, in process, under cProfile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -40,4 +42,9 @@ export BENCH_DIR="$tmp"
 
 echo "==> migrate" >&2
 python manage.py migrate --verbosity 0
-python -m bench.run "$@"
+if [ "${1:-}" = profile ]; then
+  shift
+  python -m bench.profile "$@"   # `make profile`: the engine's cost per step, in process
+else
+  python -m bench.run "$@"
+fi

@@ -1,0 +1,113 @@
+"""`python -m bench.profile`: where one step's time goes in the engine, in process.
+
+Runs a sequence of no-op steps through the engine without a broker or a worker: each
+step is claimed as a worker claims it (``runs.transitions.claim_step``) and its outcome
+recorded (``runs.engine.outcomes.record``), under cProfile and Django's query capture.
+Prints the time per step, the statements per step by kind, and the functions that took
+the most time. The tool itself is not run: what is measured is the engine's own cost,
+which is what a no-op step costs on a worker besides the broker hop.
+
+Expects migrated PostgreSQL at DATABASE_URL: ``scripts/bench.sh profile`` (``make
+profile``) starts a throwaway one. ``--steps N`` (default 300), ``--top N`` (25).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import re
+import sys
+import time
+from collections import Counter
+from decimal import Decimal
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from billing.pricing import tool_price
+    from billing.services import credits_grant, organization_create
+    from runs import services
+    from runs.engine import control
+    from runs.engine.outcomes import Outcome, record
+    from runs.models import Run, Step
+    from runs.transitions import claim_step
+
+    settings.ORCHESTRATOR_DISPATCH_ENABLED = False  # nothing leaves this process
+    organization = organization_create(name=f"profile-{time.time_ns()}")
+    credits_grant(organization=organization, amount=Decimal(100_000), reason="profile")
+    price = tool_price("noop")  # charged as a worker charges it
+
+    def sequence() -> tuple[Run, list[int]]:
+        steps = [{"name": f"s{index}", "tool": "noop"} for index in range(args.steps)]
+        tasks = [{"name": "t", "steps": steps}]
+        plan = {"name": "profile", "agents": [{"name": "a", "tasks": tasks}]}
+        run = services.run_create(organization=organization, plan=plan, actor="profile")
+        services.run_start(run_id=run.pk)
+        control.pick_up(run.pk)
+        steps_ = Step.objects.filter(run=run).order_by("position")
+        return run, list(steps_.values_list("pk", flat=True))
+
+    def play(run: Run, ids: list[int]) -> float:
+        started = time.perf_counter()
+        for step_id in ids:
+            claimed = claim_step(step_id, worker="profile", task_id="profile", lease_seconds=60)
+            if claimed is None:
+                raise SystemExit(f"step {step_id} could not be claimed")
+            record(step_id, run.pk, claimed["attempts"], Outcome(output={}, cost=price))
+        if Run.objects.values_list("status", flat=True).get(pk=run.pk) != "completed":
+            raise SystemExit("the run did not complete")
+        return (time.perf_counter() - started) / len(ids) * 1000
+
+    plain_ms = play(*sequence())
+    run, ids = sequence()
+    profile = cProfile.Profile()
+    with CaptureQueriesContext(connection) as queries:
+        profile.enable()
+        profiled_ms = play(run, ids)
+        profile.disable()
+
+    kinds = Counter(_kind(query["sql"]) for query in queries.captured_queries)
+    spent: dict[str, float] = {}
+    for query in queries.captured_queries:  # Django's wall time of each, driver included
+        kind = _kind(query["sql"])
+        spent[kind] = spent.get(kind, 0.0) + float(query["time"])
+    print(f"{args.steps} sequential no-op steps, claim + record each, in process, twice:")
+    print(f"  {plain_ms:.2f} ms per step; {profiled_ms:.2f} ms under cProfile")
+    print(f"  {len(queries.captured_queries) / args.steps:.1f} statements per step:")
+    print("    per step  ms per step  statement")
+    for kind, count in kinds.most_common():
+        print(f"    {count / args.steps:8.2f}  {spent[kind] / args.steps * 1000:11.2f}  {kind}")
+    out = io.StringIO()
+    pstats.Stats(profile, stream=out).sort_stats("cumulative").print_stats(args.top)
+    print(out.getvalue())
+    return 0
+
+
+def _kind(sql: str) -> str:
+    """A statement's verb and table, e.g. ``UPDATE runs_task`` (savepoints by name)."""
+    text = sql.strip()
+    if not text:
+        return "(raw SQL)"
+    if text.upper().startswith(("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO")):
+        return text.split('"')[0].strip()
+    verb = "WITH" if text.upper().startswith("WITH") else text.split()[0].upper()
+    table = re.search(r'(?:FROM|INTO|UPDATE)\s+"?(\w+)"?', text, re.IGNORECASE)
+    return f"{verb} {table.group(1) if table else ''}".strip()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

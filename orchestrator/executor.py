@@ -214,7 +214,11 @@ def _recordable(outcome: Outcome, secrets: tuple[str, ...], tool: str) -> Outcom
         if len(encoded) > MAX_OUTPUT_BYTES:
             message = f"output larger than {MAX_OUTPUT_BYTES} bytes"
             return Outcome(error=ToolError("invalid_output", message, False), cost=tool_price(tool))
-        unstorable = unstorable_string(output)
+        # The encoding escapes every NUL (\u0000) and surrogate (\udxxx): only an output
+        # showing one is walked for its path, not every step's (astral characters show
+        # as surrogate pairs too, so the walk may find nothing).
+        maybe = "\\u0000" in encoded or "\\ud" in encoded
+        unstorable = unstorable_string(output) if maybe else None
         if unstorable is not None:
             message = f"output cannot be stored: {unstorable}"
             return Outcome(error=ToolError("invalid_output", message, False), cost=tool_price(tool))

@@ -248,7 +248,9 @@ class Task(Timestamps):
 
 class Step(Timestamps):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
-    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="steps")
+    # No index of its own: the unique (task, generation, name) index leads with it, and a
+    # second one on task alone tempted the planner into walking a wide task's rows.
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="steps", db_index=False)
     # Copied from the attempt so events and filters need no join.
     attempt_number = models.PositiveSmallIntegerField()
     name = models.CharField(max_length=100)
@@ -298,6 +300,14 @@ class Step(Timestamps):
                 fields=["lease_expires_at"],
                 name="step_running_lease",
                 condition=Q(status="running"),
+            ),
+            # The steps of a task that are ready but not yet dispatched (held by its
+            # concurrency limit): what dispatch looks for after every step, found
+            # without walking a wide task's other rows.
+            models.Index(
+                fields=["task", "generation", "position"],
+                name="step_ready",
+                condition=Q(status="pending", pending_dependencies=0, dispatched_at__isnull=True),
             ),
         ]
         constraints = [

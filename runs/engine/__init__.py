@@ -20,6 +20,7 @@ The modules, each importing only those after it (an import contract checks it):
 
 - ``control``: pick a run up, resume it after a pause;
 - ``outcomes``: record a step attempt's outcome (charge, complete, retry or fail);
+- ``hotpath``: the plainest outcome (a step completed, its task goes on) in one statement;
 - ``handlers``: a failed step's on_error handlers;
 - ``failure``: failure modes (continue, retry the level, fail fast) and level restarts;
 - ``propagation``: a finished child counted, its dependents released, its parent finished;

@@ -124,6 +124,12 @@ def dispatch_steps(run: Run, task: Task, outbox: Outbox) -> None:
 
     task.active_children += len(ready)
     Task.objects.filter(pk=task.pk).update(active_children=F("active_children") + len(ready))
+    announce(run, ready, now, outbox)
+
+
+def announce(run: Run, ready: list[Step], now: Any, outbox: Outbox) -> None:
+    """Steps just marked dispatched (and counted in their task): an approval step waits
+    for a decision, every other step gets its message."""
     approvals = [step for step in ready if step.tool == "approval"]
     if approvals:
         # Never executed by a worker: the step waits for approve() or reject().

@@ -4,7 +4,7 @@ run moved on, in one transaction under the run's lock."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -14,7 +14,8 @@ from django.utils import timezone
 from billing.services import BudgetExhausted, credits_charge
 from common.tools.base import ToolError
 from runs import services
-from runs.engine.dispatch import step_timeout_s, update_waiting_state
+from runs.engine import hotpath
+from runs.engine.dispatch import announce, step_from_row, step_timeout_s, update_waiting_state
 from runs.engine.failure import Failure, child_failed, end_child
 from runs.engine.handlers import handler_finished, start_handlers
 from runs.engine.propagation import child_done
@@ -104,90 +105,146 @@ def step_failed(run: Run, step: Step, failure: Failure, outbox: Outbox) -> None:
         child_failed(run, task, step, failure, outbox)
 
 
+class _Exhausted(Exception):
+    """The hot path's charge went beyond the reservation: its transaction is rolled back
+    and the attempt recorded again by the general path, which fails the step."""
+
+
 def record(step_id: int, run_id: Any, attempt: int, outcome: Outcome) -> None:
     """Record the attempt and advance the run, in one transaction under the run's lock."""
-    with transaction.atomic():
-        run = services.lock_run(run_id, light=True)
-        step = (
-            Step.objects.select_for_update(no_key=True)
-            .filter(pk=step_id, status=StepStatus.RUNNING, attempts=attempt)
-            .defer("params", "output", "on_error", "when")
-            .first()
-        )
-        if step is None:
-            return  # cancelled, failed by a sweep or reclaimed meanwhile: result dropped
-        outbox = Outbox()
-        now = timezone.now()
-        if now - (run.last_heartbeat or now) > timedelta(seconds=5):
-            Run.objects.filter(pk=run.pk).update(last_heartbeat=now)
-        if outcome.skipped:
-            transition_locked(
-                step,
-                StepStatus.SKIPPED,
-                message="condition is false",
-                updates={"lease_expires_at": None},
-                now=now,
-            )
-            step.status = StepStatus.SKIPPED
-            step_finished(run, step, outbox)
-            return
-        failure = charge_step(run, step, outcome.cost) if outcome.cost else None
-        if outcome.error is None and failure is None:
-            done = transition_locked(
-                step,
-                StepStatus.COMPLETED,
-                payload={"cost": str(outcome.cost)},
-                updates={
-                    "output": outcome.output,
-                    "cost": step.cost + outcome.cost,
-                    "lease_expires_at": None,
-                },
-                now=now,
-            ).obj
-            step_finished(run, done, outbox)
-            update_waiting_state(run)
-            return
+    try:
+        with transaction.atomic():
+            run = services.lock_run(run_id, light=True)
+            now = timezone.now()
+            if hotpath.eligible(run, outcome.error, outcome.skipped) and _record_fast(
+                run, step_id, attempt, outcome, now
+            ):
+                return
+            _record(run, step_id, attempt, outcome, now)
+    except _Exhausted:
+        with transaction.atomic():
+            run = services.lock_run(run_id, light=True)
+            _record(run, step_id, attempt, outcome, timezone.now())
 
-        error = outcome.error or ToolError(failure.code, failure.message, False)  # type: ignore[union-attr]
-        if failure is not None:
-            error = ToolError(failure.code, failure.message, False)
-        failures = step.failures + 1
-        decision = decide(
-            step.retry,
-            code=error.code,
-            retryable=error.retryable,
-            attempts=attempt,
-            failures=failures,
-        )
-        charged = outcome.cost if failure is None else Decimal(0)
-        Step.objects.filter(pk=step.pk).update(
-            failures=failures, error=error.as_dict(), cost=step.cost + charged
-        )
-        step.failures, step.error, step.cost = failures, error.as_dict(), step.cost + charged
-        if decision.retry:
-            due = now + timedelta(milliseconds=decision.delay_ms)
-            transition_locked(
-                step,
-                StepStatus.PENDING,
-                message=f"retry in {decision.delay_ms} ms after {error.code}",
-                payload={**error.as_dict(), "delay_ms": decision.delay_ms, "attempt": attempt},
-                updates={"next_run_at": due, "lease_expires_at": None},
-                now=now,
+
+def _beat_due(run: Run, now: datetime) -> bool:
+    return now - (run.last_heartbeat or now) > timedelta(seconds=5)
+
+
+def _record_fast(run: Run, step_id: int, attempt: int, outcome: Outcome, now: datetime) -> bool:
+    """A completed step in a task that goes on (``runs.engine.hotpath``); False when the
+    general path must record it (nothing was written)."""
+    done = hotpath.complete(
+        run,
+        step_id,
+        attempt,
+        output=outcome.output,
+        cost=outcome.cost,
+        now=now,
+        beat=_beat_due(run, now),
+    )
+    if done is None:
+        return False
+    if outcome.cost:
+        try:
+            credits_charge(
+                organization_id=run.organization_id,
+                run_id=run.pk,
+                attempt_number=done.attempt_number,
+                step_id=step_id,
+                step_attempt=done.attempts,
+                amount=outcome.cost,
+                reason=f"step {done.name} attempt {done.attempts}",
+                actor="engine",
             )
-            outbox.add(
-                StepMessage(step.pk, run.priority, step_timeout_s(step), decision.delay_ms / 1000)
-            )
-            return
-        message = (
-            error.message
-            if decision.code == error.code
-            else f"{decision.code} after {error.code}: {error.message}"
+        except BudgetExhausted as exc:
+            raise _Exhausted from exc
+    if done.dispatched:
+        announce(run, [step_from_row(row) for row in done.dispatched], now, Outbox())
+    return True
+
+
+def _record(run: Run, step_id: int, attempt: int, outcome: Outcome, now: datetime) -> None:
+    """The general path: every outcome, at every level."""
+    step = (
+        Step.objects.select_for_update(no_key=True)
+        .filter(pk=step_id, status=StepStatus.RUNNING, attempts=attempt)
+        .defer("params", "output", "on_error", "when")
+        .first()
+    )
+    if step is None:
+        return  # cancelled, failed by a sweep or reclaimed meanwhile: result dropped
+    outbox = Outbox()
+    if _beat_due(run, now):
+        Run.objects.filter(pk=run.pk).update(last_heartbeat=now)
+    if outcome.skipped:
+        transition_locked(
+            step,
+            StepStatus.SKIPPED,
+            message="condition is false",
+            updates={"lease_expires_at": None},
+            now=now,
         )
-        step.error = {
-            **error.as_dict(),
-            "code": decision.code,
-            "message": message,
-            "cause": error.code,
-        }
-        Step.objects.filter(pk=step.pk).update(error=step.error, lease_expires_at=None)
-        step_failed(run, step, Failure(decision.code, message), outbox)
+        step.status = StepStatus.SKIPPED
+        step_finished(run, step, outbox)
+        return
+    failure = charge_step(run, step, outcome.cost) if outcome.cost else None
+    if outcome.error is None and failure is None:
+        done = transition_locked(
+            step,
+            StepStatus.COMPLETED,
+            payload={"cost": str(outcome.cost)},
+            updates={
+                "output": outcome.output,
+                "cost": step.cost + outcome.cost,
+                "lease_expires_at": None,
+            },
+            now=now,
+        ).obj
+        step_finished(run, done, outbox)
+        update_waiting_state(run)
+        return
+
+    error = outcome.error or ToolError(failure.code, failure.message, False)  # type: ignore[union-attr]
+    if failure is not None:
+        error = ToolError(failure.code, failure.message, False)
+    failures = step.failures + 1
+    decision = decide(
+        step.retry,
+        code=error.code,
+        retryable=error.retryable,
+        attempts=attempt,
+        failures=failures,
+    )
+    charged = outcome.cost if failure is None else Decimal(0)
+    Step.objects.filter(pk=step.pk).update(
+        failures=failures, error=error.as_dict(), cost=step.cost + charged
+    )
+    step.failures, step.error, step.cost = failures, error.as_dict(), step.cost + charged
+    if decision.retry:
+        due = now + timedelta(milliseconds=decision.delay_ms)
+        transition_locked(
+            step,
+            StepStatus.PENDING,
+            message=f"retry in {decision.delay_ms} ms after {error.code}",
+            payload={**error.as_dict(), "delay_ms": decision.delay_ms, "attempt": attempt},
+            updates={"next_run_at": due, "lease_expires_at": None},
+            now=now,
+        )
+        outbox.add(
+            StepMessage(step.pk, run.priority, step_timeout_s(step), decision.delay_ms / 1000)
+        )
+        return
+    message = (
+        error.message
+        if decision.code == error.code
+        else f"{decision.code} after {error.code}: {error.message}"
+    )
+    step.error = {
+        **error.as_dict(),
+        "code": decision.code,
+        "message": message,
+        "cause": error.code,
+    }
+    Step.objects.filter(pk=step.pk).update(error=step.error, lease_expires_at=None)
+    step_failed(run, step, Failure(decision.code, message), outbox)

@@ -91,7 +91,11 @@ class EngineRun:
     # ------------------------------------------------------------------ acting
     def finish(self, name: str, outcome: Outcome | None = None) -> Step:
         """Claim the step as a worker would and record ``outcome`` (success by default)."""
-        step = self.step(name)
+        return self.finish_step(self.step(name), outcome)
+
+    def finish_step(self, step: Step, outcome: Outcome | None = None) -> Step:
+        """``finish`` for a step row (any generation)."""
+        name = step.name
         # A retry's delay has passed: the test decides when.
         Step.objects.filter(pk=step.pk).update(next_run_at=None)
         self._claims += 1

@@ -1,0 +1,296 @@
+"""The hot path (``runs.engine.hotpath``) records exactly what the general path would.
+
+Each plan is played twice by the same script of outcomes, once as the engine runs and
+once with the hot path switched off, and everything the two leave behind is compared:
+every step, task, agent and run row (statuses, counters, outputs, costs, errors), every
+event in order, every ledger entry, and every message sent. Then the cases the hot path
+must hand over are pinned down: a charge beyond the reservation, and a result for a step
+that is no longer running.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from billing.models import LedgerEntry, Reservation
+from common.invariants import check_all
+from common.tools.base import ToolError
+from runs import approvals
+from runs.engine import hotpath
+from runs.engine.outcomes import Outcome, record
+from runs.models import Agent, Run, RunEvent, Step, Task
+from runs.states import StepStatus
+from tests.runs.engine.harness import EngineRun
+
+Start = Callable[[dict[str, Any]], EngineRun]
+# A step's outcome by its name and attempt.
+Script = Callable[[str, int], Outcome]
+
+
+@pytest.fixture
+def start(engine_run: Start) -> Start:
+    return engine_run
+
+
+def step(name: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "tool": "noop", **extra}
+
+
+def one_agent(*tasks: dict[str, Any], **agent: Any) -> dict[str, Any]:
+    return {"name": "hot", "agents": [{"name": "a", "tasks": list(tasks), **agent}]}
+
+
+def succeed(name: str, attempt: int) -> Outcome:
+    return Outcome(output={"step": name, "attempt": attempt}, cost=Decimal("0.002"))
+
+
+def flaky(name: str, attempt: int) -> Outcome:
+    """Steps named ``flaky*`` fail once (retryable), ``broken*`` fail for good, ``skip*``
+    are skipped; the rest succeed, some with no output and no cost."""
+    if name.startswith("flaky") and attempt == 1:
+        return Outcome(error=ToolError("http_error", "503", True), cost=Decimal("0.001"))
+    if name.startswith("broken"):
+        return Outcome(error=ToolError("tool_error", "no", False), cost=Decimal("0.001"))
+    if name.startswith("skip"):
+        return Outcome(skipped=True)
+    if name.startswith("free"):
+        return Outcome()
+    return succeed(name, attempt)
+
+
+PLANS: dict[str, tuple[dict[str, Any], Script]] = {
+    "sequential": (
+        one_agent({"name": "t", "steps": [step(f"s{i}") for i in range(6)]}),
+        succeed,
+    ),
+    "parallel under a limit": (
+        one_agent(
+            {
+                "name": "t",
+                "mode": "parallel",
+                "max_concurrent_steps": 3,
+                "steps": [step(f"p{i}") for i in range(8)],
+            }
+        ),
+        flaky,
+    ),
+    "dag of steps": (
+        one_agent(
+            {
+                "name": "t",
+                "mode": "dag",
+                "max_concurrent_steps": 2,
+                "steps": [
+                    step("root"),
+                    step("left", depends_on=["root"]),
+                    step("right", depends_on=["root"]),
+                    step("free-middle", depends_on=["root"]),
+                    step("join", depends_on=["left", "right", "free-middle"]),
+                    step("tail", depends_on=["join"]),
+                ],
+            }
+        ),
+        flaky,
+    ),
+    "retries, skips, handlers, approvals, several tasks": (
+        one_agent(
+            {
+                "name": "first",
+                "failure_mode": "continue",
+                "steps": [
+                    step("flaky-one", retry={"max_attempts": 3, "backoff": "fixed", "jitter": 0}),
+                    step("skip-me"),
+                    step("gate", tool="approval"),
+                    step("broken", on_error=[{"name": "fix", "tool": "noop"}]),
+                    step("after"),
+                    step("free-last"),
+                ],
+            },
+            {
+                "name": "second",
+                "mode": "parallel",
+                "steps": [step("x"), step("y"), step("z")],
+            },
+            mode="sequential",
+        ),
+        flaky,
+    ),
+}
+
+
+def play(run: EngineRun, script: Script) -> None:
+    """Act as the workers and the approver: every message is taken in the order sent."""
+    handled = 0
+    for _ in range(500):
+        if handled < len(run.transport.steps):
+            message = run.transport.steps[handled]
+            handled += 1
+            row = Step.objects.get(pk=message.step_id)
+            if row.status == StepStatus.PENDING:
+                run.finish_step(row, script(row.name, row.attempts + 1))
+            continue
+        waiting = Step.objects.filter(run=run.run, status=StepStatus.WAITING_APPROVAL)
+        if not waiting.exists():
+            return
+        with run._committed():
+            approvals.run_approve(run_id=run.run.pk, actor="test")
+    raise AssertionError("the run did not settle")
+
+
+def snapshot(run: Run) -> dict[str, Any]:
+    """Everything the run left behind, with ids replaced by names and no timestamps."""
+    steps = {s.pk: s for s in Step.objects.filter(run=run)}
+    tasks = {t.pk: t for t in Task.objects.filter(run=run)}
+    agents = {a.pk: a for a in Agent.objects.filter(run=run)}
+    labels = {
+        "step": {str(pk): f"{s.name}@{s.generation}" for pk, s in steps.items()},
+        "task": {str(pk): f"{t.name}@{t.generation}" for pk, t in tasks.items()},
+        "agent": {str(pk): a.name for pk, a in agents.items()},
+        "run": {str(run.pk): "run"},
+    }
+    run = Run.objects.get(pk=run.pk)
+    return {
+        "run": (run.status, run.open_children, run.active_children, run.waiting_approvals),
+        "agents": sorted(
+            (a.name, a.status, a.open_children, a.active_children) for a in agents.values()
+        ),
+        "tasks": sorted(
+            (t.name, t.generation, t.status, t.open_children, t.active_children, t.retry_count)
+            for t in tasks.values()
+        ),
+        "steps": sorted(
+            (
+                s.name,
+                s.generation,
+                s.status,
+                s.attempts,
+                s.failures,
+                s.dispatched_at is not None,
+                s.pending_dependencies,
+                repr(s.output),
+                s.cost,
+                repr(s.error),
+                s.handled,
+                s.completed_at is not None,
+                s.duration_ms is not None,
+                s.lease_expires_at is None,
+            )
+            for s in steps.values()
+        ),
+        "events": [
+            (
+                e.entity,
+                labels[e.entity].get(e.entity_id, e.entity_id),
+                e.kind,
+                e.from_status,
+                e.to_status,
+                e.actor,
+                e.message,
+                _named(e.payload, labels["step"]),
+            )
+            for e in RunEvent.objects.filter(run=run).order_by("id")
+        ],
+        "ledger": sorted(
+            (e.type, e.amount, e.reason.replace(str(run.pk), "<run>"))
+            for e in LedgerEntry.objects.filter(run_id=run.pk)
+        ),
+    }
+
+
+def _named(payload: dict[str, Any], steps: dict[str, str]) -> dict[str, Any]:
+    """An approval's payload lists step ids: by name instead."""
+    if not isinstance(payload.get("steps"), list):
+        return payload
+    return {**payload, "steps": [steps[str(pk)] for pk in payload["steps"]]}
+
+
+def hot_path_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Spy on the hot path: one entry per attempt it was asked to record (True: it did)."""
+    calls: list[bool] = []
+    complete = hotpath.complete
+
+    def spy(*args: Any, **kwargs: Any) -> hotpath.Completed | None:
+        done = complete(*args, **kwargs)
+        calls.append(done is not None)
+        return done
+
+    monkeypatch.setattr(hotpath, "complete", spy)
+    return calls
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_the_hot_path_leaves_exactly_what_the_general_path_leaves(
+    name: str, start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec, script = PLANS[name]
+    with monkeypatch.context() as off:
+        off.setattr(hotpath, "eligible", lambda *args: False)
+        general = start(spec)
+        play(general, script)
+    general_sent = general.sent()
+    general.transport.steps.clear()  # one transport for both runs
+    calls = hot_path_calls(monkeypatch)
+    hot = start(spec)
+    play(hot, script)
+
+    assert any(calls), "the hot path was never taken"
+    expected, found = snapshot(general.run), snapshot(hot.run)
+    for part in expected:  # part by part, with the lines that differ
+        difference = "\n".join(
+            difflib.unified_diff(list(map(repr, expected[part])), list(map(repr, found[part])))
+        )
+        assert found[part] == expected[part], f"{part} differ:\n{difference}"
+    assert hot.sent() == general_sent
+    assert hot.refresh().status == general.refresh().status
+    assert {check: found for check, found in check_all().items() if found} == {}
+
+
+def test_a_mid_task_completion_takes_the_hot_path_and_the_last_one_does_not(
+    start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = hot_path_calls(monkeypatch)
+    run = start(one_agent({"name": "t", "steps": [step("one"), step("two"), step("three")]}))
+    run.finish("one")
+    run.finish("two")
+    run.finish("three")  # the task's last child: its task and run finish on the general path
+    assert calls == [True, True, False]
+    assert run.refresh().status == "completed"
+
+
+def test_a_charge_beyond_the_reservation_on_the_hot_path_fails_the_step_and_keeps_nothing(
+    start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = hot_path_calls(monkeypatch)
+    run = start(one_agent({"name": "t", "steps": [step("one"), step("two")]}))
+    held = Reservation.objects.get(run_id=run.run.pk).held
+
+    one = run.finish("one", Outcome(output={"big": True}, cost=held + Decimal(1)))
+
+    assert calls == [True]  # taken, then rolled back: the general path recorded it
+    assert one.status == "failed"
+    assert one.error["code"] == "budget_exhausted"
+    assert one.output is None
+    assert run.step("two").dispatched_at is None
+    assert run.sent() == ["one"]
+    assert not LedgerEntry.objects.filter(run_id=run.run.pk, type="charge").exists()
+    assert not RunEvent.objects.filter(run=run.run, to_status="completed", entity="step").exists()
+    assert run.refresh().status == "failed"
+
+
+def test_a_late_result_is_dropped_by_the_hot_path_too(start: Start) -> None:
+    run = start(one_agent({"name": "t", "steps": [step("one"), step("two")]}))
+    one = run.step("one")
+    run.finish_step(one, Outcome(output={"first": True}))
+    events = RunEvent.objects.filter(run=run.run).count()
+
+    # The same attempt reported again (a redelivered recording): nothing changes.
+    record(one.pk, run.run.pk, 1, Outcome(output={"second": True}, cost=Decimal(1)))
+
+    assert run.step("one").output == {"first": True}
+    assert RunEvent.objects.filter(run=run.run).count() == events
+    assert run.sent() == ["one", "two"]

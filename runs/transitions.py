@@ -124,11 +124,34 @@ def transition(
     Raises ``model.DoesNotExist`` for an unknown pk and ``InvalidTransition`` for a
     transition the table refuses.
     """
-    with transaction.atomic():
-        obj = model.objects.select_for_update(no_key=True).get(pk=pk)
-        return transition_locked(
-            obj, to_status, actor=actor, message=message, payload=payload, updates=updates, now=now
-        )
+    # No savepoint inside a caller's transaction: the engine makes several transitions
+    # per step, each a SAVEPOINT and a RELEASE round trip otherwise. The refusals are
+    # decided before anything is written and raised outside the block, so a caller that
+    # catches one (and a test) carries on in a usable transaction; only a database error
+    # leaves through the block, and that spoils the caller's transaction either way.
+    with transaction.atomic(savepoint=False):
+        obj = model.objects.select_for_update(no_key=True).filter(pk=pk).first()
+        allowed = obj is not None and is_allowed_or_same(type(obj), obj.status, to_status)
+        if allowed:
+            assert obj is not None
+            return transition_locked(
+                obj,
+                to_status,
+                actor=actor,
+                message=message,
+                payload=payload,
+                updates=updates,
+                now=now,
+            )
+    if obj is None:
+        raise model.DoesNotExist(f"{model.__name__} {pk} does not exist")
+    check_transition(entity_name(model), obj.status, to_status)  # raises with the details
+    raise AssertionError("unreachable: the transition was refused above")
+
+
+def is_allowed_or_same(model: type[models.Model], from_status: str, to_status: str) -> bool:
+    """Whether ``transition_locked`` would accept this (a same-state no-op included)."""
+    return from_status == to_status or is_allowed(entity_name(model), from_status, to_status)
 
 
 def transition_locked(
@@ -184,7 +207,7 @@ def transition_many(
     for source in sources:
         if not is_allowed(entity, source, to_status):
             check_transition(entity, source, to_status)  # raises with the details
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):  # as in transition()
         locked = list(rows.select_for_update(no_key=True).filter(status__in=sources).order_by("pk"))
         if not locked:
             return []

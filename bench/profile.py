@@ -29,6 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument(
+        "--executor",
+        action="store_true",
+        help="run each step as a worker does (orchestrator.executor.execute_step: claim, "
+        "condition, parameters, the no-op tool, redaction, record) instead of claim + record",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
     import django
@@ -40,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from billing.pricing import tool_price
     from billing.services import credits_grant, organization_create
+    from orchestrator.executor import execute_step
     from runs import services
     from runs.engine import control
     from runs.engine.outcomes import Outcome, record
@@ -64,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     def play(run: Run, ids: list[int]) -> float:
         started = time.perf_counter()
         for step_id in ids:
+            if args.executor:
+                if execute_step(step_id, worker="profile", task_id="profile") != "completed":
+                    raise SystemExit(f"step {step_id} did not complete")
+                continue
             claimed = claim_step(step_id, worker="profile", task_id="profile", lease_seconds=60)
             if claimed is None:
                 raise SystemExit(f"step {step_id} could not be claimed")
@@ -85,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     for query in queries.captured_queries:  # Django's wall time of each, driver included
         kind = _kind(query["sql"])
         spent[kind] = spent.get(kind, 0.0) + float(query["time"])
-    print(f"{args.steps} sequential no-op steps, claim + record each, in process, twice:")
+    how = "executed as a worker does" if args.executor else "claim + record each"
+    print(f"{args.steps} sequential no-op steps, {how}, in process, twice:")
     print(f"  {plain_ms:.2f} ms per step; {profiled_ms:.2f} ms under cProfile")
     print(f"  {len(queries.captured_queries) / args.steps:.1f} statements per step:")
     print("    per step  ms per step  statement")

@@ -9,6 +9,8 @@
 #   BENCH_REPEAT=1    passes over every scenario; medians are reported
 #   BENCH_TIMEOUT=600 seconds each scenario may take
 #   BENCH_JSON=path   also write every figure and goal verdict there as JSON
+#   BENCH_PGBOUNCER=N run everything through PgBouncer in transaction mode with N
+#                     server connections (installed from Debian when missing)
 #
 # Extra arguments go to `python -m bench.run` (e.g. --only seq_100,chain_100);
 # `scripts/bench.sh profile [--steps N]` (`make profile`) runs `python -m bench.profile`
@@ -31,7 +33,15 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-eval "$(python scripts/services.py start --dir "$tmp" --fast)"
+bouncer=()
+if [ -n "${BENCH_PGBOUNCER:-}" ]; then
+  if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
+    echo "==> installing pgbouncer" >&2
+    (apt-get update -qq && apt-get install -y -qq pgbouncer) >/dev/null
+  fi
+  bouncer=(--pgbouncer "$BENCH_PGBOUNCER")
+fi
+eval "$(python scripts/services.py start --dir "$tmp" --fast "${bouncer[@]}")"
 export DATABASE_URL CELERY_BROKER_URL
 unset CELERY_RESULT_BACKEND  # results go to the broker's Redis
 export DJANGO_SETTINGS_MODULE=config.settings.local

@@ -269,6 +269,47 @@ def stop_redis(root: Path) -> None:
         time.sleep(0.05)
 
 
+def start_pgbouncer(root: Path, port: int, pg_port: int, pool: int) -> None:
+    """PgBouncer in transaction mode in front of PostgreSQL, ``pool`` server connections
+    per database: how a fleet of workers on many hosts shares PostgreSQL. Runs as the
+    server account (PgBouncer refuses root too)."""
+    server = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    if not Path(server).exists():
+        sys.exit("pgbouncer not found: apt-get install pgbouncer")
+    data = root / "pgbouncer"
+    data.mkdir(parents=True, exist_ok=True)
+    (data / "userlist.txt").write_text(f'"{PG_USER}" ""\n')
+    (data / "pgbouncer.ini").write_text(
+        "[databases]\n"
+        f"* = host=127.0.0.1 port={pg_port}\n"
+        "[pgbouncer]\n"
+        "listen_addr = 127.0.0.1\n"
+        f"listen_port = {port}\n"
+        "unix_socket_dir =\n"
+        "auth_type = trust\n"
+        f"auth_file = {data / 'userlist.txt'}\n"
+        "pool_mode = transaction\n"
+        f"default_pool_size = {pool}\n"
+        "max_client_conn = 2000\n"
+        f"logfile = {data / 'pgbouncer.log'}\n"
+        f"pidfile = {data / 'pgbouncer.pid'}\n"
+    )
+    for path in (data, *data.iterdir()):
+        chown_for_server(path)
+    subprocess.run(as_server_user([server, "-d", str(data / "pgbouncer.ini")]), check=True)
+    wait_for(lambda: port_open(port), f"PgBouncer on port {port}")
+
+
+def stop_pgbouncer(root: Path) -> None:
+    pidfile = root / "pgbouncer" / "pgbouncer.pid"
+    try:
+        pid = int(pidfile.read_text().strip())
+        if b"pgbouncer" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            os.kill(pid, signal.SIGTERM)
+    except (FileNotFoundError, ValueError, ProcessLookupError):
+        return
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -281,6 +322,14 @@ def main() -> None:
     start.add_argument(
         "--redis-aof", action="store_true", help="Redis append-only file, fsync every second"
     )
+    start.add_argument(
+        "--pgbouncer",
+        type=int,
+        default=0,
+        metavar="POOL",
+        help="put PgBouncer (transaction mode, POOL server connections) in front of "
+        "PostgreSQL; DATABASE_URL then names PgBouncer, DATABASE_DIRECT_URL the server",
+    )
     start.add_argument("--no-postgres", action="store_true")
     start.add_argument("--no-redis", action="store_true")
     stop = sub.add_parser("stop", help="stop the servers started in --dir")
@@ -289,11 +338,18 @@ def main() -> None:
 
     root = args.dir.resolve()
     if args.command == "stop":
+        stop_pgbouncer(root)
         stop_postgres(root)
         stop_redis(root)
         return
     if not args.no_postgres:
-        url = start_postgres(root, args.pg_port or free_port(), args.db, args.fast)
+        pg_port = args.pg_port or free_port()
+        url = start_postgres(root, pg_port, args.db, args.fast)
+        if args.pgbouncer:
+            bouncer = free_port()
+            start_pgbouncer(root, bouncer, pg_port, args.pgbouncer)
+            print(f"export DATABASE_DIRECT_URL={url}")
+            url = url.replace(f":{pg_port}/", f":{bouncer}/")
         print(f"export DATABASE_URL={url}")
     if not args.no_redis:
         url = start_redis(root, args.redis_port or free_port(), aof=args.redis_aof)

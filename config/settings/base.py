@@ -112,6 +112,11 @@ def database_config(url: str) -> dict[str, Any]:
             "DATABASE_CONNECT_TIMEOUT", 5, "seconds to wait for PostgreSQL", minimum=1
         )
     }
+    # Nothing may outlive a transaction on its server connection, so that PgBouncer in
+    # transaction mode can hand each transaction a different one (docs/benchmark.md):
+    # no server-side cursors (an .iterator() would hold one), and no prepared statements
+    # (Django's psycopg 3 default, prepare_threshold=None, kept).
+    config["DISABLE_SERVER_SIDE_CURSORS"] = True
     return config
 
 

@@ -226,6 +226,13 @@ class Task(Timestamps):
         indexes = [
             models.Index(fields=["run", "status"], name="task_run_status"),
             models.Index(fields=["agent", "generation", "position"], name="task_agent_position"),
+            # An agent's tasks ready but not started (held by max_concurrent_tasks): what
+            # dispatch looks for after every task, as step_ready for steps.
+            models.Index(
+                fields=["agent", "generation", "position"],
+                name="task_ready",
+                condition=Q(status="pending", pending_dependencies=0, dispatched_at__isnull=True),
+            ),
         ]
         constraints = [
             models.UniqueConstraint(

@@ -1,21 +1,27 @@
-"""The hot path: a step that completed, in a task that goes on, recorded in one statement.
+"""The hot path: the plainest step outcomes, each recorded in one SQL statement.
 
 Most step outcomes are the plainest case: the attempt succeeded, the step is not an
-on_error handler, and its task has other children still open, so nothing above the task
-changes. The general path (``outcomes._record``) spends about ten ORM statements on it:
-lock the step, update it, insert its event, read and update the task's counters,
-release the successors, pick and mark the steps that became ready, count them. Here one
-SQL statement does all of that, with data-modifying CTEs, and returns the steps it
-dispatched; no model instance is built.
+on_error handler, and nothing above its agent changes. The general path
+(``outcomes._record``) spends ten to twenty-five ORM statements on it: lock the step,
+update it, insert its event, read and update the task's counters, release the
+successors, pick and mark the steps that became ready, count them, and when the step was
+its task's last, complete the task and do the same one level up. Here one SQL statement
+does all of that, with data-modifying CTEs, and returns the steps it dispatched; no
+model instance is built. Two statements cover the two shapes:
 
-It changes exactly what the general path would (same columns, same event, same
-counters, same choice of steps to dispatch), and only when it is sure to: the task must
-be RUNNING with more than this child open, the run RUNNING with no approval waiting.
-Otherwise the statement writes nothing and says so, and the caller takes the general
-path in the same transaction. The caller holds the run's row lock, as on every engine
-path; that lock is what makes the counters read here current (every writer of a task's
-counters holds it), and the statement starts after the lock is granted, so its snapshot
-sees every earlier holder's commit.
+- ``_IN_TASK``: the task has other children open; it goes on;
+- ``_LAST_IN_TASK``: the step was its task's last open child (a dag node is a one-step
+  task): the task completes, and its agent, which has other children open, goes on.
+
+Each changes exactly what the general path would (same columns, same events in the same
+order, same counters, same choice of work to dispatch), and only when it is sure to:
+the levels involved RUNNING, the run RUNNING with no approval waiting. Otherwise the
+statement writes nothing and says so, and the caller takes the general path in the same
+transaction. The caller holds the run's row lock, as on every engine path; that lock is
+what makes the counters read here current (every writer of them holds it), and each
+statement starts after the lock is granted, so its snapshot sees every earlier holder's
+commit. ``tests/runs/engine/test_hotpath.py`` plays plans with the hot path on and off
+and compares everything they leave behind.
 """
 
 from __future__ import annotations
@@ -34,34 +40,46 @@ from runs.states import RunStatus, is_allowed
 if not is_allowed("step", "running", "completed"):
     raise RuntimeError("runs.states no longer allows step running -> completed; fix the hot path")
 
-# Sub-statements of one statement share its snapshot and cannot see each other's writes:
-# so a successor's dependency count is read as stored and the release applied in the
-# same expression (``remaining``), and a successor that is both released and dispatched
-# is updated once (``moved``). ``ready`` mirrors dispatch._DISPATCH_STEPS_SQL: the task's
-# pending, undispatched steps with no dependency left, by position, up to the free slots.
-_COMPLETE_SQL = """
-WITH task AS (
-    SELECT t.id, t.retry_count, t.max_concurrent_steps, t.active_children
-    FROM runs_task AS t JOIN runs_step AS s ON s.task_id = t.id
-    WHERE s.id = %(step)s AND t.status = 'running' AND t.open_children > 1
-), done AS (
-    UPDATE runs_step AS s
-    SET status = 'completed',
+# The parts both statements share: the step completed as transition_locked() would
+# complete it, only if it is running this attempt and is no handler; the run's heartbeat;
+# the event insert.
+_PARTS = {
+    "step_completed": """status = 'completed',
         status_changed_at = %(now)s,
         completed_at = %(now)s,
         duration_ms = GREATEST(0, floor(EXTRACT(EPOCH FROM
             (%(now)s::timestamptz - COALESCE(s.started_at, s.created_at))) * 1000))::bigint,
         output = %(output)s::jsonb,
         cost = s.cost + %(cost)s,
-        lease_expires_at = NULL
-    FROM task
-    WHERE s.id = %(step)s AND s.task_id = task.id AND s.status = 'running'
+        lease_expires_at = NULL""",
+    "step_running": """s.id = %(step)s AND s.task_id = task.id AND s.status = 'running'
       AND s.attempts = %(attempt)s AND s.handler_for_id IS NULL
-    RETURNING s.id, s.run_id, s.attempt_number, s.attempts, s.name, s.dependents
-), event AS (
-    INSERT INTO runs_runevent
+    RETURNING s.id, s.run_id, s.attempt_number, s.attempts, s.name, s.dependents""",
+    "beat": """beat AS (
+    UPDATE runs_run SET last_heartbeat = %(now)s
+    WHERE id = %(run)s AND %(beat)s AND EXISTS (SELECT 1 FROM done)""",
+    "insert_event": """INSERT INTO runs_runevent
         (run_id, attempt_number, entity, entity_id, kind, from_status, to_status, actor,
-         message, payload, created_at)
+         message, payload, created_at)""",
+}
+
+# Sub-statements of one statement share its snapshot and cannot see each other's writes:
+# so a successor's dependency count is read as stored and the release applied in the
+# same expression (``remaining``), and a successor that is both released and dispatched
+# is updated once (``moved``). ``ready`` mirrors dispatch._DISPATCH_STEPS_SQL: the task's
+# pending, undispatched steps with no dependency left, by position, up to the free slots.
+_IN_TASK = """
+WITH task AS (
+    SELECT t.id, t.retry_count, t.max_concurrent_steps, t.active_children
+    FROM runs_task AS t JOIN runs_step AS s ON s.task_id = t.id
+    WHERE s.id = %(step)s AND t.status = 'running' AND t.open_children > 1
+), done AS (
+    UPDATE runs_step AS s
+    SET {step_completed}
+    FROM task
+    WHERE {step_running}
+), event AS (
+    {insert_event}
     SELECT run_id, attempt_number, 'step', id::text, 'transition', 'running', 'completed',
            'system', '', jsonb_build_object('cost', %(cost_text)s::text), %(now)s
     FROM done
@@ -112,9 +130,7 @@ WITH task AS (
         active_children = t.active_children - 1 + (SELECT count(*) FROM ready)
     FROM done
     WHERE t.id = (SELECT id FROM task)
-), beat AS (
-    UPDATE runs_run SET last_heartbeat = %(now)s
-    WHERE id = %(run)s AND %(beat)s AND EXISTS (SELECT 1 FROM done)
+), {beat}
 )
 SELECT done.name, done.attempt_number, done.attempts,
        moved.id, moved.tool, moved.timeout_ms, moved.run_id, moved.attempt_number,
@@ -122,6 +138,146 @@ SELECT done.name, done.attempt_number, done.attempts,
 FROM done LEFT JOIN moved ON moved.dispatched
 ORDER BY moved.position
 """
+
+# The task's last child completed, so the task completes; its agent goes on. The same
+# again one level up: the task's dependents released, the agent's ready tasks started
+# (up to max_concurrent_tasks) and each started task's ready steps dispatched (up to its
+# max_concurrent_steps, ``row_number`` per task). The events go in with one INSERT, in
+# the general path's order (step, task, then the started tasks by id). A started task
+# whose first ready step is an approval is left to the general path (``done`` finds
+# nothing): there the run may stop to wait for it before the next task dispatches.
+_LAST_IN_TASK = """
+WITH task AS (
+    SELECT t.id, t.agent_id, t.retry_count, t.dependents
+    FROM runs_task AS t JOIN runs_step AS s ON s.task_id = t.id
+    WHERE s.id = %(step)s AND t.status = 'running' AND t.open_children = 1
+), agent AS (
+    SELECT a.id, a.retry_count, a.active_children,
+           GREATEST(a.max_concurrent_tasks - (a.active_children - 1), 0) AS free
+    FROM runs_agent AS a, task
+    WHERE a.id = task.agent_id AND a.status = 'running' AND a.open_children > 1
+), released AS (
+    SELECT jsonb_array_elements_text(task.dependents) AS name FROM task
+), siblings AS (
+    SELECT tk.id, tk.position, tk.status, tk.dispatched_at, tk.pending_dependencies AS pending,
+           true AS released
+    FROM released, agent, LATERAL (
+        SELECT * FROM runs_task
+        WHERE agent_id = agent.id AND generation = agent.retry_count AND name = released.name
+        OFFSET 0  -- one unique-index probe per name
+    ) AS tk
+    UNION
+    SELECT * FROM (
+        SELECT tk.id, tk.position, tk.status, tk.dispatched_at,
+               tk.pending_dependencies AS pending, false AS released
+        FROM runs_task AS tk
+        WHERE tk.agent_id = (SELECT id FROM agent)
+          AND tk.generation = (SELECT retry_count FROM agent)
+          AND tk.status = 'pending' AND tk.pending_dependencies = 0
+          AND tk.dispatched_at IS NULL
+        ORDER BY tk.position
+        LIMIT (SELECT free FROM agent)
+    ) AS held
+), ready AS (
+    SELECT id FROM siblings
+    WHERE status = 'pending' AND dispatched_at IS NULL AND pending - released::int = 0
+    ORDER BY position
+    LIMIT (SELECT free FROM agent)
+), new_steps AS (
+    SELECT id, task_id, position, tool FROM (
+        SELECT st.id, st.task_id, st.position, st.tool,
+               row_number() OVER (PARTITION BY st.task_id ORDER BY st.position) AS n,
+               tk.max_concurrent_steps - tk.active_children AS free
+        FROM ready
+        JOIN runs_task AS tk ON tk.id = ready.id
+        JOIN runs_step AS st ON st.task_id = tk.id AND st.generation = tk.retry_count
+        WHERE st.status = 'pending' AND st.pending_dependencies = 0
+          AND st.dispatched_at IS NULL
+    ) AS numbered
+    WHERE n <= free
+), done AS (
+    UPDATE runs_step AS s
+    SET {step_completed}
+    FROM task, agent
+    WHERE NOT EXISTS (SELECT 1 FROM new_steps WHERE tool = 'approval') AND {step_running}
+), step_released AS (
+    UPDATE runs_step AS st SET pending_dependencies = st.pending_dependencies - 1
+    FROM task
+    WHERE st.task_id = task.id AND st.generation = task.retry_count
+      AND st.handler_for_id IS NULL
+      AND st.name IN (SELECT jsonb_array_elements_text(dependents) FROM done)
+), finished AS (
+    UPDATE runs_task AS t
+    SET status = 'completed',
+        status_changed_at = %(now)s,
+        completed_at = %(now)s,
+        duration_ms = GREATEST(0, floor(EXTRACT(EPOCH FROM
+            (%(now)s::timestamptz - COALESCE(t.started_at, t.created_at))) * 1000))::bigint,
+        open_children = t.open_children - 1,
+        active_children = t.active_children - 1
+    FROM done
+    WHERE t.id = (SELECT id FROM task)
+    RETURNING t.id, t.run_id, t.attempt_number
+), moved_tasks AS (
+    UPDATE runs_task AS tk
+    SET pending_dependencies = tk.pending_dependencies - sib.released::int,
+        status = CASE WHEN sib.started THEN 'running' ELSE tk.status END,
+        status_changed_at = CASE WHEN sib.started THEN %(now)s ELSE tk.status_changed_at END,
+        started_at = CASE WHEN sib.started THEN COALESCE(tk.started_at, %(now)s)
+                          ELSE tk.started_at END,
+        dispatched_at = CASE WHEN sib.started THEN %(now)s ELSE tk.dispatched_at END,
+        active_children = tk.active_children
+            + (SELECT count(*) FROM new_steps WHERE new_steps.task_id = tk.id)
+    FROM (SELECT siblings.*, siblings.id IN (SELECT id FROM ready) AS started
+          FROM siblings) AS sib
+    WHERE tk.id = sib.id AND (sib.released OR sib.started) AND EXISTS (SELECT 1 FROM done)
+    RETURNING tk.id, tk.run_id, tk.attempt_number, tk.position, sib.started
+), moved_steps AS (
+    UPDATE runs_step AS st SET dispatched_at = %(now)s
+    FROM new_steps
+    WHERE st.id = new_steps.id AND EXISTS (SELECT 1 FROM done)
+    RETURNING st.id, st.tool, st.timeout_ms, st.run_id, st.attempt_number, st.status,
+              st.task_id, st.position
+), agent_counted AS (
+    UPDATE runs_agent AS a
+    SET open_children = a.open_children - 1,
+        active_children = a.active_children - 1 + (SELECT count(*) FROM ready)
+    FROM done
+    WHERE a.id = (SELECT id FROM agent)
+), event AS (
+    {insert_event}
+    SELECT run_id, attempt_number, entity, entity_id, 'transition', from_status, to_status,
+           'system', '', payload, %(now)s
+    FROM (
+        SELECT 0 AS k, 0::bigint AS o, run_id, attempt_number, 'step' AS entity,
+               id::text AS entity_id, 'running' AS from_status, 'completed' AS to_status,
+               jsonb_build_object('cost', %(cost_text)s::text) AS payload
+        FROM done
+        UNION ALL
+        SELECT 1, 0, run_id, attempt_number, 'task', id::text, 'running', 'completed',
+               '{{}}'::jsonb
+        FROM finished
+        UNION ALL
+        SELECT 2, id, run_id, attempt_number, 'task', id::text, 'pending', 'running',
+               '{{}}'::jsonb
+        FROM moved_tasks WHERE started
+    ) AS e
+    ORDER BY k, o
+), {beat}
+)
+SELECT done.name, done.attempt_number, done.attempts,
+       moved.id, moved.tool, moved.timeout_ms, moved.run_id, moved.attempt_number,
+       moved.status
+FROM done
+LEFT JOIN (
+    SELECT moved_steps.*, moved_tasks.position AS task_position
+    FROM moved_steps JOIN moved_tasks ON moved_tasks.id = moved_steps.task_id
+) AS moved ON true
+ORDER BY moved.task_position, moved.position
+"""
+
+_IN_TASK_SQL = _IN_TASK.format(**_PARTS)
+_LAST_IN_TASK_SQL = _LAST_IN_TASK.format(**_PARTS)
 
 
 @dataclass(frozen=True)
@@ -157,22 +313,25 @@ def complete(
 ) -> Completed | None:
     """Complete ``step_id``'s ``attempt`` and advance its task in one statement; None when
     the step is not this plain case (or not running this attempt): nothing was written."""
+    params = {
+        "step": step_id,
+        "attempt": attempt,
+        "run": run.pk,
+        "now": now,
+        # None is SQL NULL, as the ORM stores it, not a JSON null.
+        "output": None if output is None else json.dumps(output),
+        "cost": cost,
+        "cost_text": str(cost),
+        "beat": beat,
+    }
     with connection.cursor() as cursor:
-        cursor.execute(
-            _COMPLETE_SQL,
-            {
-                "step": step_id,
-                "attempt": attempt,
-                "run": run.pk,
-                "now": now,
-                # None is SQL NULL, as the ORM stores it, not a JSON null.
-                "output": None if output is None else json.dumps(output),
-                "cost": cost,
-                "cost_text": str(cost),
-                "beat": beat,
-            },
-        )
+        # Most steps have siblings still open; a one-step task (a dag node) ends with its
+        # step. A statement that does not apply writes nothing, so trying both is safe.
+        cursor.execute(_IN_TASK_SQL, params)
         rows = cursor.fetchall()
+        if not rows:
+            cursor.execute(_LAST_IN_TASK_SQL, params)
+            rows = cursor.fetchall()
     if not rows:
         return None
     name, attempt_number, attempts = rows[0][:3]

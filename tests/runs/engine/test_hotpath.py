@@ -97,6 +97,52 @@ PLANS: dict[str, tuple[dict[str, Any], Script]] = {
         ),
         flaky,
     ),
+    "dag of one-step tasks under a limit": (
+        one_agent(
+            {"name": "root", "steps": [step("r")]},
+            {"name": "left", "depends_on": ["root"], "steps": [step("l")]},
+            {
+                "name": "right",
+                "depends_on": ["root"],
+                "steps": [step("flaky-r", retry={"jitter": 0})],
+            },
+            {"name": "wide", "depends_on": ["root"], "steps": [step("w1"), step("w2")]},
+            {"name": "far", "steps": [step("f")]},
+            {"name": "join", "depends_on": ["left", "right", "wide"], "steps": [step("j")]},
+            {
+                "name": "fan",
+                "depends_on": ["join"],
+                "mode": "parallel",
+                "max_concurrent_steps": 2,
+                "steps": [step("fa"), step("fb"), step("fc")],
+            },
+            {"name": "gate", "depends_on": ["far"], "steps": [step("g", tool="approval")]},
+            mode="dag",
+            max_concurrent_tasks=2,
+        ),
+        flaky,
+    ),
+    "two agents, sequential tasks": (
+        {
+            "name": "hot",
+            "agents": [
+                {
+                    "name": "first",
+                    "tasks": [{"name": f"t{i}", "steps": [step(f"a{i}")]} for i in range(4)],
+                },
+                {
+                    "name": "second",
+                    "depends_on": ["first"],
+                    "tasks": [
+                        {"name": f"t{i}", "steps": [step(f"b{i}"), step(f"free-{i}")]}
+                        for i in range(3)
+                    ],
+                },
+            ],
+            "mode": "dag",
+        },
+        flaky,
+    ),
     "retries, skips, handlers, approvals, several tasks": (
         one_agent(
             {
@@ -259,6 +305,30 @@ def test_a_mid_task_completion_takes_the_hot_path_and_the_last_one_does_not(
     run.finish("two")
     run.finish("three")  # the task's last child: its task and run finish on the general path
     assert calls == [True, True, False]
+    assert run.refresh().status == "completed"
+
+
+def test_a_one_step_task_completes_with_its_step_on_the_hot_path(
+    start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = hot_path_calls(monkeypatch)
+    run = start(
+        one_agent(
+            {"name": "first", "steps": [step("one")]},
+            {"name": "second", "depends_on": ["first"], "steps": [step("two")]},
+            {"name": "third", "depends_on": ["second"], "steps": [step("three")]},
+            mode="dag",
+        )
+    )
+    run.finish("one")
+    run.finish("two")
+    run.finish("three")  # the agent's last child: the agent and run finish generally
+
+    assert calls == [True, True, False]
+    tasks = {t.name: t for t in Task.objects.filter(run=run.run)}
+    assert {name: t.status for name, t in tasks.items()} == dict.fromkeys(tasks, "completed")
+    assert all(t.completed_at and t.duration_ms is not None for t in tasks.values())
+    assert run.sent() == ["one", "two", "three"]
     assert run.refresh().status == "completed"
 
 

@@ -7,6 +7,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LATENCY = ("start_latency", "start_latency_raw")
+# Further figures a scenario may report (Sample.extra): how each reads, in this order.
+EXTRAS = {
+    "runs_per_s": ("runs/s", "{:.1f}"),
+    "submit_s": ("all submitted in", "{:.2f} s"),
+    "p50_latency_s": ("latency p50", "{:.3f} s"),
+    "p95_latency_s": ("p95", "{:.3f} s"),
+}
+# Scenarios whose worker memory over the scenario itself is shown under the table (the
+# JSON has it for every scenario).
+MEMORY_SHOWN = ("fan_20000", "group_20000")
 
 
 @dataclass
@@ -18,6 +28,11 @@ class Figure:
     steps: int
     walls: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # Sample.extra of the successful repetitions, by name.
+    extras: dict[str, list[float]] = field(default_factory=dict)
+    # Worker RSS (KiB, the worker and its children) just before and just after each
+    # repetition, failed ones included.
+    rss_kib: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def runs(self) -> int:
@@ -48,6 +63,25 @@ class Figure:
         wall = self.wall_s
         return None if not wall else self.steps / wall
 
+    def add_extra(self, values: dict[str, float]) -> None:
+        for key, value in values.items():
+            self.extras.setdefault(key, []).append(value)
+
+    def extra_median(self, key: str) -> float | None:
+        """The median of a further figure; None if the scenario failed or has none."""
+        values = self.extras.get(key)
+        return None if self.failed or not values else statistics.median(values)
+
+    @property
+    def rss_growth(self) -> float | None:
+        """Median growth of the worker's RSS over one repetition (0.05: +5%)."""
+        growths = [after / before - 1 for before, after in self.rss_kib if before and after]
+        return statistics.median(growths) if growths else None
+
+    def rss_median(self, index: int) -> int | None:
+        values = [pair[index] for pair in self.rss_kib if pair[0] and pair[1]]
+        return int(statistics.median(values)) if values else None
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
@@ -58,6 +92,10 @@ class Figure:
             "steps_per_s": self.steps_per_s,
             "walls_s": self.walls,
             "error": self.error,
+            "extra": {key: self.extra_median(key) for key in self.extras},
+            "extras_all": self.extras,
+            "worker_rss_kib": [{"before": b, "after": a} for b, a in self.rss_kib],
+            "worker_rss_growth": self.rss_growth,
         }
 
 
@@ -75,6 +113,9 @@ ROWS = (
     Row("fan_2000", "chord_2000", "chord_2000 (+join)"),
     Row("dag_1000", "fan_2000", "engine fan_2000"),
     Row("start_latency", "start_latency_raw", "apply_async->start"),
+    Row("many_runs", "many_chains", "many_chains (500x5)"),
+    Row("fan_20000", "group_20000", "group_20000"),
+    Row("fan_20000", "fan_2000", "engine fan_2000"),
 )
 
 HEADER = (
@@ -153,6 +194,26 @@ def format_table(figures: dict[str, Figure]) -> str:
     return "\n".join([fmt(lines[0]), rule, *(fmt(line) for line in lines[1:])])
 
 
+def format_extras(figures: dict[str, Figure]) -> list[str]:
+    """One line per scenario with further figures (medians), or whose memory is shown."""
+    width = max((len(name) for name in figures), default=0)
+    lines = []
+    for name, figure in figures.items():
+        parts = []
+        for key, (label, fmt) in EXTRAS.items():
+            value = figure.extra_median(key)
+            if value is not None:
+                parts.append(f"{label} {fmt.format(value)}")
+        growth = figure.rss_growth
+        if name in MEMORY_SHOWN and growth is not None:
+            parts.append(
+                f"worker RSS {figure.rss_median(0)} -> {figure.rss_median(1)} KiB ({growth:+.1%})"
+            )
+        if parts:
+            lines.append(f"  {name:<{width}}  {', '.join(parts)}")
+    return lines
+
+
 NOTES = (
     "ms/step = wall / steps; steps/s = steps / wall; ratio = engine ms/step / raw ms/step.",
     "fan_2000 counts its 2,000 parallel steps and the join step (2,001); chord_2000 counts "
@@ -163,6 +224,15 @@ NOTES = (
     "(PostgreSQL clock); raw: apply_async -> the task's own time.time() at start.",
     "Engine wall: run_start -> terminal status polled every 10 ms; raw wall: apply_async -> "
     "last result (Redis result backend).",
+    "many_runs: 500 runs of 5 sequential no-op steps (2,500 steps), all created first, then "
+    "run_start for each in a loop; wall until all 500 are terminal (one COUNT every 50 ms); "
+    "run latency = its run_start -> its completed_at. many_chains: 500 chains of 5 links, "
+    "apply_async in a loop; wall until the last result; latency = apply_async -> the last "
+    "link's start (its own time.time()).",
+    "fan_20000: 20,000 steps, the most a run may have: 19,999 parallel no-op steps (four "
+    "parallel tasks of at most 5,000, the per-task limit) then a join; fan_plan(20000) "
+    "itself is refused by the plan limits. Its fan_2000 row: ratio = fan_20000 ms/step / "
+    "fan_2000 ms/step. Worker RSS: just before -> just after the scenario.",
 )
 
 
@@ -194,8 +264,21 @@ def goals(figures: dict[str, Figure], rss: dict[str, int | None]) -> list[Goal]:
         value = getattr(figure, attr) if figure else None
         return value if isinstance(value, float) else None
 
+    def extra(name: str, key: str) -> float | None:
+        figure = figures.get(name)
+        return figure.extra_median(key) if figure else None
+
+    def both(a: float | None, b: float | None, fmt: str) -> str:
+        """A ratio's two figures, to follow it (numbers: no braces left for format)."""
+        shown = ["-" if v is None else fmt.format(v) for v in (a, b)]
+        return f" ({shown[0]} vs {shown[1]})"
+
     start, end = rss.get("start"), rss.get("end")
     growth = (end / start - 1) if start and end else None
+    wide = figures.get("fan_20000")
+    wide_growth = wide.rss_growth if wide and not wide.failed else None
+    engine_rate, raw_rate = extra("many_runs", "runs_per_s"), extra("many_chains", "runs_per_s")
+    engine_p95, raw_p95 = extra("many_runs", "p95_latency_s"), extra("many_chains", "p95_latency_s")
     return [
         _goal(
             "seq_scaling",
@@ -237,6 +320,36 @@ def goals(figures: dict[str, Figure], rss: dict[str, int | None]) -> list[Goal]:
             "worker memory growth at most 10% (RSS end vs start, after warm-up)",
             growth,
             "{:+.1%}" + f" ({start} -> {end} KiB)",
+            lambda v: v <= 0.10,
+        ),
+        _goal(
+            "many_runs_throughput",
+            "many_runs runs/s at least 1.0x raw many_chains (500 x 5 steps, submitted at once)",
+            ratio(engine_rate, raw_rate),
+            "{:.2f}x" + both(engine_rate, raw_rate, "{:.1f} runs/s"),
+            lambda v: v >= 1.0,
+        ),
+        _goal(
+            "many_runs_latency",
+            "many_runs p95 run latency at most 1.0x raw many_chains' p95",
+            ratio(engine_p95, raw_p95),
+            "{:.2f}x" + both(engine_p95, raw_p95, "{:.3f} s"),
+            lambda v: v <= 1.0,
+        ),
+        _goal(
+            "fan_scaling",
+            "fan_20000 per-step cost within 1.2x of fan_2000",
+            ratio(get("fan_20000", "ms_per_step"), get("fan_2000", "ms_per_step")),
+            "{:.2f}x"
+            + both(get("fan_20000", "ms_per_step"), get("fan_2000", "ms_per_step"), "{:.2f} ms"),
+            lambda v: v <= 1.2,
+        ),
+        _goal(
+            "fan_20000_memory",
+            "worker memory growth over fan_20000 at most 10% (RSS just before vs just after)",
+            wide_growth,
+            "{:+.1%}"
+            + (f" ({wide.rss_median(0)} -> {wide.rss_median(1)} KiB)" if wide is not None else ""),
             lambda v: v <= 0.10,
         ),
     ]

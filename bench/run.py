@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from .report import NOTES, Figure, Goal, format_table, goals, table_rows
+from .report import NOTES, Figure, Goal, format_extras, format_table, goals, table_rows
 from .worker import Worker, WorkerFailed
 
 if TYPE_CHECKING:
@@ -65,8 +65,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def scenario_table() -> list[tuple[str, str, int, Callable[[Engine, Raw], Sample]]]:
-    """(name, kind, steps, how to run it), in the order they run: pairs side by side."""
-    from .scenarios import dag_plan, fan_plan, sequential_plan
+    """(name, kind, steps, how to run it), in the order they run: pairs side by side.
+
+    The widest come last: fan_20000 takes minutes.
+    """
+    from .scenarios import (
+        MANY_RUNS,
+        MANY_STEPS,
+        WIDE_FAN_WIDTH,
+        dag_plan,
+        fan_plan,
+        sequential_plan,
+        wide_fan_plan,
+    )
+
+    many = MANY_RUNS * MANY_STEPS
+    wide = WIDE_FAN_WIDTH + 1  # and the join
 
     return [
         ("seq_100", "engine", 100, lambda e, r: e.run(sequential_plan(100), 100)),
@@ -79,6 +93,10 @@ def scenario_table() -> list[tuple[str, str, int, Callable[[Engine, Raw], Sample
         ("dag_1000", "engine", 1000, lambda e, r: e.run(dag_plan(1000), 1000)),
         ("start_latency", "engine", 1, lambda e, r: e.start_latency()),
         ("start_latency_raw", "raw", 1, lambda e, r: r.start_latency()),
+        ("many_runs", "engine", many, lambda e, r: e.many_runs()),
+        ("many_chains", "raw", many, lambda e, r: r.many_chains()),
+        ("fan_20000", "engine", wide, lambda e, r: e.run(wide_fan_plan(WIDE_FAN_WIDTH), wide)),
+        ("group_20000", "raw", 20_000, lambda e, r: r.group(20_000)),
     ]
 
 
@@ -101,6 +119,10 @@ def warm_up(engine: Engine, raw: Raw) -> list[str]:
 def print_report(header: str, figures: dict[str, Figure], verdicts: list[Goal]) -> None:
     print(f"\n{header}\n")
     print(format_table(figures))
+    extras = format_extras(figures)
+    if extras:
+        print("\nFurther figures (medians):")
+        print("\n".join(extras))
     print()
     for note in NOTES:
         print(f"  {note}")
@@ -163,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, _kind, _steps, scenario in selected:
                 if not worker.alive():
                     raise WorkerFailed("the worker died")
+                rss_before = worker.rss_kib()
                 sample = scenario(engine, raw)
                 figure = figures[name]
                 if sample.error is not None:
@@ -170,8 +193,11 @@ def main(argv: list[str] | None = None) -> int:
                     _say(f"    {name:<18} failed: {sample.error}")
                 elif sample.wall_s is not None:
                     figure.walls.append(sample.wall_s)
-                    _say(f"    {name:<18} {sample.wall_s:8.3f} s")
+                    figure.add_extra(sample.extra)
+                    more = "".join(f", {key} {value:.3f}" for key, value in sample.extra.items())
+                    _say(f"    {name:<18} {sample.wall_s:8.3f} s{more}")
                 time.sleep(SETTLE_S)
+                figure.rss_kib.append((rss_before, worker.rss_kib()))
         time.sleep(1)
         if not worker.alive():
             raise WorkerFailed("the worker died")

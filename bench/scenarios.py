@@ -8,6 +8,9 @@ Engine wall time runs from the ``run_start`` call (the plan is validated and sto
 before, by ``run_create``, as an API request would) until the run's status, polled
 from PostgreSQL every 10 ms, is terminal. Raw wall time runs from ``apply_async`` until
 the last result is in (the canvas is built before).
+
+A scenario may report more than its wall time in ``Sample.extra`` (runs/s, latency
+percentiles): ``bench.report`` prints them under the table and writes them to the JSON.
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ import statistics
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from celery import chain, chord, group
 from celery.canvas import Signature
 from celery.exceptions import TimeoutError as CeleryTimeout
+from django.db.models import Count
 from django.utils import timezone
 
 from billing.models import Organization
@@ -37,16 +41,32 @@ from runs.states import RUN_TERMINAL, RunStatus, StepStatus
 from .raw_tasks import BENCH_QUEUE, join, noop, stamp
 
 POLL_S = 0.01
+# many_runs: one COUNT over 500 ids per poll. Latencies come from completed_at, not from
+# the poll, and 50 ms is 0.1% of a wall of ~1 minute: less frequent, less to compete with
+# the worker for the CPUs.
+MANY_POLL_S = 0.05
 LATENCY_SAMPLES = 10
+MANY_RUNS = 500  # many_runs / many_chains: this many runs (chains) submitted at once
+MANY_STEPS = 5  # of this many sequential no-op steps (links) each
+# fan_20000: 20,000 steps, the most a run may have (PLAN_MAX_STEPS_PER_RUN, default
+# 20,000), so 19,999 parallel steps and the join; at most 5,000 of them per task
+# (PLAN_MAX_STEPS_PER_TASK; a task's max_concurrent_steps stops at 10,000 anyway).
+WIDE_FAN_WIDTH = 19_999
+WIDE_FAN_PER_TASK = 5_000
 
 
 @dataclass(frozen=True)
 class Sample:
-    """One execution of one scenario: ``wall_s``, or ``error`` if it failed."""
+    """One execution of one scenario: ``wall_s``, or ``error`` if it failed.
+
+    ``extra``: further figures of a successful execution, by name (``runs_per_s``,
+    ``p50_latency_s``, ``p95_latency_s``), reported as medians over the repetitions.
+    """
 
     steps: int
     wall_s: float | None = None
     error: str | None = None
+    extra: dict[str, float] = field(default_factory=dict)
 
 
 class ScenarioFailed(Exception):
@@ -59,6 +79,24 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, ScenarioFailed):
         return first
     return f"{type(exc).__name__}: {first[:160]}" if first else type(exc).__name__
+
+
+def percentile(values: list[float], q: int) -> float:
+    """The ``q``-th percentile (1-99) of ``values``, linear between the closest ranks."""
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def _many_extra(
+    count: int, wall: float, submitted: float, latencies: list[float]
+) -> dict[str, float]:
+    return {
+        "runs_per_s": count / wall,
+        "submit_s": submitted,
+        "p50_latency_s": percentile(latencies, 50),
+        "p95_latency_s": percentile(latencies, 95),
+    }
 
 
 # --------------------------------------------------------------------------- plans
@@ -104,6 +142,33 @@ def fan_plan(width: int) -> dict[str, Any]:
                     {"name": "join", "steps": [_noop("join")]},
                 ],
             }
+        ],
+    }
+
+
+def wide_fan_plan(width: int, per_task: int = WIDE_FAN_PER_TASK) -> dict[str, Any]:
+    """``width`` parallel no-op steps, all allowed at once, then one join step: the
+    fan of ``fan_plan`` split into parallel tasks of at most ``per_task`` steps (the
+    plan limits refuse a task of more than 5,000 steps, or a ``max_concurrent_steps``
+    above 10,000), which a dag agent runs at once; the join task depends on them all.
+    """
+    tasks: list[dict[str, Any]] = []
+    for index, first in enumerate(range(0, width, per_task)):
+        size = min(per_task, width - first)
+        tasks.append(
+            {
+                "name": f"fan{index}",
+                "mode": "parallel",
+                "max_concurrent_steps": size,
+                "steps": [_noop(f"s{i}") for i in range(first, first + size)],
+            }
+        )
+    fans = [task["name"] for task in tasks]
+    tasks.append({"name": "join", "depends_on": fans, "steps": [_noop("join")]})
+    return {
+        "name": f"bench-wide-fan-{width}",
+        "agents": [
+            {"name": "agent", "mode": "dag", "max_concurrent_tasks": len(tasks), "tasks": tasks}
         ],
     }
 
@@ -219,6 +284,77 @@ class Engine:
                 raise ScenarioFailed("the worker died (no step started)")
             time.sleep(POLL_S)
 
+    def many_runs(self, runs: int = MANY_RUNS, steps: int = MANY_STEPS) -> Sample:
+        """``runs`` runs of ``steps`` sequential no-op steps, submitted at once.
+
+        All runs are created first (``run_create``, untimed); the clock starts before
+        the first ``run_start``, which are called one after another as fast as they
+        return (how long that takes is ``submit_s``). Wall time ends when one COUNT of
+        the runs not yet terminal, polled every 50 ms, reads 0. A run's latency runs
+        from ``timezone.now()`` just before its own ``run_start`` to its
+        ``completed_at`` (the worker's clock, the same host's).
+        """
+        try:
+            created = [self._create(sequential_plan(steps)) for _ in range(runs)]
+            ids = [run.pk for run in created]
+            sent: dict[Any, datetime] = {}
+            started = time.perf_counter()
+            for run in created:
+                sent[run.pk] = timezone.now()
+                services.run_start(run_id=run.pk, actor="bench")
+            submitted = time.perf_counter() - started
+            self._wait_all_terminal(ids, started)
+            wall = time.perf_counter() - started
+            finished = self._check_all_completed(ids, steps)
+            latencies = [(finished[pk] - sent[pk]).total_seconds() for pk in ids]
+        except Exception as exc:  # noqa: BLE001 - a failure is a figure too
+            return Sample(runs * steps, error=_describe(exc))
+        extra = _many_extra(runs, wall, submitted, latencies)
+        return Sample(runs * steps, wall_s=wall, extra=extra)
+
+    def _wait_all_terminal(self, ids: list[Any], started: float) -> None:
+        pending = Run.objects.filter(pk__in=ids).exclude(status__in=RUN_TERMINAL)
+        while True:
+            left = pending.count()
+            if not left:
+                return
+            if time.perf_counter() - started > self.timeout:
+                for pk in pending.values_list("pk", flat=True):
+                    with contextlib.suppress(Exception):
+                        services.run_cancel(run_id=pk, reason="benchmark timeout", actor="bench")
+                raise ScenarioFailed(
+                    f"timed out after {self.timeout:g}s ({left} of {len(ids)} runs not terminal)"
+                )
+            if not self.alive():
+                raise ScenarioFailed(f"the worker died ({left} of {len(ids)} runs not terminal)")
+            time.sleep(MANY_POLL_S)
+
+    def _check_all_completed(self, ids: list[Any], steps: int) -> dict[Any, datetime]:
+        """Every run COMPLETED with ``steps`` completed steps: their ``completed_at``."""
+        rows = Run.objects.filter(pk__in=ids).values_list("pk", "status", "completed_at")
+        finished = {pk: at for pk, status, at in rows if status == RunStatus.COMPLETED and at}
+        if len(finished) != len(ids):
+            failed = next(pk for pk in ids if pk not in finished)
+            run = Run.objects.filter(pk=failed).values_list("status", "last_error").get()
+            detail = f": {run[1]}" if run[1] else ""
+            raise ScenarioFailed(
+                f"{len(ids) - len(finished)} of {len(ids)} runs did not complete "
+                f"(run {failed} ended {run[0]}{detail})"
+            )
+        done = dict(
+            Step.objects.filter(run_id__in=ids, status=StepStatus.COMPLETED)
+            .values("run_id")
+            .annotate(done=Count("pk"))
+            .values_list("run_id", "done")
+        )
+        short = [pk for pk in ids if done.get(pk, 0) != steps]
+        if short:
+            raise ScenarioFailed(
+                f"{len(short)} of {len(ids)} runs completed without {steps} completed steps "
+                f"(run {short[0]}: {done.get(short[0], 0)})"
+            )
+        return finished
+
 
 # --------------------------------------------------------------------------- raw Celery
 class Raw:
@@ -228,9 +364,13 @@ class Raw:
         self.timeout = timeout
         self.alive = alive
 
-    def _get(self, result: Any) -> Any:
-        """``result.get()``, in slices of at most 2 s so that a dead worker is noticed."""
-        deadline = time.perf_counter() + self.timeout
+    def _get(self, result: Any, deadline: float | None = None) -> Any:
+        """``result.get()``, in slices of at most 2 s so that a dead worker is noticed.
+
+        ``deadline`` (``time.perf_counter()``): when to give up; default ``timeout`` on.
+        """
+        if deadline is None:
+            deadline = time.perf_counter() + self.timeout
         while True:
             left = deadline - time.perf_counter()
             try:
@@ -288,6 +428,45 @@ class Raw:
             self._purge()
             return Sample(1, error=_describe(exc))
         return Sample(1, wall_s=statistics.median(latencies))
+
+    def many_chains(self, chains: int = MANY_RUNS, links: int = MANY_STEPS) -> Sample:
+        """``chains`` chains of ``links`` no-op links, sent one after another at once.
+
+        The canvases are built first (untimed); the clock starts before the first
+        ``apply_async`` (how long they take is ``submit_s``). Wall time ends when the
+        last chain's result is in (results are collected in sending order, through the
+        Redis result backend).
+
+        A chain's latency runs from ``time.time()`` just before its own ``apply_async``
+        to the start of its last link: ``links - 1`` ``noop`` then ``stamp``, a no-op
+        that returns the worker's ``time.time()`` (the same host's clock). Read from the
+        results, it costs nothing while the chains run, unlike polling 500 results
+        (which would compete with the worker and round every latency to the poll). It
+        leaves out the last link's own execution and the storing of its result (well
+        under a millisecond), which the engine's latency, ending at the run's
+        ``completed_at``, includes.
+        """
+        try:
+            canvases = [chain(*self._noops(links - 1), stamp.si()) for _ in range(chains)]
+            sent: list[float] = []
+            results: list[Any] = []
+            started = time.perf_counter()
+            deadline = started + self.timeout
+            for canvas in canvases:
+                sent.append(time.time())
+                results.append(canvas.apply_async())
+            submitted = time.perf_counter() - started
+            stamps = [float(self._get(result, deadline)) for result in results]
+            wall = time.perf_counter() - started
+            latencies = [stamped - at for stamped, at in zip(stamps, sent, strict=True)]
+        except CeleryTimeout:
+            self._purge()
+            return Sample(chains * links, error=f"timed out after {self.timeout:g}s")
+        except Exception as exc:  # noqa: BLE001 - a failure is a figure too
+            self._purge()
+            return Sample(chains * links, error=_describe(exc))
+        extra = _many_extra(chains, wall, submitted, latencies)
+        return Sample(chains * links, wall_s=wall, extra=extra)
 
     def _purge(self) -> None:
         """Drop what a failed scenario left queued, so that it does not slow the next."""

@@ -313,7 +313,7 @@ def complete(
 ) -> Completed | None:
     """Complete ``step_id``'s ``attempt`` and advance its task in one statement; None when
     the step is not this plain case (or not running this attempt): nothing was written."""
-    params = {
+    params: dict[str, Any] = {
         "step": step_id,
         "attempt": attempt,
         "run": run.pk,

@@ -233,6 +233,40 @@ RETURNING id, attempt_id
 """
 
 
+# The same charge as a part of a larger statement (the engine's hot path records a step
+# and charges it in one round trip): billing keeps the SQL of its own tables. The
+# statement that includes these CTEs defines one named ``charge`` with the columns
+# (id, organization_id, run_id, attempt_number, step_id, amount, key, reason, actor), one
+# row when a charge is due and none otherwise; ``charge_drawn`` then returns a row only
+# if the reservation could pay it, so the statement can make everything else depend on
+# it. An amount must be positive and already rounded (``to_credits``).
+CHARGE_CTES = """
+charge_drawn AS (
+    UPDATE billing_reservation AS r SET charged = r.charged + charge.amount
+    FROM charge
+    WHERE r.run_id = charge.run_id AND r.attempt_number = charge.attempt_number
+      AND r.settled_at IS NULL
+      AND r.reserved - r.charged - r.refunded >= charge.amount
+      AND NOT EXISTS (
+          SELECT 1 FROM billing_ledgerentry AS l
+          WHERE l.organization_id = charge.organization_id AND l.idempotency_key = charge.key
+      )
+    RETURNING r.attempt_id, r.run_id
+), charge_entry AS (
+    INSERT INTO billing_ledgerentry
+        (id, organization_id, run_id, attempt_id, step_id, type, amount, idempotency_key,
+         reason, actor, created_at)
+    SELECT charge.id, charge.organization_id, drawn.run_id, drawn.attempt_id, charge.step_id,
+           'charge', charge.amount, charge.key, charge.reason, charge.actor, now()
+    FROM charge, charge_drawn AS drawn
+)"""
+
+
+def charge_key(step_id: int, step_attempt: int) -> str:
+    """The idempotency key of a step attempt's charge: one charge per attempt, ever."""
+    return f"charge:{step_id}:{step_attempt}"
+
+
 def credits_charge(
     *,
     organization_id: UUID,
@@ -255,7 +289,7 @@ def credits_charge(
         raise ValueError("a charge cannot be negative")
     if amount == 0:
         return None
-    key = f"charge:{step_id}:{step_attempt}"
+    key = charge_key(step_id, step_attempt)
     with connection.cursor() as cursor:
         cursor.execute(
             _CHARGE_SQL,

@@ -27,6 +27,7 @@ and compares everything they leave behind.
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -34,6 +35,7 @@ from typing import Any
 
 from django.db import connection
 
+from billing.services import CHARGE_CTES, charge_key, to_credits
 from runs.models import Run
 from runs.states import RunStatus, is_allowed
 
@@ -58,6 +60,21 @@ _PARTS = {
     "beat": """beat AS (
     UPDATE runs_run SET last_heartbeat = %(now)s
     WHERE id = %(run)s AND %(beat)s AND EXISTS (SELECT 1 FROM done)""",
+    # The step, read with its task: the same conditions as ``step_running``, so that the
+    # charge (due only when the step will complete) and the update agree.
+    "step_of_task": """s.id = %(step)s AND s.status = 'running' AND s.attempts = %(attempt)s
+      AND s.handler_for_id IS NULL""",
+    # The attempt's charge (billing.services.CHARGE_CTES), as credits_charge() would
+    # write it; the step completes only if the reservation paid it.
+    "charge": """charge AS (
+    SELECT %(charge_id)s::uuid AS id, %(organization)s::uuid AS organization_id,
+           %(run)s::uuid AS run_id, task.step_attempt_number AS attempt_number,
+           %(step)s::bigint AS step_id, %(amount)s::numeric AS amount,
+           %(charge_key)s::text AS key,
+           left('step ' || task.step_name || ' attempt ' || %(attempt)s::text, 500) AS reason,
+           'engine'::text AS actor""",
+    "charges": CHARGE_CTES,
+    "paid": "(NOT EXISTS (SELECT 1 FROM charge) OR EXISTS (SELECT 1 FROM charge_drawn))",
     "insert_event": """INSERT INTO runs_runevent
         (run_id, attempt_number, entity, entity_id, kind, from_status, to_status, actor,
          message, payload, created_at)""",
@@ -70,14 +87,17 @@ _PARTS = {
 # pending, undispatched steps with no dependency left, by position, up to the free slots.
 _IN_TASK = """
 WITH task AS (
-    SELECT t.id, t.retry_count, t.max_concurrent_steps, t.active_children
+    SELECT t.id, t.retry_count, t.max_concurrent_steps, t.active_children,
+           s.attempt_number AS step_attempt_number, s.name AS step_name
     FROM runs_task AS t JOIN runs_step AS s ON s.task_id = t.id
-    WHERE s.id = %(step)s AND t.status = 'running' AND t.open_children > 1
-), done AS (
+    WHERE {step_of_task} AND t.status = 'running' AND t.open_children > 1
+), {charge}
+    FROM task WHERE %(amount)s::numeric > 0
+), {charges}, done AS (
     UPDATE runs_step AS s
     SET {step_completed}
     FROM task
-    WHERE {step_running}
+    WHERE {paid} AND {step_running}
 ), event AS (
     {insert_event}
     SELECT run_id, attempt_number, 'step', id::text, 'transition', 'running', 'completed',
@@ -148,9 +168,10 @@ ORDER BY moved.position
 # nothing): there the run may stop to wait for it before the next task dispatches.
 _LAST_IN_TASK = """
 WITH task AS (
-    SELECT t.id, t.agent_id, t.retry_count, t.dependents
+    SELECT t.id, t.agent_id, t.retry_count, t.dependents,
+           s.attempt_number AS step_attempt_number, s.name AS step_name
     FROM runs_task AS t JOIN runs_step AS s ON s.task_id = t.id
-    WHERE s.id = %(step)s AND t.status = 'running' AND t.open_children = 1
+    WHERE {step_of_task} AND t.status = 'running' AND t.open_children = 1
 ), agent AS (
     SELECT a.id, a.retry_count, a.active_children,
            GREATEST(a.max_concurrent_tasks - (a.active_children - 1), 0) AS free
@@ -195,11 +216,15 @@ WITH task AS (
           AND st.dispatched_at IS NULL
     ) AS numbered
     WHERE n <= free
-), done AS (
+), {charge}
+    FROM task, agent
+    WHERE %(amount)s::numeric > 0 AND NOT EXISTS (SELECT 1 FROM new_steps WHERE tool = 'approval')
+), {charges}, done AS (
     UPDATE runs_step AS s
     SET {step_completed}
     FROM task, agent
-    WHERE NOT EXISTS (SELECT 1 FROM new_steps WHERE tool = 'approval') AND {step_running}
+    WHERE NOT EXISTS (SELECT 1 FROM new_steps WHERE tool = 'approval') AND {paid}
+      AND {step_running}
 ), step_released AS (
     UPDATE runs_step AS st SET pending_dependencies = st.pending_dependencies - 1
     FROM task
@@ -291,11 +316,13 @@ class Completed:
     dispatched: list[dict[str, Any]]
 
 
-def eligible(run: Run, error: object, skipped: bool) -> bool:
-    """Whether the outcome may take the hot path at all (the statement checks the rest)."""
+def eligible(run: Run, error: object, skipped: bool, cost: Decimal) -> bool:
+    """Whether the outcome may take the hot path at all (the statement checks the rest).
+    A negative cost is left to the general path, where credits_charge refuses it."""
     return (
         error is None
         and not skipped
+        and cost >= 0
         and run.status == RunStatus.RUNNING
         and run.waiting_approvals == 0
     )
@@ -322,6 +349,10 @@ def complete(
         "output": None if output is None else json.dumps(output),
         "cost": cost,
         "cost_text": str(cost),
+        "charge_id": uuid.uuid4(),
+        "organization": run.organization_id,
+        "amount": to_credits(cost),
+        "charge_key": charge_key(step_id, attempt),
         "beat": beat,
     }
     with connection.cursor() as cursor:

@@ -105,63 +105,33 @@ def step_failed(run: Run, step: Step, failure: Failure, outbox: Outbox) -> None:
         child_failed(run, task, step, failure, outbox)
 
 
-class _Exhausted(Exception):
-    """The hot path's charge went beyond the reservation: its transaction is rolled back
-    and the attempt recorded again by the general path, which fails the step."""
-
-
 def record(step_id: int, run_id: Any, attempt: int, outcome: Outcome) -> None:
     """Record the attempt and advance the run, in one transaction under the run's lock."""
-    try:
-        with transaction.atomic():
-            run = services.lock_run(run_id, light=True)
-            now = timezone.now()
-            if hotpath.eligible(run, outcome.error, outcome.skipped) and _record_fast(
-                run, step_id, attempt, outcome, now
-            ):
+    with transaction.atomic():
+        run = services.lock_run(run_id, light=True)
+        now = timezone.now()
+        if hotpath.eligible(run, outcome.error, outcome.skipped, outcome.cost):
+            done = hotpath.complete(
+                run,
+                step_id,
+                attempt,
+                output=outcome.output,
+                cost=outcome.cost,
+                now=now,
+                beat=_beat_due(run, now),
+            )
+            if done is not None:
+                if done.dispatched:
+                    ready = [step_from_row(row) for row in done.dispatched]
+                    announce(run, ready, now, Outbox())
                 return
-            _record(run, step_id, attempt, outcome, now)
-    except _Exhausted:
-        with transaction.atomic():
-            run = services.lock_run(run_id, light=True)
-            _record(run, step_id, attempt, outcome, timezone.now())
+        # Anything else, or the hot path wrote nothing (a charge beyond the reservation
+        # included: here it fails the step with budget_exhausted).
+        _record(run, step_id, attempt, outcome, now)
 
 
 def _beat_due(run: Run, now: datetime) -> bool:
     return now - (run.last_heartbeat or now) > timedelta(seconds=5)
-
-
-def _record_fast(run: Run, step_id: int, attempt: int, outcome: Outcome, now: datetime) -> bool:
-    """A completed step in a task that goes on (``runs.engine.hotpath``); False when the
-    general path must record it (nothing was written)."""
-    done = hotpath.complete(
-        run,
-        step_id,
-        attempt,
-        output=outcome.output,
-        cost=outcome.cost,
-        now=now,
-        beat=_beat_due(run, now),
-    )
-    if done is None:
-        return False
-    if outcome.cost:
-        try:
-            credits_charge(
-                organization_id=run.organization_id,
-                run_id=run.pk,
-                attempt_number=done.attempt_number,
-                step_id=step_id,
-                step_attempt=done.attempts,
-                amount=outcome.cost,
-                reason=f"step {done.name} attempt {done.attempts}",
-                actor="engine",
-            )
-        except BudgetExhausted as exc:
-            raise _Exhausted from exc
-    if done.dispatched:
-        announce(run, [step_from_row(row) for row in done.dispatched], now, Outbox())
-    return True
 
 
 def _record(run: Run, step_id: int, attempt: int, outcome: Outcome, now: datetime) -> None:

@@ -242,7 +242,14 @@ def snapshot(run: Run) -> dict[str, Any]:
             for e in RunEvent.objects.filter(run=run).order_by("id")
         ],
         "ledger": sorted(
-            (e.type, e.amount, e.reason.replace(str(run.pk), "<run>"))
+            (
+                e.type,
+                e.amount,
+                e.reason.replace(str(run.pk), "<run>"),
+                e.actor,
+                labels["step"].get(str(e.step_id)),
+                e.attempt_id is not None,
+            )
             for e in LedgerEntry.objects.filter(run_id=run.pk)
         ),
     }
@@ -341,7 +348,7 @@ def test_a_charge_beyond_the_reservation_on_the_hot_path_fails_the_step_and_keep
 
     one = run.finish("one", Outcome(output={"big": True}, cost=held + Decimal(1)))
 
-    assert calls == [True]  # taken, then rolled back: the general path recorded it
+    assert calls == [False]  # the reservation could not pay: nothing written there
     assert one.status == "failed"
     assert one.error["code"] == "budget_exhausted"
     assert one.output is None

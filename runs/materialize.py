@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from common.copy import copy_insert
 from runs.models import Agent, Run, RunAttempt, Step, Task
 from runs.plan import AgentPlan, Plan, StepPlan, TaskPlan
 
@@ -146,10 +147,13 @@ def materialize(run: Run, attempt: RunAttempt, plan: Plan) -> list[Agent]:
         tasks.extend(task_rows(run, agent, agent_plan))
         task_plans.extend(agent_plan.tasks)
     tasks = Task.objects.bulk_create(tasks, batch_size=1000)
-    steps = [
-        step
-        for task, task_plan in zip(tasks, task_plans, strict=True)
-        for step in step_rows(run, task, task_plan)
-    ]
-    Step.objects.bulk_create(steps, batch_size=1000)
+    # Streamed, task by task: a run may hold 20,000 steps (common/copy.py says why).
+    copy_insert(
+        Step,
+        (
+            step
+            for task, task_plan in zip(tasks, task_plans, strict=True)
+            for step in step_rows(run, task, task_plan)
+        ),
+    )
     return agents

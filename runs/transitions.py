@@ -27,7 +27,7 @@ from django.db import connection, models, transaction
 from django.utils import timezone
 
 from runs.models import Agent, EventKind, Run, RunEvent, Step, Task
-from runs.states import TERMINAL, check_transition, is_allowed
+from runs.states import TERMINAL, InvalidTransition, check_transition, is_allowed
 
 Entity = TypeVar("Entity", Run, Agent, Task, Step)
 
@@ -129,11 +129,12 @@ def transition(
     # decided before anything is written and raised outside the block, so a caller that
     # catches one (and a test) carries on in a usable transaction; only a database error
     # leaves through the block, and that spoils the caller's transaction either way.
+    entity = entity_name(model)
     with transaction.atomic(savepoint=False):
         obj = model.objects.select_for_update(no_key=True).filter(pk=pk).first()
-        allowed = obj is not None and is_allowed_or_same(type(obj), obj.status, to_status)
-        if allowed:
-            assert obj is not None
+        if obj is not None and (
+            obj.status == to_status or is_allowed(entity, obj.status, to_status)
+        ):
             return transition_locked(
                 obj,
                 to_status,
@@ -145,13 +146,7 @@ def transition(
             )
     if obj is None:
         raise model.DoesNotExist(f"{model.__name__} {pk} does not exist")
-    check_transition(entity_name(model), obj.status, to_status)  # raises with the details
-    raise AssertionError("unreachable: the transition was refused above")
-
-
-def is_allowed_or_same(model: type[models.Model], from_status: str, to_status: str) -> bool:
-    """Whether ``transition_locked`` would accept this (a same-state no-op included)."""
-    return from_status == to_status or is_allowed(entity_name(model), from_status, to_status)
+    raise InvalidTransition(entity, obj.status, to_status)
 
 
 def transition_locked(

@@ -6,6 +6,7 @@ sent to a worker: it waits for a decision (``runs.approvals``)."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -127,7 +128,7 @@ def dispatch_steps(run: Run, task: Task, outbox: Outbox) -> None:
     announce(run, ready, now, outbox)
 
 
-def announce(run: Run, ready: list[Step], now: Any, outbox: Outbox) -> None:
+def announce(run: Run, ready: list[Step], now: datetime, outbox: Outbox) -> None:
     """Steps just marked dispatched (and counted in their task): an approval step waits
     for a decision, every other step gets its message."""
     approvals = [step for step in ready if step.tool == "approval"]

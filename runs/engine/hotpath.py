@@ -152,7 +152,7 @@ WITH task AS (
     WHERE t.id = (SELECT id FROM task)
 ), {beat}
 )
-SELECT done.name, done.attempt_number, done.attempts,
+SELECT done.id,
        moved.id, moved.tool, moved.timeout_ms, moved.run_id, moved.attempt_number,
        moved.status
 FROM done LEFT JOIN moved ON moved.dispatched
@@ -290,7 +290,7 @@ WITH task AS (
     ORDER BY k, o
 ), {beat}
 )
-SELECT done.name, done.attempt_number, done.attempts,
+SELECT done.id,
        moved.id, moved.tool, moved.timeout_ms, moved.run_id, moved.attempt_number,
        moved.status
 FROM done
@@ -307,12 +307,9 @@ _LAST_IN_TASK_SQL = _LAST_IN_TASK.format(**_PARTS)
 
 @dataclass(frozen=True)
 class Completed:
-    """What the statement did: the step it completed, and the steps it dispatched (as
-    the columns ``dispatch.step_from_row`` takes)."""
+    """What the statement did: the steps it dispatched, as the columns
+    ``dispatch.step_from_row`` takes."""
 
-    name: str
-    attempt_number: int
-    attempts: int
     dispatched: list[dict[str, Any]]
 
 
@@ -365,7 +362,6 @@ def complete(
             rows = cursor.fetchall()
     if not rows:
         return None
-    name, attempt_number, attempts = rows[0][:3]
     columns = ("id", "tool", "timeout_ms", "run_id", "attempt_number", "status")
-    dispatched = [dict(zip(columns, row[3:], strict=True)) for row in rows if row[3] is not None]
-    return Completed(name, attempt_number, attempts, dispatched)
+    dispatched = [dict(zip(columns, row[1:], strict=True)) for row in rows if row[1] is not None]
+    return Completed(dispatched)

@@ -6,13 +6,27 @@ name (no import of the tasks). A publish that fails because the broker is unreac
 is logged and dropped, never raised: the state it announces is already committed in
 PostgreSQL, and the lost-message sweep (``orchestrator.sweeps.redispatch_lost``) sends
 it again. Raising would turn a committed request into an error for its caller.
+
+Steps ready now travel as doorbells: PostgreSQL is the queue (a dispatched, pending step
+is a claimable row) and a doorbell is a message naming a run only. The worker that
+receives one claims the run's next claimable step, runs it, records it, and claims the
+next, until the run has none left or its burst budget is spent
+(``orchestrator.executor.serve``). So a fan-out of 2,000 steps costs a handful of
+messages instead of 2,000, and a sequence is served by one worker without a broker hop
+per step. How many doorbells a run needs: one per step that became ready, at most
+``ENGINE_DOORBELLS``, one fewer for a run whose worker goes on serving it (``serving``).
+A step due later (a retry's backoff) keeps a message of its own, with a countdown.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 from django.conf import settings
 from kombu.exceptions import OperationalError as BrokerError
@@ -24,6 +38,7 @@ from runs.outbox import RunMessage, StepMessage
 PICK_UP_TASK = "orchestrator.runs.pick_up"
 RESUME_TASK = "orchestrator.runs.resume"
 EXECUTE_STEP_TASK = "orchestrator.steps.execute"
+DOORBELL_TASK = "orchestrator.steps.doorbell"
 RUN_TASKS = {RunMessage.PICK_UP: PICK_UP_TASK, RunMessage.RESUME: RESUME_TASK}
 
 logger = logging.getLogger(__name__)
@@ -35,6 +50,38 @@ def run_queue(priority: int) -> str:
     return QUEUE_RUNS_HIGH if priority <= settings.ENGINE_HIGH_PRIORITY_MAX else QUEUE_RUNS_NORMAL
 
 
+_local = threading.local()
+
+
+@contextmanager
+def serving(run_id: str) -> Iterator[None]:
+    """While a doorbell records a step of ``run_id`` inside this block, what the
+    recording makes ready needs one doorbell fewer: the worker goes on claiming the
+    run's next step itself when the block ends."""
+    _local.serving = run_id
+    try:
+        yield
+    finally:
+        _local.serving = None
+
+
+def _served_here(run_id: str) -> bool:
+    """True once, for the run a doorbell goes on serving (one publish per recording)."""
+    if getattr(_local, "serving", None) == run_id:
+        _local.serving = None
+        return True
+    return False
+
+
+def doorbell_limits() -> tuple[int, int]:
+    """Celery's soft and hard time limits of a doorbell: a backstop only. Each step it
+    serves has its own limits (``orchestrator.executor``), so these cover the longest
+    step a plan may ask for after a full burst."""
+    longest = settings.ORCHESTRATOR_PLAN_LIMITS["max_step_timeout_ms"] / 1000
+    soft = math.ceil(settings.ENGINE_BURST_SECONDS + longest) + 2 * settings.ENGINE_HARD_LIMIT_GRACE
+    return soft, soft + settings.ENGINE_HARD_LIMIT_GRACE
+
+
 def _guarded(publish: Callable[[], None], what: str) -> None:
     try:
         publish()
@@ -44,7 +91,8 @@ def _guarded(publish: Callable[[], None], what: str) -> None:
 
 class CeleryTransport:
     """``runs.outbox.Transport`` over Celery: run messages on the runs queues by
-    priority, step messages on the steps queue with their time limits."""
+    priority; doorbells, and the messages of steps due later with their time limits, on
+    the steps queue."""
 
     def publish_run(self, message: RunMessage, run_id: str, priority: int) -> None:
         name = RUN_TASKS[message]
@@ -61,29 +109,85 @@ class CeleryTransport:
         _guarded(publish, f"{name} of run {run_id}")
 
     def publish_steps(self, messages: Sequence[StepMessage]) -> None:
+        # A step due later keeps its own message, with its countdown; the others are
+        # served by doorbells of their runs.
+        if settings.ENGINE_DOORBELLS == 0:
+            each, due_now = list(messages), []
+        else:
+            each = [message for message in messages if message.countdown_s > 0]
+            due_now = [message for message in messages if message.countdown_s <= 0]
+        rings = self._doorbells(due_now)
+
         def publish() -> None:
             with app.producer_or_acquire() as producer:
-                for message in messages:
-                    app.send_task(
-                        EXECUTE_STEP_TASK,
-                        args=(message.step_id,),
-                        queue=QUEUE_STEPS,
-                        priority=message.priority,
-                        countdown=message.countdown_s or None,
-                        soft_time_limit=max(1, math.ceil(message.timeout_s)),
-                        time_limit=math.ceil(message.timeout_s) + settings.ENGINE_HARD_LIMIT_GRACE,
-                        # send_task by name asks for a result unless told otherwise,
-                        # whatever the task's own ignore_result says (PostgreSQL holds
-                        # every outcome).
-                        ignore_result=True,
-                        producer=producer,
-                    )
+                for message in each:
+                    self._send_step(message, producer)
+                for run_id, (count, priority) in rings.items():
+                    for _ in range(count):
+                        self._send_doorbell(run_id, priority, producer)
 
         _guarded(publish, "step messages")
 
-    def revoke(self, task_ids: Sequence[str]) -> None:
+    def ring(self, runs: Mapping[str, int]) -> None:
+        """One doorbell for each run (id -> priority)."""
+
+        def publish() -> None:
+            with app.producer_or_acquire() as producer:
+                for run_id, priority in runs.items():
+                    self._send_doorbell(run_id, priority, producer)
+
+        _guarded(publish, f"doorbells of {len(runs)} run(s)")
+
+    @staticmethod
+    def _doorbells(messages: Sequence[StepMessage]) -> dict[str, tuple[int, int]]:
+        """Run id -> (doorbells to send, priority) for steps ready now."""
+        counts = Counter(message.run_id for message in messages)
+        priorities = {message.run_id: message.priority for message in messages}
+        rings = {}
+        for run_id, count in counts.items():
+            wanted = min(count - _served_here(run_id), settings.ENGINE_DOORBELLS)
+            if wanted > 0:
+                rings[run_id] = (wanted, priorities[run_id])
+        return rings
+
+    @staticmethod
+    def _send_doorbell(run_id: str, priority: int, producer: Any) -> None:
+        soft, hard = doorbell_limits()
+        app.send_task(
+            DOORBELL_TASK,
+            args=(run_id, priority),
+            queue=QUEUE_STEPS,
+            priority=priority,
+            soft_time_limit=soft,
+            time_limit=hard,
+            ignore_result=True,
+            producer=producer,
+        )
+
+    @staticmethod
+    def _send_step(message: StepMessage, producer: Any) -> None:
+        app.send_task(
+            EXECUTE_STEP_TASK,
+            args=(message.step_id,),
+            queue=QUEUE_STEPS,
+            priority=message.priority,
+            countdown=message.countdown_s or None,
+            soft_time_limit=max(1, math.ceil(message.timeout_s)),
+            time_limit=math.ceil(message.timeout_s) + settings.ENGINE_HARD_LIMIT_GRACE,
+            # send_task by name asks for a result unless told otherwise, whatever the
+            # task's own ignore_result says (PostgreSQL holds every outcome).
+            ignore_result=True,
+            producer=producer,
+        )
+
+    def revoke(self, task_ids: Sequence[str], runs: Mapping[str, int]) -> None:
         def publish() -> None:
             # Reaches the worker process running the task and terminates it.
             app.control.revoke(list(task_ids), terminate=True, signal="SIGTERM")
 
         _guarded(publish, f"revoke of {len(task_ids)} task(s)")
+        # A doorbell terminated with the step it was running would leave its run's other
+        # claimable steps waiting for the lost-message sweep: ring for each run again (a
+        # run that has ended, cancelled say, is not served: the doorbell claims nothing).
+        if settings.ENGINE_DOORBELLS:
+            self.ring(runs)

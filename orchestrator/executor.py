@@ -11,6 +11,13 @@
    records output, cost and state, charges the attempt, and advances the run. It
    applies only if the step is still running this attempt: a step cancelled or
    reclaimed meanwhile keeps its new state and the late result is dropped.
+
+A worker gets there two ways. A doorbell names a run (``serve``): the worker claims the
+run's next claimable step, runs and records it, and claims the next, each step committed
+before the next is claimed, until the run has none claimable or the burst budget is
+spent; each step keeps its own time limits (a SIGALRM timer for the soft one, the
+heartbeat thread for the hard one). A step due later (a retry's backoff) has a message
+of its own (``execute_step``), whose Celery time limits are the step's.
 """
 
 from __future__ import annotations
@@ -18,10 +25,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
+from celery.signals import worker_process_init
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 from psycopg.pq import TransactionStatus
@@ -34,12 +47,13 @@ from common.text import storable_text, unstorable_string
 from common.tools import registry
 from common.tools.base import Tool, ToolContext, ToolError
 from orchestrator.context import StepContext
+from orchestrator.dispatch import CeleryTransport, serving
 from orchestrator.heartbeat import heart
 from runs.engine.dispatch import step_from_row, step_timeout_s
 from runs.engine.outcomes import Outcome, record
 from runs.models import Step
 from runs.states import StepStatus
-from runs.transitions import claim_step
+from runs.transitions import claim_next_step, claim_step
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +65,12 @@ class RecordFailed(Exception):
     task can retry the recording alone, without running the tool again."""
 
     def __init__(self, step_id: int, run_id: Any, attempt: int, outcome: Outcome) -> None:
-        self.replay = {"run_id": str(run_id), "attempt": attempt, "outcome": outcome.as_dict()}
+        self.replay = {
+            "step_id": step_id,
+            "run_id": str(run_id),
+            "attempt": attempt,
+            "outcome": outcome.as_dict(),
+        }
         super().__init__(f"could not record step {step_id} attempt {attempt}")
 
 
@@ -80,6 +99,102 @@ def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
     if outcome.skipped:
         return "skipped"
     return "failed" if outcome.error else "completed"
+
+
+def serve(run_id: str, priority: int, *, worker: str, task_id: str, hard_limits: bool) -> int:
+    """Answer a doorbell of ``run_id``: claim, run and record its claimable steps one
+    after another; return how many were served.
+
+    It stops when the run has no claimable step (paused, ended, or everything taken),
+    when the burst budget is spent (then it rings again, at the back of the queue, so
+    that other runs get their turn), and after a result that was dropped: that step was
+    cancelled, and the revoke that comes with a cancel may be on its way to this task,
+    which must not be running another step when it lands (the transport rings for the
+    run instead). ``hard_limits``: kill the process when a step outlives its hard limit
+    (in a worker's pool process only; see ``orchestrator.heartbeat``).
+    """
+    worker = f"{worker}:{os.getpid()}"
+    deadline = time.monotonic() + float(settings.ENGINE_BURST_SECONDS)
+    served = 0
+    while True:
+        values = claim_next_step(
+            run_id,
+            worker=worker,
+            task_id=task_id,
+            lease_seconds=float(settings.ENGINE_LEASE_SECONDS),
+        )
+        if values is None:
+            return served
+        step = step_from_row(values)
+        attempt = step.attempts
+        outcome = run_time_limited(step, attempt, hard_limits=hard_limits)
+        discard_interrupted_connection()
+        try:
+            with serving(run_id):
+                applied = record(step.pk, step.run_id, attempt, outcome)
+        except (OperationalError, InterfaceError) as exc:
+            raise RecordFailed(step.pk, step.run_id, attempt, outcome) from exc
+        served += 1
+        spent = served >= settings.ENGINE_BURST_STEPS or time.monotonic() >= deadline
+        if not applied or spent:
+            CeleryTransport().ring({run_id: priority})
+            return served
+
+
+_pool_process = False
+
+
+@worker_process_init.connect
+def _mark_pool_process(**kwargs: Any) -> None:
+    global _pool_process
+    _pool_process = True
+
+
+def in_pool_process() -> bool:
+    """True in a prefork pool's child: the one kind of process that may kill itself for
+    a step's hard limit (its parent replaces it, as after Celery's own hard limit)."""
+    return _pool_process
+
+
+def run_time_limited(step: Step, attempt: int, *, hard_limits: bool) -> Outcome:
+    """``run_attempt`` under the step's own time limits (Celery's are the doorbell's)."""
+    timeout = step_timeout_s(step)
+    outcome: Outcome | None = None
+    try:
+        with _soft_limit(timeout):
+            if hard_limits:
+                heart.hard_limit(timeout + settings.ENGINE_HARD_LIMIT_GRACE)
+            outcome = run_attempt(step, attempt)
+    except SoftTimeLimitExceeded:
+        # The timer fired after the attempt had ended but before it was disarmed.
+        if outcome is None:
+            outcome = _timed_out(step)
+    finally:
+        if hard_limits:
+            heart.hard_limit(None)
+    assert outcome is not None  # set by the attempt, or by the except clause
+    return outcome
+
+
+def _on_alarm(signum: int, frame: FrameType | None) -> None:
+    raise SoftTimeLimitExceeded("step soft time limit exceeded")
+
+
+@contextmanager
+def _soft_limit(seconds: float) -> Iterator[None]:
+    """Raise SoftTimeLimitExceeded in the step after ``seconds``, as Celery's soft limit
+    does (so the tools and ``run_attempt`` treat both alike). Signals reach the main
+    thread only: elsewhere (a test's thread) the step runs without this timer."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def discard_interrupted_connection() -> None:

@@ -4,11 +4,17 @@ One daemon thread per worker process, started on first use. While a step runs, i
 renews the step's lease and the run's `last_heartbeat` every ENGINE_HEARTBEAT_SECONDS
 (SPEC: at least every 20 s); a short step never waits for it and costs it nothing. If the
 process dies, renewals stop and the lease sweep reclaims the step.
+
+It also keeps a step's hard time limit when the worker task serves several steps (a
+doorbell, whose Celery time limit cannot be the step's): past the deadline it kills its
+own process, as Celery's hard limit would have, and the lease sweep takes over.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import time
 from datetime import timedelta
@@ -28,21 +34,31 @@ class _Heart:
         self.lock = threading.Lock()
         self.current: tuple[int, Any, int] | None = None  # step id, run id, attempt
         self.since = 0.0
+        self.deadline: float | None = None  # monotonic; the hard limit of the step
         self.thread: threading.Thread | None = None
 
     def begin(self, step_id: int, run_id: Any, attempt: int) -> None:
         with self.lock:
             self.current = (step_id, run_id, attempt)
             self.since = time.monotonic()
-            if self.thread is None or not self.thread.is_alive():
-                self.thread = threading.Thread(
-                    target=self._loop, name="step-heartbeat", daemon=True
-                )
-                self.thread.start()
+            self._start()
 
     def end(self) -> None:
         with self.lock:
             self.current = None
+
+    def hard_limit(self, seconds: float | None) -> None:
+        """Kill this process if the step is still running ``seconds`` from now (None:
+        no limit of ours)."""
+        with self.lock:
+            self.deadline = None if seconds is None else time.monotonic() + seconds
+            if seconds is not None:
+                self._start()
+
+    def _start(self) -> None:
+        if self.thread is None or not self.thread.is_alive():
+            self.thread = threading.Thread(target=self._loop, name="step-heartbeat", daemon=True)
+            self.thread.start()
 
     def _loop(self) -> None:
         interval = float(settings.ENGINE_HEARTBEAT_SECONDS)
@@ -50,10 +66,13 @@ class _Heart:
         while True:
             time.sleep(tick)
             with self.lock:
-                current, since = self.current, self.since
+                current, since, deadline = self.current, self.since, self.deadline
                 due = current is not None and time.monotonic() - since >= interval
                 if due:
                     self.since = time.monotonic()
+            if deadline is not None and time.monotonic() > deadline:
+                logger.error("step %s ran past its hard time limit; killing the process", current)
+                os.kill(os.getpid(), signal.SIGKILL)
             if due and current is not None:
                 try:
                     renew(*current)

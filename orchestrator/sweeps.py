@@ -71,7 +71,7 @@ def _reclaim(run: Any, step: Step, outbox: Outbox) -> None:
         updates={"reclaims": step.reclaims + 1, "lease_expires_at": None, "next_run_at": None},
     ).obj
     if run.status == RunStatus.RUNNING:
-        outbox.add(StepMessage(pending.pk, run.priority, step_timeout_s(pending)))
+        outbox.add(StepMessage(pending.pk, str(run.pk), run.priority, step_timeout_s(pending)))
     elif run.status == RunStatus.PAUSED:
         transition(Step, pending.pk, StepStatus.PAUSED, message="run is paused")
 
@@ -230,7 +230,7 @@ def redispatch_lost(now: datetime | None = None, older_than: float | None = None
             # A fresh dispatch time: the next sweep waits a full threshold again.
             Step.objects.filter(pk__in=[s.pk for s in steps]).update(dispatched_at=now)
             for step in steps:
-                outbox.add(StepMessage(step.pk, run.priority, step_timeout_s(step)))
+                outbox.add(StepMessage(step.pk, str(run.pk), run.priority, step_timeout_s(step)))
             if steps:
                 record_event(
                     run,

@@ -85,6 +85,35 @@ def execute_step_task(
         raise self.retry(exc=exc, countdown=2**self.request.retries) from exc
 
 
+@shared_task(bind=True, base=EngineTask, name="orchestrator.steps.doorbell", max_retries=8)
+def doorbell_task(
+    self: Task[Any, Any], run_id: str, priority: int, replay: dict[str, Any] | None = None
+) -> int:
+    """Serve the claimable steps of a run (``executor.serve``); return how many."""
+    try:
+        if replay is not None:
+            record(
+                replay["step_id"],
+                replay["run_id"],
+                replay["attempt"],
+                Outcome.from_dict(replay["outcome"]),
+            )
+        return executor.serve(
+            run_id,
+            priority,
+            worker=f"worker:{self.request.hostname}",
+            task_id=self.request.id or "",
+            hard_limits=executor.in_pool_process(),
+        )
+    except executor.RecordFailed as exc:
+        # The tool ran; only the recording is retried, never the tool.
+        raise self.retry(
+            exc=exc, kwargs={"replay": exc.replay}, countdown=2**self.request.retries
+        ) from exc
+    except TRANSIENT as exc:
+        raise self.retry(exc=exc, countdown=2**self.request.retries) from exc
+
+
 @shared_task(name="orchestrator.sweeps.leases", **RETRY_OPTIONS)
 def sweep_leases_task() -> dict[str, int]:
     return sweeps.reclaim_expired_leases()

@@ -316,6 +316,13 @@ class Step(Timestamps):
                 name="step_ready",
                 condition=Q(status="pending", pending_dependencies=0, dispatched_at__isnull=True),
             ),
+            # A run's steps dispatched and not yet claimed: what a doorbell claims next
+            # (runs.transitions.claim_next_step), in plan order.
+            models.Index(
+                fields=["run", "id"],
+                name="step_claimable",
+                condition=Q(status="pending", dispatched_at__isnull=False),
+            ),
         ]
         constraints = [
             models.UniqueConstraint(fields=["task", "generation", "name"], name="step_unique_name"),

@@ -14,7 +14,7 @@ already, and the lost-message sweep sends it again.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -42,9 +42,11 @@ class RunMessage(enum.StrEnum):
 
 @dataclass(frozen=True)
 class StepMessage:
-    """Execute one attempt of a step (the message carries only its id)."""
+    """A step ready to execute (the transport decides how it reaches a worker: its own
+    message, or a doorbell of its run; either carries ids only)."""
 
     step_id: int
+    run_id: str
     priority: int
     timeout_s: float
     countdown_s: float = 0.0
@@ -55,7 +57,7 @@ class Transport(Protocol):
 
     def publish_run(self, message: RunMessage, run_id: str, priority: int) -> None: ...
 
-    def revoke(self, task_ids: Sequence[str]) -> None: ...
+    def revoke(self, task_ids: Sequence[str], runs: Mapping[str, int]) -> None: ...
 
 
 _transport: Transport | None = None
@@ -115,12 +117,12 @@ def revoke_running_steps(steps: Any) -> None:
 
     Call it before the steps leave RUNNING. A tool that checks ``stop_requested`` stops
     even sooner; a revoke lost with the broker leaves the tool running to its end, and
-    its result is dropped (its step is no longer RUNNING).
+    its result is dropped (its step is no longer RUNNING). The transport is told the
+    runs (and their priorities) too: the worker task terminated may be serving its run's
+    other steps as well (a doorbell), and the transport replaces it.
     """
-    task_ids = [
-        task_id
-        for task_id in steps.filter(status="running").values_list("celery_task_id", flat=True)
-        if task_id
-    ]
+    rows = steps.filter(status="running").values_list("celery_task_id", "run_id", "run__priority")
+    task_ids = sorted({task_id for task_id, _, _ in rows if task_id})
+    runs = {str(run_id): priority for task_id, run_id, priority in rows if task_id}
     if task_ids:
-        after_commit(lambda: _current().revoke(task_ids))
+        after_commit(lambda: _current().revoke(task_ids, runs))

@@ -261,8 +261,8 @@ def record_event(
 if not is_allowed("step", "pending", "running"):
     raise RuntimeError("runs.states no longer allows step pending -> running; fix claim_step")
 
-_CLAIM_SQL = """
-WITH claimed AS (
+_CLAIM_TEMPLATE = """
+WITH {pick}claimed AS (
     UPDATE runs_step AS s
     SET status = 'running',
         attempts = s.attempts + 1,
@@ -273,7 +273,7 @@ WITH claimed AS (
         worker = %(worker)s,
         celery_task_id = %(task_id)s
     FROM runs_run AS r
-    WHERE s.id = %(step)s
+    WHERE s.id = {step}
       AND s.status = 'pending'
       AND s.dispatched_at IS NOT NULL
       AND (s.next_run_at IS NULL OR s.next_run_at <= now())
@@ -293,6 +293,23 @@ SELECT id, run_id, attempt_number, attempts, task_id, generation, name, tool, pa
        timeout_ms, handler_for_id
 FROM claimed
 """
+_CLAIM_SQL = _CLAIM_TEMPLATE.format(pick="", step="%(step)s")
+# The next claimable step of a run, in plan order, skipping the rows another worker is
+# claiming at this moment (a doorbell's claim: ``claim_next_step``). The partial index
+# ``step_claimable`` holds exactly these rows.
+_CLAIM_NEXT_SQL = _CLAIM_TEMPLATE.format(
+    pick="""next AS (
+    SELECT id FROM runs_step
+    WHERE run_id = %(run)s
+      AND status = 'pending'
+      AND dispatched_at IS NOT NULL
+      AND (next_run_at IS NULL OR next_run_at <= now())
+    ORDER BY id
+    LIMIT 1
+    FOR NO KEY UPDATE SKIP LOCKED
+), """,
+    step="(SELECT id FROM next)",
+)
 # What a step attempt needs to run, read in the same statement that claims it.
 _CLAIMED_FIELDS = (
     "id",
@@ -317,11 +334,29 @@ def claim_step(
     the step is pending, dispatched and due and its run is RUNNING; return the step's
     fields (``_CLAIMED_FIELDS``), or None when nothing was claimed (a duplicate or late
     message, a paused or cancelled run): a no-op."""
+    return _claim(
+        _CLAIM_SQL, {"step": step_id, "lease": lease_seconds, "worker": worker, "task_id": task_id}
+    )
+
+
+def claim_next_step(
+    run_id: Any, *, worker: str, task_id: str, lease_seconds: float
+) -> dict[str, Any] | None:
+    """Claim the next claimable step of ``run_id`` (pending, dispatched, due, in plan
+    order), as ``claim_step`` does; None when the run has none or is not RUNNING.
+
+    Rows that another worker is claiming at the same moment are skipped, not waited
+    for: two workers serving one run never queue behind each other's claim.
+    """
+    return _claim(
+        _CLAIM_NEXT_SQL,
+        {"run": run_id, "lease": lease_seconds, "worker": worker, "task_id": task_id},
+    )
+
+
+def _claim(sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
     with connection.cursor() as cursor:
-        cursor.execute(
-            _CLAIM_SQL,
-            {"step": step_id, "lease": lease_seconds, "worker": worker, "task_id": task_id},
-        )
+        cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:
         return None

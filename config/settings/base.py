@@ -365,6 +365,24 @@ ENGINE_SWEEP_INTERVAL = env.integer(
 ENGINE_SWEEP_BATCH = env.integer(
     "ENGINE_SWEEP_BATCH", 500, "rows a sweep handles per run", minimum=1
 )
+# Doorbells (orchestrator.dispatch): the steps of a run that are ready to start are rows
+# that a worker claims one after another (runs.transitions.claim_next_step); the broker
+# carries doorbells, at most ENGINE_DOORBELLS per run per transaction, not one message
+# per step. A doorbell serves its run for at most ENGINE_BURST_STEPS steps or
+# ENGINE_BURST_SECONDS, then rings again at the back of the queue, so that other runs'
+# work gets its turn. ENGINE_DOORBELLS=0 sends one message per step instead.
+ENGINE_DOORBELLS = env.integer(
+    "ENGINE_DOORBELLS",
+    8,
+    "doorbells sent per run for its ready steps (0: one message per step)",
+    minimum=0,
+)
+ENGINE_BURST_STEPS = env.integer(
+    "ENGINE_BURST_STEPS", 200, "steps a doorbell serves before ringing again", minimum=1
+)
+ENGINE_BURST_SECONDS = env.number(
+    "ENGINE_BURST_SECONDS", 1.0, "seconds a doorbell serves its run before ringing again"
+)
 # Runs with a priority at or below this number go to runs.high_priority.
 ENGINE_HIGH_PRIORITY_MAX = env.integer(
     "ENGINE_HIGH_PRIORITY_MAX", 2, "priorities 0..N use runs.high_priority", minimum=0, maximum=9

@@ -82,7 +82,7 @@ def resume(run_id: Any, actor: str = "worker") -> bool:
             dispatched_at__isnull=False,
         ).only("pk", "timeout_ms")
         for step in held:
-            outbox.add(StepMessage(step.pk, run.priority, step_timeout_s(step)))
+            outbox.add(StepMessage(step.pk, str(run.pk), run.priority, step_timeout_s(step)))
         dispatch_agents(run, outbox)
         for agent in Agent.objects.filter(
             run=run, attempt_number=run.attempt_number, status=NodeStatus.RUNNING

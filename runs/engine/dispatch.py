@@ -148,7 +148,7 @@ def announce(run: Run, ready: list[Step], now: datetime, outbox: Outbox) -> None
         )
     for step in ready:
         if step.tool != "approval":
-            outbox.add(StepMessage(step.pk, run.priority, step_timeout_s(step)))
+            outbox.add(StepMessage(step.pk, str(run.pk), run.priority, step_timeout_s(step)))
     if approvals:
         update_waiting_state(run)
 

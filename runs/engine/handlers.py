@@ -94,7 +94,7 @@ def start_handlers(run: Run, task: Task, step: Step, outbox: Outbox) -> bool:
     Step.objects.filter(pk=first.pk).update(dispatched_at=timezone.now())
     Task.objects.filter(pk=task.pk).update(active_children=F("active_children") + 1)
     task.active_children += 1
-    outbox.add(StepMessage(first.pk, run.priority, step_timeout_s(first)))
+    outbox.add(StepMessage(first.pk, str(run.pk), run.priority, step_timeout_s(first)))
     record_event(
         run,
         EventKind.ERROR,

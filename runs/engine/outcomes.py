@@ -105,8 +105,11 @@ def step_failed(run: Run, step: Step, failure: Failure, outbox: Outbox) -> None:
         child_failed(run, task, step, failure, outbox)
 
 
-def record(step_id: int, run_id: Any, attempt: int, outcome: Outcome) -> None:
-    """Record the attempt and advance the run, in one transaction under the run's lock."""
+def record(step_id: int, run_id: Any, attempt: int, outcome: Outcome) -> bool:
+    """Record the attempt and advance the run, in one transaction under the run's lock.
+
+    False when the result was dropped: the step no longer runs this attempt (cancelled,
+    failed by a sweep or reclaimed meanwhile)."""
     with transaction.atomic():
         run = services.lock_run(run_id, light=True)
         now = timezone.now()
@@ -124,17 +127,17 @@ def record(step_id: int, run_id: Any, attempt: int, outcome: Outcome) -> None:
                 if done.dispatched:
                     ready = [step_from_row(row) for row in done.dispatched]
                     announce(run, ready, now, Outbox())
-                return
+                return True
         # Anything else, or the hot path wrote nothing (a charge beyond the reservation
         # included: here it fails the step with budget_exhausted).
-        _record(run, step_id, attempt, outcome, now)
+        return _record(run, step_id, attempt, outcome, now)
 
 
 def _beat_due(run: Run, now: datetime) -> bool:
     return now - (run.last_heartbeat or now) > timedelta(seconds=5)
 
 
-def _record(run: Run, step_id: int, attempt: int, outcome: Outcome, now: datetime) -> None:
+def _record(run: Run, step_id: int, attempt: int, outcome: Outcome, now: datetime) -> bool:
     """The general path: every outcome, at every level."""
     step = (
         Step.objects.select_for_update(no_key=True)
@@ -143,7 +146,7 @@ def _record(run: Run, step_id: int, attempt: int, outcome: Outcome, now: datetim
         .first()
     )
     if step is None:
-        return  # cancelled, failed by a sweep or reclaimed meanwhile: result dropped
+        return False  # cancelled, failed by a sweep or reclaimed meanwhile: result dropped
     outbox = Outbox()
     if _beat_due(run, now):
         Run.objects.filter(pk=run.pk).update(last_heartbeat=now)
@@ -157,7 +160,7 @@ def _record(run: Run, step_id: int, attempt: int, outcome: Outcome, now: datetim
         )
         step.status = StepStatus.SKIPPED
         step_finished(run, step, outbox)
-        return
+        return True
     failure = charge_step(run, step, outcome.cost) if outcome.cost else None
     if outcome.error is None and failure is None:
         done = transition_locked(
@@ -173,7 +176,7 @@ def _record(run: Run, step_id: int, attempt: int, outcome: Outcome, now: datetim
         ).obj
         step_finished(run, done, outbox)
         update_waiting_state(run)
-        return
+        return True
 
     error = outcome.error or ToolError(failure.code, failure.message, False)  # type: ignore[union-attr]
     if failure is not None:
@@ -202,9 +205,11 @@ def _record(run: Run, step_id: int, attempt: int, outcome: Outcome, now: datetim
             now=now,
         )
         outbox.add(
-            StepMessage(step.pk, run.priority, step_timeout_s(step), decision.delay_ms / 1000)
+            StepMessage(
+                step.pk, str(run.pk), run.priority, step_timeout_s(step), decision.delay_ms / 1000
+            )
         )
-        return
+        return True
     message = (
         error.message
         if decision.code == error.code
@@ -218,3 +223,4 @@ def _record(run: Run, step_id: int, attempt: int, outcome: Outcome, now: datetim
     }
     Step.objects.filter(pk=step.pk).update(error=step.error, lease_expires_at=None)
     step_failed(run, step, Failure(decision.code, message), outbox)
+    return True

@@ -44,9 +44,9 @@ def test_step_messages_the_broker_refuses_are_logged_not_raised(
     broker_down: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     with transaction.atomic():
-        Outbox().add(StepMessage(step_id=1, priority=5, timeout_s=30))
+        Outbox().add(StepMessage(step_id=1, run_id="r", priority=5, timeout_s=30))
 
-    assert broker_down == ["orchestrator.steps.execute"]
+    assert broker_down == ["orchestrator.steps.doorbell"]
     assert "step messages not published" in caplog.text
 
 

@@ -9,7 +9,7 @@ propagation up the tree) is the real engine, in the test's transaction.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -41,7 +41,7 @@ class RecordingTransport:
     def publish_run(self, message: RunMessage, run_id: str, priority: int) -> None:
         self.runs.append((message, run_id))
 
-    def revoke(self, task_ids: Sequence[str]) -> None:
+    def revoke(self, task_ids: Sequence[str], runs: Mapping[str, int]) -> None:
         self.revoked.extend(task_ids)
 
 

@@ -75,10 +75,12 @@ def _served_here(run_id: str) -> bool:
 
 def doorbell_limits() -> tuple[int, int]:
     """Celery's soft and hard time limits of a doorbell: a backstop only. Each step it
-    serves has its own limits (``orchestrator.executor``), so these cover the longest
-    step a plan may ask for after a full burst."""
+    serves has its own limits (``orchestrator.executor``); a doorbell runs at most a
+    burst and then the longest step a plan may ask for, started at the burst's end.
+    ``config/settings/checks.py`` keeps the broker's visibility timeout above the hard
+    one."""
     longest = settings.ORCHESTRATOR_PLAN_LIMITS["max_step_timeout_ms"] / 1000
-    soft = math.ceil(settings.ENGINE_BURST_SECONDS + longest) + 2 * settings.ENGINE_HARD_LIMIT_GRACE
+    soft = math.ceil(settings.ENGINE_BURST_SECONDS + longest) + settings.ENGINE_HARD_LIMIT_GRACE
     return soft, soft + settings.ENGINE_HARD_LIMIT_GRACE
 
 

@@ -9,6 +9,7 @@ that names the variables.
 
 from __future__ import annotations
 
+import math
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -59,13 +60,19 @@ def check_consistency(env: Env, settings: dict[str, Any]) -> None:
 
     longest_step = settings["ORCHESTRATOR_PLAN_LIMITS"]["max_step_timeout_ms"] / 1000
     grace = int(settings["ENGINE_HARD_LIMIT_GRACE"])
+    burst = float(settings["ENGINE_BURST_SECONDS"])
     visibility = int(settings["CELERY_VISIBILITY_TIMEOUT"])
-    if visibility <= longest_step + grace:
+    # The longest task is a doorbell: a burst, then the longest step it may start at the
+    # burst's end; its hard limit (orchestrator.dispatch.doorbell_limits) is that plus
+    # two graces.
+    longest_task = math.ceil(burst + longest_step) + 2 * grace
+    if visibility <= longest_task:
         # Redis would hand a message still being worked on to a second worker.
         env.errors.append(
             f"CELERY_VISIBILITY_TIMEOUT ({visibility} s) must be greater than "
-            f"PLAN_MAX_STEP_TIMEOUT ({longest_step:g} s) plus the hard-limit grace "
-            f"({grace} s): a step still running would be delivered again"
+            f"PLAN_MAX_STEP_TIMEOUT ({longest_step:g} s) plus ENGINE_BURST_SECONDS "
+            f"({burst:g} s) plus twice the hard-limit grace ({grace} s): a step still "
+            "running would be delivered again"
         )
 
     prices = {

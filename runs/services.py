@@ -55,6 +55,17 @@ _LOCK_LIGHT_SQL = (
     f"SELECT {', '.join(connection.ops.quote_name(name) for name in _LIGHT)} "  # noqa: S608
     "FROM runs_run WHERE id = %s FOR NO KEY UPDATE"
 )
+# The same, with the open children of a step's task and agent beside it (a LEFT JOIN: a
+# step that does not exist leaves them NULL). Only the run's row is locked.
+_LOCK_FOR_STEP_SQL = (
+    f"SELECT {', '.join('r.' + connection.ops.quote_name(name) for name in _LIGHT)}, "  # noqa: S608
+    "h.task_open, h.agent_open "
+    "FROM runs_run AS r LEFT JOIN LATERAL ("
+    " SELECT t.open_children AS task_open, a.open_children AS agent_open"
+    " FROM runs_step AS s JOIN runs_task AS t ON t.id = s.task_id"
+    " JOIN runs_agent AS a ON a.id = t.agent_id WHERE s.id = %s) AS h ON true "
+    "WHERE r.id = %s FOR NO KEY UPDATE OF r"
+)
 
 
 def lock_run(
@@ -91,6 +102,26 @@ def _lock_light(run_id: RunId) -> Run:
     # None of the light columns needs a converter (no JSON, no decimal): the row is the
     # instance's values as the ORM would have loaded them.
     return Run.from_db(connection.alias, _LIGHT, row)
+
+
+def lock_run_for_step(run_id: RunId, step_id: int) -> tuple[Run, int | None, int | None]:
+    """``lock_run(run_id, light=True)``, with the open children of ``step_id``'s task and
+    agent read in the same statement (None if there is no such step).
+
+    The counts are a hint for choosing how to record the step (``runs.engine.hotpath``),
+    never a basis for a write: they are read from the statement's snapshot, which may
+    predate a transaction that held the lock while this one waited for it.
+    """
+    try:
+        key = run_id if isinstance(run_id, UUID) else UUID(str(run_id))
+    except ValueError as exc:
+        raise RunNotFound(f"run {run_id} not found") from exc
+    with connection.cursor() as cursor:
+        cursor.execute(_LOCK_FOR_STEP_SQL, [step_id, key])
+        row = cursor.fetchone()
+    if row is None:
+        raise RunNotFound(f"run {run_id} not found")
+    return Run.from_db(connection.alias, _LIGHT, row[:-2]), row[-2], row[-1]
 
 
 def require_source(run: Run, source: str, target: str) -> bool:

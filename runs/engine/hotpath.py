@@ -334,9 +334,16 @@ def complete(
     cost: Decimal,
     now: datetime,
     beat: bool,
+    task_open: int | None,
+    agent_open: int | None,
 ) -> Completed | None:
     """Complete ``step_id``'s ``attempt`` and advance its task in one statement; None when
-    the step is not this plain case (or not running this attempt): nothing was written."""
+    the step is not this plain case (or not running this attempt): nothing was written.
+
+    ``task_open`` and ``agent_open`` (the open children of the step's task and agent, as
+    read with the run's lock: ``services.lock_run_for_step``) choose which shape to try;
+    each statement checks its own conditions, so a stale count costs a statement that
+    writes nothing, never a wrong write. None: unknown, try."""
     params: dict[str, Any] = {
         "step": step_id,
         "attempt": attempt,
@@ -352,14 +359,22 @@ def complete(
         "charge_key": charge_key(step_id, attempt),
         "beat": beat,
     }
+    # Most steps have siblings still open; a one-step task (a dag node) ends with its
+    # step; the last task of an agent is the general path's. A stale count (a sibling
+    # finished while this waited for the lock) leaves the next shape to try, or the
+    # general path: slower, never wrong.
+    shapes = []
+    if task_open is None or task_open > 1:
+        shapes.append(_IN_TASK_SQL)
+    if agent_open is None or agent_open > 1:
+        shapes.append(_LAST_IN_TASK_SQL)
+    rows: list[Any] = []
     with connection.cursor() as cursor:
-        # Most steps have siblings still open; a one-step task (a dag node) ends with its
-        # step. A statement that does not apply writes nothing, so trying both is safe.
-        cursor.execute(_IN_TASK_SQL, params)
-        rows = cursor.fetchall()
-        if not rows:
-            cursor.execute(_LAST_IN_TASK_SQL, params)
+        for sql in shapes:
+            cursor.execute(sql, params)
             rows = cursor.fetchall()
+            if rows:
+                break
     if not rows:
         return None
     columns = ("id", "tool", "timeout_ms", "run_id", "attempt_number", "status")

@@ -111,7 +111,7 @@ def record(step_id: int, run_id: Any, attempt: int, outcome: Outcome) -> bool:
     False when the result was dropped: the step no longer runs this attempt (cancelled,
     failed by a sweep or reclaimed meanwhile)."""
     with transaction.atomic():
-        run = services.lock_run(run_id, light=True)
+        run, task_open, agent_open = services.lock_run_for_step(run_id, step_id)
         now = timezone.now()
         if hotpath.eligible(run, outcome.error, outcome.skipped, outcome.cost):
             done = hotpath.complete(
@@ -122,6 +122,8 @@ def record(step_id: int, run_id: Any, attempt: int, outcome: Outcome) -> bool:
                 cost=outcome.cost,
                 now=now,
                 beat=_beat_due(run, now),
+                task_open=task_open,
+                agent_open=agent_open,
             )
             if done is not None:
                 if done.dispatched:

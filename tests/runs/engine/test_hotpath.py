@@ -11,6 +11,7 @@ that is no longer running.
 from __future__ import annotations
 
 import difflib
+import random
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
@@ -20,7 +21,7 @@ import pytest
 from billing.models import LedgerEntry, Reservation
 from common.invariants import check_all
 from common.tools.base import ToolError
-from runs import approvals
+from runs import approvals, services
 from runs.engine import hotpath
 from runs.engine.outcomes import Outcome, record
 from runs.models import Agent, Run, RunEvent, Step, Task
@@ -276,9 +277,23 @@ def hot_path_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return calls
 
 
+def misleading_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The open-children counts read with the run's lock, replaced by arbitrary ones (as
+    stale as a hint can get): the shapes tried change, what is written must not."""
+    lock = services.lock_run_for_step
+    choices = random.Random(12)
+
+    def misleading(run_id: Any, step_id: int) -> tuple[Run, int | None, int | None]:
+        run, _, _ = lock(run_id, step_id)
+        return run, choices.choice([None, 1, 2, 7]), choices.choice([None, 1, 2, 7])
+
+    monkeypatch.setattr(services, "lock_run_for_step", misleading)
+
+
+@pytest.mark.parametrize("counts", ["read", "misleading"])
 @pytest.mark.parametrize("name", list(PLANS))
 def test_the_hot_path_leaves_exactly_what_the_general_path_leaves(
-    name: str, start: Start, monkeypatch: pytest.MonkeyPatch
+    name: str, counts: str, start: Start, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spec, script = PLANS[name]
     with monkeypatch.context() as off:
@@ -287,6 +302,8 @@ def test_the_hot_path_leaves_exactly_what_the_general_path_leaves(
         play(general, script)
     general_sent = general.sent()
     general.transport.steps.clear()  # one transport for both runs
+    if counts == "misleading":
+        misleading_counts(monkeypatch)
     calls = hot_path_calls(monkeypatch)
     hot = start(spec)
     play(hot, script)

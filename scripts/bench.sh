@@ -10,7 +10,8 @@
 #   BENCH_TIMEOUT=600 seconds each scenario may take
 #   BENCH_JSON=path   also write every figure and goal verdict there as JSON
 #   BENCH_PGBOUNCER=N run everything through PgBouncer in transaction mode with N
-#                     server connections (installed from Debian when missing)
+#                     server connections (installed from Debian when missing; its
+#                     1.18 keeps no prepared statements, so they are turned off)
 #
 # Extra arguments go to `python -m bench.run` (e.g. --only seq_100,chain_100);
 # `scripts/bench.sh profile [--steps N]` (`make profile`) runs `python -m bench.profile`
@@ -40,6 +41,11 @@ if [ -n "${BENCH_PGBOUNCER:-}" ]; then
     (apt-get update -qq && apt-get install -y -qq pgbouncer) >/dev/null
   fi
   bouncer=(--pgbouncer "$BENCH_PGBOUNCER")
+  # PgBouncer before 1.21 cannot follow a prepared statement from one transaction's
+  # server connection to the next one's.
+  if ! pgbouncer --version 2>/dev/null | grep -qE 'PgBouncer 1\.(2[1-9]|[3-9][0-9])'; then
+    export DATABASE_PREPARED_STATEMENTS=false
+  fi
 fi
 eval "$(python scripts/services.py start --dir "$tmp" --fast "${bouncer[@]}")"
 export DATABASE_URL CELERY_BROKER_URL

@@ -112,10 +112,21 @@ def database_config(url: str) -> dict[str, Any]:
             "DATABASE_CONNECT_TIMEOUT", 5, "seconds to wait for PostgreSQL", minimum=1
         )
     }
-    # Nothing may outlive a transaction on its server connection, so that PgBouncer in
-    # transaction mode can hand each transaction a different one (docs/benchmark.md):
-    # no server-side cursors (an .iterator() would hold one), and no prepared statements
-    # (Django's psycopg 3 default, prepare_threshold=None, kept).
+    # Prepared statements: the engine's statements are large (data-modifying CTEs) and
+    # PostgreSQL spent as long planning them as running them; prepared, a statement is
+    # planned once per connection (psycopg prepares a query on its second execution,
+    # which needs server-side parameter binding). Measured in docs/benchmark.md.
+    if env.boolean(
+        "DATABASE_PREPARED_STATEMENTS",
+        True,
+        "prepare repeated statements (off behind PgBouncer older than 1.21 in transaction mode)",
+    ):
+        config["OPTIONS"].update(server_side_binding=True, prepare_threshold=1)
+    # Nothing else may outlive a transaction on its server connection, so that PgBouncer
+    # in transaction mode can hand each transaction a different one (docs/benchmark.md):
+    # no server-side cursors (an .iterator() would hold one). Prepared statements are
+    # protocol-level (psycopg's Parse/Bind), which PgBouncer 1.21+ tracks across server
+    # connections with max_prepared_statements; an older one needs them off.
     config["DISABLE_SERVER_SIDE_CURSORS"] = True
     return config
 

@@ -9,7 +9,8 @@ and jitter; a step's own retry policy is the engine's, persisted in PostgreSQL.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from celery import Task, shared_task
 from celery.backends.base import BaseBackend, DisabledBackend
@@ -41,6 +42,7 @@ class EngineTask(Task):  # type: ignore[type-arg]
         return self._disabled_backend
 
 
+T = TypeVar("T")
 TRANSIENT = (OperationalError, InterfaceError, BrokerError)
 RETRY_OPTIONS: dict[str, Any] = {
     "base": EngineTask,
@@ -63,26 +65,40 @@ def pick_up_run_task(run_id: str) -> bool:
     return control.pick_up(run_id, actor=f"worker:{pick_up_run_task.request.hostname}")
 
 
+def _step_work(task: Task[Any, Any], work: Callable[[], T]) -> T:
+    """Run a step task's ``work``: a transient error retries the task with backoff; a
+    recording that failed after the tool ran retries the recording alone (``replay``),
+    never the tool."""
+    try:
+        return work()
+    except executor.RecordFailed as exc:
+        raise task.retry(
+            exc=exc, kwargs={"replay": exc.replay}, countdown=2**task.request.retries
+        ) from exc
+    except TRANSIENT as exc:
+        raise task.retry(exc=exc, countdown=2**task.request.retries) from exc
+
+
+def _record_replay(replay: dict[str, Any]) -> None:
+    outcome = Outcome.from_dict(replay["outcome"])
+    record(replay["step_id"], replay["run_id"], replay["attempt"], outcome)
+
+
 @shared_task(bind=True, base=EngineTask, name="orchestrator.steps.execute", max_retries=8)
 def execute_step_task(
     self: Task[Any, Any], step_id: int, replay: dict[str, Any] | None = None
 ) -> str:
-    try:
+    """Execute one step (a step due later: a retry after its backoff)."""
+
+    def work() -> str:
         if replay is not None:
-            record(
-                step_id, replay["run_id"], replay["attempt"], Outcome.from_dict(replay["outcome"])
-            )
+            _record_replay({"step_id": step_id, **replay})
             return "recorded"
         return executor.execute_step(
             step_id, worker=f"worker:{self.request.hostname}", task_id=self.request.id or ""
         )
-    except executor.RecordFailed as exc:
-        # The tool ran; only the recording is retried, never the tool.
-        raise self.retry(
-            exc=exc, kwargs={"replay": exc.replay}, countdown=2**self.request.retries
-        ) from exc
-    except TRANSIENT as exc:
-        raise self.retry(exc=exc, countdown=2**self.request.retries) from exc
+
+    return _step_work(self, work)
 
 
 @shared_task(bind=True, base=EngineTask, name="orchestrator.steps.doorbell", max_retries=8)
@@ -90,14 +106,10 @@ def doorbell_task(
     self: Task[Any, Any], run_id: str, priority: int, replay: dict[str, Any] | None = None
 ) -> int:
     """Serve the claimable steps of a run (``executor.serve``); return how many."""
-    try:
+
+    def work() -> int:
         if replay is not None:
-            record(
-                replay["step_id"],
-                replay["run_id"],
-                replay["attempt"],
-                Outcome.from_dict(replay["outcome"]),
-            )
+            _record_replay(replay)
         return executor.serve(
             run_id,
             priority,
@@ -105,13 +117,8 @@ def doorbell_task(
             task_id=self.request.id or "",
             hard_limits=executor.in_pool_process(),
         )
-    except executor.RecordFailed as exc:
-        # The tool ran; only the recording is retried, never the tool.
-        raise self.retry(
-            exc=exc, kwargs={"replay": exc.replay}, countdown=2**self.request.retries
-        ) from exc
-    except TRANSIENT as exc:
-        raise self.retry(exc=exc, countdown=2**self.request.retries) from exc
+
+    return _step_work(self, work)
 
 
 @shared_task(name="orchestrator.sweeps.leases", **RETRY_OPTIONS)

@@ -14,13 +14,15 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from django.db import transaction
+from django.db import OperationalError, transaction
 
 from config.celery import app
 from orchestrator import executor
 from orchestrator.dispatch import DOORBELL_TASK, EXECUTE_STEP_TASK, CeleryTransport, serving
+from orchestrator.tasks import doorbell_task
 from runs import services
 from runs.engine import control
+from runs.engine.outcomes import record
 from runs.models import Run, Step
 from runs.outbox import Outbox, StepMessage
 from tests import factories
@@ -144,6 +146,34 @@ def test_a_dropped_result_ends_the_doorbell_and_rings_for_the_run(
 
     assert statuses(run) == {"first": "cancelled", "second": "cancelled"}
     assert rings == [{str(run.pk): run.priority}]
+
+
+def test_a_recording_that_failed_is_replayed_before_the_doorbell_serves_on(
+    rings: list[dict[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The database went away while the first step was being recorded: the task keeps the
+    # outcome (RecordFailed.replay), and its retry records it without running the tool
+    # again, then serves the rest of the run.
+    run = started(step("first"), step("second"))
+    failing = iter([OperationalError("server closed the connection unexpectedly")])
+
+    def record_once_failing(*args: Any) -> bool:
+        error = next(failing, None)
+        if error is not None:
+            raise error
+        return record(*args)
+
+    monkeypatch.setattr(executor, "record", record_once_failing)
+    with pytest.raises(executor.RecordFailed) as failed:
+        serve(run)
+    assert statuses(run) == {"first": "running", "second": "pending"}
+
+    assert doorbell_task(str(run.pk), run.priority, replay=failed.value.replay) == 1
+
+    assert statuses(run) == {"first": "completed", "second": "completed"}
+    assert Run.objects.get(pk=run.pk).status == "completed"
+    first = Step.objects.get(run=run, name="first")
+    assert first.attempts == 1  # recorded, not run again
 
 
 def test_a_step_past_its_hard_limit_kills_the_process_it_runs_in() -> None:

@@ -8,10 +8,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from runs import services
+from runs.engine import hotpath
 from runs.engine.dispatch import (
+    announce,
     dispatch_agents,
     dispatch_steps,
     dispatch_tasks,
+    step_from_row,
     step_timeout_s,
     update_waiting_state,
 )
@@ -42,7 +45,13 @@ def pick_up(run_id: Any, actor: str = "worker") -> bool:
             return False
 
         if picked:
-            dispatch_agents(run, Outbox())
+            now = timezone.now()
+            started = hotpath.start(run, now)
+            if started is None:
+                dispatch_agents(run, Outbox())
+            else:
+                run.active_children += started.agents
+                announce(run, [step_from_row(row) for row in started.dispatched], now, Outbox())
             finish_if_done(run)
         return picked
 

@@ -380,3 +380,134 @@ def complete(
     columns = ("id", "tool", "timeout_ms", "run_id", "attempt_number", "status")
     dispatched = [dict(zip(columns, row[1:], strict=True)) for row in rows if row[1] is not None]
     return Completed(dispatched)
+
+
+# --------------------------------------------------------------------------- the start
+# A run just picked up: its ready agents start (up to max_agents), each with its ready
+# tasks (up to max_concurrent_tasks, ``row_number`` per agent), each of those with its
+# ready steps dispatched (up to max_concurrent_steps, per task): what
+# ``dispatch.dispatch_agents`` does with three ORM rounds per level, in one statement.
+# The events go in with one INSERT in its order (an agent, then its tasks by id, agents
+# by position). A ready step that is an approval is left to the general path (``go``
+# finds nothing and nothing is written): there the run may stop to wait for it.
+_START_SQL = """
+WITH run AS (
+    SELECT r.id, r.attempt_number, GREATEST(r.max_agents - r.active_children, 0) AS free
+    FROM runs_run AS r
+    WHERE r.id = %(run)s AND r.status = 'running'
+), agents AS (
+    SELECT a.id, a.position, a.retry_count,
+           GREATEST(a.max_concurrent_tasks - a.active_children, 0) AS free
+    FROM runs_agent AS a, run
+    WHERE a.run_id = run.id AND a.attempt_number = run.attempt_number
+      AND a.status = 'pending' AND a.pending_dependencies = 0 AND a.dispatched_at IS NULL
+    ORDER BY a.position
+    LIMIT (SELECT free FROM run)
+), tasks AS (
+    SELECT id, agent_id, position, retry_count, free FROM (
+        SELECT t.id, t.agent_id, t.position, t.retry_count,
+               GREATEST(t.max_concurrent_steps - t.active_children, 0) AS free,
+               row_number() OVER (PARTITION BY t.agent_id ORDER BY t.position) AS n,
+               ag.free AS agent_free
+        FROM agents AS ag
+        JOIN runs_task AS t ON t.agent_id = ag.id AND t.generation = ag.retry_count
+        WHERE t.status = 'pending' AND t.pending_dependencies = 0 AND t.dispatched_at IS NULL
+    ) AS numbered
+    WHERE n <= agent_free
+), steps AS (
+    SELECT id, task_id, tool FROM (
+        SELECT st.id, st.task_id, st.tool,
+               row_number() OVER (PARTITION BY st.task_id ORDER BY st.position) AS n,
+               tk.free
+        FROM tasks AS tk
+        JOIN runs_step AS st ON st.task_id = tk.id AND st.generation = tk.retry_count
+        WHERE st.status = 'pending' AND st.pending_dependencies = 0
+          AND st.dispatched_at IS NULL
+    ) AS numbered
+    WHERE n <= free
+), go AS (
+    SELECT 1 AS applied
+    WHERE EXISTS (SELECT 1 FROM agents)
+      AND NOT EXISTS (SELECT 1 FROM steps WHERE tool = 'approval')
+), moved_agents AS (
+    UPDATE runs_agent AS a
+    SET status = 'running',
+        status_changed_at = %(now)s,
+        started_at = COALESCE(a.started_at, %(now)s),
+        dispatched_at = %(now)s,
+        active_children = a.active_children
+            + (SELECT count(*) FROM tasks WHERE tasks.agent_id = a.id)
+    FROM agents
+    WHERE a.id = agents.id AND EXISTS (SELECT 1 FROM go)
+    RETURNING a.id, a.run_id, a.attempt_number, a.position
+), moved_tasks AS (
+    UPDATE runs_task AS t
+    SET status = 'running',
+        status_changed_at = %(now)s,
+        started_at = COALESCE(t.started_at, %(now)s),
+        dispatched_at = %(now)s,
+        active_children = t.active_children
+            + (SELECT count(*) FROM steps WHERE steps.task_id = t.id)
+    FROM tasks
+    WHERE t.id = tasks.id AND EXISTS (SELECT 1 FROM go)
+    RETURNING t.id, t.run_id, t.attempt_number, t.agent_id, t.position
+), moved_steps AS (
+    UPDATE runs_step AS st SET dispatched_at = %(now)s
+    FROM steps
+    WHERE st.id = steps.id AND EXISTS (SELECT 1 FROM go)
+    RETURNING st.id, st.tool, st.timeout_ms, st.run_id, st.attempt_number, st.status,
+              st.task_id, st.position
+), run_counted AS (
+    UPDATE runs_run AS r
+    SET active_children = r.active_children + (SELECT count(*) FROM agents)
+    WHERE r.id = %(run)s AND EXISTS (SELECT 1 FROM go)
+), event AS (
+    INSERT INTO runs_runevent
+        (run_id, attempt_number, entity, entity_id, kind, from_status, to_status, actor,
+         message, payload, created_at)
+    SELECT run_id, attempt_number, entity, entity_id, 'transition', 'pending', 'running',
+           'system', '', '{}'::jsonb, %(now)s
+    FROM (
+        SELECT a.position AS p, 0 AS k, 0::bigint AS o, a.run_id, a.attempt_number,
+               'agent' AS entity, a.id::text AS entity_id
+        FROM moved_agents AS a
+        UNION ALL
+        SELECT a.position, 1, t.id, t.run_id, t.attempt_number, 'task', t.id::text
+        FROM moved_tasks AS t JOIN moved_agents AS a ON a.id = t.agent_id
+    ) AS e
+    ORDER BY p, k, o
+)
+SELECT (SELECT count(*) FROM agents),
+       moved.id, moved.tool, moved.timeout_ms, moved.run_id, moved.attempt_number,
+       moved.status
+FROM go
+LEFT JOIN (
+    SELECT s.*, t.position AS task_position, a.position AS agent_position
+    FROM moved_steps AS s
+    JOIN moved_tasks AS t ON t.id = s.task_id
+    JOIN moved_agents AS a ON a.id = t.agent_id
+) AS moved ON true
+ORDER BY moved.agent_position, moved.task_position, moved.position
+"""
+
+
+@dataclass(frozen=True)
+class Started:
+    """What ``start`` did: how many agents started, and the steps it dispatched."""
+
+    agents: int
+    dispatched: list[dict[str, Any]]
+
+
+def start(run: Run, now: datetime) -> Started | None:
+    """Start a run just picked up, in one statement (see ``_START_SQL``); None when it
+    is not that plain case (nothing was written): the caller dispatches the general way.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(_START_SQL, {"run": run.pk, "now": now})
+        rows = cursor.fetchall()
+    if not rows:
+        return None
+    columns = ("id", "tool", "timeout_ms", "run_id", "attempt_number", "status")
+    dispatched = [dict(zip(columns, row[1:], strict=True)) for row in rows if row[1] is not None]
+    return Started(int(rows[0][0]), dispatched)

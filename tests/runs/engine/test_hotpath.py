@@ -298,6 +298,7 @@ def test_the_hot_path_leaves_exactly_what_the_general_path_leaves(
     spec, script = PLANS[name]
     with monkeypatch.context() as off:
         off.setattr(hotpath, "eligible", lambda *args: False)
+        off.setattr(hotpath, "start", lambda *args: None)
         general = start(spec)
         play(general, script)
     general_sent = general.sent()
@@ -388,3 +389,40 @@ def test_a_late_result_is_dropped_by_the_hot_path_too(start: Start) -> None:
     assert run.step("one").output == {"first": True}
     assert RunEvent.objects.filter(run=run.run).count() == events
     assert run.sent() == ["one", "two"]
+
+
+def start_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Spy on the pick-up's start: one entry per run it was asked to start (True: it did)."""
+    calls: list[bool] = []
+    original = hotpath.start
+
+    def spy(*args: Any, **kwargs: Any) -> hotpath.Started | None:
+        started = original(*args, **kwargs)
+        calls.append(started is not None)
+        return started
+
+    monkeypatch.setattr(hotpath, "start", spy)
+    return calls
+
+
+def test_a_picked_up_run_starts_in_one_statement_unless_an_approval_is_ready(
+    start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = start_calls(monkeypatch)
+    plain = start(
+        {
+            "name": "two agents",
+            "mode": "parallel",
+            "agents": [
+                {"name": "a", "tasks": [{"name": "t", "steps": [step("one"), step("two")]}]},
+                {"name": "b", "tasks": [{"name": "t", "steps": [step("three")]}]},
+            ],
+        }
+    )
+    gated = start(one_agent({"name": "t", "steps": [step("gate", tool="approval")]}))
+
+    assert calls == [True, False]
+    assert Agent.objects.filter(run=plain.run, status="running").count() == 2
+    assert plain.refresh().active_children == 2
+    assert plain.sent() == ["one", "three"]  # agents in order, each task's first step
+    assert gated.refresh().status == "waiting_approval"  # the general path made it wait

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# `make bench`: the engine against raw Celery on throwaway PostgreSQL and Redis (free
+# loopback ports, a temporary directory), one worker process for both. Not part of
+# `make test`: it reports figures, it asserts none. The servers, the worker and the
+# directory (with the worker log) are removed on exit, whatever happens; BENCH_KEEP=1
+# keeps the directory.
+#
+#   BENCH_WORKERS=2   worker children (prefork)
+#   BENCH_REPEAT=1    passes over every scenario; medians are reported
+#   BENCH_TIMEOUT=600 seconds each scenario may take
+#   BENCH_JSON=path   also write every figure and goal verdict there as JSON
+#   BENCH_PGBOUNCER=N run everything through PgBouncer in transaction mode with N
+#                     server connections (installed from Debian when missing; its
+#                     1.18 keeps no prepared statements, so they are turned off)
+#
+# Extra arguments go to `python -m bench.run` (e.g. --only seq_100,chain_100);
+# `scripts/bench.sh profile [--steps N]` (`make profile`) runs `python -m bench.profile`
+# instead: one step's cost in the engine, in process, under cProfile.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+export PATH="$PWD/$VENV/bin:$PATH"
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/orchestrator-bench.XXXXXX")
+chmod 755 "$tmp"
+cleanup() {
+  python scripts/services.py stop --dir "$tmp" || true
+  if [ "${BENCH_KEEP:-}" = 1 ]; then
+    echo "kept $tmp" >&2
+  else
+    rm -rf "$tmp"
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+bouncer=()
+if [ -n "${BENCH_PGBOUNCER:-}" ]; then
+  if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
+    echo "==> installing pgbouncer" >&2
+    (apt-get update -qq && apt-get install -y -qq pgbouncer) >/dev/null
+  fi
+  bouncer=(--pgbouncer "$BENCH_PGBOUNCER")
+  # PgBouncer before 1.21 cannot follow a prepared statement from one transaction's
+  # server connection to the next one's.
+  if ! pgbouncer --version 2>/dev/null | grep -qE 'PgBouncer 1\.(2[1-9]|[3-9][0-9])'; then
+    export DATABASE_PREPARED_STATEMENTS=false
+  fi
+fi
+eval "$(python scripts/services.py start --dir "$tmp" --fast "${bouncer[@]}")"
+export DATABASE_URL CELERY_BROKER_URL
+unset CELERY_RESULT_BACKEND  # results go to the broker's Redis
+export DJANGO_SETTINGS_MODULE=config.settings.local
+export DJANGO_DEBUG=false                    # no query log in the worker or here
+export LOG_LEVEL=WARNING LOG_FORMAT=text
+export CELERY_WORKER_SEND_TASK_EVENTS=false  # no Flower here: events only cost
+export BENCH_DIR="$tmp"
+
+echo "==> migrate" >&2
+python manage.py migrate --verbosity 0
+if [ "${1:-}" = profile ]; then
+  shift
+  python -m bench.profile "$@"   # `make profile`: the engine's cost per step, in process
+else
+  PYTHONPATH=$PWD python /tmp/ex/pick.py "$@"
+fi

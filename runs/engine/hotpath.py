@@ -13,6 +13,10 @@ model instance is built. Two statements cover the two shapes:
 - ``_LAST_IN_TASK``: the step was its task's last open child (a dag node is a one-step
   task): the task completes, and its agent, which has other children open, goes on.
 
+A third statement, ``_START_SQL``, starts a run just picked up (``start``): its ready
+agents, their ready tasks and those tasks' ready steps, as ``dispatch.dispatch_agents``
+would.
+
 Each changes exactly what the general path would (same columns, same events in the same
 order, same counters, same choice of work to dispatch), and only when it is sure to:
 the levels involved RUNNING, the run RUNNING with no approval waiting. Otherwise the

@@ -394,7 +394,7 @@ def complete(
 # The events go in with one INSERT in its order (an agent, then its tasks by id, agents
 # by position). A ready step that is an approval is left to the general path (``go``
 # finds nothing and nothing is written): there the run may stop to wait for it.
-_START_SQL = """
+_START = """
 WITH run AS (
     SELECT r.id, r.attempt_number, GREATEST(r.max_agents - r.active_children, 0) AS free
     FROM runs_run AS r
@@ -434,27 +434,11 @@ WITH run AS (
     WHERE EXISTS (SELECT 1 FROM agents)
       AND NOT EXISTS (SELECT 1 FROM steps WHERE tool = 'approval')
 ), moved_agents AS (
-    UPDATE runs_agent AS a
-    SET status = 'running',
-        status_changed_at = %(now)s,
-        started_at = COALESCE(a.started_at, %(now)s),
-        dispatched_at = %(now)s,
-        active_children = a.active_children
-            + (SELECT count(*) FROM tasks WHERE tasks.agent_id = a.id)
-    FROM agents
-    WHERE a.id = agents.id AND EXISTS (SELECT 1 FROM go)
-    RETURNING a.id, a.run_id, a.attempt_number, a.position
+    {start_agents}
+    RETURNING n.id, n.run_id, n.attempt_number, n.position
 ), moved_tasks AS (
-    UPDATE runs_task AS t
-    SET status = 'running',
-        status_changed_at = %(now)s,
-        started_at = COALESCE(t.started_at, %(now)s),
-        dispatched_at = %(now)s,
-        active_children = t.active_children
-            + (SELECT count(*) FROM steps WHERE steps.task_id = t.id)
-    FROM tasks
-    WHERE t.id = tasks.id AND EXISTS (SELECT 1 FROM go)
-    RETURNING t.id, t.run_id, t.attempt_number, t.agent_id, t.position
+    {start_tasks}
+    RETURNING n.id, n.run_id, n.attempt_number, n.agent_id, n.position
 ), moved_steps AS (
     UPDATE runs_step AS st SET dispatched_at = %(now)s
     FROM steps
@@ -470,7 +454,7 @@ WITH run AS (
         (run_id, attempt_number, entity, entity_id, kind, from_status, to_status, actor,
          message, payload, created_at)
     SELECT run_id, attempt_number, entity, entity_id, 'transition', 'pending', 'running',
-           'system', '', '{}'::jsonb, %(now)s
+           'system', '', '{{}}'::jsonb, %(now)s
     FROM (
         SELECT a.position AS p, 0 AS k, 0::bigint AS o, a.run_id, a.attempt_number,
                'agent' AS entity, a.id::text AS entity_id
@@ -493,6 +477,25 @@ LEFT JOIN (
 ) AS moved ON true
 ORDER BY moved.agent_position, moved.task_position, moved.position
 """
+# Agents and tasks start alike: RUNNING, dispatched, counting the children started with
+# them (``{children}``, whose ``{parent}`` column names the node).
+_START_NODES = """UPDATE {table} AS n
+    SET status = 'running',
+        status_changed_at = %(now)s,
+        started_at = COALESCE(n.started_at, %(now)s),
+        dispatched_at = %(now)s,
+        active_children = n.active_children
+            + (SELECT count(*) FROM {children} WHERE {children}.{parent} = n.id)
+    FROM {picked}
+    WHERE n.id = {picked}.id AND EXISTS (SELECT 1 FROM go)"""
+_START_SQL = _START.format(
+    start_agents=_START_NODES.format(
+        table="runs_agent", children="tasks", parent="agent_id", picked="agents"
+    ),
+    start_tasks=_START_NODES.format(
+        table="runs_task", children="steps", parent="task_id", picked="tasks"
+    ),
+)
 
 
 @dataclass(frozen=True)

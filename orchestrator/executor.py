@@ -91,11 +91,7 @@ def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
         return "not claimed"
     attempt = step.attempts
     outcome = run_attempt(step, attempt)
-    discard_interrupted_connection()
-    try:
-        record(step_id, step.run_id, attempt, outcome)
-    except (OperationalError, InterfaceError) as exc:
-        raise RecordFailed(step_id, step.run_id, attempt, outcome) from exc
+    _record(step, attempt, outcome)
     if outcome.skipped:
         return "skipped"
     return "failed" if outcome.error else "completed"
@@ -128,17 +124,23 @@ def serve(run_id: str, priority: int, *, worker: str, task_id: str, hard_limits:
         step = step_from_row(values)
         attempt = step.attempts
         outcome = run_time_limited(step, attempt, hard_limits=hard_limits)
-        discard_interrupted_connection()
-        try:
-            with serving(run_id):
-                applied = record(step.pk, step.run_id, attempt, outcome)
-        except (OperationalError, InterfaceError) as exc:
-            raise RecordFailed(step.pk, step.run_id, attempt, outcome) from exc
+        with serving(run_id):
+            applied = _record(step, attempt, outcome)
         served += 1
         spent = served >= settings.ENGINE_BURST_STEPS or time.monotonic() >= deadline
         if not applied or spent:
             CeleryTransport().ring({run_id: priority})
             return served
+
+
+def _record(step: Step, attempt: int, outcome: Outcome) -> bool:
+    """Record the attempt (``outcomes.record``; False: the result was dropped). A
+    database error becomes RecordFailed, so that the task replays the recording alone."""
+    discard_interrupted_connection()
+    try:
+        return record(step.pk, step.run_id, attempt, outcome)
+    except (OperationalError, InterfaceError) as exc:
+        raise RecordFailed(step.pk, step.run_id, attempt, outcome) from exc
 
 
 _pool_process = False

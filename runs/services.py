@@ -89,13 +89,17 @@ def lock_run(
         raise RunNotFound(f"run {run_id} not found") from exc
 
 
-def _lock_light(run_id: RunId) -> Run:
+def _run_key(run_id: RunId) -> UUID:
+    """The run id as a UUID; a malformed one is a run that does not exist."""
     try:
-        key = run_id if isinstance(run_id, UUID) else UUID(str(run_id))
+        return run_id if isinstance(run_id, UUID) else UUID(str(run_id))
     except ValueError as exc:
         raise RunNotFound(f"run {run_id} not found") from exc
+
+
+def _lock_light(run_id: RunId) -> Run:
     with connection.cursor() as cursor:
-        cursor.execute(_LOCK_LIGHT_SQL, [key])
+        cursor.execute(_LOCK_LIGHT_SQL, [_run_key(run_id)])
         row = cursor.fetchone()
     if row is None:
         raise RunNotFound(f"run {run_id} not found")
@@ -112,12 +116,8 @@ def lock_run_for_step(run_id: RunId, step_id: int) -> tuple[Run, int | None, int
     never a basis for a write: they are read from the statement's snapshot, which may
     predate a transaction that held the lock while this one waited for it.
     """
-    try:
-        key = run_id if isinstance(run_id, UUID) else UUID(str(run_id))
-    except ValueError as exc:
-        raise RunNotFound(f"run {run_id} not found") from exc
     with connection.cursor() as cursor:
-        cursor.execute(_LOCK_FOR_STEP_SQL, [step_id, key])
+        cursor.execute(_LOCK_FOR_STEP_SQL, [step_id, _run_key(run_id)])
         row = cursor.fetchone()
     if row is None:
         raise RunNotFound(f"run {run_id} not found")

@@ -192,7 +192,7 @@ def credits_reserve(
         type=EntryType.RESERVE,
         amount=amount,
         idempotency_key=key,
-        reason=f"run {run_id} attempt {attempt_number}",
+        reason=reserve_reason(run_id, attempt_number),
         actor=actor,
     )
     org.credits_available -= amount
@@ -260,6 +260,44 @@ charge_drawn AS (
            'charge', charge.amount, charge.key, charge.reason, charge.actor, now()
     FROM charge, charge_drawn AS drawn
 )"""
+
+
+# A reservation as a part of a larger statement (``runs.services.run_start`` opens an
+# attempt and reserves its credits in one round trip), as credits_reserve() would write
+# it. ``RESERVE_DRAWN`` draws on the organization (its row lock serialises every movement
+# of its credits, as ``_lock_org`` does) only if enough is available, and returns a row
+# only then, so the statement can make everything else depend on it. The statement then
+# defines one named ``reserve`` with the columns (id, organization_id, run_id,
+# attempt_id, attempt_number, amount, reason, actor), one row when ``reserve_drawn`` gave
+# one, and adds ``RESERVE_WRITTEN``: the ledger entry and the reservation row. The
+# amount must be positive and already rounded (``to_credits``).
+RESERVE_DRAWN = """reserve_drawn AS (
+    UPDATE billing_organization AS o
+    SET credits_available = o.credits_available - %(reserve_amount)s
+    WHERE o.id = %(reserve_organization)s AND o.credits_available >= %(reserve_amount)s
+    RETURNING o.id
+)"""
+RESERVE_WRITTEN = """reserve_entry AS (
+    INSERT INTO billing_ledgerentry
+        (id, organization_id, run_id, attempt_id, step_id, type, amount, idempotency_key,
+         reason, actor, created_at)
+    SELECT reserve.id, reserve.organization_id, reserve.run_id, reserve.attempt_id, NULL,
+           'reserve', reserve.amount, 'reserve:' || reserve.attempt_id::text, reserve.reason,
+           reserve.actor, %(now)s
+    FROM reserve
+), reserve_held AS (
+    INSERT INTO billing_reservation
+        (organization_id, run_id, attempt_number, attempt_id, reserved, charged, refunded,
+         settled_at, created_at)
+    SELECT reserve.organization_id, reserve.run_id, reserve.attempt_number,
+           reserve.attempt_id, reserve.amount, 0, 0, NULL, %(now)s
+    FROM reserve
+)"""
+
+
+def reserve_reason(run_id: UUID, attempt_number: int) -> str:
+    """The reason a reservation's ledger entry gives."""
+    return f"run {run_id} attempt {attempt_number}"
 
 
 def charge_key(step_id: int, step_attempt: int) -> str:

@@ -24,7 +24,7 @@ from common.tools.base import ToolError
 from runs import approvals, services
 from runs.engine import hotpath
 from runs.engine.outcomes import Outcome, record
-from runs.models import Agent, Run, RunEvent, Step, Task
+from runs.models import Agent, Run, RunAttempt, RunEvent, Step, Task
 from runs.states import StepStatus
 from tests.runs.engine.harness import EngineRun
 
@@ -242,6 +242,14 @@ def snapshot(run: Run) -> dict[str, Any]:
             )
             for e in RunEvent.objects.filter(run=run).order_by("id")
         ],
+        "attempts": [
+            (a.attempt_number, a.outcome, a.finished_at is not None)
+            for a in RunAttempt.objects.filter(run=run).order_by("attempt_number")
+        ],
+        "reservations": [
+            (r.attempt_number, r.reserved, r.charged, r.refunded, r.settled_at is not None)
+            for r in Reservation.objects.filter(run_id=run.pk).order_by("attempt_number")
+        ],
         "ledger": sorted(
             (
                 e.type,
@@ -299,6 +307,7 @@ def test_the_hot_path_leaves_exactly_what_the_general_path_leaves(
     with monkeypatch.context() as off:
         off.setattr(hotpath, "eligible", lambda *args: False)
         off.setattr(hotpath, "start", lambda *args: None)
+        off.setattr(services, "_start_at_once", lambda *args: False)
         general = start(spec)
         play(general, script)
     general_sent = general.sent()

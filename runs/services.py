@@ -34,7 +34,7 @@ from runs.outbox import RunMessage, enqueue_run_message, revoke_running_steps
 from runs.plan import Plan, parse_plan
 from runs.reservation import plan_reservation
 from runs.states import NODE_OPEN, STEP_OPEN, InvalidTransition, NodeStatus, RunStatus, StepStatus
-from runs.transitions import record_event, transition, transition_many
+from runs.transitions import record_event, transition, transition_locked, transition_many
 
 RunId = UUID | str
 
@@ -320,12 +320,19 @@ def run_pick_up(*, run_id: RunId, actor: str = "worker") -> tuple[Run, bool]:
     run = lock_run(run_id)
     if run.status != RunStatus.PENDING:
         return run, False
+    return run_pick_up_locked(run, plan_of(run), actor=actor), True
+
+
+def run_pick_up_locked(run: Run, plan: Plan, *, actor: str = "worker") -> Run:
+    """``run_pick_up`` for a PENDING run already locked (with its plan) in the caller's
+    transaction, its plan parsed: the worker's pick-up parses the plan before it writes
+    anything, so that a plan which no longer validates fails the run without a
+    savepoint to roll back to."""
     attempt = current_attempt(run)
-    agents = materialize(run, attempt, plan_of(run))
+    agents = materialize(run, attempt, plan)
     now = timezone.now()
-    run = transition(
-        Run,
-        run.pk,
+    return transition_locked(
+        run,
         RunStatus.RUNNING,
         actor=actor,
         now=now,
@@ -337,7 +344,6 @@ def run_pick_up(*, run_id: RunId, actor: str = "worker") -> tuple[Run, bool]:
             "last_heartbeat": now,
         },
     ).obj
-    return run, True
 
 
 # --------------------------------------------------------------------------- finishing

@@ -33,27 +33,29 @@ def pick_up(run_id: Any, actor: str = "worker") -> bool:
     was created) fails the run with `invalid_plan` rather than leaving it pending.
     """
     with transaction.atomic():
-        if services.lock_run(run_id, light=True).status == RunStatus.RETRYING:
-            services.run_requeue(run_id=run_id, actor=actor)
+        run = services.lock_run(run_id)
+        if run.status == RunStatus.RETRYING:
+            run = services.run_requeue(run_id=run_id, actor=actor)
+        if run.status != RunStatus.PENDING:
+            return False  # a duplicate delivery, or cancelled while queued
         try:
-            with transaction.atomic():
-                run, picked = services.run_pick_up(run_id=run_id, actor=actor)
+            plan = services.plan_of(run)
         except PlanInvalid as exc:
+            # Nothing is written yet: no savepoint is needed to fail the run instead.
             services.run_fail(
                 run_id=run_id, code="invalid_plan", message=str(exc)[:2000], actor=actor
             )
             return False
-
-        if picked:
-            now = timezone.now()
-            started = hotpath.start(run, now)
-            if started is None:
-                dispatch_agents(run, Outbox())
-            else:
-                run.active_children += started.agents
-                announce(run, [step_from_row(row) for row in started.dispatched], now, Outbox())
-            finish_if_done(run)
-        return picked
+        run = services.run_pick_up_locked(run, plan, actor=actor)
+        now = timezone.now()
+        started = hotpath.start(run, now)
+        if started is None:
+            dispatch_agents(run, Outbox())
+        else:
+            run.active_children += started.agents
+            announce(run, [step_from_row(row) for row in started.dispatched], now, Outbox())
+        finish_if_done(run)
+        return True
 
 
 def resume(run_id: Any, actor: str = "worker") -> bool:

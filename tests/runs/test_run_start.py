@@ -1,4 +1,5 @@
-"""``run_start`` in one statement writes exactly what the general path writes.
+"""``run_start`` in one statement writes exactly what the general path writes; the
+pick-up that follows parses the plan before writing anything.
 
 The run is locked and checked as before; then one statement draws the credits, moves the
 run to PENDING, opens attempt 1 and writes its reservation, its ledger entry and the two
@@ -22,7 +23,8 @@ from billing.services import InsufficientCredits
 from common.invariants import check_all
 from orchestrator.dispatch import CeleryTransport
 from runs import services
-from runs.models import Run, RunAttempt, RunEvent
+from runs.engine import control
+from runs.models import Agent, Run, RunAttempt, RunEvent
 from runs.outbox import RunMessage, use_transport
 from tests import factories
 from tests.runs.engine.harness import RecordingTransport
@@ -202,3 +204,41 @@ def test_another_organizations_run_is_not_found_and_untouched(at_once: Starter) 
 
     assert Run.objects.get(pk=run.pk).status == "created"
     assert not RunAttempt.objects.filter(run=run).exists()
+
+
+def test_a_stored_plan_that_no_longer_validates_fails_the_run_at_pick_up(
+    at_once: Starter, transport: RecordingTransport, django_capture_on_commit_callbacks: Any
+) -> None:
+    organization = factories.org(credits=100)
+    run = factories.run(organization, credits=5)
+    at_once(run)
+    # As if the validator grew stricter after the run was created.
+    Run.objects.filter(pk=run.pk).update(plan={"name": "stale", "agents": []})
+
+    with django_capture_on_commit_callbacks(execute=True):
+        picked = control.pick_up(run.pk)
+
+    stored = Run.objects.get(pk=run.pk)
+    assert picked is False
+    assert (stored.status, stored.last_error["code"]) == ("failed", "invalid_plan")
+    assert not Agent.objects.filter(run=run).exists()
+    assert Reservation.objects.get(run_id=run.pk).settled_at is not None
+    assert Organization.objects.get(pk=organization.pk).credits_available == Decimal(100)
+    assert transport.steps == []
+    assert {check: found for check, found in check_all().items() if found} == {}
+
+
+def test_a_duplicate_pick_up_changes_nothing(
+    at_once: Starter, django_capture_on_commit_callbacks: Any
+) -> None:
+    run = factories.run(steps=2)
+    at_once(run)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert control.pick_up(run.pk) is True
+    events = RunEvent.objects.filter(run=run).count()
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert control.pick_up(run.pk) is False
+
+    assert RunEvent.objects.filter(run=run).count() == events
+    assert Agent.objects.filter(run=run).count() == 1

@@ -300,6 +300,69 @@ def reserve_reason(run_id: UUID, attempt_number: int) -> str:
     return f"run {run_id} attempt {attempt_number}"
 
 
+# A step attempt's charge and its attempt's settlement together, as a part of a larger
+# statement (the engine's hot path completes a run's last step, the run and its attempt
+# in one round trip): what credits_charge() then credits_settle() would write. One
+# statement cannot update the reservation row twice, so the charge is drawn and the rest
+# refunded by one UPDATE. The statement defines ``charge`` as for CHARGE_CTES (zero or
+# one row) and ``settle`` with the columns (run_id, attempt_number, reason, actor), one row
+# when the attempt is to be settled; ``settle_drawn`` then returns a row only if the
+# reservation was unsettled and could pay the charge, so the statement can make
+# everything else depend on it; ``settle_entry`` returns the refund's amount when there
+# was one. The reservation is read and updated under the run's lock (every writer of it
+# holds that lock), so the amount read is the amount updated.
+SETTLE_CTES = """
+settle_held AS (
+    SELECT r.id, r.attempt_id, r.organization_id, r.run_id,
+           r.reserved - r.charged - r.refunded - COALESCE((SELECT amount FROM charge), 0)
+               AS refund
+    FROM billing_reservation AS r, settle
+    WHERE r.run_id = settle.run_id AND r.attempt_number = settle.attempt_number
+      AND r.settled_at IS NULL
+      AND r.reserved - r.charged - r.refunded >= COALESCE((SELECT amount FROM charge), 0)
+      AND NOT EXISTS (
+          SELECT 1 FROM billing_ledgerentry AS l, charge
+          WHERE l.organization_id = charge.organization_id AND l.idempotency_key = charge.key
+      )
+), settle_drawn AS (
+    UPDATE billing_reservation AS r
+    SET charged = r.charged + COALESCE((SELECT amount FROM charge), 0),
+        refunded = r.refunded + held.refund,
+        settled_at = now()
+    FROM settle_held AS held
+    WHERE r.id = held.id
+    RETURNING r.id
+), settle_charge_entry AS (
+    INSERT INTO billing_ledgerentry
+        (id, organization_id, run_id, attempt_id, step_id, type, amount, idempotency_key,
+         reason, actor, created_at)
+    SELECT charge.id, charge.organization_id, held.run_id, held.attempt_id, charge.step_id,
+           'charge', charge.amount, charge.key, charge.reason, charge.actor, now()
+    FROM charge, settle_held AS held
+    WHERE EXISTS (SELECT 1 FROM settle_drawn)
+), settle_entry AS (
+    INSERT INTO billing_ledgerentry
+        (id, organization_id, run_id, attempt_id, step_id, type, amount, idempotency_key,
+         reason, actor, created_at)
+    SELECT %(settle_id)s::uuid, held.organization_id, held.run_id, held.attempt_id, NULL,
+           'refund', held.refund, 'refund:' || held.attempt_id::text, settle.reason,
+           settle.actor, now()
+    FROM settle_held AS held, settle
+    WHERE held.refund > 0 AND EXISTS (SELECT 1 FROM settle_drawn)
+    RETURNING amount
+), settle_returned AS (
+    UPDATE billing_organization AS o SET credits_available = o.credits_available + held.refund
+    FROM settle_held AS held
+    WHERE o.id = held.organization_id AND held.refund > 0
+      AND EXISTS (SELECT 1 FROM settle_drawn)
+)"""
+
+
+def settle_reason(run_id: UUID, attempt_number: int) -> str:
+    """The reason a settlement's refund entry gives."""
+    return f"settled run {run_id} attempt {attempt_number}"
+
+
 def charge_key(step_id: int, step_attempt: int) -> str:
     """The idempotency key of a step attempt's charge: one charge per attempt, ever."""
     return f"charge:{step_id}:{step_attempt}"
@@ -390,7 +453,7 @@ def credits_settle(
             type=EntryType.REFUND,
             amount=remaining,
             idempotency_key=key,
-            reason=f"settled run {run_id} attempt {attempt_number}",
+            reason=settle_reason(run_id, attempt_number),
             actor=actor,
         )
         org.credits_available += remaining

@@ -7,11 +7,14 @@ update it, insert its event, read and update the task's counters, release the
 successors, pick and mark the steps that became ready, count them, and when the step was
 its task's last, complete the task and do the same one level up. Here one SQL statement
 does all of that, with data-modifying CTEs, and returns the steps it dispatched; no
-model instance is built. Two statements cover the two shapes:
+model instance is built. Three statements cover the three shapes:
 
 - ``_IN_TASK``: the task has other children open; it goes on;
 - ``_LAST_IN_TASK``: the step was its task's last open child (a dag node is a one-step
-  task): the task completes, and its agent, which has other children open, goes on.
+  task): the task completes, and its agent, which has other children open, goes on;
+- ``_LAST_IN_RUN``: the step was the run's last open work: its task, its agent and the
+  run complete, the attempt closes and its reservation is settled (the charge drawn, the
+  rest refunded).
 
 A third statement, ``_START_SQL``, starts a run just picked up (``start``): its ready
 agents, their ready tasks and those tasks' ready steps, as ``dispatch.dispatch_agents``
@@ -39,7 +42,7 @@ from typing import Any
 
 from django.db import connection
 
-from billing.services import CHARGE_CTES, charge_key, to_credits
+from billing.services import CHARGE_CTES, SETTLE_CTES, charge_key, settle_reason, to_credits
 from runs.models import Run
 from runs.states import RunStatus, is_allowed
 
@@ -78,6 +81,16 @@ _PARTS = {
            left('step ' || task.step_name || ' attempt ' || %(attempt)s::text, 500) AS reason,
            'engine'::text AS actor""",
     "charges": CHARGE_CTES,
+    "settles": SETTLE_CTES,
+    # A task or agent completed as transition_locked() completes it, with the child that
+    # ended it counted off (child_done).
+    "node_completed": """status = 'completed',
+        status_changed_at = %(now)s,
+        completed_at = %(now)s,
+        duration_ms = GREATEST(0, floor(EXTRACT(EPOCH FROM
+            (%(now)s::timestamptz - COALESCE(t.started_at, t.created_at))) * 1000))::bigint,
+        open_children = t.open_children - 1,
+        active_children = t.active_children - 1""",
     "paid": "(NOT EXISTS (SELECT 1 FROM charge) OR EXISTS (SELECT 1 FROM charge_drawn))",
     "insert_event": """INSERT INTO runs_runevent
         (run_id, attempt_number, entity, entity_id, kind, from_status, to_status, actor,
@@ -237,13 +250,7 @@ WITH task AS (
       AND st.name IN (SELECT jsonb_array_elements_text(dependents) FROM done)
 ), finished AS (
     UPDATE runs_task AS t
-    SET status = 'completed',
-        status_changed_at = %(now)s,
-        completed_at = %(now)s,
-        duration_ms = GREATEST(0, floor(EXTRACT(EPOCH FROM
-            (%(now)s::timestamptz - COALESCE(t.started_at, t.created_at))) * 1000))::bigint,
-        open_children = t.open_children - 1,
-        active_children = t.active_children - 1
+    SET {node_completed}
     FROM done
     WHERE t.id = (SELECT id FROM task)
     RETURNING t.id, t.run_id, t.attempt_number
@@ -305,8 +312,129 @@ LEFT JOIN (
 ORDER BY moved.task_position, moved.position
 """
 
+# The run's last open step: its task, its agent and the run complete, the attempt is
+# closed, the step's charge drawn and the rest of the reservation refunded
+# (billing.services.SETTLE_CTES), as ``services.run_complete`` would after the general
+# path's propagation. Only when nothing else is open at any level, every other agent of
+# the attempt completed or was skipped, and the reservation can pay the charge;
+# otherwise nothing is written. The dependents a level releases are all finished
+# already (they would be open otherwise), but their counts are released as the general
+# path releases them. Events in the general path's order: step, task, agent, run, then
+# the refund.
+_LAST_IN_RUN = """
+WITH task AS (
+    SELECT t.id, t.agent_id, t.retry_count, t.dependents,
+           s.attempt_number AS step_attempt_number, s.name AS step_name
+    FROM runs_task AS t JOIN runs_step AS s ON s.task_id = t.id
+    WHERE {step_of_task} AND t.status = 'running' AND t.open_children = 1
+), agent AS (
+    SELECT a.id, a.run_id, a.attempt_number, a.retry_count, a.dependents
+    FROM runs_agent AS a, task
+    WHERE a.id = task.agent_id AND a.status = 'running' AND a.open_children = 1
+      AND NOT EXISTS (
+          SELECT 1 FROM runs_agent AS other
+          WHERE other.run_id = a.run_id AND other.attempt_number = a.attempt_number
+            AND other.id <> a.id AND other.status NOT IN ('completed', 'skipped')
+      )
+), run AS (
+    SELECT r.id FROM runs_run AS r, agent
+    WHERE r.id = %(run)s AND r.id = agent.run_id AND r.status = 'running'
+      AND r.open_children = 1 AND r.waiting_approvals = 0
+), {charge}
+    FROM task, run WHERE %(amount)s::numeric > 0
+), settle AS (
+    SELECT run.id AS run_id, agent.attempt_number, %(settle_reason)s::text AS reason,
+           'engine'::text AS actor
+    FROM run, agent
+), {settles}, done AS (
+    UPDATE runs_step AS s
+    SET {step_completed}
+    FROM task
+    WHERE EXISTS (SELECT 1 FROM settle_drawn) AND {step_running}
+), step_released AS (
+    UPDATE runs_step AS st SET pending_dependencies = st.pending_dependencies - 1
+    FROM task
+    WHERE st.task_id = task.id AND st.generation = task.retry_count
+      AND st.handler_for_id IS NULL
+      AND st.name IN (SELECT jsonb_array_elements_text(dependents) FROM done)
+), finished AS (
+    UPDATE runs_task AS t
+    SET {node_completed}
+    FROM done
+    WHERE t.id = (SELECT id FROM task)
+    RETURNING t.id, t.run_id, t.attempt_number
+), task_released AS (
+    UPDATE runs_task AS tk SET pending_dependencies = tk.pending_dependencies - 1
+    FROM agent
+    WHERE tk.agent_id = agent.id AND tk.generation = agent.retry_count
+      AND tk.name IN (SELECT jsonb_array_elements_text(task.dependents) FROM task)
+      AND EXISTS (SELECT 1 FROM done)
+), agent_finished AS (
+    UPDATE runs_agent AS t
+    SET {node_completed}
+    FROM done
+    WHERE t.id = (SELECT id FROM agent)
+    RETURNING t.id, t.run_id, t.attempt_number
+), agent_released AS (
+    UPDATE runs_agent AS ag SET pending_dependencies = ag.pending_dependencies - 1
+    FROM agent
+    WHERE ag.run_id = agent.run_id AND ag.attempt_number = agent.attempt_number
+      AND ag.name IN (SELECT jsonb_array_elements_text(agent.dependents) FROM agent)
+      AND EXISTS (SELECT 1 FROM done)
+), run_finished AS (
+    UPDATE runs_run AS r
+    SET status = 'completed',
+        status_changed_at = %(now)s,
+        completed_at = %(now)s,
+        duration_ms = GREATEST(0, floor(EXTRACT(EPOCH FROM
+            (%(now)s::timestamptz - COALESCE(r.started_at, r.created_at))) * 1000))::bigint,
+        updated_at = %(now)s,
+        open_children = r.open_children - 1,
+        active_children = r.active_children - 1,
+        last_heartbeat = CASE WHEN %(beat)s THEN %(now)s ELSE r.last_heartbeat END
+    FROM done
+    WHERE r.id = %(run)s
+    RETURNING r.id, r.attempt_number
+), attempt_finished AS (
+    UPDATE runs_runattempt AS at SET finished_at = %(now)s, outcome = 'completed'
+    FROM run_finished
+    WHERE at.run_id = run_finished.id AND at.attempt_number = run_finished.attempt_number
+), event AS (
+    {insert_event}
+    SELECT run_id, attempt_number, entity, entity_id, kind, from_status, to_status, actor,
+           message, payload, %(now)s
+    FROM (
+        SELECT 0 AS k, run_id, attempt_number, 'step' AS entity, id::text AS entity_id,
+               'transition' AS kind, 'running' AS from_status, 'completed' AS to_status,
+               'system' AS actor, '' AS message,
+               jsonb_build_object('cost', %(cost_text)s::text) AS payload
+        FROM done
+        UNION ALL
+        SELECT 1, run_id, attempt_number, 'task', id::text, 'transition', 'running',
+               'completed', 'system', '', '{{}}'::jsonb
+        FROM finished
+        UNION ALL
+        SELECT 2, run_id, attempt_number, 'agent', id::text, 'transition', 'running',
+               'completed', 'system', '', '{{}}'::jsonb
+        FROM agent_finished
+        UNION ALL
+        SELECT 3, id, attempt_number, 'run', id::text, 'transition', 'running', 'completed',
+               'engine', '', '{{}}'::jsonb
+        FROM run_finished
+        UNION ALL
+        SELECT 4, run_finished.id, run_finished.attempt_number, 'run', run_finished.id::text,
+               'charge', '', '', 'engine', 'refunded ' || refund.amount::text || ' credits',
+               jsonb_build_object('type', 'refund', 'amount', refund.amount::text)
+        FROM run_finished, settle_entry AS refund
+    ) AS e
+    ORDER BY k
+)
+SELECT done.id, NULL, NULL, NULL, NULL, NULL, NULL FROM done
+"""
+
 _IN_TASK_SQL = _IN_TASK.format(**_PARTS)
 _LAST_IN_TASK_SQL = _LAST_IN_TASK.format(**_PARTS)
+_LAST_IN_RUN_SQL = _LAST_IN_RUN.format(**_PARTS)
 
 
 @dataclass(frozen=True)
@@ -362,6 +490,8 @@ def complete(
         "amount": to_credits(cost),
         "charge_key": charge_key(step_id, attempt),
         "beat": beat,
+        "settle_id": uuid.uuid4(),
+        "settle_reason": settle_reason(run.pk, run.attempt_number),
     }
     # Most steps have siblings still open; a one-step task (a dag node) ends with its
     # step; the last task of an agent is the general path's. A stale count (a sibling
@@ -372,6 +502,8 @@ def complete(
         shapes.append(_IN_TASK_SQL)
     if agent_open is None or agent_open > 1:
         shapes.append(_LAST_IN_TASK_SQL)
+    elif run.open_children == 1 and task_open in (None, 1):
+        shapes.append(_LAST_IN_RUN_SQL)
     rows: list[Any] = []
     with connection.cursor() as cursor:
         for sql in shapes:

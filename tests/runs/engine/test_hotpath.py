@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from billing.models import LedgerEntry, Reservation
+from billing.models import LedgerEntry, Organization, Reservation
 from common.invariants import check_all
 from common.tools.base import ToolError
 from runs import approvals, services
@@ -330,16 +330,70 @@ def test_the_hot_path_leaves_exactly_what_the_general_path_leaves(
     assert {check: found for check, found in check_all().items() if found} == {}
 
 
-def test_a_mid_task_completion_takes_the_hot_path_and_the_last_one_does_not(
+def test_the_runs_last_step_completes_task_agent_run_and_settles_on_the_hot_path(
     start: Start, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = hot_path_calls(monkeypatch)
     run = start(one_agent({"name": "t", "steps": [step("one"), step("two"), step("three")]}))
+    organization = run.run.organization
+    reserved = Reservation.objects.get(run_id=run.run.pk).reserved
+    before = Organization.objects.get(pk=organization.pk).credits_available
+
     run.finish("one")
     run.finish("two")
-    run.finish("three")  # the task's last child: its task and run finish on the general path
-    assert calls == [True, True, False]
+    run.finish("three", Outcome(output={"last": True}, cost=Decimal("0.002")))
+
+    assert calls == [True, True, True]
+    finished = run.refresh()
+    assert finished.status == "completed"
+    assert finished.completed_at is not None
+    assert finished.duration_ms is not None
+    assert (finished.open_children, finished.active_children) == (0, 0)
+    attempt = RunAttempt.objects.get(run=run.run)
+    assert (attempt.outcome, attempt.finished_at) == ("completed", finished.completed_at)
+    reservation = Reservation.objects.get(run_id=run.run.pk)
+    refund = LedgerEntry.objects.get(run_id=run.run.pk, type="refund")
+    charged = sum(
+        (e.amount for e in LedgerEntry.objects.filter(run_id=run.run.pk, type="charge")),
+        Decimal(0),
+    )
+    assert reservation.settled_at is not None
+    assert (reservation.charged, reservation.refunded) == (charged, reserved - charged)
+    assert refund.amount == reserved - charged
+    assert refund.idempotency_key == f"refund:{attempt.pk}"
+    assert Organization.objects.get(pk=organization.pk).credits_available == before + refund.amount
+    last = list(RunEvent.objects.filter(run=run.run).order_by("id"))[-5:]
+    assert [(e.entity, e.kind, e.to_status, e.actor) for e in last] == [
+        ("step", "transition", "completed", "system"),
+        ("task", "transition", "completed", "system"),
+        ("agent", "transition", "completed", "system"),
+        ("run", "transition", "completed", "engine"),
+        ("run", "charge", "", "engine"),
+    ]
+    assert last[-1].payload == {"type": "refund", "amount": str(refund.amount)}
+    assert {check: found for check, found in check_all().items() if found} == {}
+
+
+def test_the_runs_last_step_takes_the_general_path_when_another_agent_is_open(
+    start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = hot_path_calls(monkeypatch)
+    run = start(
+        {
+            "name": "two",
+            "agents": [
+                {"name": "a", "tasks": [{"name": "t", "steps": [step("one")]}]},
+                {"name": "b", "tasks": [{"name": "t", "steps": [step("two")]}]},
+            ],
+        }
+    )
+
+    run.finish("one")  # agent b is still open: the run goes on
+    run.finish("two")
+
+    assert calls == [False, True]
     assert run.refresh().status == "completed"
+    assert LedgerEntry.objects.filter(run_id=run.run.pk, type="refund").count() == 1
 
 
 def test_a_one_step_task_completes_with_its_step_on_the_hot_path(
@@ -356,9 +410,9 @@ def test_a_one_step_task_completes_with_its_step_on_the_hot_path(
     )
     run.finish("one")
     run.finish("two")
-    run.finish("three")  # the agent's last child: the agent and run finish generally
+    run.finish("three")  # the run's last step: the agent and the run finish with it
 
-    assert calls == [True, True, False]
+    assert calls == [True, True, True]
     tasks = {t.name: t for t in Task.objects.filter(run=run.run)}
     assert {name: t.status for name, t in tasks.items()} == dict.fromkeys(tasks, "completed")
     assert all(t.completed_at and t.duration_ms is not None for t in tasks.values())

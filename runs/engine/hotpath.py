@@ -84,6 +84,16 @@ _PARTS = {
     "settles": SETTLE_CTES,
     # A task or agent completed as transition_locked() completes it, with the child that
     # ended it counted off (child_done).
+    "task_finished": """UPDATE runs_task AS t
+    SET {node_completed}
+    FROM done
+    WHERE t.id = (SELECT id FROM task)
+    RETURNING t.id, t.run_id, t.attempt_number""",
+    "agent_finished": """UPDATE runs_agent AS t
+    SET {node_completed}
+    FROM done
+    WHERE t.id = (SELECT id FROM agent)
+    RETURNING t.id, t.run_id, t.attempt_number""",
     "node_completed": """status = 'completed',
         status_changed_at = %(now)s,
         completed_at = %(now)s,
@@ -249,11 +259,7 @@ WITH task AS (
       AND st.handler_for_id IS NULL
       AND st.name IN (SELECT jsonb_array_elements_text(dependents) FROM done)
 ), finished AS (
-    UPDATE runs_task AS t
-    SET {node_completed}
-    FROM done
-    WHERE t.id = (SELECT id FROM task)
-    RETURNING t.id, t.run_id, t.attempt_number
+    {task_finished}
 ), moved_tasks AS (
     UPDATE runs_task AS tk
     SET pending_dependencies = tk.pending_dependencies - sib.released::int,
@@ -358,11 +364,7 @@ WITH task AS (
       AND st.handler_for_id IS NULL
       AND st.name IN (SELECT jsonb_array_elements_text(dependents) FROM done)
 ), finished AS (
-    UPDATE runs_task AS t
-    SET {node_completed}
-    FROM done
-    WHERE t.id = (SELECT id FROM task)
-    RETURNING t.id, t.run_id, t.attempt_number
+    {task_finished}
 ), task_released AS (
     UPDATE runs_task AS tk SET pending_dependencies = tk.pending_dependencies - 1
     FROM agent
@@ -370,11 +372,7 @@ WITH task AS (
       AND tk.name IN (SELECT jsonb_array_elements_text(task.dependents) FROM task)
       AND EXISTS (SELECT 1 FROM done)
 ), agent_finished AS (
-    UPDATE runs_agent AS t
-    SET {node_completed}
-    FROM done
-    WHERE t.id = (SELECT id FROM agent)
-    RETURNING t.id, t.run_id, t.attempt_number
+    {agent_finished}
 ), agent_released AS (
     UPDATE runs_agent AS ag SET pending_dependencies = ag.pending_dependencies - 1
     FROM agent
@@ -432,6 +430,9 @@ WITH task AS (
 SELECT done.id, NULL, NULL, NULL, NULL, NULL, NULL FROM done
 """
 
+# The parts made of parts.
+for _level in ("task_finished", "agent_finished"):
+    _PARTS[_level] = _PARTS[_level].format(node_completed=_PARTS["node_completed"])
 _IN_TASK_SQL = _IN_TASK.format(**_PARTS)
 _LAST_IN_TASK_SQL = _LAST_IN_TASK.format(**_PARTS)
 _LAST_IN_RUN_SQL = _LAST_IN_RUN.format(**_PARTS)

@@ -10,7 +10,7 @@ entry, its events, the organization's balance and the message sent.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
@@ -21,28 +21,16 @@ from django.test.utils import CaptureQueriesContext
 from billing.models import LedgerEntry, Organization, Reservation
 from billing.services import InsufficientCredits
 from common.invariants import check_all
-from orchestrator.dispatch import CeleryTransport
 from runs import services
 from runs.engine import control
 from runs.models import Agent, Run, RunAttempt, RunEvent
-from runs.outbox import RunMessage, use_transport
+from runs.outbox import RunMessage
 from tests import factories
 from tests.runs.engine.harness import RecordingTransport
 
 pytestmark = pytest.mark.django_db
 
 Starter = Callable[[Run], Run]
-
-
-@pytest.fixture
-def transport(settings: Any) -> Iterator[RecordingTransport]:
-    settings.ORCHESTRATOR_DISPATCH_ENABLED = True
-    recording = RecordingTransport()
-    use_transport(recording)
-    try:
-        yield recording
-    finally:
-        use_transport(CeleryTransport())
 
 
 @pytest.fixture

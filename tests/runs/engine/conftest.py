@@ -1,24 +1,11 @@
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from orchestrator.dispatch import CeleryTransport
-from runs.outbox import use_transport
 from tests.runs.engine.harness import EngineRun, RecordingTransport
-
-
-@pytest.fixture
-def transport(settings: Any) -> Iterator[RecordingTransport]:
-    settings.ORCHESTRATOR_DISPATCH_ENABLED = True
-    recording = RecordingTransport()
-    use_transport(recording)
-    try:
-        yield recording
-    finally:
-        use_transport(CeleryTransport())
 
 
 @pytest.fixture

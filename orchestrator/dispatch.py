@@ -84,6 +84,17 @@ def doorbell_limits() -> tuple[int, int]:
     return soft, soft + settings.ENGINE_HARD_LIMIT_GRACE
 
 
+def pick_up_limits() -> tuple[int, int]:
+    """Celery's soft and hard time limits of a pick-up: a task's default for picking the
+    run up, then a doorbell's, since the pick-up goes on to serve the run's first steps
+    (``orchestrator.tasks.pick_up_run_task``)."""
+    soft, hard = doorbell_limits()
+    return (
+        settings.CELERY_TASK_SOFT_TIME_LIMIT + soft,
+        settings.CELERY_TASK_TIME_LIMIT + hard,
+    )
+
+
 def _guarded(publish: Callable[[], None], what: str) -> None:
     try:
         publish()
@@ -98,14 +109,22 @@ class CeleryTransport:
 
     def publish_run(self, message: RunMessage, run_id: str, priority: int) -> None:
         name = RUN_TASKS[message]
+        # The run's priority travels with its pick-up, which serves the run's first steps
+        # and may have to ring for the rest.
+        args = (run_id, priority) if message == RunMessage.PICK_UP else (run_id,)
+        limits: dict[str, Any] = {}
+        if message == RunMessage.PICK_UP and settings.ENGINE_DOORBELLS:
+            soft, hard = pick_up_limits()
+            limits = {"soft_time_limit": soft, "time_limit": hard}
 
         def publish() -> None:
             app.send_task(
                 name,
-                args=(run_id,),
+                args=args,
                 queue=run_queue(priority),
                 priority=priority,
                 ignore_result=True,
+                **limits,
             )
 
         _guarded(publish, f"{name} of run {run_id}")
@@ -153,7 +172,7 @@ class CeleryTransport:
         return rings
 
     @staticmethod
-    def _send_doorbell(run_id: str, priority: int, producer: Any) -> None:
+    def _send_doorbell(run_id: str, priority: int, producer: Any, **options: Any) -> None:
         soft, hard = doorbell_limits()
         app.send_task(
             DOORBELL_TASK,
@@ -164,6 +183,17 @@ class CeleryTransport:
             time_limit=hard,
             ignore_result=True,
             producer=producer,
+            **options,
+        )
+
+    def ring_to_replay(self, run_id: str, priority: int, replay: dict[str, Any]) -> None:
+        """A doorbell of the run that first records an attempt whose recording failed
+        (``executor.RecordFailed.replay``), a second later, then serves on."""
+        _guarded(
+            lambda: self._send_doorbell(
+                run_id, priority, None, kwargs={"replay": replay}, countdown=1
+            ),
+            f"replay of a recording of run {run_id}",
         )
 
     @staticmethod

@@ -9,17 +9,21 @@ and jitter; a step's own retry policy is the engine's, persisted in PostgreSQL.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from celery import Task, shared_task
 from celery.backends.base import BaseBackend, DisabledBackend
+from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from kombu.exceptions import OperationalError as BrokerError
 
 from orchestrator import executor, sweeps
+from orchestrator.dispatch import CeleryTransport, serving
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record
+from runs.models import Run
 
 
 class EngineTask(Task):  # type: ignore[type-arg]
@@ -42,6 +46,7 @@ class EngineTask(Task):  # type: ignore[type-arg]
         return self._disabled_backend
 
 
+logger = logging.getLogger(__name__)
 T = TypeVar("T")
 TRANSIENT = (OperationalError, InterfaceError, BrokerError)
 RETRY_OPTIONS: dict[str, Any] = {
@@ -60,9 +65,37 @@ def echo_task(payload: Any) -> dict[str, Any]:
     return {"payload": payload, "hostname": echo_task.request.hostname}
 
 
-@shared_task(name="orchestrator.runs.pick_up", **RETRY_OPTIONS)
-def pick_up_run_task(run_id: str) -> bool:
-    return control.pick_up(run_id, actor=f"worker:{pick_up_run_task.request.hostname}")
+@shared_task(bind=True, name="orchestrator.runs.pick_up", **RETRY_OPTIONS)
+def pick_up_run_task(self: Task[Any, Any], run_id: str, priority: int | None = None) -> bool:
+    """Pick the run up, then serve its first ready steps here, as a doorbell of the run
+    would (one doorbell fewer is rung for it): the first step starts without another
+    broker hop. ``priority`` is None in a message from before it was sent."""
+    worker = f"worker:{self.request.hostname}"
+    if not settings.ENGINE_DOORBELLS:
+        return control.pick_up(run_id, actor=worker)
+    with serving(run_id):
+        picked = control.pick_up(run_id, actor=worker)
+    if picked:
+        if priority is None:
+            priority = Run.objects.values_list("priority", flat=True).get(pk=run_id)
+        _serve_after_pick_up(run_id, priority, worker=worker, task_id=self.request.id or "")
+    return picked
+
+
+def _serve_after_pick_up(run_id: str, priority: int, *, worker: str, task_id: str) -> None:
+    """``executor.serve`` for the doorbell the pick-up stood for. The pick-up is committed
+    and must not run again, so what a doorbell would retry is handed to one: a recording
+    that failed goes to a doorbell that replays it, a claim that failed rings again."""
+    try:
+        executor.serve(
+            run_id, priority, worker=worker, task_id=task_id, hard_limits=executor.in_pool_process()
+        )
+    except executor.RecordFailed as exc:
+        logger.warning("run %s: a recording failed after its pick-up (%s); replaying", run_id, exc)
+        CeleryTransport().ring_to_replay(run_id, priority, exc.replay)
+    except TRANSIENT as exc:
+        logger.warning("run %s: serving after its pick-up failed (%s); ringing", run_id, exc)
+        CeleryTransport().ring({run_id: priority})
 
 
 def _step_work(task: Task[Any, Any], work: Callable[[], T]) -> T:

@@ -120,6 +120,11 @@ def test_models_and_migrations_agree_and_system_checks_pass() -> None:
             {"CELERY_VISIBILITY_TIMEOUT": "3000", "PLAN_MAX_STEP_TIMEOUT": "3600"},
             ["CELERY_VISIBILITY_TIMEOUT", "PLAN_MAX_STEP_TIMEOUT", "delivered again"],
         ),
+        (
+            # Enough for a doorbell's longest step, not for a pick-up that serves one.
+            {"CELERY_VISIBILITY_TIMEOUT": "3700", "PLAN_MAX_STEP_TIMEOUT": "3600"},
+            ["CELERY_VISIBILITY_TIMEOUT", "CELERY_TASK_TIME_LIMIT", "pick-up"],
+        ),
         ({"BILLING_LLM_ESTIMATE": "abc"}, ["BILLING_LLM_ESTIMATE", "'abc'"]),
         ({"BILLING_LLM_ESTIMATE": "NaN"}, ["BILLING_LLM_ESTIMATE", "finite"]),
         (
@@ -128,7 +133,15 @@ def test_models_and_migrations_agree_and_system_checks_pass() -> None:
         ),
         ({"BILLING_LLM_ESTIMATE": "1e20"}, ["BILLING_LLM_ESTIMATE", "too large", "'1e20'"]),
     ],
-    ids=["heartbeat-vs-lease", "visibility-vs-step", "decimal", "nan", "too-precise", "too-large"],
+    ids=[
+        "heartbeat-vs-lease",
+        "visibility-vs-step",
+        "visibility-vs-pick-up",
+        "decimal",
+        "nan",
+        "too-precise",
+        "too-large",
+    ],
 )
 def test_a_bad_combination_refuses_to_start_naming_the_variables(
     module: str, env: dict[str, str], names: list[str]

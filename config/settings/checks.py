@@ -62,17 +62,19 @@ def check_consistency(env: Env, settings: dict[str, Any]) -> None:
     grace = int(settings["ENGINE_HARD_LIMIT_GRACE"])
     burst = float(settings["ENGINE_BURST_SECONDS"])
     visibility = int(settings["CELERY_VISIBILITY_TIMEOUT"])
-    # The longest task is a doorbell: a burst, then the longest step it may start at the
-    # burst's end; its hard limit (orchestrator.dispatch.doorbell_limits) is that plus
-    # two graces.
-    longest_task = math.ceil(burst + longest_step) + 2 * grace
+    task_limit = int(settings["CELERY_TASK_TIME_LIMIT"])
+    # The longest task is a pick-up: a task's default limit to pick the run up, then a
+    # doorbell's: a burst, then the longest step it may start at the burst's end, plus
+    # two graces (orchestrator.dispatch.pick_up_limits and doorbell_limits).
+    longest_task = task_limit + math.ceil(burst + longest_step) + 2 * grace
     if visibility <= longest_task:
         # Redis would hand a message still being worked on to a second worker.
         env.errors.append(
             f"CELERY_VISIBILITY_TIMEOUT ({visibility} s) must be greater than "
-            f"PLAN_MAX_STEP_TIMEOUT ({longest_step:g} s) plus ENGINE_BURST_SECONDS "
-            f"({burst:g} s) plus twice the hard-limit grace ({grace} s): a step still "
-            "running would be delivered again"
+            f"CELERY_TASK_TIME_LIMIT ({task_limit} s) plus PLAN_MAX_STEP_TIMEOUT "
+            f"({longest_step:g} s) plus ENGINE_BURST_SECONDS ({burst:g} s) plus twice the "
+            f"hard-limit grace ({grace} s): a run's pick-up, which serves its first steps, "
+            "would be delivered again while still running"
         )
 
     prices = {

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from config.celery import QUEUE_STEPS, app
 from orchestrator import sweeps
-from runs import services
+from runs import approvals, services
 from runs.models import Run, RunAttempt, RunEvent, Step
 from runs.states import InvalidTransition
 from tests import factories
@@ -176,9 +176,17 @@ def test_retry_after_failure_runs_attempt_two_with_its_own_reservation(celery_wo
 def test_a_step_whose_message_was_deleted_from_redis_is_sent_again(
     celery_worker: str, broker: redis.Redis[bytes]
 ) -> None:
+    # A pick-up serves its run's first steps itself, without a message: the step whose
+    # message is lost here is made ready by an approval, given in this process.
+    run = submit(task_plan([step("gate", "approval"), step("first"), step("second")]))
+    wait_until(
+        lambda: Run.objects.get(pk=run.pk).status == "waiting_approval",
+        timeout=30,
+        what="the run to wait for its approval",
+    )
     app.control.cancel_consumer(QUEUE_STEPS, destination=[celery_worker], reply=True)
     try:
-        run = submit(task_plan([step("first"), step("second")]))
+        approvals.run_approve(run_id=run.pk, actor="test")
         wait_until(
             lambda: Step.objects.filter(
                 run=run, name="first", dispatched_at__isnull=False

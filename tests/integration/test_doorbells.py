@@ -4,11 +4,14 @@ few messages, not one per step, and every step still runs once and is charged on
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 from uuid import UUID
 
 import pytest
+from celery.signals import before_task_publish
 from django.conf import settings
 
+from orchestrator.dispatch import PICK_UP_TASK
 from runs.models import Step
 from tests.factories import step
 from tests.integration.engine_support import assert_books_balanced, submit, wait_for
@@ -44,11 +47,26 @@ def test_a_wide_fan_out_is_served_by_a_few_doorbells(celery_worker: str) -> None
 
 
 def test_a_sequence_goes_from_step_to_step_without_a_message_each(celery_worker: str) -> None:
-    run = submit(one_task(6))
+    pick_ups: list[str] = []
+
+    def remember(sender: str | None = None, headers: Any = None, **kwargs: Any) -> None:
+        if sender == PICK_UP_TASK:
+            pick_ups.append(headers["id"])
+
+    before_task_publish.connect(remember, weak=False)
+    try:
+        run = submit(one_task(6))
+    finally:
+        before_task_publish.disconnect(remember)
 
     assert wait_for(run).status == "completed"
 
     served = served_by(run.pk)
     assert sum(served.values()) == 6
-    assert len(served) < 6  # one doorbell, unless a burst was spent on a crawling machine
+    # The pick-up serves the sequence itself (then a doorbell, only if a burst was spent on
+    # a crawling machine): the first step starts without another broker hop.
+    assert len(served) < 6
+    first = Step.objects.filter(run_id=run.pk).order_by("position").first()
+    assert first is not None
+    assert [first.celery_task_id] == pick_ups
     assert_books_balanced(run)

@@ -18,8 +18,15 @@ from django.db import OperationalError, transaction
 
 from config.celery import app
 from orchestrator import executor
-from orchestrator.dispatch import DOORBELL_TASK, EXECUTE_STEP_TASK, CeleryTransport, serving
-from orchestrator.tasks import doorbell_task
+from orchestrator.dispatch import (
+    DOORBELL_TASK,
+    EXECUTE_STEP_TASK,
+    PICK_UP_TASK,
+    CeleryTransport,
+    pick_up_limits,
+    serving,
+)
+from orchestrator.tasks import doorbell_task, pick_up_run_task
 from runs import services
 from runs.engine import control
 from runs.engine.outcomes import record
@@ -269,3 +276,97 @@ def test_a_revoke_rings_again_for_each_run_whose_doorbell_it_may_terminate(
         (DOORBELL_TASK, ("r1", 5), None),
         (DOORBELL_TASK, ("r2", 1), None),
     ]
+
+
+# --------------------------------------------------------------------------- the pick-up
+def created(*steps: dict[str, Any], **task: Any) -> Run:
+    spec = factories.plan(steps=1)
+    spec["agents"][0]["tasks"][0] = {"name": "work", "steps": list(steps), **task}
+    run = services.run_create(organization=factories.org(), plan=spec)
+    services.run_start(run_id=run.pk)
+    return Run.objects.get(pk=run.pk)
+
+
+def test_the_pick_up_message_carries_the_priority_and_a_doorbells_limits(
+    sent: list[Sent], monkeypatch: pytest.MonkeyPatch, settings: SettingsWrapper
+) -> None:
+    options: list[dict[str, Any]] = []
+    monkeypatch.setattr(app, "send_task", lambda name, **kw: options.append({"name": name, **kw}))
+
+    run = created(step("only"))
+
+    soft, hard = pick_up_limits()
+    assert [(o["name"], o["args"], o["soft_time_limit"], o["time_limit"]) for o in options] == [
+        (PICK_UP_TASK, (str(run.pk), run.priority), soft, hard)
+    ]
+    assert soft > settings.CELERY_TASK_SOFT_TIME_LIMIT + settings.ENGINE_BURST_SECONDS
+
+
+def test_the_pick_up_serves_its_runs_first_steps_itself(sent: list[Sent]) -> None:
+    run = created(*(step(f"s{i}") for i in range(3)))
+    sent.clear()
+
+    assert pick_up_run_task(str(run.pk), run.priority) is True
+
+    assert Run.objects.get(pk=run.pk).status == "completed"
+    assert set(statuses(run).values()) == {"completed"}
+    assert sent == []  # no doorbell: the pick-up went on serving the sequence
+
+
+def test_a_wide_pick_up_rings_one_doorbell_fewer_than_it_needs(
+    sent: list[Sent], settings: SettingsWrapper
+) -> None:
+    settings.ENGINE_DOORBELLS = 8
+    run = created(*(step(f"p{i}") for i in range(5)), mode="parallel", max_concurrent_steps=5)
+    sent.clear()
+
+    assert pick_up_run_task(str(run.pk), run.priority) is True
+
+    # Five steps ready: four doorbells, the fifth is the pick-up itself (which, alone in
+    # this process, then served all five: the doorbells find nothing left).
+    assert sent == [(DOORBELL_TASK, (str(run.pk), run.priority), None)] * 4
+    assert set(statuses(run).values()) == {"completed"}
+
+
+def test_a_duplicate_pick_up_serves_nothing(sent: list[Sent]) -> None:
+    run = created(step("only"))
+    assert pick_up_run_task(str(run.pk), run.priority) is True
+    sent.clear()
+
+    assert pick_up_run_task(str(run.pk), run.priority) is False
+    assert pick_up_run_task(str(run.pk)) is False  # a message from before the priority
+
+    assert sent == []
+
+
+def test_a_recording_that_failed_after_the_pick_up_is_replayed_by_a_doorbell(
+    sent: list[Sent], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = created(step("first"), step("second"))
+    sent.clear()
+    failing = iter([OperationalError("server closed the connection unexpectedly")])
+
+    def record_once_failing(*args: Any) -> bool:
+        error = next(failing, None)
+        if error is not None:
+            raise error
+        return record(*args)
+
+    monkeypatch.setattr(executor, "record", record_once_failing)
+    options: list[dict[str, Any]] = []
+    monkeypatch.setattr(app, "send_task", lambda name, **kw: options.append({"name": name, **kw}))
+
+    # The pick-up is committed and done; the outcome is handed to a doorbell.
+    assert pick_up_run_task(str(run.pk), run.priority) is True
+    assert statuses(run) == {"first": "running", "second": "pending"}
+    [bell] = options
+    assert (bell["name"], bell["args"], bell["countdown"]) == (
+        DOORBELL_TASK,
+        (str(run.pk), run.priority),
+        1,
+    )
+
+    assert doorbell_task(*bell["args"], **bell["kwargs"]) == 1
+
+    assert statuses(run) == {"first": "completed", "second": "completed"}
+    assert Step.objects.get(run=run, name="first").attempts == 1  # recorded, not run again

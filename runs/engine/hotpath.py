@@ -81,6 +81,22 @@ _PARTS = {
            left('step ' || task.step_name || ' attempt ' || %(attempt)s::text, 500) AS reason,
            'engine'::text AS actor""",
     "charges": CHARGE_CTES,
+    # The step's dependents in its task released, each found by a probe of the unique
+    # (task, generation, name) index: a condition on the names alone let PostgreSQL, with
+    # a table not yet analysed, walk every step of the table through the handler index.
+    "step_released": """step_released AS (
+    UPDATE runs_step AS st SET pending_dependencies = st.pending_dependencies - 1
+    FROM (
+        SELECT dependent.id
+        FROM done, task, jsonb_array_elements_text(done.dependents) AS released (name),
+        LATERAL (
+            SELECT id FROM runs_step
+            WHERE task_id = task.id AND generation = task.retry_count
+              AND name = released.name AND handler_for_id IS NULL
+            OFFSET 0
+        ) AS dependent
+    ) AS rel
+    WHERE st.id = rel.id""",
     "settles": SETTLE_CTES,
     # A task or agent completed as transition_locked() completes it, with the child that
     # ended it counted off (child_done).
@@ -169,6 +185,10 @@ WITH task AS (
                              ELSE st.dispatched_at END
     FROM siblings AS sib
     WHERE st.id = sib.id AND (sib.released OR sib.id IN (SELECT id FROM ready))
+      -- Redundant, for the planner: the few ids as an index condition. Joined on
+      -- ``siblings`` alone (estimated at a hundred rows: a set-returning function's
+      -- default), it scanned the whole step table while that was small.
+      AND st.id = ANY (ARRAY(SELECT id FROM siblings))
     RETURNING st.id, st.tool, st.timeout_ms, st.run_id, st.attempt_number, st.status,
               st.position, sib.id IN (SELECT id FROM ready) AS dispatched
 ), counted AS (
@@ -252,12 +272,7 @@ WITH task AS (
     FROM task, agent
     WHERE NOT EXISTS (SELECT 1 FROM new_steps WHERE tool = 'approval') AND {paid}
       AND {step_running}
-), step_released AS (
-    UPDATE runs_step AS st SET pending_dependencies = st.pending_dependencies - 1
-    FROM task
-    WHERE st.task_id = task.id AND st.generation = task.retry_count
-      AND st.handler_for_id IS NULL
-      AND st.name IN (SELECT jsonb_array_elements_text(dependents) FROM done)
+), {step_released}
 ), finished AS (
     {task_finished}
 ), moved_tasks AS (
@@ -273,6 +288,7 @@ WITH task AS (
     FROM (SELECT siblings.*, siblings.id IN (SELECT id FROM ready) AS started
           FROM siblings) AS sib
     WHERE tk.id = sib.id AND (sib.released OR sib.started) AND EXISTS (SELECT 1 FROM done)
+      AND tk.id = ANY (ARRAY(SELECT id FROM siblings))  -- for the planner, as in _IN_TASK
     RETURNING tk.id, tk.run_id, tk.attempt_number, tk.position, sib.started
 ), moved_steps AS (
     UPDATE runs_step AS st SET dispatched_at = %(now)s
@@ -357,12 +373,7 @@ WITH task AS (
     SET {step_completed}
     FROM task
     WHERE EXISTS (SELECT 1 FROM settle_drawn) AND {step_running}
-), step_released AS (
-    UPDATE runs_step AS st SET pending_dependencies = st.pending_dependencies - 1
-    FROM task
-    WHERE st.task_id = task.id AND st.generation = task.retry_count
-      AND st.handler_for_id IS NULL
-      AND st.name IN (SELECT jsonb_array_elements_text(dependents) FROM done)
+), {step_released}
 ), finished AS (
     {task_finished}
 ), task_released AS (
@@ -458,6 +469,29 @@ def eligible(run: Run, error: object, skipped: bool, cost: Decimal) -> bool:
     )
 
 
+def _params(
+    run: Run, step_id: int, attempt: int, *, output: Any, cost: Decimal, now: datetime, beat: bool
+) -> dict[str, Any]:
+    """The parameters every shape takes."""
+    return {
+        "step": step_id,
+        "attempt": attempt,
+        "run": run.pk,
+        "now": now,
+        # None is SQL NULL, as the ORM stores it, not a JSON null.
+        "output": None if output is None else json.dumps(output),
+        "cost": cost,
+        "cost_text": str(cost),
+        "charge_id": uuid.uuid4(),
+        "organization": run.organization_id,
+        "amount": to_credits(cost),
+        "charge_key": charge_key(step_id, attempt),
+        "beat": beat,
+        "settle_id": uuid.uuid4(),
+        "settle_reason": settle_reason(run.pk, run.attempt_number),
+    }
+
+
 def complete(
     run: Run,
     step_id: int,
@@ -477,23 +511,7 @@ def complete(
     read with the run's lock: ``services.lock_run_for_step``) choose which shape to try;
     each statement checks its own conditions, so a stale count costs a statement that
     writes nothing, never a wrong write. None: unknown, try."""
-    params: dict[str, Any] = {
-        "step": step_id,
-        "attempt": attempt,
-        "run": run.pk,
-        "now": now,
-        # None is SQL NULL, as the ORM stores it, not a JSON null.
-        "output": None if output is None else json.dumps(output),
-        "cost": cost,
-        "cost_text": str(cost),
-        "charge_id": uuid.uuid4(),
-        "organization": run.organization_id,
-        "amount": to_credits(cost),
-        "charge_key": charge_key(step_id, attempt),
-        "beat": beat,
-        "settle_id": uuid.uuid4(),
-        "settle_reason": settle_reason(run.pk, run.attempt_number),
-    }
+    params = _params(run, step_id, attempt, output=output, cost=cost, now=now, beat=beat)
     # Most steps have siblings still open; a one-step task (a dag node) ends with its
     # step; the last task of an agent is the general path's. A stale count (a sibling
     # finished while this waited for the lock) leaves the next shape to try, or the

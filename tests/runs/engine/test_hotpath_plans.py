@@ -1,0 +1,162 @@
+"""The hot path's statements touch rows in proportion to the step, not to the tables.
+
+Each shape is planned by PostgreSQL from statistics that may be stale (a table not yet
+analysed, as every table here is): three times that let it pick a plan whose cost grew
+with the tables rather than with the step: a charge's idempotency check filtering every
+ledger entry of the organization, a task's successors found through an index of every
+step, the steps to update joined by scanning the step table. So after the database grew
+by thousands of other steps and ledger entries of the same organization, each shape is
+run under ``EXPLAIN ANALYZE`` (then rolled back) for a step of a fresh run, and no part
+of its plan may touch more than a few dozen rows.
+"""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from billing.models import Organization
+from runs import services
+from runs.engine import control, hotpath
+from runs.models import Run, Step
+from runs.transitions import claim_step
+from tests import factories
+from tests.factories import step
+
+pytestmark = pytest.mark.django_db
+
+GROWTH = 4000  # other steps, and other ledger entries of the same organization
+MOST = 50  # rows any part of a plan may touch: the step's own neighbourhood
+
+
+def parallel() -> dict[str, Any]:
+    steps = [step(f"p{i}") for i in range(4)]
+    return {
+        "name": "wide",
+        "agents": [{"name": "a", "tasks": [{"name": "t", "mode": "parallel", "steps": steps}]}],
+    }
+
+
+def dag() -> dict[str, Any]:
+    return {
+        "name": "dag",
+        "agents": [
+            {
+                "name": "a",
+                "mode": "dag",
+                "tasks": [
+                    {"name": "root", "steps": [step("r")]},
+                    {"name": "left", "depends_on": ["root"], "steps": [step("l")]},
+                    {"name": "right", "depends_on": ["root"], "steps": [step("x"), step("y")]},
+                ],
+            }
+        ],
+    }
+
+
+SHAPES = {
+    "a step among others": (parallel, "p0", hotpath._IN_TASK_SQL),
+    "a task's last step": (dag, "r", hotpath._LAST_IN_TASK_SQL),
+    "the run's last step": (lambda: factories.plan(steps=1), "step-0", hotpath._LAST_IN_RUN_SQL),
+}
+
+
+def touched(node: dict[str, Any], path: str = "") -> list[tuple[int, str]]:
+    """(rows read, where) for a plan node and everything under it (CTEs included)."""
+    where = f"{path}/{node.get('Subplan Name') or node['Node Type']}"
+    if "Relation Name" in node:
+        where += f" on {node['Relation Name']} ({node.get('Index Name', 'no index')})"
+    loops = int(node.get("Actual Loops", 1))
+    read = loops * int(node.get("Actual Rows", 0)) + int(node.get("Rows Removed by Filter", 0))
+    read += int(node.get("Rows Removed by Index Recheck", 0))
+    found = [(read, where)] if "Relation Name" in node else []
+    for child in node.get("Plans", []):
+        found += touched(child, where)
+    return found
+
+
+def plan_of_recording(
+    organization: Organization, plan: dict[str, Any], name: str, sql: str
+) -> dict[str, Any]:
+    run = services.run_create(organization=organization, plan=plan)
+    services.run_start(run_id=run.pk)
+    assert control.pick_up(run.pk)
+    run = Run.objects.get(pk=run.pk)
+    target = Step.objects.get(run=run, name=name)
+    claimed = claim_step(target.pk, worker="test", task_id="t", lease_seconds=60)
+    assert claimed is not None
+    params = hotpath._params(
+        run,
+        target.pk,
+        claimed["attempts"],
+        output={"n": 1},
+        cost=Decimal("0.001"),
+        now=timezone.now(),
+        beat=False,
+    )
+    with transaction.atomic():
+        services.lock_run(run.pk, light=True)
+        with connection.cursor() as cursor:
+            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
+            (report,) = cursor.fetchone()
+        transaction.set_rollback(True)  # only the reading was wanted
+    explained = report if isinstance(report, list) else json.loads(report)
+    top: dict[str, Any] = explained[0]["Plan"]
+    assert top.get("Actual Rows", 0) >= 1, "the shape did not apply: the test measures nothing"
+    return top
+
+
+def grow(organization: Organization) -> None:
+    """Thousands of other steps (another run's, picked up) and ledger entries of the same
+    organization (grants written directly, its balance kept in step with them)."""
+    other = services.run_create(
+        organization=organization,
+        plan={
+            "name": "bulk",
+            "agents": [
+                {
+                    "name": "a",
+                    "tasks": [
+                        {
+                            "name": "t",
+                            "mode": "parallel",
+                            "max_concurrent_steps": 1,
+                            "steps": [step(f"s{i}") for i in range(GROWTH)],
+                        }
+                    ],
+                }
+            ],
+        },
+    )
+    services.run_start(run_id=other.pk)
+    assert control.pick_up(other.pk)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO billing_ledgerentry (id, organization_id, type, amount, "
+            "idempotency_key, reason, actor, created_at) "
+            "SELECT gen_random_uuid(), %s, 'grant', 1, 'bulk:' || n, 'test', 'test', now() "
+            "FROM generate_series(1, %s) AS n",
+            [organization.pk, GROWTH],
+        )
+        cursor.execute(
+            "UPDATE billing_organization SET credits_available = credits_available + %s "
+            "WHERE id = %s",
+            [GROWTH, organization.pk],
+        )
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_no_part_of_a_shapes_plan_grows_with_the_tables(shape: str) -> None:
+    plan, name, sql = SHAPES[shape]
+    organization = factories.org(credits=1000)
+    grow(organization)
+
+    explained = plan_of_recording(organization, plan(), name, sql)
+
+    wide = [(rows, where) for rows, where in touched(explained) if rows > MOST]
+    assert wide == [], f"parts of the plan that read more than {MOST} rows: {wide}"

@@ -21,7 +21,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from billing.models import Organization
-from runs import services
+from runs import services, transitions
 from runs.engine import control, hotpath
 from runs.models import Run, Step
 from runs.transitions import claim_step
@@ -112,29 +112,22 @@ def plan_of_recording(
 
 
 def grow(organization: Organization) -> None:
-    """Thousands of other steps (another run's, picked up) and ledger entries of the same
-    organization (grants written directly, its balance kept in step with them)."""
-    other = services.run_create(
-        organization=organization,
-        plan={
-            "name": "bulk",
-            "agents": [
-                {
-                    "name": "a",
-                    "tasks": [
-                        {
-                            "name": "t",
-                            "mode": "parallel",
-                            "max_concurrent_steps": 1,
-                            "steps": [step(f"s{i}") for i in range(GROWTH)],
-                        }
-                    ],
-                }
-            ],
-        },
-    )
-    services.run_start(run_id=other.pk)
-    assert control.pick_up(other.pk)
+    """Thousands of other steps (two other runs', picked up: one whose steps are held by
+    its concurrency limit, one whose steps are all claimable) and ledger entries of the
+    same organization (grants written directly, its balance kept in step with them)."""
+    for limit in (1, GROWTH // 2):
+        task = {
+            "name": "t",
+            "mode": "parallel",
+            "max_concurrent_steps": limit,
+            "steps": [step(f"s{i}") for i in range(GROWTH // 2)],
+        }
+        other = services.run_create(
+            organization=organization,
+            plan={"name": "bulk", "agents": [{"name": "a", "tasks": [task]}]},
+        )
+        services.run_start(run_id=other.pk)
+        assert control.pick_up(other.pk)
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO billing_ledgerentry (id, organization_id, type, amount, "
@@ -148,6 +141,28 @@ def grow(organization: Organization) -> None:
             "WHERE id = %s",
             [GROWTH, organization.pk],
         )
+
+
+def test_no_part_of_the_claims_plan_grows_with_the_tables() -> None:
+    organization = factories.org(credits=1000)
+    grow(organization)
+    run = services.run_create(organization=organization, plan=parallel())
+    services.run_start(run_id=run.pk)
+    assert control.pick_up(run.pk)
+
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "EXPLAIN (ANALYZE, FORMAT JSON) " + transitions._CLAIM_NEXT_SQL,
+                {"run": run.pk, "lease": 60, "worker": "test", "task_id": "t"},
+            )
+            (report,) = cursor.fetchone()
+        transaction.set_rollback(True)
+    explained = (report if isinstance(report, list) else json.loads(report))[0]["Plan"]
+
+    assert explained.get("Actual Rows", 0) == 1, "nothing was claimed: the test measures nothing"
+    wide = [(rows, where) for rows, where in touched(explained) if rows > MOST]
+    assert wide == [], f"parts of the plan that read more than {MOST} rows: {wide}"
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))

@@ -294,6 +294,7 @@ WITH task AS (
     UPDATE runs_step AS st SET dispatched_at = %(now)s
     FROM new_steps
     WHERE st.id = new_steps.id AND EXISTS (SELECT 1 FROM done)
+      AND st.id = ANY (ARRAY(SELECT id FROM new_steps))  -- for the planner, as in _IN_TASK
     RETURNING st.id, st.tool, st.timeout_ms, st.run_id, st.attempt_number, st.status,
               st.task_id, st.position
 ), agent_counted AS (

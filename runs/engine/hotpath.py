@@ -595,6 +595,7 @@ WITH run AS (
     UPDATE runs_step AS st SET dispatched_at = %(now)s
     FROM steps
     WHERE st.id = steps.id AND EXISTS (SELECT 1 FROM go)
+      AND st.id = ANY (ARRAY(SELECT id FROM steps))  -- for the planner, as in _IN_TASK
     RETURNING st.id, st.tool, st.timeout_ms, st.run_id, st.attempt_number, st.status,
               st.task_id, st.position
 ), run_counted AS (

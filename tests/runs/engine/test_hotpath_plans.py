@@ -112,14 +112,7 @@ def plan_of_recording(
         now=timezone.now(),
         beat=False,
     )
-    with transaction.atomic():
-        services.lock_run(run.pk, light=True)
-        with connection.cursor() as cursor:
-            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
-            (report,) = cursor.fetchone()
-        transaction.set_rollback(True)  # only the reading was wanted
-    explained = report if isinstance(report, list) else json.loads(report)
-    top: dict[str, Any] = explained[0]["Plan"]
+    top = explained(sql, params)
     assert top.get("Actual Rows", 0) >= 1, "the shape did not apply: the test measures nothing"
     return top
 
@@ -161,6 +154,32 @@ def grow(organization: Organization) -> None:
             cursor.execute(f"ANALYZE {table}")
 
 
+def explained(sql: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The plan of ``sql`` as it ran (then rolled back)."""
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
+            (report,) = cursor.fetchone()
+        transaction.set_rollback(True)
+    plan: dict[str, Any] = (report if isinstance(report, list) else json.loads(report))[0]["Plan"]
+    return plan
+
+
+def test_no_part_of_the_starts_plan_grows_with_the_tables() -> None:
+    organization = factories.org(credits=1000)
+    grow(organization)
+    run = services.run_create(organization=organization, plan=dag())
+    services.run_start(run_id=run.pk)
+    run, picked = services.run_pick_up(run_id=run.pk)  # materialised, not yet started
+    assert picked
+
+    plan = explained(hotpath._START_SQL, {"run": run.pk, "now": timezone.now()})
+
+    assert plan.get("Actual Rows", 0) >= 1, "nothing was started: the test measures nothing"
+    wide = [(rows, where) for rows, where in touched(plan) if rows > MOST]
+    assert wide == [], f"parts of the plan that read more than {MOST} rows: {wide}"
+
+
 def test_no_part_of_the_claims_plan_grows_with_the_tables() -> None:
     organization = factories.org(credits=1000)
     grow(organization)
@@ -168,18 +187,12 @@ def test_no_part_of_the_claims_plan_grows_with_the_tables() -> None:
     services.run_start(run_id=run.pk)
     assert control.pick_up(run.pk)
 
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "EXPLAIN (ANALYZE, FORMAT JSON) " + transitions._CLAIM_NEXT_SQL,
-                {"run": run.pk, "lease": 60, "worker": "test", "task_id": "t"},
-            )
-            (report,) = cursor.fetchone()
-        transaction.set_rollback(True)
-    explained = (report if isinstance(report, list) else json.loads(report))[0]["Plan"]
+    plan = explained(
+        transitions._CLAIM_NEXT_SQL, {"run": run.pk, "lease": 60, "worker": "test", "task_id": "t"}
+    )
 
-    assert explained.get("Actual Rows", 0) == 1, "nothing was claimed: the test measures nothing"
-    wide = [(rows, where) for rows, where in touched(explained) if rows > MOST]
+    assert plan.get("Actual Rows", 0) == 1, "nothing was claimed: the test measures nothing"
+    wide = [(rows, where) for rows, where in touched(plan) if rows > MOST]
     assert wide == [], f"parts of the plan that read more than {MOST} rows: {wide}"
 
 

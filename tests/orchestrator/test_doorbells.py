@@ -155,13 +155,8 @@ def test_a_dropped_result_ends_the_doorbell_and_rings_for_the_run(
     assert rings == [{str(run.pk): run.priority}]
 
 
-def test_a_recording_that_failed_is_replayed_before_the_doorbell_serves_on(
-    rings: list[dict[str, int]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The database went away while the first step was being recorded: the task keeps the
-    # outcome (RecordFailed.replay), and its retry records it without running the tool
-    # again, then serves the rest of the run.
-    run = started(step("first"), step("second"))
+def first_recording_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The database goes away while the next attempt is recorded (once)."""
     failing = iter([OperationalError("server closed the connection unexpectedly")])
 
     def record_once_failing(*args: Any) -> bool:
@@ -171,6 +166,16 @@ def test_a_recording_that_failed_is_replayed_before_the_doorbell_serves_on(
         return record(*args)
 
     monkeypatch.setattr(executor, "record", record_once_failing)
+
+
+def test_a_recording_that_failed_is_replayed_before_the_doorbell_serves_on(
+    rings: list[dict[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The database went away while the first step was being recorded: the task keeps the
+    # outcome (RecordFailed.replay), and its retry records it without running the tool
+    # again, then serves the rest of the run.
+    run = started(step("first"), step("second"))
+    first_recording_fails(monkeypatch)
     with pytest.raises(executor.RecordFailed) as failed:
         serve(run)
     assert statuses(run) == {"first": "running", "second": "pending"}
@@ -344,15 +349,7 @@ def test_a_recording_that_failed_after_the_pick_up_is_replayed_by_a_doorbell(
 ) -> None:
     run = created(step("first"), step("second"))
     sent.clear()
-    failing = iter([OperationalError("server closed the connection unexpectedly")])
-
-    def record_once_failing(*args: Any) -> bool:
-        error = next(failing, None)
-        if error is not None:
-            raise error
-        return record(*args)
-
-    monkeypatch.setattr(executor, "record", record_once_failing)
+    first_recording_fails(monkeypatch)
     options: list[dict[str, Any]] = []
     monkeypatch.setattr(app, "send_task", lambda name, **kw: options.append({"name": name, **kw}))
 

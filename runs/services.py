@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
@@ -207,11 +208,12 @@ def run_start(
         if run.status == RunStatus.PENDING:
             return run
         return transition(Run, run.pk, RunStatus.PENDING, actor=actor).obj
-    if not _start_at_once(run, actor):
+    amount = plan_reservation(plan_of(run))
+    if not _start_at_once(run, amount, actor):
         run = transition(
             Run, run.pk, RunStatus.PENDING, actor=actor, updates={"attempt_number": 1}
         ).obj
-        _open_attempt(run, actor)
+        _open_attempt(run, actor, amount)
     enqueue_run_message(RunMessage.PICK_UP, run.pk, run.priority)
     return run
 
@@ -258,10 +260,10 @@ SELECT run.status_changed_at, run.started_at, run.updated_at FROM run
 _START_RUN_SQL = _START_RUN.format(reserve_drawn=RESERVE_DRAWN, reserve_written=RESERVE_WRITTEN)
 
 
-def _start_at_once(run: Run, actor: str) -> bool:
+def _start_at_once(run: Run, reservation: Decimal, actor: str) -> bool:
     """CREATED -> PENDING with attempt 1 and its reservation, in one statement; False
     (nothing written) when the organization has too little available."""
-    amount = to_credits(plan_reservation(plan_of(run)))
+    amount = to_credits(reservation)
     if amount <= 0:
         return False  # credits_reserve refuses it, on the general path
     now = timezone.now()
@@ -288,10 +290,12 @@ def _start_at_once(run: Run, actor: str) -> bool:
     return True
 
 
-def _open_attempt(run: Run, actor: str) -> RunAttempt:
-    """Create the run's current attempt and reserve its credits (same transaction)."""
+def _open_attempt(run: Run, actor: str, amount: Decimal | None = None) -> RunAttempt:
+    """Create the run's current attempt and reserve its credits (same transaction);
+    ``amount``: the plan's reservation, when the caller has it already."""
     attempt = RunAttempt.objects.create(run=run, attempt_number=run.attempt_number)
-    amount = plan_reservation(plan_of(run))
+    if amount is None:
+        amount = plan_reservation(plan_of(run))
     entry = credits_reserve(
         organization_id=run.organization_id,
         run_id=run.pk,

@@ -126,7 +126,8 @@ class Run(Timestamps):
 class RunAttempt(models.Model):
     """One try of a run. Every earlier attempt keeps its agents, tasks and steps."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempts")
+    # No index of its own: attempt_unique_number leads with it.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempts", db_index=False)
     attempt_number = models.PositiveSmallIntegerField()
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -145,8 +146,12 @@ class RunAttempt(models.Model):
 
 
 class Agent(Timestamps):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="agents")
-    attempt = models.ForeignKey(RunAttempt, on_delete=models.CASCADE, related_name="agents")
+    # No single-column indexes on these two: agent_run_status and agent_unique_name lead
+    # with them (see Step.task for why a redundant one costs more than its writes).
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="agents", db_index=False)
+    attempt = models.ForeignKey(
+        RunAttempt, on_delete=models.CASCADE, related_name="agents", db_index=False
+    )
     # Copied from the attempt so events and filters need no join.
     attempt_number = models.PositiveSmallIntegerField()
     name = models.CharField(max_length=100)
@@ -192,8 +197,10 @@ class Agent(Timestamps):
 
 
 class Task(Timestamps):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tasks")
-    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="tasks")
+    # No single-column indexes: task_run_status and task_unique_name lead with these (see
+    # Step.task).
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tasks", db_index=False)
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="tasks", db_index=False)
     # Copied from the attempt so events and filters need no join.
     attempt_number = models.PositiveSmallIntegerField()
     name = models.CharField(max_length=100)
@@ -254,9 +261,11 @@ class Task(Timestamps):
 
 
 class Step(Timestamps):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    # No index of its own: step_run_status leads with it.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False)
     # No index of its own: the unique (task, generation, name) index leads with it, and a
-    # second one on task alone tempted the planner into walking a wide task's rows.
+    # second one on task alone tempted the planner into walking a wide task's rows (with
+    # a generic plan made while the table was small, whatever its size since).
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="steps", db_index=False)
     # Copied from the attempt so events and filters need no join.
     attempt_number = models.PositiveSmallIntegerField()
@@ -350,7 +359,8 @@ class RunEvent(models.Model):
     """Append-only history of a run: the audit trail and the source of its timeline."""
 
     id = models.BigAutoField(primary_key=True)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    # No index of its own: event_run_order leads with it, and every step writes events.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events", db_index=False)
     attempt_number = models.PositiveSmallIntegerField(default=0)
     entity = models.CharField(max_length=10)
     entity_id = models.CharField(max_length=40)

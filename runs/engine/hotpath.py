@@ -40,9 +40,8 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from django.db import connection
-
 from billing.services import CHARGE_CTES, SETTLE_CTES, charge_key, settle_reason, to_credits
+from common.statements import Statement
 from runs.models import Run
 from runs.states import RunStatus, is_allowed
 
@@ -68,9 +67,12 @@ _PARTS = {
     UPDATE runs_run SET last_heartbeat = %(now)s
     WHERE id = %(run)s AND %(beat)s AND EXISTS (SELECT 1 FROM done)""",
     # The step, read with its task: the same conditions as ``step_running``, so that the
-    # charge (due only when the step will complete) and the update agree.
+    # charge (due only when the step will complete) and the update agree. The task's id
+    # again as a value (an InitPlan), for the planner: joined on the step alone, a generic
+    # plan made while the tables were small walked every task and probed each one's steps.
     "step_of_task": """s.id = %(step)s AND s.status = 'running' AND s.attempts = %(attempt)s
-      AND s.handler_for_id IS NULL""",
+      AND s.handler_for_id IS NULL
+      AND t.id = (SELECT task_id FROM runs_step WHERE id = %(step)s)""",
     # The attempt's charge (billing.services.CHARGE_CTES), as credits_charge() would
     # write it; the step completes only if the reservation paid it.
     "charge": """charge AS (
@@ -445,9 +447,9 @@ SELECT done.id, NULL, NULL, NULL, NULL, NULL, NULL FROM done
 # The parts made of parts.
 for _level in ("task_finished", "agent_finished"):
     _PARTS[_level] = _PARTS[_level].format(node_completed=_PARTS["node_completed"])
-_IN_TASK_SQL = _IN_TASK.format(**_PARTS)
-_LAST_IN_TASK_SQL = _LAST_IN_TASK.format(**_PARTS)
-_LAST_IN_RUN_SQL = _LAST_IN_RUN.format(**_PARTS)
+_IN_TASK_SQL = Statement(_IN_TASK.format(**_PARTS))
+_LAST_IN_TASK_SQL = Statement(_LAST_IN_TASK.format(**_PARTS))
+_LAST_IN_RUN_SQL = Statement(_LAST_IN_RUN.format(**_PARTS))
 
 
 @dataclass(frozen=True)
@@ -525,12 +527,10 @@ def complete(
     elif run.open_children == 1 and task_open in (None, 1):
         shapes.append(_LAST_IN_RUN_SQL)
     rows: list[Any] = []
-    with connection.cursor() as cursor:
-        for sql in shapes:
-            cursor.execute(sql, params)
-            rows = cursor.fetchall()
-            if rows:
-                break
+    for statement in shapes:
+        rows = statement.rows(params)
+        if rows:
+            break
     if not rows:
         return None
     columns = ("id", "tool", "timeout_ms", "run_id", "attempt_number", "status")
@@ -641,13 +641,15 @@ _START_NODES = """UPDATE {table} AS n
             + (SELECT count(*) FROM {children} WHERE {children}.{parent} = n.id)
     FROM {picked}
     WHERE n.id = {picked}.id AND EXISTS (SELECT 1 FROM go)"""
-_START_SQL = _START.format(
-    start_agents=_START_NODES.format(
-        table="runs_agent", children="tasks", parent="agent_id", picked="agents"
-    ),
-    start_tasks=_START_NODES.format(
-        table="runs_task", children="steps", parent="task_id", picked="tasks"
-    ),
+_START_SQL = Statement(
+    _START.format(
+        start_agents=_START_NODES.format(
+            table="runs_agent", children="tasks", parent="agent_id", picked="agents"
+        ),
+        start_tasks=_START_NODES.format(
+            table="runs_task", children="steps", parent="task_id", picked="tasks"
+        ),
+    )
 )
 
 
@@ -663,9 +665,7 @@ def start(run: Run, now: datetime) -> Started | None:
     """Start a run just picked up, in one statement (see ``_START_SQL``); None when it
     is not that plain case (nothing was written): the caller dispatches the general way.
     """
-    with connection.cursor() as cursor:
-        cursor.execute(_START_SQL, {"run": run.pk, "now": now})
-        rows = cursor.fetchall()
+    rows = _START_SQL.rows({"run": run.pk, "now": now})
     if not rows:
         return None
     columns = ("id", "tool", "timeout_ms", "run_id", "attempt_number", "status")

@@ -24,6 +24,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from billing.models import Organization
+from common.statements import Statement
 from runs import services, transitions
 from runs.engine import control, hotpath
 from runs.models import Run, Step
@@ -94,7 +95,7 @@ def touched(node: dict[str, Any], path: str = "") -> list[tuple[int, str]]:
 
 
 def plan_of_recording(
-    organization: Organization, plan: dict[str, Any], name: str, sql: str
+    organization: Organization, plan: dict[str, Any], name: str, sql: Statement
 ) -> dict[str, Any]:
     run = services.run_create(organization=organization, plan=plan)
     services.run_start(run_id=run.pk)
@@ -154,8 +155,10 @@ def grow(organization: Organization) -> None:
             cursor.execute(f"ANALYZE {table}")
 
 
-def explained(sql: str, params: dict[str, Any]) -> dict[str, Any]:
+def explained(sql: str | Statement, params: dict[str, Any]) -> dict[str, Any]:
     """The plan of ``sql`` as it ran (then rolled back)."""
+    if isinstance(sql, Statement):
+        sql = sql.text
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)

@@ -58,6 +58,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="where the worker log goes (BENCH_DIR; default a new temporary directory)",
     )
     parser.add_argument("--only", default="", help="comma-separated scenario names (default: all)")
+    parser.add_argument(
+        "--no-analyze",
+        action="store_true",
+        help="do not ANALYZE before each scenario: measure a database whose statistics are"
+        " as fresh as autovacuum left them (BENCH_NO_ANALYZE=1)",
+        default=os.environ.get("BENCH_NO_ANALYZE", "") == "1",
+    )
     args = parser.parse_args(argv)
     if args.workers < 1 or args.repeat < 1 or args.timeout <= 0:
         parser.error("--workers and --repeat must be at least 1, --timeout positive")
@@ -114,6 +121,22 @@ def warm_up(engine: Engine, raw: Raw) -> list[str]:
         "raw start latency": raw.start_latency(3),
     }
     return [f"{name}: {sample.error}" for name, sample in samples.items() if sample.error]
+
+
+def analyze() -> None:
+    """Fresh planner statistics before a scenario, as on a server that has been running.
+
+    The bench's database is minutes old: autovacuum (one look a minute) has not analysed
+    its tables yet, so PostgreSQL plans the engine's statements for the near-empty tables
+    it last measured, and the worker's connections keep those plans (prepared statements)
+    until an ANALYZE invalidates them: by the dag scenario, index lookups had become
+    walks of whole tables. On a running server autovacuum analyses a table once a tenth
+    of it has changed. ``--no-analyze`` measures the fresh database instead.
+    """
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
 
 
 def print_report(header: str, figures: dict[str, Figure], verdicts: list[Goal]) -> None:
@@ -185,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
             for name, _kind, _steps, scenario in selected:
                 if not worker.alive():
                     raise WorkerFailed("the worker died")
+                if not args.no_analyze:
+                    analyze()
                 rss_before = worker.rss_kib()
                 sample = scenario(engine, raw)
                 figure = figures[name]
@@ -215,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     verdicts = goals(figures, rss)
     header = (
         f"Engine vs raw Celery: 1 worker, prefork, {args.workers} children; {args.repeat} "
-        f"pass(es), medians; {os.cpu_count()} CPUs, 1-min load average {load['before']:.2f} "
+        f"pass(es), medians; ANALYZE before each scenario: {'no' if args.no_analyze else 'yes'}; "
+        f"{os.cpu_count()} CPUs, 1-min load average {load['before']:.2f} "
         f"before, {load['after']:.2f} after"
     )
     print_report(header, figures, verdicts)
@@ -232,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                 "workers": args.workers,
                 "pool": "prefork",
                 "repeat": args.repeat,
+                "analyze_before_each_scenario": not args.no_analyze,
                 "timeout_s": args.timeout,
                 "settings": os.environ.get("DJANGO_SETTINGS_MODULE"),
                 "python": platform.python_version(),

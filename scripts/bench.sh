@@ -9,6 +9,8 @@
 #   BENCH_REPEAT=1    passes over every scenario; medians are reported
 #   BENCH_TIMEOUT=600 seconds each scenario may take
 #   BENCH_JSON=path   also write every figure and goal verdict there as JSON
+#   BENCH_NO_ANALYZE=1 no ANALYZE before each scenario (statistics as fresh as a new
+#                     database's: see bench.run.analyze)
 #   BENCH_PGBOUNCER=N run everything through PgBouncer in transaction mode with N
 #                     server connections (installed from Debian when missing; its
 #                     1.18 keeps no prepared statements, so they are turned off)

@@ -22,6 +22,9 @@ RETRYABLE_CODES = frozenset(
         "llm_service_error",
         "worker_lost",
         "transient",
+        # Runner jobs (docs/runners.md): a runner reported a failure, or went silent.
+        "runner_failed",
+        "runner_lost",
     }
 )
 
@@ -44,6 +47,8 @@ NON_RETRYABLE_CODES = frozenset(
         "failure_budget_exhausted",
         "dependency_failed",
         "address_not_allowed",
+        "runner_stopped",
+        "no_matching_runner",
     }
 )
 

@@ -20,6 +20,7 @@ A step due later (a retry's backoff) keeps a message of its own, with a countdow
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -28,12 +29,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import redis
 from django.conf import settings
 from kombu.exceptions import OperationalError as BrokerError
 from redis.exceptions import RedisError
 
 from config.celery import QUEUE_RUNS_HIGH, QUEUE_RUNS_NORMAL, QUEUE_STEPS, app
 from runs.outbox import RunMessage, StepMessage
+from runs.runners import organization_channel, runner_channel
 
 PICK_UP_TASK = "orchestrator.runs.pick_up"
 RESUME_TASK = "orchestrator.runs.resume"
@@ -93,6 +96,11 @@ def pick_up_limits() -> tuple[int, int]:
         settings.CELERY_TASK_SOFT_TIME_LIMIT + soft,
         settings.CELERY_TASK_TIME_LIMIT + hard,
     )
+
+
+@functools.lru_cache(maxsize=2)
+def _redis(url: str) -> redis.Redis[bytes]:
+    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
 
 
 def _guarded(publish: Callable[[], None], what: str) -> None:
@@ -185,6 +193,25 @@ class CeleryTransport:
             producer=producer,
             **options,
         )
+
+    def wake_runners(self, organization_id: str | None, runner_ids: Sequence[str]) -> None:
+        """Publish on the channels that held runner polls listen to
+        (``api.runner_views``): the organization's (a new job) and each runner's (a
+        stop). A lost wake-up costs latency only: a held poll looks again every few
+        seconds whatever it hears."""
+        channels = [runner_channel(runner_id) for runner_id in runner_ids]
+        if organization_id is not None:
+            channels.append(organization_channel(organization_id))
+
+        def publish() -> None:
+            client = _redis(settings.CELERY_BROKER_URL)
+            with client.pipeline(transaction=False) as pipe:
+                for channel in channels:
+                    pipe.publish(channel, b"wake")
+                pipe.execute()
+
+        if channels:
+            _guarded(publish, f"runner wake-up on {len(channels)} channel(s)")
 
     def ring_to_replay(self, run_id: str, priority: int, replay: dict[str, Any]) -> None:
         """A doorbell of the run that first records an attempt whose recording failed

@@ -284,6 +284,8 @@ def _run_tool(tool: Tool, step: Step, params: dict[str, Any], ctx: ToolContext) 
     """Call the tool; whatever it raises becomes the outcome's error (not yet redacted)."""
     try:
         result = tool(params, ctx)
+        if result.wait is not None:
+            return Outcome(wait=result.wait)
         cost = tool_price(step.tool) if result.cost is None else result.cost
         return Outcome(output=result.output, cost=cost)
     except ToolError as exc:
@@ -339,4 +341,6 @@ def _recordable(outcome: Outcome, secrets: tuple[str, ...], tool: str) -> Outcom
         if unstorable is not None:
             message = f"output cannot be stored: {unstorable}"
             return Outcome(error=ToolError("invalid_output", message, False), cost=tool_price(tool))
-    return Outcome(output=output, cost=outcome.cost, error=error, skipped=outcome.skipped)
+    return Outcome(
+        output=output, cost=outcome.cost, error=error, skipped=outcome.skipped, wait=outcome.wait
+    )

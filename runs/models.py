@@ -353,6 +353,7 @@ class EventKind(models.TextChoices):
     APPROVAL = "approval"
     ERROR = "error"
     OPERATOR = "operator"
+    RUNNER = "runner"  # a runner job created, claimed, reported or stopped
 
 
 class RunEvent(models.Model):
@@ -386,3 +387,116 @@ class RunEvent(models.Model):
 
     def delete(self, *args: object, **kwargs: object) -> tuple[int, dict[str, int]]:
         raise ValueError("run events are append-only")
+
+
+# --------------------------------------------------------------------------- runners
+# The runner protocol (seed 004; docs/runners.md): runners are processes on other hosts
+# that long-poll this coordinator for jobs. A `runner` step's attempt is one job; the
+# step stays RUNNING, with no worker and no lease, until the job's runner reports.
+
+
+class RunnerJobStatus(models.TextChoices):
+    PENDING = "pending"  # waiting for a runner that matches its demands
+    CLAIMED = "claimed"  # a runner has it, and has not said it started
+    RUNNING = "running"
+    STOPPING = "stopping"  # a stop was asked for; the runner has not confirmed it
+    COMPLETED = "completed"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+RUNNER_JOB_ENDED = frozenset(
+    {RunnerJobStatus.COMPLETED, RunnerJobStatus.FAILED, RunnerJobStatus.STOPPED}
+)
+
+
+class Runner(models.Model):
+    """A registered runner. Its id is derived from (organization, hostname, project_dir,
+    executor_type): the same host and directory reconnect as the same runner."""
+
+    id = models.CharField(primary_key=True, max_length=40)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="runners")
+    hostname = models.CharField(max_length=255)
+    project_dir = models.CharField(max_length=1000)
+    executor_type = models.CharField(max_length=100)
+    tags = models.JSONField(default=list, blank=True)
+    registered_at = models.DateTimeField()
+    last_heartbeat = models.DateTimeField()
+    deregistered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["organization", "hostname", "project_dir"]
+        indexes = [models.Index(fields=["organization", "last_heartbeat"], name="runner_org_beat")]
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.hostname}:{self.project_dir})"
+
+
+class RunnerJob(models.Model):
+    """One attempt of a `runner` step, as a runner receives it."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(
+        Organization, on_delete=models.CASCADE, related_name="runner_jobs"
+    )
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="runner_jobs")
+    # No index of its own: runnerjob_one_per_attempt leads with it.
+    step = models.ForeignKey(
+        "Step", on_delete=models.CASCADE, related_name="runner_jobs", db_index=False
+    )
+    attempt = models.PositiveIntegerField()
+    priority = models.PositiveSmallIntegerField(default=5)
+    type = models.CharField(max_length=20, default="start_session")
+    prompt = models.TextField()
+    session_id = models.CharField(max_length=40)
+    agent_name = models.CharField(max_length=100, blank=True)
+    project_dir = models.CharField(max_length=1000, blank=True)
+    # {"hostname", "project_dir", "executor_type": exact when set; "tags": all required}
+    demands = models.JSONField(default=dict, blank=True)
+    # A resume_session job goes to the runner that holds its session, and only there.
+    required_runner = models.ForeignKey(
+        Runner, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    status = models.CharField(
+        max_length=10, choices=RunnerJobStatus.choices, default=RunnerJobStatus.PENDING
+    )
+    runner = models.ForeignKey(
+        Runner, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
+    )
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    signal = models.CharField(max_length=10, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    # When a poll handed the stop command to the runner (it is handed over once).
+    stop_delivered_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    # When a pending job fails with no_matching_runner.
+    timeout_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["created_at"]
+        indexes = [
+            # What a poll claims: an organization's pending jobs, by priority then age.
+            models.Index(
+                fields=["organization", "priority", "created_at"],
+                name="runnerjob_claimable",
+                condition=Q(status="pending"),
+            ),
+            # What a runner holds (its stop commands, and the stale-runner sweep).
+            models.Index(
+                fields=["runner", "status"],
+                name="runnerjob_held",
+                condition=Q(status__in=["claimed", "running", "stopping"]),
+            ),
+            models.Index(fields=["session_id"], name="runnerjob_session"),
+        ]
+        constraints = [
+            models.UniqueConstraint(fields=["step", "attempt"], name="runnerjob_one_per_attempt"),
+            _status_in("runnerjob", RunnerJobStatus),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.id} ({self.status})"

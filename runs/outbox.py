@@ -21,6 +21,9 @@ from typing import Any, Protocol
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
+from django.utils import timezone
+
+from runs.models import RunnerJob, RunnerJobStatus
 
 __all__ = [
     "Outbox",
@@ -30,6 +33,7 @@ __all__ = [
     "enqueue_run_message",
     "revoke_running_steps",
     "use_transport",
+    "wake_runners",
 ]
 
 
@@ -58,6 +62,8 @@ class Transport(Protocol):
     def publish_run(self, message: RunMessage, run_id: str, priority: int) -> None: ...
 
     def revoke(self, task_ids: Sequence[str], runs: Mapping[str, int]) -> None: ...
+
+    def wake_runners(self, organization_id: str | None, runner_ids: Sequence[str]) -> None: ...
 
 
 _transport: Transport | None = None
@@ -112,17 +118,44 @@ class Outbox:
             _current().publish_steps(messages)
 
 
+def wake_runners(organization_id: str | None, runner_ids: Sequence[str]) -> None:
+    """Wake the held polls of ``runner_ids`` (a stop for them) and, with an organization,
+    of all its runners (a job for whichever matches). Call it after commit."""
+    _current().wake_runners(organization_id, runner_ids)
+
+
 def revoke_running_steps(steps: Any) -> None:
-    """Terminate, after commit, the worker tasks executing the RUNNING steps in ``steps``.
+    """Terminate, after commit, the work executing the RUNNING steps in ``steps``.
 
     Call it before the steps leave RUNNING. A tool that checks ``stop_requested`` stops
     even sooner; a revoke lost with the broker leaves the tool running to its end, and
     its result is dropped (its step is no longer RUNNING). The transport is told the
     runs (and their priorities) too: the worker task terminated may be serving its run's
     other steps as well (a doorbell), and the transport replaces it.
+
+    A step parked on a runner job (``runs.engine.waiting``) has no worker task: its job
+    is stopped instead, in this transaction. A job no runner claimed yet simply ends; a
+    claimed or running one goes STOPPING and its runner's poll is woken to hand it the
+    stop command (it reports ``stopped`` once its process is gone; that report is then
+    dropped, the step having left RUNNING).
     """
-    rows = steps.filter(status="running").values_list("celery_task_id", "run_id", "run__priority")
+    running = steps.filter(status="running")
+    rows = running.values_list("celery_task_id", "run_id", "run__priority")
     task_ids = sorted({task_id for task_id, _, _ in rows if task_id})
     runs = {str(run_id): priority for task_id, run_id, priority in rows if task_id}
     if task_ids:
         after_commit(lambda: _current().revoke(task_ids, runs))
+    _stop_runner_jobs(running)
+
+
+def _stop_runner_jobs(running_steps: Any) -> None:
+    jobs = RunnerJob.objects.filter(step__in=running_steps.values("pk"))
+    now = timezone.now()
+    jobs.filter(status=RunnerJobStatus.PENDING).update(
+        status=RunnerJobStatus.STOPPED, stop_requested_at=now, completed_at=now
+    )
+    held = jobs.filter(status__in=[RunnerJobStatus.CLAIMED, RunnerJobStatus.RUNNING])
+    runner_ids = sorted({str(runner) for runner in held.values_list("runner_id", flat=True)})
+    if runner_ids:
+        held.update(status=RunnerJobStatus.STOPPING, stop_requested_at=now)
+        after_commit(lambda: wake_runners(None, runner_ids))

@@ -25,6 +25,10 @@ CANCEL_CHECK_INTERVAL = 0.25
 class ToolResult:
     output: Any = None
     cost: Decimal | None = None
+    # Set by a tool that hands its work to the outside (a runner job): the step goes on
+    # RUNNING without a worker until that ends (runs.engine.waiting). Nothing is charged
+    # now; the attempt is charged when it ends.
+    wait: dict[str, Any] | None = None
 
 
 class ToolError(Exception):

@@ -428,6 +428,25 @@ LLM_TIMEOUT = env.number("LLM_TIMEOUT", 60, "seconds an LLM call may take")
 # worker); the database then holds the work and the lost-message sweep would send it.
 ORCHESTRATOR_DISPATCH_ENABLED = True
 
+# --------------------------------------------------------------------------- runners
+# The runner protocol (docs/runners.md). A runner long-polls for jobs, holding a poll for
+# up to RUNNER_POLL_TIMEOUT seconds, and heartbeats every RUNNER_HEARTBEAT_INTERVAL; one
+# silent for RUNNER_STALE_AFTER is stale: its jobs are recovered (runner_lost) and its
+# identity may register again. A job no runner claims within its match timeout fails
+# its step with no_matching_runner.
+RUNNER_POLL_TIMEOUT = env.integer(
+    "RUNNER_POLL_TIMEOUT", 30, "longest a runner's poll is held, seconds", minimum=0, maximum=30
+)
+RUNNER_HEARTBEAT_INTERVAL = env.integer(
+    "RUNNER_HEARTBEAT_INTERVAL", 60, "seconds between a runner's heartbeats", minimum=1
+)
+RUNNER_STALE_AFTER = env.integer(
+    "RUNNER_STALE_AFTER", 120, "seconds without a heartbeat before a runner is stale", minimum=1
+)
+RUNNER_MATCH_TIMEOUT = env.integer(
+    "RUNNER_MATCH_TIMEOUT", 300, "seconds a runner job may wait for a runner", minimum=1
+)
+
 # --------------------------------------------------------------------------- timeouts
 # Defaults for every timed state and level (SPEC section 5); a plan's `timeouts` override
 # them per run. Seconds.

@@ -105,6 +105,78 @@ def validate_sleep(params: dict[str, Any]) -> Problems:
     return _number(params, "seconds", 0, 86_400, required=True)
 
 
+# --------------------------------------------------------------------------- runner
+RUNNER_JOB_TYPES = ("start_session", "resume_session")
+RUNNER_DEMANDS = ("hostname", "project_dir", "executor_type")
+
+
+def runner(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    """Hand the attempt to an external runner (docs/runners.md): the step waits, with no
+    worker, for the job's report. Parameters are checked again as rendered."""
+    problems = validate_runner(params, rendered=True)
+    if problems:
+        raise ToolError("invalid_input", "; ".join(f"{k} {m}" for k, m in problems), False)
+    wait = {
+        "kind": "runner_job",
+        "prompt": params["prompt"],
+        "type": params.get("type", "start_session"),
+        "session_id": params.get("session_id") or "",
+        "agent_name": params.get("agent_name") or "",
+        "project_dir": params.get("project_dir") or "",
+        "demands": params.get("demands") or {},
+        "match_timeout": params.get("match_timeout"),
+    }
+    return ToolResult(wait=wait)
+
+
+def validate_runner(params: dict[str, Any], rendered: bool = False) -> Problems:
+    """The plan's check (templates pass until rendered) and, ``rendered``, the worker's."""
+
+    def later(key: str) -> bool:
+        return not rendered and has_template(params.get(key))
+
+    problems: Problems = []
+    unknown = sorted(
+        set(params)
+        - {"prompt", "type", "session_id", "agent_name", "project_dir", "demands", "match_timeout"}
+    )
+    problems += [(key, "is not a parameter of the runner tool") for key in unknown]
+    problems += _string(params, "prompt")
+    kind = params.get("type", "start_session")
+    if not later("type") and kind not in RUNNER_JOB_TYPES:
+        problems.append(("type", "must be start_session or resume_session"))
+    for key in ("session_id", "agent_name", "project_dir"):
+        if key in params and not later(key) and not isinstance(params[key], str):
+            problems.append((key, "must be a string"))
+    if kind == "resume_session" and not params.get("session_id"):
+        problems.append(("session_id", "is required to resume a session"))
+    problems += _number(params, "match_timeout", 1, 86_400, required=False)
+    demands = params.get("demands")
+    if demands is not None and not later("demands"):
+        if not isinstance(demands, dict):
+            problems.append(("demands", "must be an object"))
+        else:
+            for key in sorted(set(demands) - {*RUNNER_DEMANDS, "tags"}):
+                problems.append((f"demands.{key}", "is not a demand"))
+            for key in RUNNER_DEMANDS:
+                if (
+                    key in demands
+                    and demands[key] is not None
+                    and not isinstance(demands[key], str)
+                ):
+                    problems.append((f"demands.{key}", "must be a string"))
+            tags = demands.get("tags")
+            if tags is not None and (
+                not isinstance(tags, list) or not all(isinstance(tag, str) for tag in tags)
+            ):
+                problems.append(("demands.tags", "must be a list of strings"))
+    # The prompt goes to another host as it is, and the job keeps it: a secret in it
+    # would be stored in the clear.
+    if "${secrets." in json.dumps(params):
+        problems.append(("params", "a runner job cannot carry secrets"))
+    return problems
+
+
 # --------------------------------------------------------------------------- fail
 def fail(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
     """Fail with a chosen code; with `until_attempt: N`, only attempts 1..N fail."""
@@ -421,3 +493,4 @@ register("http", http, validate_http)
 register("python", python, validate_python)
 register("llm", llm, validate_llm)
 register("approval", None)
+register("runner", runner, validate_runner)

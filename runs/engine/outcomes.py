@@ -21,6 +21,7 @@ from runs.engine.handlers import handler_finished, start_handlers
 from runs.engine.propagation import child_done
 from runs.engine.retry import decide
 from runs.engine.tree import counts_as_success
+from runs.engine.waiting import WaitRefused, park
 from runs.models import Run, Step, Task
 from runs.outbox import Outbox, StepMessage
 from runs.states import StepStatus
@@ -33,6 +34,8 @@ class Outcome:
     cost: Decimal = Decimal(0)
     error: ToolError | None = None
     skipped: bool = False
+    # The attempt goes on outside the worker (runs.engine.waiting): park the step.
+    wait: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -40,6 +43,7 @@ class Outcome:
             "cost": str(self.cost),
             "error": self.error.as_dict() if self.error else None,
             "skipped": self.skipped,
+            "wait": self.wait,
         }
 
     @classmethod
@@ -50,6 +54,7 @@ class Outcome:
             cost=Decimal(data.get("cost", "0")),
             error=ToolError(error["code"], error["message"], error["retryable"]) if error else None,
             skipped=bool(data.get("skipped")),
+            wait=data.get("wait"),
         )
 
 
@@ -113,7 +118,9 @@ def record(step_id: int, run_id: Any, attempt: int, outcome: Outcome) -> bool:
     with transaction.atomic():
         run, task_open, agent_open = services.lock_run_for_step(run_id, step_id)
         now = timezone.now()
-        if hotpath.eligible(run, outcome.error, outcome.skipped, outcome.cost):
+        if outcome.wait is None and hotpath.eligible(
+            run, outcome.error, outcome.skipped, outcome.cost
+        ):
             done = hotpath.complete(
                 run,
                 step_id,
@@ -152,6 +159,12 @@ def _record(run: Run, step_id: int, attempt: int, outcome: Outcome, now: datetim
     outbox = Outbox()
     if _beat_due(run, now):
         Run.objects.filter(pk=run.pk).update(last_heartbeat=now)
+    if outcome.wait is not None:
+        try:
+            park(run, step, outcome.wait, now)
+            return True
+        except WaitRefused as refused:
+            outcome = Outcome(error=ToolError(refused.code, refused.message, False))
     if outcome.skipped:
         transition_locked(
             step,

@@ -34,6 +34,8 @@ class RecordingTransport:
     steps: list[StepMessage] = field(default_factory=list)
     runs: list[tuple[RunMessage, str]] = field(default_factory=list)
     revoked: list[str] = field(default_factory=list)
+    # (organization or None, runner ids) per wake-up of held runner polls
+    woken: list[tuple[str | None, list[str]]] = field(default_factory=list)
 
     def publish_steps(self, messages: Sequence[StepMessage]) -> None:
         self.steps.extend(messages)
@@ -43,6 +45,9 @@ class RecordingTransport:
 
     def revoke(self, task_ids: Sequence[str], runs: Mapping[str, int]) -> None:
         self.revoked.extend(task_ids)
+
+    def wake_runners(self, organization_id: str | None, runner_ids: Sequence[str]) -> None:
+        self.woken.append((organization_id, list(runner_ids)))
 
 
 class EngineRun:

@@ -1,0 +1,442 @@
+"""The runner protocol's services (docs/runners.md; seed 004, adapted).
+
+A runner registers with a key of its organization, long-polls for jobs, reports what
+it does with each, and heartbeats. A job is one attempt of a `runner` step, created when
+the worker parks the step (``runs.engine.waiting``); the step ends through
+``outcomes.record`` when the job's runner reports, like any attempt: the charge, retries
+(``runner_failed`` and ``runner_lost`` are retryable, a new job per attempt) and failure
+modes are the engine's. Every function takes the caller's organization and finds
+nothing of another's (``RunnerNotFound``, ``RunnerJobNotFound``: 404).
+
+Job states: pending -> claimed -> running -> completed | failed | stopped, with stopping
+between running (or claimed) and stopped once a stop was asked for (a cancel, the
+step's timeout, ``stop_job``). A report repeated as it was first made changes nothing
+and answers as the first did; any other report the job's state does not allow is
+``InvalidTransition``; a report from a runner that does not hold the job is
+``NotJobOwner``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import connection, transaction
+from django.utils import timezone
+
+from billing.models import Organization
+from billing.pricing import tool_price
+from common.tools.base import ToolError
+from runs.engine.outcomes import Outcome, record
+from runs.models import EventKind, Runner, RunnerJob, RunnerJobStatus
+from runs.outbox import after_commit, wake_runners
+from runs.services import lock_run
+from runs.states import InvalidTransition
+from runs.transitions import record_event
+
+J = RunnerJobStatus
+HELD = (J.CLAIMED, J.RUNNING, J.STOPPING)
+SIGNALS = ("SIGTERM", "SIGKILL")
+
+
+class RunnerNotFound(Exception):
+    code = "not_found"
+
+
+class RunnerJobNotFound(Exception):
+    code = "not_found"
+
+
+class DuplicateRunner(Exception):
+    """An online runner already has this identity (409 ``duplicate_runner``)."""
+
+    code = "duplicate_runner"
+
+    def __init__(self, runner: Runner) -> None:
+        super().__init__("an online runner with this identity already exists")
+        self.runner = runner
+
+    @property
+    def details(self) -> dict[str, str]:
+        return {
+            "runner_id": self.runner.id,
+            "hostname": self.runner.hostname,
+            "project_dir": self.runner.project_dir,
+            "executor_type": self.runner.executor_type,
+        }
+
+
+class NotJobOwner(Exception):
+    """A report about a job from a runner that does not hold it (409 ``not_job_owner``)."""
+
+    code = "not_job_owner"
+
+
+def organization_channel(organization_id: Any) -> str:
+    """The Redis channel that wakes every held poll of an organization (a new job)."""
+    return f"orchestrator:runners:{organization_id}"
+
+
+def runner_channel(runner_id: str) -> str:
+    """The Redis channel that wakes one runner's held poll (a stop command)."""
+    return f"orchestrator:runner:{runner_id}"
+
+
+def runner_id_for(organization_id: Any, hostname: str, project_dir: str, executor_type: str) -> str:
+    """Deterministic within the organization: the same host, directory and executor type
+    reconnect as the same runner."""
+    identity = "\x00".join([str(organization_id), hostname, project_dir, executor_type])
+    return "rnr_" + hashlib.sha256(identity.encode()).hexdigest()[:24]
+
+
+def is_online(runner: Runner, now: datetime | None = None) -> bool:
+    now = now or timezone.now()
+    fresh = now - runner.last_heartbeat < timedelta(seconds=settings.RUNNER_STALE_AFTER)
+    return runner.deregistered_at is None and fresh
+
+
+def runner_status(runner: Runner, now: datetime | None = None) -> str:
+    if runner.deregistered_at is not None:
+        return "deregistered"
+    return "online" if is_online(runner, now) else "stale"
+
+
+@dataclass(frozen=True)
+class Registration:
+    runner: Runner
+    reconnected: bool
+
+
+# --------------------------------------------------------------------------- registry
+@transaction.atomic
+def register(
+    *,
+    organization: Organization,
+    hostname: str,
+    project_dir: str,
+    executor_type: str,
+    tags: list[str] | None = None,
+) -> Registration:
+    """Register a runner, or reconnect one whose earlier registration went stale or was
+    deregistered (its jobs were, or are now, recovered). ``DuplicateRunner`` while the
+    identity is online."""
+    now = timezone.now()
+    runner_id = runner_id_for(organization.pk, hostname, project_dir, executor_type)
+    tags = sorted(set(tags or []))
+    # Two registrations of one identity at once: the row lock orders them.
+    existing = Runner.objects.select_for_update().filter(pk=runner_id).first()
+    if existing is None:
+        runner = Runner.objects.create(
+            id=runner_id,
+            organization=organization,
+            hostname=hostname,
+            project_dir=project_dir,
+            executor_type=executor_type,
+            tags=tags,
+            registered_at=now,
+            last_heartbeat=now,
+        )
+        return Registration(runner, reconnected=False)
+    if is_online(existing, now):
+        raise DuplicateRunner(existing)
+    _recover_jobs(existing, now, "the runner registered again: its earlier jobs were lost")
+    existing.tags, existing.registered_at = tags, now
+    existing.last_heartbeat, existing.deregistered_at = now, None
+    existing.save(update_fields=["tags", "registered_at", "last_heartbeat", "deregistered_at"])
+    return Registration(existing, reconnected=True)
+
+
+def _runner(organization: Organization, runner_id: str, *, lock: bool = False) -> Runner:
+    query = Runner.objects.filter(organization=organization, pk=runner_id)
+    runner = (query.select_for_update() if lock else query).first()
+    if runner is None:
+        raise RunnerNotFound(f"runner {runner_id} not found")
+    return runner
+
+
+def heartbeat(*, organization: Organization, runner_id: str) -> Runner:
+    """A runner is alive. A deregistered runner stays deregistered (its poll says so)."""
+    runner = _runner(organization, runner_id)
+    now = timezone.now()
+    Runner.objects.filter(pk=runner.pk, deregistered_at__isnull=True).update(last_heartbeat=now)
+    runner.last_heartbeat = now
+    return runner
+
+
+@transaction.atomic
+def deregister(*, organization: Organization, runner_id: str) -> Runner:
+    """The runner leaves: the jobs it still holds are recovered (``runner_lost``)."""
+    runner = _runner(organization, runner_id, lock=True)
+    now = timezone.now()
+    if runner.deregistered_at is None:
+        _recover_jobs(runner, now, "the runner deregistered while holding the job")
+        runner.deregistered_at = now
+        runner.save(update_fields=["deregistered_at"])
+    return runner
+
+
+# --------------------------------------------------------------------------- polls
+@dataclass(frozen=True)
+class Poll:
+    """What a poll hands a runner: stop commands first, else one job, else nothing."""
+
+    deregistered: bool = False
+    stop_jobs: list[str] = field(default_factory=list)
+    job: RunnerJob | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not (self.deregistered or self.stop_jobs or self.job)
+
+
+_CLAIM_SQL = """
+UPDATE runs_runnerjob AS j
+SET status = 'claimed', runner_id = %(runner)s, claimed_at = %(now)s
+WHERE j.id = (
+    SELECT c.id FROM runs_runnerjob AS c
+    WHERE c.organization_id = %(organization)s AND c.status = 'pending'
+      AND c.timeout_at > %(now)s
+      AND (c.required_runner_id IS NULL OR c.required_runner_id = %(runner)s)
+      AND coalesce(c.demands ->> 'hostname', %(hostname)s) = %(hostname)s
+      AND coalesce(c.demands ->> 'project_dir', %(project_dir)s) = %(project_dir)s
+      AND coalesce(c.demands ->> 'executor_type', %(executor_type)s) = %(executor_type)s
+      AND %(tags)s::jsonb @> coalesce(c.demands -> 'tags', '[]'::jsonb)
+    ORDER BY c.priority, c.created_at
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING j.id
+"""
+
+
+@transaction.atomic
+def poll(*, organization: Organization, runner_id: str) -> Poll:
+    """One look for the runner (the API holds the request and looks again when woken):
+    its stop commands not yet handed over, else the first pending job it matches
+    (priority, then age; claimed atomically: ``SKIP LOCKED`` lets concurrent polls take
+    different jobs), else nothing. A poll counts as a heartbeat."""
+    runner = _runner(organization, runner_id)
+    if runner.deregistered_at is not None:
+        return Poll(deregistered=True)
+    now = timezone.now()
+    Runner.objects.filter(pk=runner.pk).update(last_heartbeat=now)
+    stops = RunnerJob.objects.filter(
+        runner=runner, status=J.STOPPING, stop_delivered_at__isnull=True
+    )
+    stop_ids = [str(job_id) for job_id in stops.values_list("id", flat=True)]
+    if stop_ids:
+        RunnerJob.objects.filter(pk__in=stop_ids).update(stop_delivered_at=now)
+        return Poll(stop_jobs=stop_ids)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _CLAIM_SQL,
+            {
+                "runner": runner.pk,
+                "organization": organization.pk,
+                "now": now,
+                "hostname": runner.hostname,
+                "project_dir": runner.project_dir,
+                "executor_type": runner.executor_type,
+                "tags": _json_list(runner.tags),
+            },
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return Poll()
+    job = RunnerJob.objects.select_related("step").get(pk=row[0])
+    _event(job, f"claimed by runner {runner.pk}")
+    return Poll(job=job)
+
+
+def _json_list(values: list[str]) -> str:
+    return json.dumps(sorted(values))
+
+
+# --------------------------------------------------------------------------- reports
+@dataclass(frozen=True)
+class Report:
+    kind: str  # started | completed | failed | stopped
+    result: Any = None
+    error: str = ""
+    signal: str = ""
+
+
+_FROM: dict[str, tuple[str, ...]] = {
+    "started": (J.CLAIMED,),
+    "completed": (J.CLAIMED, J.RUNNING, J.STOPPING),
+    "failed": (J.CLAIMED, J.RUNNING, J.STOPPING),
+    "stopped": (J.CLAIMED, J.RUNNING, J.STOPPING),
+}
+_TO = {"started": J.RUNNING, "completed": J.COMPLETED, "failed": J.FAILED, "stopped": J.STOPPED}
+
+
+@transaction.atomic
+def report(*, organization: Organization, runner_id: str, job_id: Any, report: Report) -> RunnerJob:
+    """Apply a runner's report on a job, and record the step's attempt when it ends."""
+    runner = _runner(organization, runner_id)
+    job = _locked_job(organization, job_id)
+    if job.runner_id != runner.pk:
+        raise NotJobOwner(f"runner {runner.pk} does not hold job {job.pk}")
+    target = _TO[report.kind]
+    if _repeats(job, report, target):
+        return job
+    if job.status == J.STOPPING and report.kind == "started":
+        return job  # it started before the stop reached it: the stop still stands
+    if job.status not in _FROM[report.kind]:
+        raise InvalidTransition("runner_job", job.status, target)
+    now = timezone.now()
+    job.status = target
+    fields = ["status"]
+    if report.kind == "started":
+        job.started_at = now
+        fields.append("started_at")
+    else:
+        job.completed_at = now
+        job.result = report.result if report.kind == "completed" else None
+        job.error = report.error if report.kind == "failed" else ""
+        job.signal = report.signal if report.kind == "stopped" else ""
+        fields += ["completed_at", "result", "error", "signal"]
+    job.save(update_fields=fields)
+    _event(job, f"{report.kind}, reported by runner {runner.pk}")
+    if report.kind != "started":
+        record(job.step_id, job.run_id, job.attempt, _outcome(job))
+    return job
+
+
+def _repeats(job: RunnerJob, report: Report, target: str) -> bool:
+    """The report is the one already applied (a runner retrying a request)."""
+    if job.status != target:
+        return False
+    if report.kind == "completed":
+        return bool(job.result == report.result)
+    if report.kind == "failed":
+        return job.error == report.error
+    if report.kind == "stopped":
+        return job.signal == report.signal
+    return True
+
+
+def _outcome(job: RunnerJob) -> Outcome:
+    price = tool_price("runner")
+    if job.status == J.COMPLETED:
+        return Outcome(output=job.result, cost=price)
+    if job.status == J.FAILED:
+        return Outcome(
+            error=ToolError("runner_failed", job.error or "the runner failed"), cost=price
+        )
+    return Outcome(
+        error=ToolError("runner_stopped", f"the runner stopped the job ({job.signal})", False),
+        cost=price,
+    )
+
+
+def _locked_job(organization: Organization | None, job_id: Any) -> RunnerJob:
+    """The job, locked after its run: the order every path that ends a job's step takes
+    (a cancel locks the run, then stops its jobs), so that two never wait on each other.
+    """
+    query = (
+        RunnerJob.objects.all()
+        if organization is None
+        else RunnerJob.objects.filter(organization=organization)
+    )
+    try:
+        run_id = query.values_list("run_id", flat=True).get(pk=job_id)
+    except (RunnerJob.DoesNotExist, ValueError, DjangoValidationError) as exc:
+        raise RunnerJobNotFound(f"runner job {job_id} not found") from exc
+    run = lock_run(run_id, light=True)
+    job = RunnerJob.objects.select_for_update().get(pk=job_id)
+    job.run = run
+    return job
+
+
+# --------------------------------------------------------------------------- stop
+@transaction.atomic
+def stop_job(*, organization: Organization, job_id: Any) -> RunnerJob:
+    """Ask the job's runner to stop it (``stopping``); the runner reports ``stopped``
+    and the step fails with ``runner_stopped``. Only a claimed or running job can be."""
+    job = _locked_job(organization, job_id)
+    if job.status == J.STOPPING:
+        return job
+    if job.status not in (J.CLAIMED, J.RUNNING):
+        raise InvalidTransition("runner_job", job.status, J.STOPPING)
+    job.status, job.stop_requested_at = J.STOPPING, timezone.now()
+    job.save(update_fields=["status", "stop_requested_at"])
+    _event(job, "stop requested")
+    runner_ids = [str(job.runner_id)]
+    after_commit(lambda: wake_runners(None, runner_ids))
+    return job
+
+
+# --------------------------------------------------------------------------- sweeps
+def sweep(now: datetime | None = None) -> dict[str, int]:
+    """The beat's look at runners and jobs: the jobs of stale runners recovered
+    (``runner_lost``, retryable), pending jobs past their match timeout failed
+    (``no_matching_runner``). Each in its own transaction; safe to run twice."""
+    now = now or timezone.now()
+    stale_before = now - timedelta(seconds=settings.RUNNER_STALE_AFTER)
+    lost = 0
+    stale = Runner.objects.filter(last_heartbeat__lt=stale_before, jobs__status__in=HELD).distinct()
+    for runner_id in stale.values_list("pk", flat=True):
+        with transaction.atomic():
+            runner = Runner.objects.select_for_update().get(pk=runner_id)
+            if runner.last_heartbeat < stale_before:
+                lost += _recover_jobs(runner, now, "the runner stopped sending heartbeats")
+    unmatched = 0
+    overdue = RunnerJob.objects.filter(status=J.PENDING, timeout_at__lte=now)
+    for job_id in overdue.values_list("pk", flat=True)[:1000]:
+        with transaction.atomic():
+            job = _locked_job(None, job_id)
+            if job.status != J.PENDING:
+                continue
+            job.status, job.completed_at = J.FAILED, now
+            job.error = "no runner matching the job's demands claimed it in time"
+            job.save(update_fields=["status", "completed_at", "error"])
+            _event(job, "no matching runner")
+            record(
+                job.step_id,
+                job.run_id,
+                job.attempt,
+                Outcome(error=ToolError("no_matching_runner", job.error, False)),
+            )
+            unmatched += 1
+    return {"runner_lost": lost, "no_matching_runner": unmatched}
+
+
+def _recover_jobs(runner: Runner, now: datetime, why: str) -> int:
+    """Fail the jobs ``runner`` holds, and their steps' attempts with ``runner_lost``
+    (retried by the step's policy: a new job per attempt). A job being stopped simply
+    ends: its step left RUNNING already, or leaves it now as stopped."""
+    held = RunnerJob.objects.filter(runner=runner, status__in=HELD)
+    jobs = [_locked_job(None, job_id) for job_id in held.values_list("pk", flat=True)]
+    jobs = [job for job in jobs if job.runner_id == runner.pk and job.status in HELD]
+    for job in jobs:
+        stopping = job.status == J.STOPPING
+        job.status = J.STOPPED if stopping else J.FAILED
+        job.completed_at, job.error = now, why
+        job.save(update_fields=["status", "completed_at", "error"])
+        _event(job, why)
+        error = (
+            ToolError("runner_stopped", why, False)
+            if stopping
+            else ToolError("runner_lost", why, True)
+        )
+        record(job.step_id, job.run_id, job.attempt, Outcome(error=error, cost=Decimal(0)))
+    return len(jobs)
+
+
+def _event(job: RunnerJob, message: str) -> None:
+    record_event(
+        job.run,
+        EventKind.RUNNER,
+        actor="runner",
+        message=f"job {job.pk}: {message}",
+        payload={"job": str(job.pk), "status": job.status},
+        entity="step",
+        entity_id=str(job.step_id),
+    )

@@ -1,0 +1,330 @@
+"""Runner jobs in the engine, in process: a `runner` step parks, a runner claims its job,
+and the job's reports end the step's attempt (runs.runners, runs.engine.waiting)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from billing.models import LedgerEntry, Organization
+from orchestrator.tools.builtin import runner as runner_tool
+from orchestrator.tools.builtin import validate_runner
+from runs import runners, services
+from runs.engine.outcomes import Outcome
+from runs.models import Run, Runner, RunnerJob
+from runs.runners import DuplicateRunner, NotJobOwner, Report, RunnerNotFound
+from runs.states import InvalidTransition
+from tests.runs.engine.harness import EngineRun
+
+pytestmark = pytest.mark.django_db
+
+Start = Callable[[dict[str, Any]], EngineRun]
+
+
+def runner_plan(params: dict[str, Any] | None = None, **step: Any) -> dict[str, Any]:
+    return {
+        "name": "runner plan",
+        "agents": [
+            {
+                "name": "a",
+                "tasks": [
+                    {
+                        "name": "t",
+                        "steps": [
+                            {"name": "job", "tool": "runner", "params": params or {"prompt": "hi"}},
+                            {"name": "after", "tool": "noop"},
+                        ],
+                    }
+                ],
+            }
+        ],
+        **step,
+    }
+
+
+def park(engine: EngineRun, name: str = "job") -> RunnerJob:
+    """Run the step's tool as a worker would, and record its wait."""
+    step = engine.step(name)
+    result = runner_tool(dict(step.params), None)  # type: ignore[arg-type]
+    engine.finish(name, Outcome(wait=result.wait))
+    return RunnerJob.objects.get(step=engine.step(name), attempt=engine.step(name).attempts)
+
+
+def register(organization: Organization, hostname: str = "host-a", **kwargs: Any) -> Runner:
+    return runners.register(
+        organization=organization,
+        hostname=hostname,
+        project_dir=kwargs.pop("project_dir", "/srv/project"),
+        executor_type=kwargs.pop("executor_type", "claude-code"),
+        tags=kwargs.pop("tags", []),
+    ).runner
+
+
+def claim(engine: EngineRun, runner: Runner) -> runners.Poll:
+    return runners.poll(organization=engine.run.organization, runner_id=runner.pk)
+
+
+def send(engine: EngineRun, runner: Runner, job: RunnerJob, kind: str, **fields: Any) -> Any:
+    with engine._committed():
+        return runners.report(
+            organization=engine.run.organization,
+            runner_id=runner.pk,
+            job_id=job.pk,
+            report=Report(kind, **fields),
+        )
+
+
+def test_a_runner_step_parks_without_a_lease_and_its_job_waits_for_a_runner(
+    engine_run: Start,
+) -> None:
+    engine = engine_run(runner_plan({"prompt": "write a haiku", "agent_name": "poet"}))
+
+    job = park(engine)
+
+    step = engine.step("job")
+    assert (step.status, step.lease_expires_at, step.celery_task_id) == ("running", None, "")
+    assert job.status == "pending"
+    assert job.prompt == "write a haiku"
+    assert job.agent_name == "poet"
+    assert job.session_id.startswith("ses_")
+    assert job.attempt == 1
+    assert job.timeout_at > timezone.now() + timedelta(seconds=290)
+    # The organization's held polls were woken, after commit.
+    assert engine.transport.woken[-1] == (str(engine.run.organization_id), [])
+
+
+def test_a_claimed_job_completes_its_step_with_the_result_and_is_charged_once(
+    engine_run: Start,
+) -> None:
+    engine = engine_run(runner_plan())
+    job = park(engine)
+    runner = register(engine.run.organization)
+
+    polled = claim(engine, runner)
+    assert polled.job is not None
+    assert polled.job.pk == job.pk
+    assert claim(engine, runner).empty  # claimed once, by one runner
+    send(engine, runner, job, "started")
+    send(engine, runner, job, "completed", result={"answer": 42})
+    charges = LedgerEntry.objects.filter(run=engine.run, type="charge").count()
+    # A repeated identical report changes nothing: no second charge.
+    send(engine, runner, job, "completed", result={"answer": 42})
+
+    step = engine.step("job")
+    assert (step.status, step.output) == ("completed", {"answer": 42})
+    assert step.cost == Decimal("0.50")
+    assert LedgerEntry.objects.filter(run=engine.run, type="charge").count() == charges
+    assert engine.statuses()["after"] == "pending"
+    assert engine.sent()[-1] == "after"
+    with pytest.raises(InvalidTransition):
+        send(engine, runner, job, "completed", result={"answer": 43})
+    with pytest.raises(InvalidTransition):
+        send(engine, runner, job, "started")
+
+
+def test_only_the_runner_holding_a_job_may_report_on_it(engine_run: Start) -> None:
+    engine = engine_run(runner_plan())
+    job = park(engine)
+    holder = register(engine.run.organization, "host-a")
+    other = register(engine.run.organization, "host-b")
+    claim(engine, holder)
+
+    with pytest.raises(NotJobOwner):
+        send(engine, other, job, "completed", result=None)
+    assert RunnerJob.objects.get(pk=job.pk).status == "claimed"
+
+
+def test_demands_match_exactly_and_require_every_tag(engine_run: Start) -> None:
+    demands = {"hostname": "gpu-1", "tags": ["gpu", "cuda"]}
+    engine = engine_run(runner_plan({"prompt": "train", "demands": demands}))
+    job = park(engine)
+    organization = engine.run.organization
+    wrong_host = register(organization, "gpu-2", tags=["gpu", "cuda"])
+    missing_tag = register(organization, "gpu-1", tags=["gpu"], project_dir="/a")
+    matching = register(organization, "gpu-1", tags=["cuda", "gpu", "big"], project_dir="/b")
+
+    assert claim(engine, wrong_host).empty
+    assert claim(engine, missing_tag).empty
+    polled = claim(engine, matching)
+    assert polled.job is not None
+    assert polled.job.pk == job.pk
+
+
+def test_a_failure_report_is_retried_by_the_steps_policy_with_a_new_job(
+    engine_run: Start,
+) -> None:
+    plan = runner_plan()
+    plan["agents"][0]["tasks"][0]["steps"][0]["retry"] = {"max_attempts": 2, "base_delay_ms": 0}
+    engine = engine_run(plan)
+    first = park(engine)
+    runner = register(engine.run.organization)
+    claim(engine, runner)
+
+    send(engine, runner, first, "failed", error="the agent crashed")
+
+    step = engine.step("job")
+    assert step.status == "pending"
+    assert step.error["code"] == "runner_failed"
+    second = park(engine)
+    assert second.pk != first.pk
+    assert second.attempt == 2
+    assert RunnerJob.objects.get(pk=first.pk).status == "failed"
+
+
+def test_a_stopped_report_fails_the_step_for_good(engine_run: Start) -> None:
+    plan = runner_plan()
+    plan["agents"][0]["tasks"][0]["steps"][0]["retry"] = {"max_attempts": 3}
+    engine = engine_run(plan)
+    job = park(engine)
+    runner = register(engine.run.organization)
+    claim(engine, runner)
+    with engine._committed():
+        runners.stop_job(organization=engine.run.organization, job_id=job.pk)
+
+    assert engine.transport.woken[-1] == (None, [runner.pk])
+    polled = claim(engine, runner)
+    assert polled.stop_jobs == [str(job.pk)]
+    assert claim(engine, runner).empty  # a stop command is handed over once
+    send(engine, runner, job, "stopped", signal="SIGTERM")
+
+    step = engine.step("job")
+    assert step.status == "failed"
+    assert step.error["code"] == "runner_stopped"
+
+
+def test_cancelling_the_run_stops_its_jobs(engine_run: Start) -> None:
+    engine = engine_run(runner_plan())
+    job = park(engine)
+    runner = register(engine.run.organization)
+    claim(engine, runner)
+    send(engine, runner, job, "started")
+
+    with engine._committed():
+        services.run_cancel(run_id=engine.run.pk)
+
+    assert RunnerJob.objects.get(pk=job.pk).status == "stopping"
+    assert claim(engine, runner).stop_jobs == [str(job.pk)]
+    send(engine, runner, job, "stopped", signal="SIGKILL")  # accepted; the step stays cancelled
+    assert engine.step("job").status == "cancelled"
+    assert RunnerJob.objects.get(pk=job.pk).signal == "SIGKILL"
+
+
+def test_a_pending_job_of_a_cancelled_run_ends_without_a_runner(engine_run: Start) -> None:
+    engine = engine_run(runner_plan())
+    job = park(engine)
+
+    with engine._committed():
+        services.run_cancel(run_id=engine.run.pk)
+
+    assert RunnerJob.objects.get(pk=job.pk).status == "stopped"
+    assert claim(engine, register(engine.run.organization)).empty
+
+
+def test_the_sweep_recovers_a_stale_runners_jobs_and_fails_unmatched_ones(
+    engine_run: Start, settings: Any
+) -> None:
+    plan = runner_plan()
+    plan["agents"][0]["tasks"][0]["steps"][0]["retry"] = {"max_attempts": 2, "base_delay_ms": 0}
+    held = engine_run(plan)
+    held_job = park(held)
+    runner = register(held.run.organization)
+    claim(held, runner)
+    unmatched = engine_run(runner_plan({"prompt": "x", "demands": {"tags": ["nobody"]}}))
+    unmatched_job = park(unmatched)
+
+    later = timezone.now() + timedelta(seconds=settings.RUNNER_MATCH_TIMEOUT + 1)
+    with held._committed():
+        swept = runners.sweep(later)
+
+    assert swept == {"runner_lost": 1, "no_matching_runner": 1}
+    assert held.step("job").error["code"] == "runner_lost"
+    assert held.step("job").status == "pending"  # retried
+    assert RunnerJob.objects.get(pk=held_job.pk).status == "failed"
+    assert unmatched.step("job").status == "failed"
+    assert unmatched.step("job").error["code"] == "no_matching_runner"
+    assert RunnerJob.objects.get(pk=unmatched_job.pk).status == "failed"
+    with held._committed():
+        assert runners.sweep(later) == {"runner_lost": 0, "no_matching_runner": 0}
+
+
+def test_an_identity_registers_once_while_online_and_reconnects_after(
+    engine_run: Start, settings: Any
+) -> None:
+    engine = engine_run(runner_plan())
+    organization = engine.run.organization
+    first = register(organization)
+
+    with pytest.raises(DuplicateRunner) as duplicate:
+        register(organization)
+    assert duplicate.value.details["runner_id"] == first.pk
+    Runner.objects.filter(pk=first.pk).update(
+        last_heartbeat=timezone.now() - timedelta(seconds=settings.RUNNER_STALE_AFTER + 1)
+    )
+    again = runners.register(
+        organization=organization,
+        hostname="host-a",
+        project_dir="/srv/project",
+        executor_type="claude-code",
+    )
+    assert again.reconnected
+    assert again.runner.pk == first.pk
+    runners.deregister(organization=organization, runner_id=first.pk)
+    assert claim(engine, first).deregistered
+    assert register(organization).pk == first.pk  # deregistered: a reconnection
+
+
+def test_another_organizations_runner_is_not_found(engine_run: Start) -> None:
+    engine = engine_run(runner_plan())
+    theirs = register(engine_run(runner_plan()).run.organization)
+
+    with pytest.raises(RunnerNotFound):
+        runners.poll(organization=engine.run.organization, runner_id=theirs.pk)
+
+
+def test_resume_session_goes_to_the_runner_that_holds_the_session(engine_run: Start) -> None:
+    first = engine_run(runner_plan())
+    started = park(first)
+    organization = first.run.organization
+    holder = register(organization, "host-a")
+    other = register(organization, "host-b")
+    claim(first, holder)
+    send(first, holder, started, "completed", result={})
+    resume = {"prompt": "go on", "type": "resume_session", "session_id": started.session_id}
+    second = engine_run(runner_plan(resume))
+    job = park_in(second, organization)
+
+    assert job.required_runner_id == holder.pk
+    assert claim(first, other).empty
+    polled = claim(first, holder)
+    assert polled.job is not None
+    assert polled.job.pk == job.pk
+
+
+def park_in(engine: EngineRun, organization: Organization) -> RunnerJob:
+    """``park``, for a run moved to ``organization`` (the harness gives each run an
+    organization of its own; a session lives in one)."""
+    Run.objects.filter(pk=engine.run.pk).update(organization=organization)
+    engine.refresh()
+    return park(engine)
+
+
+@pytest.mark.parametrize(
+    ("params", "problem"),
+    [
+        ({}, "prompt"),
+        ({"prompt": "x", "type": "fork"}, "type"),
+        ({"prompt": "x", "type": "resume_session"}, "session_id"),
+        ({"prompt": "x", "demands": {"gpu": True}}, "demands.gpu"),
+        ({"prompt": "x", "demands": {"tags": "gpu"}}, "demands.tags"),
+        ({"prompt": "x", "match_timeout": 0}, "match_timeout"),
+        ({"prompt": "${secrets.token}"}, "params"),
+        ({"prompt": "x", "colour": "red"}, "colour"),
+    ],
+)
+def test_runner_parameters_are_checked(params: dict[str, Any], problem: str) -> None:
+    assert problem in [key for key, _ in validate_runner(params)]

@@ -58,4 +58,9 @@ def schedules() -> tuple[Schedule, ...]:
                 _every("ENGINE_SWEEP_INTERVAL"), _every("ENGINE_LOST_MESSAGE_AFTER") // 4
             ),
         ),
+        Schedule(
+            name="runner-sweep",
+            task="orchestrator.sweeps.runners",
+            every_seconds=_every("ENGINE_SWEEP_INTERVAL"),
+        ),
     )

@@ -21,6 +21,7 @@ from kombu.exceptions import OperationalError as BrokerError
 
 from orchestrator import executor, sweeps
 from orchestrator.dispatch import CeleryTransport, serving
+from runs import runners
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record
 from runs.models import Run
@@ -167,6 +168,11 @@ def resume_run_task(run_id: str) -> bool:
 @shared_task(name="orchestrator.sweeps.timeouts", **RETRY_OPTIONS)
 def sweep_timeouts_task() -> dict[str, int]:
     return sweeps.sweep_timeouts()
+
+
+@shared_task(name="orchestrator.sweeps.runners", **RETRY_OPTIONS)
+def sweep_runners_task() -> dict[str, int]:
+    return runners.sweep()
 
 
 @shared_task(name="orchestrator.sweeps.lost_messages", **RETRY_OPTIONS)

@@ -387,6 +387,7 @@ def sweep(now: datetime | None = None) -> dict[str, int]:
             runner = Runner.objects.select_for_update().get(pk=runner_id)
             if runner.last_heartbeat < stale_before:
                 lost += _recover_jobs(runner, now, "the runner stopped sending heartbeats")
+    timed_out = _time_out_steps(now)
     unmatched = 0
     overdue = RunnerJob.objects.filter(status=J.PENDING, timeout_at__lte=now)
     for job_id in overdue.values_list("pk", flat=True)[:1000]:
@@ -405,7 +406,54 @@ def sweep(now: datetime | None = None) -> dict[str, int]:
                 Outcome(error=ToolError("no_matching_runner", job.error, False)),
             )
             unmatched += 1
-    return {"runner_lost": lost, "no_matching_runner": unmatched}
+    return {"runner_lost": lost, "no_matching_runner": unmatched, "timeout": timed_out}
+
+
+# A parked step has no worker to enforce its timeout: its job's age does, from the
+# attempt's job (a retry's new job starts the clock again), with the step's own limit.
+_OVERDUE_JOBS_SQL = """
+SELECT j.id FROM runs_runnerjob AS j JOIN runs_step AS s ON s.id = j.step_id
+WHERE j.status IN ('pending', 'claimed', 'running')
+  AND s.status = 'running' AND s.attempts = j.attempt
+  AND j.created_at < %(now)s - make_interval(
+        secs => COALESCE(s.timeout_ms, %(default_ms)s) / 1000.0)
+ORDER BY j.created_at
+LIMIT 1000
+"""
+
+
+def _time_out_steps(now: datetime) -> int:
+    """Fail, with ``timeout`` (retried by the step's policy), the attempts whose job has
+    outlived the step's timeout, and stop their jobs."""
+    with connection.cursor() as cursor:
+        default_ms = int(float(settings.ENGINE_DEFAULT_STEP_TIMEOUT) * 1000)
+        cursor.execute(_OVERDUE_JOBS_SQL, {"now": now, "default_ms": default_ms})
+        job_ids = [row[0] for row in cursor.fetchall()]
+    count = 0
+    for job_id in job_ids:
+        with transaction.atomic():
+            job = _locked_job(None, job_id)
+            if job.status not in (J.PENDING, J.CLAIMED, J.RUNNING):
+                continue
+            message = "the step timed out waiting for its runner job"
+            _stop(job, now, message)
+            error = ToolError("timeout", message)
+            record(job.step_id, job.run_id, job.attempt, Outcome(error=error, cost=Decimal(0)))
+            count += 1
+    return count
+
+
+def _stop(job: RunnerJob, now: datetime, why: str) -> None:
+    """End a pending job here; ask the runner of a claimed or running one to stop it."""
+    if job.status == J.PENDING:
+        job.status, job.completed_at = J.STOPPED, now
+    else:
+        job.status = J.STOPPING
+        runner_ids = [str(job.runner_id)]
+        after_commit(lambda: wake_runners(None, runner_ids))
+    job.stop_requested_at, job.error = now, why
+    job.save(update_fields=["status", "completed_at", "stop_requested_at", "error"])
+    _event(job, why)
 
 
 def _recover_jobs(runner: Runner, now: datetime, why: str) -> int:

@@ -230,18 +230,21 @@ def test_the_sweep_recovers_a_stale_runners_jobs_and_fails_unmatched_ones(
 ) -> None:
     plan = runner_plan()
     plan["agents"][0]["tasks"][0]["steps"][0]["retry"] = {"max_attempts": 2, "base_delay_ms": 0}
+    plan["agents"][0]["tasks"][0]["steps"][0]["timeout"] = "1h"
     held = engine_run(plan)
     held_job = park(held)
     runner = register(held.run.organization)
     claim(held, runner)
-    unmatched = engine_run(runner_plan({"prompt": "x", "demands": {"tags": ["nobody"]}}))
+    waits_long = runner_plan({"prompt": "x", "demands": {"tags": ["nobody"]}})
+    waits_long["agents"][0]["tasks"][0]["steps"][0]["timeout"] = "1h"
+    unmatched = engine_run(waits_long)
     unmatched_job = park(unmatched)
 
     later = timezone.now() + timedelta(seconds=settings.RUNNER_MATCH_TIMEOUT + 1)
     with held._committed():
         swept = runners.sweep(later)
 
-    assert swept == {"runner_lost": 1, "no_matching_runner": 1}
+    assert swept == {"runner_lost": 1, "no_matching_runner": 1, "timeout": 0}
     assert held.step("job").error["code"] == "runner_lost"
     assert held.step("job").status == "pending"  # retried
     assert RunnerJob.objects.get(pk=held_job.pk).status == "failed"
@@ -249,7 +252,32 @@ def test_the_sweep_recovers_a_stale_runners_jobs_and_fails_unmatched_ones(
     assert unmatched.step("job").error["code"] == "no_matching_runner"
     assert RunnerJob.objects.get(pk=unmatched_job.pk).status == "failed"
     with held._committed():
-        assert runners.sweep(later) == {"runner_lost": 0, "no_matching_runner": 0}
+        assert runners.sweep(later) == {"runner_lost": 0, "no_matching_runner": 0, "timeout": 0}
+
+
+def test_a_parked_step_times_out_by_its_own_limit_and_its_job_is_stopped(
+    engine_run: Start,
+) -> None:
+    plan = runner_plan()
+    plan["agents"][0]["tasks"][0]["steps"][0]["timeout"] = "90s"
+    plan["agents"][0]["tasks"][0]["steps"][0]["retry"] = {"max_attempts": 1}
+    engine = engine_run(plan)
+    job = park(engine)
+    runner = register(engine.run.organization)
+    claim(engine, runner)
+
+    with engine._committed():
+        assert runners.sweep(timezone.now() + timedelta(seconds=60))["timeout"] == 0
+    with engine._committed():
+        assert runners.sweep(timezone.now() + timedelta(seconds=91))["timeout"] == 1
+
+    step = engine.step("job")
+    assert step.status == "failed"  # a timeout, with no attempt left
+    job.refresh_from_db()
+    assert job.status == "stopping"
+    assert job.error == "the step timed out waiting for its runner job"
+    assert engine.transport.woken[-1] == (None, [runner.pk])
+    assert claim(engine, runner).stop_jobs == [str(job.pk)]
 
 
 def test_an_identity_registers_once_while_online_and_reconnects_after(

@@ -26,6 +26,7 @@ from rest_framework.views import set_rollback
 from billing.services import InsufficientCredits
 from common.filters import Problems, QueryInvalid
 from runs.plan import PlanInvalid, errors_as_dicts
+from runs.runners import DuplicateRunner, NotJobOwner, RunnerJobNotFound, RunnerNotFound
 from runs.services import AttemptsExhausted, RunDeleted, RunNotFound, StepNotFound
 from runs.states import InvalidTransition
 
@@ -85,6 +86,10 @@ DOMAIN_ERRORS: dict[type[Exception], tuple[int, Callable[[Any], Any], Callable[[
     RunDeleted: (409, lambda exc: None, str),
     RunNotFound: (404, lambda exc: None, lambda exc: "not found"),
     StepNotFound: (404, lambda exc: None, str),
+    RunnerNotFound: (404, lambda exc: None, lambda exc: "not found"),
+    RunnerJobNotFound: (404, lambda exc: None, lambda exc: "not found"),
+    DuplicateRunner: (409, lambda exc: exc.details, str),
+    NotJobOwner: (409, lambda exc: None, str),
 }
 
 

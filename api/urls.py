@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
+from api import runners as runner_api
 from api import views
 from api.billing import BalanceApi, LedgerApi, SecretApi, SecretsApi
 
@@ -27,4 +28,24 @@ urlpatterns = [
     path("billing/ledger", LedgerApi.as_view(), name="billing-ledger"),
     path("secrets", SecretsApi.as_view(), name="secrets"),
     path("secrets/<str:name>", SecretApi.as_view(), name="secret"),
+    # The runner protocol (docs/runners.md)
+    path("runner/register", runner_api.RegisterApi.as_view(), name="runner-register"),
+    path("runner/jobs", runner_api.PollApi.as_view(), name="runner-poll"),
+    path("runner/heartbeat", runner_api.HeartbeatApi.as_view(), name="runner-heartbeat"),
+    path("runner/deregister", runner_api.DeregisterApi.as_view(), name="runner-deregister"),
+    path("runner/jobs/<uuid:job_id>/started", runner_api.StartedApi.as_view(), name="job-started"),
+    path(
+        "runner/jobs/<uuid:job_id>/completed",
+        runner_api.CompletedApi.as_view(),
+        name="job-completed",
+    ),
+    path("runner/jobs/<uuid:job_id>/failed", runner_api.FailedApi.as_view(), name="job-failed"),
+    path("runner/jobs/<uuid:job_id>/stopped", runner_api.StoppedApi.as_view(), name="job-stopped"),
+    path("runners", runner_api.RunnersApi.as_view(), name="runners"),
+    path("runner-jobs/<uuid:job_id>", runner_api.RunnerJobApi.as_view(), name="runner-job"),
+    path(
+        "runner-jobs/<uuid:job_id>/stop",
+        runner_api.RunnerJobStopApi.as_view(),
+        name="runner-job-stop",
+    ),
 ]

@@ -1,0 +1,349 @@
+"""The runner protocol over HTTP (docs/runners.md), and what clients see of runners.
+
+Runner routes (``runner_route``: open to ``runner`` and ``full`` keys) register, poll,
+heartbeat, deregister and report; the client routes list runners, show a job and stop
+it. Every route is scoped to the key's organization: another organization's runner or
+job is 404. Each view validates its input and calls one service of ``runs.runners``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar
+from uuid import UUID
+
+import redis
+from django.conf import settings
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from api.authentication import organization_of
+from api.errors import LIST_ERRORS, READ_ERRORS, WRITE_ERRORS, error_responses
+from api.serializers import InputSerializer, StrictCharField, StrictIntegerField
+from api.views import ApiView, validated
+from runs import runners
+from runs.models import Runner, RunnerJob
+
+TAG_RUNNERS = "runners"
+
+
+# --------------------------------------------------------------------------- shapes
+class RegisterInput(InputSerializer):
+    hostname = StrictCharField(max_length=255)
+    project_dir = StrictCharField(max_length=1000)
+    executor_type = StrictCharField(max_length=100)
+    tags = serializers.ListField(
+        child=StrictCharField(max_length=100), required=False, max_length=50
+    )
+
+
+class RegisterOutput(serializers.Serializer[Any]):
+    runner_id = serializers.CharField()
+    poll_endpoint = serializers.CharField()
+    poll_timeout_seconds = serializers.IntegerField()
+    heartbeat_interval_seconds = serializers.IntegerField()
+
+
+class RunnerIdInput(InputSerializer):
+    runner_id = StrictCharField(max_length=40)
+
+
+class OkOutput(serializers.Serializer[Any]):
+    ok = serializers.BooleanField()
+
+
+class PollQuery(InputSerializer):
+    runner_id = StrictCharField(max_length=40)
+    wait = StrictIntegerField(required=False, min_value=0, max_value=30)
+
+    def to_internal_value(self, data: Any) -> Any:
+        # Query strings carry text: the wait is a number written as text there.
+        values = dict(data.items()) if hasattr(data, "items") else data
+        if isinstance(values.get("wait"), str) and values["wait"].isdigit():
+            values["wait"] = int(values["wait"])
+        return super().to_internal_value(values)
+
+
+class JobOutput(serializers.Serializer[Any]):
+    """A runner job, as its runner receives it and clients read it."""
+
+    id = serializers.UUIDField()
+    status = serializers.CharField()
+    type = serializers.CharField()
+    prompt = serializers.CharField()
+    session_id = serializers.CharField()
+    agent_name = serializers.CharField()
+    project_dir = serializers.CharField()
+    demands = serializers.JSONField()
+    run = serializers.UUIDField(source="run_id")
+    step = serializers.IntegerField(source="step_id")
+    attempt = serializers.IntegerField()
+    runner_id = serializers.CharField(allow_null=True)
+    result = serializers.JSONField(allow_null=True)
+    error = serializers.CharField()
+    signal = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    claimed_at = serializers.DateTimeField(allow_null=True)
+    started_at = serializers.DateTimeField(allow_null=True)
+    stop_requested_at = serializers.DateTimeField(allow_null=True)
+    completed_at = serializers.DateTimeField(allow_null=True)
+    timeout_at = serializers.DateTimeField()
+
+
+class RunnerOutput(serializers.Serializer[Any]):
+    runner_id = serializers.CharField(source="id")
+    status = serializers.SerializerMethodField()
+    hostname = serializers.CharField()
+    project_dir = serializers.CharField()
+    executor_type = serializers.CharField()
+    tags = serializers.ListField(child=serializers.CharField())
+    registered_at = serializers.DateTimeField()
+    last_heartbeat = serializers.DateTimeField()
+
+    def get_status(self, runner: Runner) -> str:
+        return runners.runner_status(runner)
+
+
+class PollOutput(serializers.Serializer[Any]):
+    """One of: ``stop_jobs``, ``job``, ``deregistered``."""
+
+    stop_jobs = serializers.ListField(child=serializers.UUIDField(), required=False)
+    job = JobOutput(required=False)
+    deregistered = serializers.BooleanField(required=False)
+
+
+class CompletedInput(RunnerIdInput):
+    result = serializers.JSONField(required=False, allow_null=True)
+
+
+class FailedInput(RunnerIdInput):
+    error = StrictCharField(max_length=10_000, allow_blank=True)
+
+
+class StoppedInput(RunnerIdInput):
+    signal = serializers.ChoiceField(choices=runners.SIGNALS)
+
+
+# --------------------------------------------------------------------------- runner routes
+class RunnerApi(ApiView):
+    runner_route = True
+
+
+class RegisterApi(RunnerApi):
+    @extend_schema(
+        tags=[TAG_RUNNERS],
+        summary="Register a runner",
+        request=RegisterInput,
+        responses={201: RegisterOutput, **error_responses(*WRITE_ERRORS)},
+    )
+    def post(self, request: Request) -> Response:
+        """Register (201), or reconnect an identity that went stale or deregistered (201,
+        the same runner_id). 409 ``duplicate_runner`` while that identity is online."""
+        data = validated(RegisterInput, request.data)
+        registration = runners.register(organization=organization_of(request), **data)
+        return Response(
+            {
+                "runner_id": registration.runner.pk,
+                "poll_endpoint": "/api/v1/runner/jobs",
+                "poll_timeout_seconds": settings.RUNNER_POLL_TIMEOUT,
+                "heartbeat_interval_seconds": settings.RUNNER_HEARTBEAT_INTERVAL,
+            },
+            status=201,
+        )
+
+
+class PollApi(RunnerApi):
+    @extend_schema(
+        tags=[TAG_RUNNERS],
+        summary="Poll for a job or stop commands",
+        parameters=[
+            OpenApiParameter("runner_id", str, required=True),
+            OpenApiParameter("wait", int, required=False, description="0 to 30 seconds"),
+        ],
+        responses={
+            200: PollOutput,
+            204: OpenApiResponse(description="nothing for this runner within the wait"),
+            **error_responses(*LIST_ERRORS),
+        },
+    )
+    def get(self, request: Request) -> Response:
+        """Stop commands first, else one job claimed for this runner, else 204 after
+        waiting up to ``wait`` seconds (woken at once when a job or a stop arrives)."""
+        query = validated(PollQuery, request.query_params)
+        organization = organization_of(request)
+        wait = query.get("wait", settings.RUNNER_POLL_TIMEOUT)
+        result = held_poll(organization, query["runner_id"], float(wait))
+        if result.empty:
+            return Response(status=204)
+        return Response(poll_body(result))
+
+
+def poll_body(result: runners.Poll) -> dict[str, Any]:
+    if result.deregistered:
+        return {"deregistered": True}
+    if result.stop_jobs:
+        return {"stop_jobs": result.stop_jobs}
+    return {"job": JobOutput(result.job).data}
+
+
+# A held poll looks again at least this often, whatever it hears: a wake-up lost with
+# Redis costs latency, never a job.
+RECHECK_S = 5.0
+
+
+def held_poll(organization: Any, runner_id: str, wait: float) -> runners.Poll:
+    """Poll, and while there is nothing, hold up to ``wait`` seconds listening on the
+    runner's and the organization's Redis channels (subscribed before the first look, so
+    that nothing published after it is missed)."""
+    deadline = time.monotonic() + wait
+    result = runners.poll(organization=organization, runner_id=runner_id)
+    if not result.empty or wait <= 0:
+        return result
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=2)
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    try:
+        pubsub.subscribe(
+            runners.runner_channel(runner_id), runners.organization_channel(organization.pk)
+        )
+        while True:
+            result = runners.poll(organization=organization, runner_id=runner_id)
+            left = deadline - time.monotonic()
+            if not result.empty or left <= 0:
+                return result
+            pubsub.get_message(timeout=min(left, RECHECK_S))
+    finally:
+        pubsub.close()
+        client.close()
+
+
+class HeartbeatApi(RunnerApi):
+    @extend_schema(
+        tags=[TAG_RUNNERS],
+        summary="A runner's heartbeat",
+        request=RunnerIdInput,
+        responses={200: OkOutput, **error_responses(*WRITE_ERRORS, 404)},
+    )
+    def post(self, request: Request) -> Response:
+        data = validated(RunnerIdInput, request.data)
+        runners.heartbeat(organization=organization_of(request), runner_id=data["runner_id"])
+        return Response({"ok": True})
+
+
+class DeregisterApi(RunnerApi):
+    @extend_schema(
+        tags=[TAG_RUNNERS],
+        summary="Deregister a runner",
+        request=RunnerIdInput,
+        responses={200: OkOutput, **error_responses(*WRITE_ERRORS, 404)},
+    )
+    def post(self, request: Request) -> Response:
+        """The runner leaves; jobs it still holds are recovered (``runner_lost``)."""
+        data = validated(RunnerIdInput, request.data)
+        runners.deregister(organization=organization_of(request), runner_id=data["runner_id"])
+        return Response({"ok": True})
+
+
+class ReportApi(RunnerApi):
+    kind: ClassVar[str] = ""
+    input: ClassVar[type[InputSerializer]] = RunnerIdInput
+
+    def post(self, request: Request, job_id: UUID) -> Response:
+        data = validated(self.input, request.data)
+        runners.report(
+            organization=organization_of(request),
+            runner_id=data["runner_id"],
+            job_id=job_id,
+            report=runners.Report(
+                self.kind,
+                result=data.get("result"),
+                error=data.get("error", ""),
+                signal=data.get("signal", ""),
+            ),
+        )
+        return Response({"ok": True})
+
+
+def _report_schema(
+    summary: str, request: Any
+) -> Callable[[Callable[..., Response]], Callable[..., Response]]:
+    return extend_schema(
+        tags=[TAG_RUNNERS],
+        summary=summary,
+        request=request,
+        responses={200: OkOutput, **error_responses(*WRITE_ERRORS, 404)},
+    )
+
+
+class StartedApi(ReportApi):
+    kind = "started"
+
+    @_report_schema("Report a job started", RunnerIdInput)
+    def post(self, request: Request, job_id: UUID) -> Response:
+        return super().post(request, job_id)
+
+
+class CompletedApi(ReportApi):
+    kind, input = "completed", CompletedInput
+
+    @_report_schema("Report a job completed", CompletedInput)
+    def post(self, request: Request, job_id: UUID) -> Response:
+        return super().post(request, job_id)
+
+
+class FailedApi(ReportApi):
+    kind, input = "failed", FailedInput
+
+    @_report_schema("Report a job failed", FailedInput)
+    def post(self, request: Request, job_id: UUID) -> Response:
+        return super().post(request, job_id)
+
+
+class StoppedApi(ReportApi):
+    kind, input = "stopped", StoppedInput
+
+    @_report_schema("Report a job stopped", StoppedInput)
+    def post(self, request: Request, job_id: UUID) -> Response:
+        return super().post(request, job_id)
+
+
+# --------------------------------------------------------------------------- client routes
+class RunnersApi(ApiView):
+    @extend_schema(
+        tags=[TAG_RUNNERS],
+        summary="List the organization's runners",
+        responses={200: RunnerOutput(many=True), **error_responses(*READ_ERRORS)},
+    )
+    def get(self, request: Request) -> Response:
+        rows = Runner.objects.filter(organization=organization_of(request)).order_by(
+            "hostname", "project_dir", "executor_type"
+        )
+        return Response(RunnerOutput(rows, many=True).data)
+
+
+class RunnerJobApi(ApiView):
+    @extend_schema(
+        tags=[TAG_RUNNERS],
+        summary="Show a runner job",
+        responses={200: JobOutput, **error_responses(*LIST_ERRORS)},
+    )
+    def get(self, request: Request, job_id: UUID) -> Response:
+        job = RunnerJob.objects.filter(organization=organization_of(request), pk=job_id).first()
+        if job is None:
+            raise runners.RunnerJobNotFound(f"runner job {job_id} not found")
+        return Response(JobOutput(job).data)
+
+
+class RunnerJobStopApi(ApiView):
+    @extend_schema(
+        tags=[TAG_RUNNERS],
+        summary="Stop a runner job",
+        request=None,
+        responses={200: JobOutput, **error_responses(*WRITE_ERRORS, 404)},
+    )
+    def post(self, request: Request, job_id: UUID) -> Response:
+        """claimed or running -> stopping; its runner is told at once. 409 otherwise."""
+        job = runners.stop_job(organization=organization_of(request), job_id=job_id)
+        return Response(JobOutput(job).data)

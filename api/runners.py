@@ -15,15 +15,17 @@ from uuid import UUID
 
 import redis
 from django.conf import settings
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from api.authentication import organization_of
 from api.errors import LIST_ERRORS, READ_ERRORS, WRITE_ERRORS, error_responses
-from api.serializers import InputSerializer, StrictCharField, StrictIntegerField
-from api.views import ApiView, validated
+from api.idempotency import idempotent
+from api.pagination import PageQuery, paginated
+from api.serializers import EmptyInput, InputSerializer, StrictCharField
+from api.views import ApiView, page_response, validated
 from runs import runners
 from runs.models import Runner, RunnerJob
 
@@ -55,16 +57,13 @@ class OkOutput(serializers.Serializer[Any]):
     ok = serializers.BooleanField()
 
 
-class PollQuery(InputSerializer):
-    runner_id = StrictCharField(max_length=40)
-    wait = StrictIntegerField(required=False, min_value=0, max_value=30)
+class PollQuery(serializers.Serializer[Any]):
+    """The query of a poll (text, as query strings are)."""
 
-    def to_internal_value(self, data: Any) -> Any:
-        # Query strings carry text: the wait is a number written as text there.
-        values = dict(data.items()) if hasattr(data, "items") else data
-        if isinstance(values.get("wait"), str) and values["wait"].isdigit():
-            values["wait"] = int(values["wait"])
-        return super().to_internal_value(values)
+    runner_id = serializers.CharField(max_length=40, help_text="The runner's id.")
+    wait = serializers.IntegerField(
+        required=False, min_value=0, max_value=30, help_text="Seconds to hold: 0 to 30."
+    )
 
 
 class JobOutput(serializers.Serializer[Any]):
@@ -139,6 +138,7 @@ class RegisterApi(RunnerApi):
         request=RegisterInput,
         responses={201: RegisterOutput, **error_responses(*WRITE_ERRORS)},
     )
+    @idempotent
     def post(self, request: Request) -> Response:
         """Register (201), or reconnect an identity that went stale or deregistered (201,
         the same runner_id). 409 ``duplicate_runner`` while that identity is online."""
@@ -156,13 +156,12 @@ class RegisterApi(RunnerApi):
 
 
 class PollApi(RunnerApi):
+    queries: ClassVar[dict[str, type[serializers.Serializer[Any]]]] = {"get": PollQuery}
+
     @extend_schema(
         tags=[TAG_RUNNERS],
         summary="Poll for a job or stop commands",
-        parameters=[
-            OpenApiParameter("runner_id", str, required=True),
-            OpenApiParameter("wait", int, required=False, description="0 to 30 seconds"),
-        ],
+        parameters=[PollQuery],
         responses={
             200: PollOutput,
             204: OpenApiResponse(description="nothing for this runner within the wait"),
@@ -172,7 +171,7 @@ class PollApi(RunnerApi):
     def get(self, request: Request) -> Response:
         """Stop commands first, else one job claimed for this runner, else 204 after
         waiting up to ``wait`` seconds (woken at once when a job or a stop arrives)."""
-        query = validated(PollQuery, request.query_params)
+        query = self.query
         organization = organization_of(request)
         wait = query.get("wait", settings.RUNNER_POLL_TIMEOUT)
         result = held_poll(organization, query["runner_id"], float(wait))
@@ -226,6 +225,7 @@ class HeartbeatApi(RunnerApi):
         request=RunnerIdInput,
         responses={200: OkOutput, **error_responses(*WRITE_ERRORS, 404)},
     )
+    @idempotent
     def post(self, request: Request) -> Response:
         data = validated(RunnerIdInput, request.data)
         runners.heartbeat(organization=organization_of(request), runner_id=data["runner_id"])
@@ -239,6 +239,7 @@ class DeregisterApi(RunnerApi):
         request=RunnerIdInput,
         responses={200: OkOutput, **error_responses(*WRITE_ERRORS, 404)},
     )
+    @idempotent
     def post(self, request: Request) -> Response:
         """The runner leaves; jobs it still holds are recovered (``runner_lost``)."""
         data = validated(RunnerIdInput, request.data)
@@ -281,6 +282,7 @@ class StartedApi(ReportApi):
     kind = "started"
 
     @_report_schema("Report a job started", RunnerIdInput)
+    @idempotent
     def post(self, request: Request, job_id: UUID) -> Response:
         return super().post(request, job_id)
 
@@ -289,6 +291,7 @@ class CompletedApi(ReportApi):
     kind, input = "completed", CompletedInput
 
     @_report_schema("Report a job completed", CompletedInput)
+    @idempotent
     def post(self, request: Request, job_id: UUID) -> Response:
         return super().post(request, job_id)
 
@@ -297,6 +300,7 @@ class FailedApi(ReportApi):
     kind, input = "failed", FailedInput
 
     @_report_schema("Report a job failed", FailedInput)
+    @idempotent
     def post(self, request: Request, job_id: UUID) -> Response:
         return super().post(request, job_id)
 
@@ -305,22 +309,30 @@ class StoppedApi(ReportApi):
     kind, input = "stopped", StoppedInput
 
     @_report_schema("Report a job stopped", StoppedInput)
+    @idempotent
     def post(self, request: Request, job_id: UUID) -> Response:
         return super().post(request, job_id)
 
 
 # --------------------------------------------------------------------------- client routes
+RunnerPage = paginated(RunnerOutput, "PaginatedRunnerList")
+
+
 class RunnersApi(ApiView):
+    queries: ClassVar[dict[str, type[serializers.Serializer[Any]]]] = {"get": PageQuery}
+
     @extend_schema(
         tags=[TAG_RUNNERS],
         summary="List the organization's runners",
-        responses={200: RunnerOutput(many=True), **error_responses(*READ_ERRORS)},
+        parameters=[PageQuery],
+        responses={200: RunnerPage, **error_responses(*READ_ERRORS)},
     )
     def get(self, request: Request) -> Response:
+        """Every runner that registered, online, stale or deregistered."""
         rows = Runner.objects.filter(organization=organization_of(request)).order_by(
             "hostname", "project_dir", "executor_type"
         )
-        return Response(RunnerOutput(rows, many=True).data)
+        return page_response(request, rows, self.query, RunnerOutput)
 
 
 class RunnerJobApi(ApiView):
@@ -340,10 +352,12 @@ class RunnerJobStopApi(ApiView):
     @extend_schema(
         tags=[TAG_RUNNERS],
         summary="Stop a runner job",
-        request=None,
+        request=EmptyInput,
         responses={200: JobOutput, **error_responses(*WRITE_ERRORS, 404)},
     )
+    @idempotent
     def post(self, request: Request, job_id: UUID) -> Response:
         """claimed or running -> stopping; its runner is told at once. 409 otherwise."""
+        validated(EmptyInput, request.data)
         job = runners.stop_job(organization=organization_of(request), job_id=job_id)
         return Response(JobOutput(job).data)

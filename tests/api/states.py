@@ -4,11 +4,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from billing.models import Organization
-from runs import services
+from orchestrator.tools.builtin import runner as runner_tool
+from runs import runners, services
 from runs.engine import control
-from runs.models import Run
+from runs.engine.outcomes import Outcome, record
+from runs.models import Run, Runner, RunnerJob, Step
+from runs.transitions import claim_step
 from tests import factories
 
 
@@ -57,3 +61,78 @@ READY_FOR: dict[str, Callable[[Organization], Run]] = {
     "run-approve": waiting_approval,
     "run-reject": waiting_approval,
 }
+
+
+# --------------------------------------------------------------------------- runners
+def runner(organization: Organization, hostname: str = "host-a") -> Runner:
+    return runners.register(
+        organization=organization,
+        hostname=hostname,
+        project_dir="/srv/project",
+        executor_type="claude-code",
+        tags=["gpu"],
+    ).runner
+
+
+def runner_job(organization: Organization, holder: Runner | None = None) -> RunnerJob:
+    """A `runner` step parked on its job (pending), claimed by ``holder`` when given."""
+    spec = factories.plan(name="on-a-runner")
+    params = {"prompt": "write the report"}
+    spec["agents"][0]["tasks"][0]["steps"] = [factories.step("agent", "runner", params=params)]
+    run = running_plan(organization, spec)
+    step = Step.objects.get(run=run, name="agent")
+    claimed = claim_step(step.pk, worker="test", task_id="test", lease_seconds=60)
+    assert claimed is not None
+    wait = runner_tool(params, None).wait  # type: ignore[arg-type]
+    record(step.pk, run.pk, claimed["attempts"], Outcome(wait=wait))
+    job = RunnerJob.objects.get(step=step)
+    if holder is not None:
+        polled = runners.poll(organization=organization, runner_id=holder.pk)
+        assert polled.job is not None
+        assert polled.job.pk == job.pk
+        job.refresh_from_db()
+    return job
+
+
+def running_plan(organization: Organization, spec: dict[str, Any]) -> Run:
+    run = services.run_create(organization=organization, plan=spec)
+    services.run_start(run_id=run.pk)
+    control.pick_up(run.pk)
+    return Run.objects.get(pk=run.pk)
+
+
+RUNNER_ROUTES = frozenset(
+    {
+        "runner-register",
+        "runner-poll",
+        "runner-heartbeat",
+        "runner-deregister",
+        "job-started",
+        "job-completed",
+        "job-failed",
+        "job-stopped",
+        "runner-job",
+        "runner-job-stop",
+    }
+)
+
+
+def runner_request(name: str, organization: Organization) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(path values, body) of a runner or runner-job route that succeeds for
+    ``organization``; the body is the query of a GET."""
+    if name == "runner-register":
+        body = {"hostname": "host-z", "project_dir": "/z", "executor_type": "claude-code"}
+        return {}, body
+    holder = runner(organization)
+    if name in ("runner-poll", "runner-heartbeat", "runner-deregister"):
+        return {}, {"runner_id": holder.pk, **({"wait": 0} if name == "runner-poll" else {})}
+    job = runner_job(organization, holder)
+    bodies: dict[str, dict[str, Any]] = {
+        "job-started": {"runner_id": holder.pk},
+        "job-completed": {"runner_id": holder.pk, "result": {"pages": 3}},
+        "job-failed": {"runner_id": holder.pk, "error": "the agent crashed"},
+        "job-stopped": {"runner_id": holder.pk, "signal": "SIGTERM"},
+        "runner-job": {},
+        "runner-job-stop": {},
+    }
+    return {"job_id": job.pk}, bodies[name]

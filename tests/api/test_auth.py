@@ -77,7 +77,11 @@ def test_the_key_is_stored_only_as_a_digest(tenant: Tenant) -> None:
 
 def test_every_api_route_requires_a_key(tenant: Tenant) -> None:
     for route in api_routes():
-        path = route.path(run_id="00000000-0000-4000-8000-000000000000", name="TOKEN")
+        path = route.path(
+            run_id="00000000-0000-4000-8000-000000000000",
+            name="TOKEN",
+            job_id="00000000-0000-4000-8000-000000000000",
+        )
         for method in route.methods:
             response = getattr(APIClient(), method)(path, {}, format="json")
             assert response.status_code == 401, (method, path)

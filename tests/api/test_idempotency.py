@@ -83,12 +83,15 @@ def test_the_body_is_compared_as_json_not_as_bytes(tenant: Tenant) -> None:
     assert again.json()["id"] == first.json()["id"]
 
 
-def _prepare(route: Route, tenant: Tenant) -> str:
+def _prepare(route: Route, tenant: Tenant) -> tuple[str, dict[str, Any]]:
     if route.name == "runs":
-        return route.path()
+        return route.path(), create_body()
+    if route.name in states.RUNNER_ROUTES:
+        values, body = states.runner_request(route.name, tenant.organization)
+        return route.path(**values), body
     ready = states.READY_FOR.get(route.name)
     assert ready is not None, f"{route}: add the state it needs to states.READY_FOR"
-    return route.path(run_id=ready(tenant.organization).pk)
+    return route.path(run_id=ready(tenant.organization).pk), {}
 
 
 @pytest.mark.django_db
@@ -96,8 +99,7 @@ def _prepare(route: Route, tenant: Tenant) -> str:
 def test_every_post_route_replays_a_success_without_doing_it_again(
     route: Route, tenant: Tenant
 ) -> None:
-    path = _prepare(route, tenant)
-    body = create_body() if route.name == "runs" else {}
+    path, body = _prepare(route, tenant)
     first = post(tenant, path, body)
     events = RunEvent.objects.count()
     ledger = LedgerEntry.objects.count()

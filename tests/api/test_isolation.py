@@ -18,7 +18,17 @@ pytestmark = pytest.mark.django_db
 
 ID_ROUTES = routes_with("run_id")
 NAME_ROUTES = routes_with("name")  # an organization's secret, by name
-LIST_ROUTES = [route for route in routes_without_parameters() if "get" in route.methods]
+JOB_ROUTES = routes_with("job_id")  # an organization's runner job
+# The runner protocol's routes name a runner in their body or query (a poll is a GET
+# but no list): tested below with another organization's runner.
+RUNNER_ROUTES = [
+    route for route in routes_without_parameters() if getattr(route.view, "runner_route", False)
+]
+LIST_ROUTES = [
+    route
+    for route in routes_without_parameters()
+    if "get" in route.methods and route not in RUNNER_ROUTES
+]
 
 
 def snapshot(run: Run) -> tuple[object, ...]:
@@ -35,7 +45,12 @@ def snapshot(run: Run) -> tuple[object, ...]:
 def test_every_api_route_is_either_scoped_by_run_id_or_a_list() -> None:
     # If this fails, a route takes a parameter the isolation tests do not know how to
     # fill: teach them (a foreign object of that kind must answer 404 too).
-    known = {*map(str, ID_ROUTES), *map(str, NAME_ROUTES), *map(str, routes_without_parameters())}
+    known = {
+        *map(str, ID_ROUTES),
+        *map(str, NAME_ROUTES),
+        *map(str, JOB_ROUTES),
+        *map(str, routes_without_parameters()),
+    }
     assert {str(route) for route in api_routes()} == known
 
 
@@ -113,6 +128,7 @@ def test_lists_and_totals_show_nothing_of_another_organization(
 
     for make in (states.running, states.created, states.failed, states.waiting_approval):
         make(tenant.organization)
+    states.runner(tenant.organization)
     secret_put(organization=tenant.organization, name="OWN", value="y")
 
     # Another organization's activity is invisible: not a row, not a total changes.
@@ -133,3 +149,51 @@ def test_a_malformed_run_id_is_not_found_as_json(route: Route, tenant: Tenant) -
 
     assert response.status_code == 404
     assert response.json()["code"] == "not_found"
+
+
+@pytest.mark.parametrize("route", JOB_ROUTES, ids=str)
+def test_another_organizations_runner_job_is_not_found_for_every_method(
+    route: Route, tenant: Tenant, other_tenant: Tenant
+) -> None:
+    theirs = states.runner_job(tenant.organization, states.runner(tenant.organization))
+    own_runner = states.runner(other_tenant.organization)
+    path = route.path(job_id=theirs.pk)
+
+    bodies = {
+        "job-started": {"runner_id": own_runner.pk},
+        "job-completed": {"runner_id": own_runner.pk, "result": None},
+        "job-failed": {"runner_id": own_runner.pk, "error": "x"},
+        "job-stopped": {"runner_id": own_runner.pk, "signal": "SIGTERM"},
+    }
+    for method in route.methods:
+        body = bodies.get(route.name, {})
+        response = getattr(other_tenant.client, method)(path, body, format="json")
+
+        assert response.status_code == 404, (method, path, response.content)
+        assert response.json()["code"] == "not_found"
+    theirs.refresh_from_db()
+    assert theirs.status == "claimed"
+    if "get" in route.methods:
+        assert tenant.get(path).status_code == 200
+
+
+@pytest.mark.parametrize("route", RUNNER_ROUTES, ids=str)
+def test_another_organizations_runner_is_not_found_on_every_runner_route(
+    route: Route, tenant: Tenant, other_tenant: Tenant
+) -> None:
+    theirs = states.runner(tenant.organization)
+    if route.name == "runner-register":
+        # The same identity in another organization is another runner: no 409.
+        body = {"hostname": "host-a", "project_dir": "/srv/project", "executor_type": "claude-code"}
+        response = other_tenant.post(route.path(), body)
+        assert response.status_code == 201, response.json()
+        assert response.json()["runner_id"] != theirs.pk
+        return
+    for method in route.methods:
+        data = {"runner_id": theirs.pk, **({"wait": 0} if method == "get" else {})}
+        response = getattr(other_tenant.client, method)(route.path(), data, format="json")
+
+        assert response.status_code == 404, (method, response.content)
+        assert response.json()["code"] == "not_found"
+    theirs.refresh_from_db()
+    assert theirs.deregistered_at is None

@@ -53,7 +53,11 @@ def valid_body(route: Route) -> dict[str, Any]:
 def test_a_field_the_client_may_not_set_is_refused_and_changes_nothing(
     route: Route, field: str, tenant: Tenant, other_tenant: Tenant
 ) -> None:
-    if route.parameters:
+    runner_body: dict[str, Any] = {}
+    if route.name in states.RUNNER_ROUTES:
+        values, runner_body = states.runner_request(route.name, tenant.organization)
+        path = route.path(**values)
+    elif route.parameters:
         ready = states.READY_FOR.get(route.name)
         assert ready is not None, f"{route}: add the state it needs to states.READY_FOR"
         path = route.path(run_id=ready(tenant.organization).pk)
@@ -62,7 +66,8 @@ def test_a_field_the_client_may_not_set_is_refused_and_changes_nothing(
     before = world()
 
     response = tenant.post(
-        path, {**valid_body(route), field: forbidden_values(other_tenant)[field]}
+        path,
+        {**valid_body(route), **runner_body, field: forbidden_values(other_tenant)[field]},
     )
 
     assert response.status_code == 400, response.json()

@@ -39,6 +39,9 @@ def paths(route: Route, own: Run, foreign: Run) -> list[str]:
         for run in (own, foreign):
             secret_put(organization=run.organization, name="TOKEN", value="v")
         return [route.path(name=name) for name in ("TOKEN", UNKNOWN_SECRET)]
+    if "job_id" in route.parameters:  # a runner job of each organization, and none
+        jobs = [states.runner_job(run.organization).pk for run in (own, foreign)]
+        return [route.path(job_id=job_id) for job_id in (*jobs, UNKNOWN_RUN)]
     return [route.path()]
 
 
@@ -61,11 +64,16 @@ def test_a_read_key_may_get_and_nothing_else(
     own, foreign = states.running(tenant.organization), states.running(other_tenant.organization)
     before = snapshot(own), snapshot(foreign)
     reader = client_with(tenant, ApiKeyScope.READ)
+    # A runner's poll claims jobs: a GET that is no read, for runner and full keys only.
+    runner_route = getattr(route.view, "runner_route", False)
 
     for path in paths(route, own, foreign):
         for method in route.methods:
             response = call(reader, method, path)
-            if method == "get":
+            if runner_route:
+                assert_insufficient(response, "read")
+                assert response.json()["details"]["required"] == ["runner", "full"]
+            elif method == "get":
                 assert response.status_code != 403, (path, response.content)
             else:
                 assert_insufficient(response, "read")

@@ -21,7 +21,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from api.authentication import organization_of
-from api.errors import LIST_ERRORS, READ_ERRORS, WRITE_ERRORS, error_responses
+from api.errors import LIST_ERRORS, WRITE_ERRORS, error_responses
 from api.idempotency import idempotent
 from api.pagination import PageQuery, paginated
 from api.serializers import EmptyInput, InputSerializer, StrictCharField
@@ -325,7 +325,7 @@ class RunnersApi(ApiView):
         tags=[TAG_RUNNERS],
         summary="List the organization's runners",
         parameters=[PageQuery],
-        responses={200: RunnerPage, **error_responses(*READ_ERRORS)},
+        responses={200: RunnerPage, **error_responses(*LIST_ERRORS)},
     )
     def get(self, request: Request) -> Response:
         """Every runner that registered, online, stale or deregistered."""

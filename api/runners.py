@@ -15,6 +15,7 @@ from uuid import UUID
 
 import redis
 from django.conf import settings
+from django.db import connection
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
@@ -135,6 +136,7 @@ class RegisterApi(RunnerApi):
     @extend_schema(
         tags=[TAG_RUNNERS],
         summary="Register a runner",
+        operation_id="runner_register",
         request=RegisterInput,
         responses={201: RegisterOutput, **error_responses(*WRITE_ERRORS)},
     )
@@ -161,6 +163,7 @@ class PollApi(RunnerApi):
     @extend_schema(
         tags=[TAG_RUNNERS],
         summary="Poll for a job or stop commands",
+        operation_id="runner_poll",
         parameters=[PollQuery],
         responses={
             200: PollOutput,
@@ -212,6 +215,10 @@ def held_poll(organization: Any, runner_id: str, wait: float) -> runners.Poll:
             left = deadline - time.monotonic()
             if not result.empty or left <= 0:
                 return result
+            # No database connection is held while waiting: hundreds of polls must not
+            # hold hundreds of PostgreSQL connections (config/gunicorn.py).
+            if not connection.in_atomic_block:  # (a test's transaction stays open)
+                connection.close()
             pubsub.get_message(timeout=min(left, RECHECK_S))
     finally:
         pubsub.close()
@@ -222,6 +229,7 @@ class HeartbeatApi(RunnerApi):
     @extend_schema(
         tags=[TAG_RUNNERS],
         summary="A runner's heartbeat",
+        operation_id="runner_heartbeat",
         request=RunnerIdInput,
         responses={200: OkOutput, **error_responses(*WRITE_ERRORS, 404)},
     )
@@ -236,6 +244,7 @@ class DeregisterApi(RunnerApi):
     @extend_schema(
         tags=[TAG_RUNNERS],
         summary="Deregister a runner",
+        operation_id="runner_deregister",
         request=RunnerIdInput,
         responses={200: OkOutput, **error_responses(*WRITE_ERRORS, 404)},
     )
@@ -268,11 +277,12 @@ class ReportApi(RunnerApi):
 
 
 def _report_schema(
-    summary: str, request: Any
+    summary: str, request: Any, kind: str
 ) -> Callable[[Callable[..., Response]], Callable[..., Response]]:
     return extend_schema(
         tags=[TAG_RUNNERS],
         summary=summary,
+        operation_id=f"runner_job_{kind}",
         request=request,
         responses={200: OkOutput, **error_responses(*WRITE_ERRORS, 404)},
     )
@@ -281,7 +291,7 @@ def _report_schema(
 class StartedApi(ReportApi):
     kind = "started"
 
-    @_report_schema("Report a job started", RunnerIdInput)
+    @_report_schema("Report a job started", RunnerIdInput, "started")
     @idempotent
     def post(self, request: Request, job_id: UUID) -> Response:
         return super().post(request, job_id)
@@ -290,7 +300,7 @@ class StartedApi(ReportApi):
 class CompletedApi(ReportApi):
     kind, input = "completed", CompletedInput
 
-    @_report_schema("Report a job completed", CompletedInput)
+    @_report_schema("Report a job completed", CompletedInput, "completed")
     @idempotent
     def post(self, request: Request, job_id: UUID) -> Response:
         return super().post(request, job_id)
@@ -299,7 +309,7 @@ class CompletedApi(ReportApi):
 class FailedApi(ReportApi):
     kind, input = "failed", FailedInput
 
-    @_report_schema("Report a job failed", FailedInput)
+    @_report_schema("Report a job failed", FailedInput, "failed")
     @idempotent
     def post(self, request: Request, job_id: UUID) -> Response:
         return super().post(request, job_id)
@@ -308,7 +318,7 @@ class FailedApi(ReportApi):
 class StoppedApi(ReportApi):
     kind, input = "stopped", StoppedInput
 
-    @_report_schema("Report a job stopped", StoppedInput)
+    @_report_schema("Report a job stopped", StoppedInput, "stopped")
     @idempotent
     def post(self, request: Request, job_id: UUID) -> Response:
         return super().post(request, job_id)
@@ -324,6 +334,7 @@ class RunnersApi(ApiView):
     @extend_schema(
         tags=[TAG_RUNNERS],
         summary="List the organization's runners",
+        operation_id="runners_list",
         parameters=[PageQuery],
         responses={200: RunnerPage, **error_responses(*LIST_ERRORS)},
     )
@@ -339,6 +350,7 @@ class RunnerJobApi(ApiView):
     @extend_schema(
         tags=[TAG_RUNNERS],
         summary="Show a runner job",
+        operation_id="runner_jobs_retrieve",
         responses={200: JobOutput, **error_responses(*LIST_ERRORS)},
     )
     def get(self, request: Request, job_id: UUID) -> Response:
@@ -352,6 +364,7 @@ class RunnerJobStopApi(ApiView):
     @extend_schema(
         tags=[TAG_RUNNERS],
         summary="Stop a runner job",
+        operation_id="runner_jobs_stop",
         request=EmptyInput,
         responses={200: JobOutput, **error_responses(*WRITE_ERRORS, 404)},
     )

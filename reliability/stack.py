@@ -230,6 +230,8 @@ class Stack:
             [
                 str(venv_bin / "gunicorn"),
                 "config.wsgi:application",
+                "--config",
+                "config/gunicorn.py",
                 "--bind",
                 f"127.0.0.1:{self.web_port}",
                 "--workers",

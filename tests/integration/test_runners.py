@@ -4,8 +4,11 @@ Celery worker, and `python -m orchestrator.runner` running a command per job."""
 from __future__ import annotations
 
 import textwrap
+import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +16,7 @@ import httpx
 import pytest
 
 from billing.services import api_key_create
-from runs.models import Runner, RunnerJob
+from runs.models import RunEvent, Runner, RunnerJob
 from tests import factories
 from tests.integration.engine_support import assert_books_balanced, steps_of, wait_for
 from tests.support import Child, child_env, free_port, python_cmd, wait_until
@@ -29,9 +32,9 @@ def web(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
     server = Child(
         python_cmd(
             "-m", "gunicorn", "config.wsgi:application",
+            "--config", "config/gunicorn.py",
             "--bind", f"127.0.0.1:{port}",
-            "--worker-class", "gthread", "--threads", "16", "--workers", "1",
-            "--timeout", "60",
+            "--workers", "1",
         ),
         child_env(),
         log,
@@ -212,3 +215,134 @@ def test_a_restarted_runner_reconnects_with_the_same_id(start_runner: Any) -> No
     assert again.pk == registered.pk
     run = wait_for(submit_in(organization, runner_plan()), timeout=60)
     assert run.status == "completed", second.child.output()
+
+
+def _poll(url: str, key: str, runner_id: str, wait: int) -> tuple[httpx.Response, float]:
+    response = httpx.get(
+        f"{url}/api/v1/runner/jobs",
+        params={"runner_id": runner_id, "wait": wait},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=wait + 20,
+    )
+    return response, time.time()
+
+
+def test_a_job_reaches_a_held_poll_within_a_second(web: str, broker: Any) -> None:
+    from runs import runners
+
+    organization = factories.org(credits=100)
+    _, key = api_key_create(organization=organization, name="runner", scope="runner")
+    runner = runners.register(
+        organization=organization, hostname="h", project_dir="/p", executor_type="t"
+    ).runner
+    channel = runners.organization_channel(organization.pk)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        held = pool.submit(_poll, web, key, runner.pk, 20)
+        wait_until(
+            lambda: dict(broker.pubsub_numsub(channel)).get(channel.encode(), 0) >= 1,
+            timeout=10,
+            what="the poll to be held",
+        )
+        run = submit_in(organization, runner_plan())
+        response, received = held.result(timeout=30)
+
+    assert response.status_code == 200, response.text
+    job = RunnerJob.objects.get(run=run)
+    assert response.json()["job"]["id"] == str(job.pk)
+    latency = received - job.created_at.timestamp()
+    print(f"job created -> delivered to the held poll: {latency * 1000:.0f} ms")
+    assert latency < 1.0
+
+
+HELD_POLLS = 200
+
+
+def database_connections() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+        (count,) = cursor.fetchone()
+    return int(count)
+
+
+def test_hundreds_of_held_polls_hold_no_connection_and_do_not_starve_the_api(
+    web: str, broker: Any
+) -> None:
+    from runs import runners
+
+    organization = factories.org(credits=100)
+    _, key = api_key_create(organization=organization, name="runner", scope="runner")
+    _, full = api_key_create(organization=organization, name="client", scope="full")
+    ids = [
+        runners.register(
+            organization=organization, hostname=f"h{n}", project_dir="/p", executor_type="t"
+        ).runner.pk
+        for n in range(HELD_POLLS)
+    ]
+    channel = runners.organization_channel(organization.pk)
+    baseline = database_connections()
+    with ThreadPoolExecutor(max_workers=HELD_POLLS) as pool:
+        polls = [pool.submit(_poll, web, key, runner_id, 25) for runner_id in ids]
+        wait_until(
+            lambda: dict(broker.pubsub_numsub(channel)).get(channel.encode(), 0) == HELD_POLLS,
+            timeout=60,
+            what=f"{HELD_POLLS} polls to be held",
+        )
+        # Every poll is held: the API still answers, and none of them holds PostgreSQL.
+        listed = httpx.get(
+            f"{web}/api/v1/runners",
+            params={"page_size": 1},
+            headers={"Authorization": f"Bearer {full}"},
+            timeout=10,
+        )
+        # A poll subscribes, looks once more, then closes its connection and waits:
+        # once all have reached their wait, they hold no connection at all.
+        connections = wait_until(
+            lambda: (count := database_connections()) <= baseline + 5 and count,
+            timeout=30,
+            what="the held polls to release their database connections",
+        )
+        still_held = sum(not poll.done() for poll in polls)
+        print(f"{still_held} polls held; database connections {baseline} before, {connections}")
+        assert listed.status_code == 200
+        assert listed.json()["count"] == HELD_POLLS
+        assert still_held == HELD_POLLS
+        # Deregistered and woken, each held poll answers at once.
+        for runner_id in ids:
+            runners.deregister(organization=organization, runner_id=runner_id)
+            broker.publish(runners.runner_channel(runner_id), b"wake")
+        answers = [poll.result(timeout=30)[0] for poll in polls]
+
+    assert {answer.status_code for answer in answers} == {200}
+    assert all(answer.json() == {"deregistered": True} for answer in answers)
+
+
+def test_two_runners_share_two_hundred_jobs_each_claimed_once(start_runner: Any) -> None:
+    organization = factories.org(credits=1000)
+    first = start_runner(organization, ECHO, hostname="one", concurrency="4")
+    second = start_runner(organization, ECHO, hostname="two", concurrency="4")
+    first.registered()
+    second.registered()
+    spec = factories.plan(name="many-jobs")
+    spec["agents"][0]["tasks"][0].update(
+        mode="parallel",
+        max_concurrent_steps=200,
+        steps=[
+            {"name": f"job-{n}", "tool": "runner", "params": {"prompt": f"p{n}"}, "timeout": "5m"}
+            for n in range(200)
+        ],
+    )
+
+    run = wait_for(submit_in(organization, spec), timeout=240)
+
+    assert run.status == "completed"
+    jobs = RunnerJob.objects.filter(run=run)
+    assert jobs.count() == 200
+    assert set(jobs.values_list("status", flat=True)) == {"completed"}
+    claims = RunEvent.objects.filter(run=run, kind="runner", message__contains="claimed by")
+    assert claims.count() == 200  # once each
+    by_runner = Counter(jobs.values_list("runner__hostname", flat=True))
+    print(f"jobs per runner: {dict(by_runner)}")
+    assert set(by_runner) <= {"one", "two"}
+    assert_books_balanced(run)

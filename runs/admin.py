@@ -20,8 +20,8 @@ from django.utils.safestring import SafeString
 
 from billing.services import InsufficientCredits
 from common.admin import ReadOnlyAdminMixin
-from runs import services
-from runs.models import Agent, Run, RunAttempt, RunEvent, Step, Task
+from runs import runners, services
+from runs.models import Agent, Run, RunAttempt, RunEvent, Runner, RunnerJob, Step, Task
 from runs.states import InvalidTransition
 
 EVENTS_SHOWN = 200
@@ -271,3 +271,63 @@ class RunEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[RunEvent]):
     search_fields = ("=run__id", "=entity_id")
     ordering = ("-id",)
     show_full_result_count = False
+
+
+@admin.register(Runner)
+class RunnerAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[Runner]):
+    """Registered runners (docs/runners.md): online, stale or deregistered."""
+
+    list_display = (
+        "id",
+        "organization",
+        "hostname",
+        "project_dir",
+        "executor_type",
+        "status",
+        "last_heartbeat",
+        "registered_at",
+    )
+    list_filter = ("executor_type",)
+    search_fields = ("=id", "hostname", "project_dir")
+    list_select_related = ("organization",)
+    ordering = ("organization", "hostname", "project_dir")
+
+    @admin.display(description="status")
+    def status(self, runner: Runner) -> str:
+        return runners.runner_status(runner)
+
+
+@admin.register(RunnerJob)
+class RunnerJobAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[RunnerJob]):
+    """Runner jobs, one per attempt of a `runner` step; stopping one goes through the
+    service the API uses."""
+
+    list_display = (
+        "id",
+        "run",
+        "step",
+        "attempt",
+        "status",
+        "runner",
+        "created_at",
+        "claimed_at",
+        "completed_at",
+    )
+    list_filter = ("status", "created_at")
+    list_select_related = ("run", "step", "runner")
+    search_fields = ("=id", "=run__id", "=session_id")
+    ordering = ("-created_at",)
+    show_full_result_count = False
+    actions = ("stop_jobs",)
+
+    @admin.action(description="Stop selected runner jobs")
+    def stop_jobs(self, request: HttpRequest, queryset: QuerySet[RunnerJob]) -> None:
+        stopped = 0
+        for job in queryset:
+            try:
+                runners.stop_job(organization=job.organization, job_id=job.pk)
+                stopped += 1
+            except InvalidTransition as exc:
+                self.message_user(request, f"job {job.pk}: {exc}", messages.ERROR)
+        if stopped:
+            self.message_user(request, f"stopping: {stopped} job(s)")

@@ -125,6 +125,10 @@ def test_models_and_migrations_agree_and_system_checks_pass() -> None:
             {"CELERY_VISIBILITY_TIMEOUT": "3700", "PLAN_MAX_STEP_TIMEOUT": "3600"},
             ["CELERY_VISIBILITY_TIMEOUT", "CELERY_TASK_TIME_LIMIT", "pick-up"],
         ),
+        (
+            {"RUNNER_HEARTBEAT_INTERVAL": "120", "RUNNER_STALE_AFTER": "120"},
+            ["RUNNER_STALE_AFTER", "RUNNER_HEARTBEAT_INTERVAL", "stale"],
+        ),
         ({"BILLING_LLM_ESTIMATE": "abc"}, ["BILLING_LLM_ESTIMATE", "'abc'"]),
         ({"BILLING_LLM_ESTIMATE": "NaN"}, ["BILLING_LLM_ESTIMATE", "finite"]),
         (
@@ -137,6 +141,7 @@ def test_models_and_migrations_agree_and_system_checks_pass() -> None:
         "heartbeat-vs-lease",
         "visibility-vs-step",
         "visibility-vs-pick-up",
+        "runner-stale-vs-heartbeat",
         "decimal",
         "nan",
         "too-precise",

@@ -77,6 +77,16 @@ def check_consistency(env: Env, settings: dict[str, Any]) -> None:
             "would be delivered again while still running"
         )
 
+    runner_beat = int(settings["RUNNER_HEARTBEAT_INTERVAL"])
+    runner_stale = int(settings["RUNNER_STALE_AFTER"])
+    if runner_stale <= runner_beat:
+        # A runner heartbeating on time would be found stale, and its jobs recovered.
+        env.errors.append(
+            f"RUNNER_STALE_AFTER ({runner_stale} s) must be longer than "
+            f"RUNNER_HEARTBEAT_INTERVAL ({runner_beat} s): a live runner would be stale "
+            "between two heartbeats"
+        )
+
     prices = {
         "BILLING_LLM_PRICE_PER_1K_TOKENS": settings["BILLING_LLM_PRICE_PER_1K_TOKENS"],
         "BILLING_LLM_ESTIMATE": settings["BILLING_LLM_ESTIMATE"],

@@ -11,6 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from runs import services
 from runs.models import Run
 from tests import factories
+from tests.api import states
 
 pytestmark = pytest.mark.django_db
 
@@ -103,3 +104,20 @@ def test_api_key_created_in_admin_is_shown_once_and_stored_hashed(operator: Clie
     key = organization.api_keys.get()
     assert raw not in key.key_hash
     assert raw.split("_")[1] == key.prefix
+
+
+def test_runners_and_their_jobs_are_listed_and_a_job_is_stopped_through_the_service(
+    operator: Client,
+) -> None:
+    organization = factories.org()
+    holder = states.runner(organization)
+    job = states.runner_job(organization, holder)
+
+    assert holder.pk in operator.get("/admin/runs/runner/").content.decode()
+    assert str(job.pk) in operator.get("/admin/runs/runnerjob/").content.decode()
+    operator.post(
+        "/admin/runs/runnerjob/", {"action": "stop_jobs", "_selected_action": [str(job.pk)]}
+    )
+
+    job.refresh_from_db()
+    assert job.status == "stopping"

@@ -8,6 +8,8 @@ job is 404. Each view validates its input and calls one service of ``runs.runner
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -31,6 +33,7 @@ from runs import runners
 from runs.models import Runner, RunnerJob
 
 TAG_RUNNERS = "runners"
+logger = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- shapes
@@ -198,18 +201,21 @@ RECHECK_S = 5.0
 
 def held_poll(organization: Any, runner_id: str, wait: float) -> runners.Poll:
     """Poll, and while there is nothing, hold up to ``wait`` seconds listening on the
-    runner's and the organization's Redis channels (subscribed before the first look, so
-    that nothing published after it is missed)."""
+    runner's and the organization's Redis channels (subscribed before the next look, so
+    that nothing published after it is missed). Without Redis the poll still holds, and
+    looks every ``RECHECK_S``: a broker outage slows delivery, it refuses no poll."""
     deadline = time.monotonic() + wait
     result = runners.poll(organization=organization, runner_id=runner_id)
     if not result.empty or wait <= 0:
         return result
-    client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=2)
+    client = redis.Redis.from_url(
+        settings.CELERY_BROKER_URL, socket_connect_timeout=2, socket_timeout=RECHECK_S + 5
+    )
     pubsub = client.pubsub(ignore_subscribe_messages=True)
+    listening = _subscribe(
+        pubsub, runners.runner_channel(runner_id), runners.organization_channel(organization.pk)
+    )
     try:
-        pubsub.subscribe(
-            runners.runner_channel(runner_id), runners.organization_channel(organization.pk)
-        )
         while True:
             result = runners.poll(organization=organization, runner_id=runner_id)
             left = deadline - time.monotonic()
@@ -219,10 +225,29 @@ def held_poll(organization: Any, runner_id: str, wait: float) -> runners.Poll:
             # hold hundreds of PostgreSQL connections (config/gunicorn.py).
             if not connection.in_atomic_block:  # (a test's transaction stays open)
                 connection.close()
-            pubsub.get_message(timeout=min(left, RECHECK_S))
+            pause = min(left, RECHECK_S)
+            if listening:
+                try:
+                    pubsub.get_message(timeout=pause)
+                    continue
+                except redis.RedisError:
+                    listening = False
+            time.sleep(pause)
     finally:
-        pubsub.close()
-        client.close()
+        with contextlib.suppress(redis.RedisError):
+            pubsub.close()
+            client.close()
+
+
+def _subscribe(pubsub: Any, *channels: str) -> bool:
+    try:
+        pubsub.subscribe(*channels)
+    except redis.RedisError as exc:
+        logger.warning(
+            "runner poll without wake-ups (Redis: %s); looking every %ss", exc, RECHECK_S
+        )
+        return False
+    return True
 
 
 class HeartbeatApi(RunnerApi):

@@ -41,7 +41,7 @@ from typing import Any
 from reliability.checks import detail_lines
 from reliability.client import Client, GaveUp, Tally
 from reliability.stack import Stack, wait_for
-from reliability.workload import EXPECTED, KINDS, EffectServer, plan_for
+from reliability.workload import EXPECTED, KINDS, RUNNER_COMMAND, EffectServer, plan_for
 
 # Leases, sweeps and lost-message re-sends tuned so that recovery from every fault fits in
 # a run of a few minutes. Everything else is the local settings `make run` uses.
@@ -53,6 +53,10 @@ CHAOS_SETTINGS = {
     "HTTP_TOOL_ALLOWED_NETWORKS": "127.0.0.1/32",  # the harness's own effect endpoint
     "API_THROTTLE_RATE": "100000/min",
     "CELERY_WORKER_SEND_TASK_EVENTS": "false",
+    # A killed runner's registration goes stale in seconds, not minutes, so that its
+    # restart reconnects (and its jobs are recovered) inside the fault window.
+    "RUNNER_HEARTBEAT_INTERVAL": "2",
+    "RUNNER_STALE_AFTER": "6",
 }
 
 
@@ -67,6 +71,7 @@ class Config:
     redis_restarts: int = 2  # the last one loses Redis's data
     postgres_restarts: int = 1
     web_restarts: int = 2
+    runner_kills: int = 2
     duplicate_bursts: int = 8
     second_beat: bool = True
     cancel_share: float = 0.1
@@ -86,6 +91,7 @@ class Config:
             redis_restarts=1,
             postgres_restarts=0,
             web_restarts=0,
+            runner_kills=0,
             duplicate_bursts=2,
             second_beat=False,
             settle_timeout_s=150.0,
@@ -123,6 +129,9 @@ def fault_schedule(config: Config, rng: random.Random) -> list[Fault]:
     ]
     faults += [
         Fault(rng.uniform(0.1 * w, w), "duplicate_messages") for _ in range(config.duplicate_bursts)
+    ]
+    faults += [
+        Fault(rng.uniform(0.2 * w, 0.8 * w), "kill_runner") for _ in range(config.runner_kills)
     ]
     if config.second_beat:
         faults += [Fault(0.2 * w, "start_second_beat"), Fault(0.6 * w, "stop_second_beat")]
@@ -188,6 +197,8 @@ class Injector(threading.Thread):
             return stack.restart_postgres()
         if kind == "restart_web":
             return stack.restart_web()
+        if kind == "kill_runner":
+            return stack.kill_runner()
         if kind == "duplicate_messages":
             return publish_duplicates(self.runs.ids(), self.rng)
         if kind == "start_second_beat":
@@ -315,7 +326,7 @@ def effect_problems(book: RunBook, effects: Counter[tuple[int, int]]) -> dict[st
         if a > attempts.get(s, 0)
     )
     completed_once = Step.objects.filter(
-        run_id__in=book.ids(), tool="http", status="completed"
+        run_id__in=book.ids(), tool__in=("http", "runner"), status="completed"
     ).values_list("pk", "attempts")
     missing = sorted(
         f"step {pk} completed on attempt {n} but its effect was not seen"
@@ -484,8 +495,11 @@ def run_chaos(config: Config, directory: Path, log: Any = print) -> dict[str, An
         django.setup()
         stack.migrate()
         org = json.loads(stack.manage("create_org", f"chaos-{config.seed}", "--credits", "1000000"))
-        log("==> web, 2 workers, beat")
+        log("==> web, 2 workers, beat, a runner")
         stack.start_processes()
+        script = directory / "runner_job.py"
+        script.write_text(RUNNER_COMMAND)
+        stack.start_runner(org["api_key"], script, effects.url)
         report = _storm(config, rng, stack, effects, org["api_key"], log)
         report["directory"] = str(directory)
         return report

@@ -360,6 +360,33 @@ class Stack:
         self._start_postgres()
         return f"down {down_seconds:g}s"
 
+    def start_runner(self, api_key: str, script: Path, effect_url: str) -> None:
+        """The reference runner (orchestrator.runner) against this stack's web, running
+        ``script`` for each job, four at a time."""
+        args = [
+            sys.executable, "-m", "orchestrator.runner",
+            "--url", f"http://127.0.0.1:{self.web_port}",
+            "--api-key", api_key,
+            "--command", f"{sys.executable} {script}",
+            "--hostname", "chaos-runner",
+            "--concurrency", "4",
+            "--kill-after", "1",
+        ]  # fmt: skip
+        env = {**self.env, "ORCH_EFFECT_URL": effect_url}
+        with self.lock:
+            process = Process("runner", args, env, self.directory / "runner.log")
+            self.processes["runner"] = process
+            process.start()
+
+    def kill_runner(self) -> str:
+        """SIGKILL the runner (its jobs' processes live on in their own sessions) and
+        start it again: it registers anew once the old registration goes stale."""
+        with self.lock:
+            process = self.processes["runner"]
+            process.kill()
+            process.start()
+        return "killed and restarted"
+
     def restart_web(self) -> str:
         with self.lock:
             process = self.processes["web"]

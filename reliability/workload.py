@@ -26,6 +26,7 @@ KINDS = (
     "run_retry",
     "task_retry",
     "approval",
+    "runner",
 )
 
 # What each kind ends as when no one cancels it.
@@ -38,7 +39,22 @@ EXPECTED = {
     "run_retry": "failed",
     "task_retry": "completed",
     "approval": "completed",
+    "runner": "completed",
 }
+
+# The command the chaos runner runs for each job (the reference runner, docs/runners.md):
+# it posts the job's step and attempt to the effect endpoint, as an `http` effect step
+# does, so that a job executed twice for one attempt shows in the same book.
+RUNNER_COMMAND = """
+import json, os, sys, urllib.request
+job = json.load(sys.stdin)
+body = json.dumps({"run": job["run"], "step": job["step"], "attempt": job["attempt"]}).encode()
+request = urllib.request.Request(
+    os.environ["ORCH_EFFECT_URL"], data=body, headers={"Content-Type": "application/json"}
+)
+urllib.request.urlopen(request, timeout=10).read()
+print(json.dumps({"done": job["id"]}))
+"""
 
 
 # --------------------------------------------------------------------------- side effects
@@ -140,6 +156,17 @@ def noop(name: str) -> dict[str, Any]:
     return {"name": name, "tool": "noop"}
 
 
+def on_runner(name: str) -> dict[str, Any]:
+    """A job for the chaos runner; its attempts are retried when the runner is lost."""
+    return {
+        "name": name,
+        "tool": "runner",
+        "params": {"prompt": "chaos job of ${run.id}"},
+        "timeout": "2m",
+        "retry": {"max_attempts": 8, "backoff": "fixed", "base_delay_ms": 200},
+    }
+
+
 # --------------------------------------------------------------------------- plans
 def _run(name: str, agents: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     return {"name": name, "priority": 5, "agents": agents, **extra}
@@ -191,6 +218,9 @@ def plan_for(kind: str, index: int, url: str, rng: random.Random) -> dict[str, A
         retried = {"name": "retried", "failure_mode": "retry", "steps": [broken("bad")]}
         fine = {"name": "fine", "steps": [effect("e1", url), flaky("f")]}
         return _run(name, [_agent([retried, fine], mode="parallel", failure_mode="continue")])
+    if kind == "runner":
+        steps = [effect("e1", url), on_runner("agent"), effect("e2", url)]
+        return _run(name, [_agent([{"name": "remote", "steps": steps}])])
     if kind == "approval":
         steps = [effect("e1", url), {"name": "sign-off", "tool": "approval"}, effect("e2", url)]
         return _run(name, [_agent([{"name": "gated", "steps": steps}])])

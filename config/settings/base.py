@@ -112,6 +112,15 @@ def database_config(url: str) -> dict[str, Any]:
             "DATABASE_CONNECT_TIMEOUT", 5, "seconds to wait for PostgreSQL", minimum=1
         )
     }
+    # A pool of connections per process (Django's psycopg pool), for the web process:
+    # its gevent greenlets each need a connection for the length of a request, and
+    # opening one per request halved the API's throughput (config/gunicorn.py).
+    pool_size = env.integer(
+        "DATABASE_POOL_SIZE", 0, "connections pooled per process (0: no pool)", minimum=0
+    )
+    if pool_size:
+        config["CONN_MAX_AGE"] = 0  # the pool keeps them; Django refuses both
+        config["OPTIONS"]["pool"] = {"min_size": 1, "max_size": pool_size, "timeout": 10}
     # Prepared statements: the engine's statements are large (data-modifying CTEs) and
     # PostgreSQL spent as long planning them as running them; prepared, a statement is
     # planned once per connection (psycopg prepares a query on its second execution,

@@ -11,14 +11,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 from uuid import UUID
 
 import redis
 from django.conf import settings
 from django.db import connection
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -282,9 +281,12 @@ class DeregisterApi(RunnerApi):
 
 
 class ReportApi(RunnerApi):
+    """A runner's report on a job (``kind``), with its body (``input``)."""
+
     kind: ClassVar[str] = ""
     input: ClassVar[type[InputSerializer]] = RunnerIdInput
 
+    @idempotent
     def post(self, request: Request, job_id: UUID) -> Response:
         data = validated(self.input, request.data)
         runners.report(
@@ -301,52 +303,27 @@ class ReportApi(RunnerApi):
         return Response({"ok": True})
 
 
-def _report_schema(
-    summary: str, request: Any, kind: str
-) -> Callable[[Callable[..., Response]], Callable[..., Response]]:
-    return extend_schema(
+def _reporting(kind: str, body: type[InputSerializer]) -> type[ReportApi]:
+    """The view of one report: ``POST /runner/jobs/{id}/<kind>``."""
+    view = type(
+        f"{kind.capitalize()}Api",
+        (ReportApi,),
+        {"kind": kind, "input": body, "__module__": __name__},
+    )
+    schema = extend_schema(
         tags=[TAG_RUNNERS],
-        summary=summary,
+        summary=f"Report a job {kind}",
         operation_id=f"runner_job_{kind}",
-        request=request,
+        request=body,
         responses={200: OkOutput, **error_responses(*WRITE_ERRORS, 404)},
     )
+    return cast(type[ReportApi], extend_schema_view(post=schema)(view))
 
 
-class StartedApi(ReportApi):
-    kind = "started"
-
-    @_report_schema("Report a job started", RunnerIdInput, "started")
-    @idempotent
-    def post(self, request: Request, job_id: UUID) -> Response:
-        return super().post(request, job_id)
-
-
-class CompletedApi(ReportApi):
-    kind, input = "completed", CompletedInput
-
-    @_report_schema("Report a job completed", CompletedInput, "completed")
-    @idempotent
-    def post(self, request: Request, job_id: UUID) -> Response:
-        return super().post(request, job_id)
-
-
-class FailedApi(ReportApi):
-    kind, input = "failed", FailedInput
-
-    @_report_schema("Report a job failed", FailedInput, "failed")
-    @idempotent
-    def post(self, request: Request, job_id: UUID) -> Response:
-        return super().post(request, job_id)
-
-
-class StoppedApi(ReportApi):
-    kind, input = "stopped", StoppedInput
-
-    @_report_schema("Report a job stopped", StoppedInput, "stopped")
-    @idempotent
-    def post(self, request: Request, job_id: UUID) -> Response:
-        return super().post(request, job_id)
+StartedApi = _reporting("started", RunnerIdInput)
+CompletedApi = _reporting("completed", CompletedInput)
+FailedApi = _reporting("failed", FailedInput)
+StoppedApi = _reporting("stopped", StoppedInput)
 
 
 # --------------------------------------------------------------------------- client routes

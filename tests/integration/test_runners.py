@@ -296,10 +296,11 @@ def test_hundreds_of_held_polls_hold_no_connection_and_do_not_starve_the_api(
             headers={"Authorization": f"Bearer {full}"},
             timeout=10,
         )
-        # A poll subscribes, looks once more, then closes its connection and waits:
-        # once all have reached their wait, they hold no connection at all.
+        # A poll subscribes, looks once more, then gives its connection back and waits:
+        # once all have reached their wait, the web holds what its pool keeps (at most
+        # DATABASE_POOL_SIZE, 10: config/gunicorn.py), not a connection per poll.
         connections = wait_until(
-            lambda: (count := database_connections()) <= baseline + 5 and count,
+            lambda: (count := database_connections()) <= baseline + 10 + 2 and count,
             timeout=30,
             what="the held polls to release their database connections",
         )

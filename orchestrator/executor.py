@@ -34,7 +34,7 @@ from types import FrameType
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import worker_process_init
+from celery.signals import task_prerun, worker_process_init
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 from psycopg.pq import TransactionStatus
@@ -197,6 +197,16 @@ def _soft_limit(seconds: float) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@task_prerun.connect
+def _start_with_a_usable_connection(**kwargs: Any) -> None:
+    """A task that ran before this one in the same process may have been interrupted
+    inside a query (Celery's own soft time limit, or a revoke's signal, raise wherever
+    the task is): its connection is then still mid-command, and this task's first
+    transaction failed with "can't change 'autocommit' now" (seen once in make load).
+    Django's own check between tasks does not see it: no database error was raised."""
+    discard_interrupted_connection()
 
 
 def discard_interrupted_connection() -> None:

@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 from celery.exceptions import SoftTimeLimitExceeded
+from celery.signals import task_prerun
 from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
+from psycopg.pq import TransactionStatus
 
 from billing.models import LedgerEntry
 from common.tools.base import ToolError
@@ -178,3 +180,18 @@ def test_an_error_message_postgresql_cannot_store_is_recorded_readable(
     assert step.error is not None
     assert (step.status, step.error["code"]) == ("failed", "upstream_error")
     assert step.error["message"] == "the server said: \ufffd\ufffd"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_starts_on_a_usable_connection_after_one_interrupted_in_a_query() -> None:
+    # A query sent and never read: the connection a task interrupted mid-query leaves.
+    connection.ensure_connection()
+    connection.connection.pgconn.send_query(b"SELECT pg_sleep(30)")
+    assert connection.connection.info.transaction_status == TransactionStatus.ACTIVE
+
+    task_prerun.send(sender=None, task_id="next", task=None, args=(), kwargs={})
+
+    with connection.cursor() as cursor:  # a fresh connection: the next query just works
+        cursor.execute("SELECT 1")
+        assert cursor.fetchone() == (1,)
+    wait_until(lambda: not sleeping_queries(), timeout=10, what="the query to be cancelled")

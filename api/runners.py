@@ -204,9 +204,9 @@ def held_poll(organization: Any, runner_id: str, wait: float) -> runners.Poll:
     that nothing published after it is missed). Without Redis the poll still holds, and
     looks every ``RECHECK_S``: a broker outage slows delivery, it refuses no poll."""
     deadline = time.monotonic() + wait
-    result = runners.poll(organization=organization, runner_id=runner_id)
-    if not result.empty or wait <= 0:
-        return result
+    first = runners.poll(organization=organization, runner_id=runner_id)
+    if not first.empty or wait <= 0:
+        return first
     client = redis.Redis.from_url(
         settings.CELERY_BROKER_URL, socket_connect_timeout=2, socket_timeout=RECHECK_S + 5
     )
@@ -216,7 +216,11 @@ def held_poll(organization: Any, runner_id: str, wait: float) -> runners.Poll:
     )
     try:
         while True:
-            result = runners.poll(organization=organization, runner_id=runner_id)
+            result = runners.poll(
+                organization=organization,
+                runner_id=runner_id,
+                registered_at=first.registered_at,
+            )
             left = deadline - time.monotonic()
             if not result.empty or left <= 0:
                 return result

@@ -189,6 +189,8 @@ class Poll:
     deregistered: bool = False
     stop_jobs: list[str] = field(default_factory=list)
     job: RunnerJob | None = None
+    # The registration this look was made for: a held poll passes it to its next looks.
+    registered_at: datetime | None = None
 
     @property
     def empty(self) -> bool:
@@ -216,14 +218,24 @@ RETURNING j.id
 
 
 @transaction.atomic
-def poll(*, organization: Organization, runner_id: str) -> Poll:
+def poll(
+    *, organization: Organization, runner_id: str, registered_at: datetime | None = None
+) -> Poll:
     """One look for the runner (the API holds the request and looks again when woken):
     its stop commands not yet handed over, else the first pending job it matches
     (priority, then age; claimed atomically: ``SKIP LOCKED`` lets concurrent polls take
-    different jobs), else nothing. A poll counts as a heartbeat."""
-    runner = _runner(organization, runner_id)
-    if runner.deregistered_at is not None:
-        return Poll(deregistered=True)
+    different jobs), else nothing. A poll counts as a heartbeat.
+
+    ``registered_at``: the registration a held poll began under. If the runner has
+    registered again since (its process restarted while this poll was held, and the
+    server never saw the old connection close), the poll belongs to a process that is
+    gone: it ends as deregistered and claims nothing, or the job it claimed would never
+    reach the new process (found by the restart test)."""
+    # Locked: a registration and a claim for one runner never interleave.
+    runner = _runner(organization, runner_id, lock=True)
+    superseded = registered_at is not None and runner.registered_at != registered_at
+    if runner.deregistered_at is not None or superseded:
+        return Poll(deregistered=True, registered_at=runner.registered_at)
     now = timezone.now()
     Runner.objects.filter(pk=runner.pk).update(last_heartbeat=now)
     stops = RunnerJob.objects.filter(
@@ -232,7 +244,7 @@ def poll(*, organization: Organization, runner_id: str) -> Poll:
     stop_ids = [str(job_id) for job_id in stops.values_list("id", flat=True)]
     if stop_ids:
         RunnerJob.objects.filter(pk__in=stop_ids).update(stop_delivered_at=now)
-        return Poll(stop_jobs=stop_ids)
+        return Poll(stop_jobs=stop_ids, registered_at=runner.registered_at)
     with connection.cursor() as cursor:
         cursor.execute(
             _CLAIM_SQL,
@@ -248,10 +260,10 @@ def poll(*, organization: Organization, runner_id: str) -> Poll:
         )
         row = cursor.fetchone()
     if row is None:
-        return Poll()
+        return Poll(registered_at=runner.registered_at)
     job = RunnerJob.objects.select_related("step").get(pk=row[0])
     _event(job, f"claimed by runner {runner.pk}")
-    return Poll(job=job)
+    return Poll(job=job, registered_at=runner.registered_at)
 
 
 def _json_list(values: list[str]) -> str:

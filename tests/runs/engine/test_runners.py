@@ -306,6 +306,30 @@ def test_an_identity_registers_once_while_online_and_reconnects_after(
     assert register(organization).pk == first.pk  # deregistered: a reconnection
 
 
+def test_a_poll_held_across_a_restart_claims_nothing_for_the_gone_process(
+    engine_run: Start,
+) -> None:
+    engine = engine_run(runner_plan())
+    organization = engine.run.organization
+    runner = register(organization)
+    held = claim(engine, runner)  # nothing yet: the server holds this poll
+    # The runner restarts (deregisters, registers again) while that poll is still held.
+    runners.deregister(organization=organization, runner_id=runner.pk)
+    assert register(organization).pk == runner.pk
+    job = park(engine)
+
+    later = runners.poll(
+        organization=organization, runner_id=runner.pk, registered_at=held.registered_at
+    )
+
+    assert later.deregistered
+    assert later.job is None
+    assert RunnerJob.objects.get(pk=job.pk).status == "pending"
+    fresh = claim(engine, runner)  # the new process's poll takes it
+    assert fresh.job is not None
+    assert fresh.job.pk == job.pk
+
+
 def test_another_organizations_runner_is_not_found(engine_run: Start) -> None:
     engine = engine_run(runner_plan())
     theirs = register(engine_run(runner_plan()).run.organization)

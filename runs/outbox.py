@@ -149,13 +149,27 @@ def revoke_running_steps(steps: Any) -> None:
 
 
 def _stop_runner_jobs(running_steps: Any) -> None:
-    jobs = RunnerJob.objects.filter(step__in=running_steps.values("pk"))
+    # Only `runner` steps have jobs: most calls cost this one query and find none. The
+    # rows are locked as read, so a poll (SKIP LOCKED) cannot claim one in between.
+    live = (RunnerJobStatus.PENDING, RunnerJobStatus.CLAIMED, RunnerJobStatus.RUNNING)
+    found = list(
+        RunnerJob.objects.select_for_update()
+        .filter(step__in=running_steps.filter(tool="runner").values("pk"), status__in=live)
+        .values_list("pk", "status", "runner_id")
+    )
+    if not found:
+        return
     now = timezone.now()
-    jobs.filter(status=RunnerJobStatus.PENDING).update(
+    pending = [pk for pk, status, _ in found if status == RunnerJobStatus.PENDING]
+    held = [pk for pk, status, _ in found if status != RunnerJobStatus.PENDING]
+    RunnerJob.objects.filter(pk__in=pending).update(
         status=RunnerJobStatus.STOPPED, stop_requested_at=now, completed_at=now
     )
-    held = jobs.filter(status__in=[RunnerJobStatus.CLAIMED, RunnerJobStatus.RUNNING])
-    runner_ids = sorted({str(runner) for runner in held.values_list("runner_id", flat=True)})
+    RunnerJob.objects.filter(pk__in=held).update(
+        status=RunnerJobStatus.STOPPING, stop_requested_at=now
+    )
+    runner_ids = sorted(
+        {str(runner) for _, status, runner in found if runner and status != RunnerJobStatus.PENDING}
+    )
     if runner_ids:
-        held.update(status=RunnerJobStatus.STOPPING, stop_requested_at=now)
         after_commit(lambda: wake_runners(None, runner_ids))

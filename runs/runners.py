@@ -377,11 +377,7 @@ def stop_job(*, organization: Organization, job_id: Any) -> RunnerJob:
         return job
     if job.status not in (J.CLAIMED, J.RUNNING):
         raise InvalidTransition("runner_job", job.status, J.STOPPING)
-    job.status, job.stop_requested_at = J.STOPPING, timezone.now()
-    job.save(update_fields=["status", "stop_requested_at"])
-    _event(job, "stop requested")
-    runner_ids = [str(job.runner_id)]
-    after_commit(lambda: wake_runners(None, runner_ids))
+    _stop(job, timezone.now(), "stop requested")
     return job
 
 
@@ -448,6 +444,7 @@ def _time_out_steps(now: datetime) -> int:
             if job.status not in (J.PENDING, J.CLAIMED, J.RUNNING):
                 continue
             message = "the step timed out waiting for its runner job"
+            job.error = message
             _stop(job, now, message)
             error = ToolError("timeout", message)
             record(job.step_id, job.run_id, job.attempt, Outcome(error=error, cost=Decimal(0)))
@@ -463,7 +460,7 @@ def _stop(job: RunnerJob, now: datetime, why: str) -> None:
         job.status = J.STOPPING
         runner_ids = [str(job.runner_id)]
         after_commit(lambda: wake_runners(None, runner_ids))
-    job.stop_requested_at, job.error = now, why
+    job.stop_requested_at = now
     job.save(update_fields=["status", "completed_at", "stop_requested_at", "error"])
     _event(job, why)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from billing.models import LedgerEntry
+from billing.models import LedgerEntry, Organization
 from common.invariants import check_all
 from runs import services
 from runs.models import Run, RunAttempt, Step
@@ -13,8 +13,12 @@ from tests import factories
 from tests.support import wait_until
 
 
-def submit(spec: dict[str, Any], credits: int = 1000) -> Run:
-    organization = factories.org(credits=credits)
+def submit(
+    spec: dict[str, Any], credits: int = 1000, organization: Organization | None = None
+) -> Run:
+    """Create and start a run of ``spec`` (in a new organization with ``credits``, unless
+    one is given)."""
+    organization = organization or factories.org(credits=credits)
     run = services.run_create(organization=organization, plan=spec)
     return services.run_start(run_id=run.pk)
 

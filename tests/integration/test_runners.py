@@ -14,11 +14,13 @@ from typing import Any
 
 import httpx
 import pytest
+from django.db import connection
 
 from billing.services import api_key_create
+from runs import runners, services
 from runs.models import RunEvent, Runner, RunnerJob
 from tests import factories
-from tests.integration.engine_support import assert_books_balanced, steps_of, wait_for
+from tests.integration.engine_support import assert_books_balanced, steps_of, submit, wait_for
 from tests.support import Child, child_env, free_port, python_cmd, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker")]
@@ -140,19 +142,12 @@ def runner_plan(prompt: str = "hello", **step: Any) -> dict[str, Any]:
     return spec
 
 
-def submit_in(organization: Any, spec: dict[str, Any]) -> Any:
-    from runs import services
-
-    run = services.run_create(organization=organization, plan=spec)
-    return services.run_start(run_id=run.pk)
-
-
 def test_a_job_runs_on_the_reference_runner_and_completes_its_step(start_runner: Any) -> None:
     organization = factories.org(credits=100)
     runner = start_runner(organization, ECHO)
     registered = runner.registered()
 
-    run = wait_for(submit_in(organization, runner_plan("write a haiku")), timeout=60)
+    run = wait_for(submit(runner_plan("write a haiku"), organization=organization), timeout=60)
 
     assert run.status == "completed", steps_of(run)
     step = steps_of(run)["agent"]
@@ -167,7 +162,8 @@ def test_a_failing_command_fails_the_step_with_the_tail_of_its_stderr(start_runn
     organization = factories.org(credits=100)
     start_runner(organization, FAIL).registered()
 
-    run = wait_for(submit_in(organization, runner_plan(retry={"max_attempts": 1})), timeout=60)
+    spec = runner_plan(retry={"max_attempts": 1})
+    run = wait_for(submit(spec, organization=organization), timeout=60)
 
     assert run.status == "failed"
     job = RunnerJob.objects.get(step=steps_of(run)["agent"])
@@ -179,12 +175,10 @@ def test_a_failing_command_fails_the_step_with_the_tail_of_its_stderr(start_runn
 def test_cancelling_the_run_stops_its_job_with_sigterm_then_sigkill(
     start_runner: Any, tmp_path: Path
 ) -> None:
-    from runs import services
-
     organization = factories.org(credits=100)
     runner = start_runner(organization, STUBBORN, kill_after="1")
     runner.registered()
-    run = submit_in(organization, runner_plan(timeout="10m"))
+    run = submit(runner_plan(timeout="10m"), organization=organization)
     ready = runner.script.with_suffix(".ready")
     wait_until(ready.exists, timeout=60, what="the job's command to start")
 
@@ -213,7 +207,7 @@ def test_a_restarted_runner_reconnects_with_the_same_id(start_runner: Any) -> No
     again = second.registered()
 
     assert again.pk == registered.pk
-    run = wait_for(submit_in(organization, runner_plan()), timeout=60)
+    run = wait_for(submit(runner_plan(), organization=organization), timeout=60)
     assert run.status == "completed", second.child.output()
 
 
@@ -228,8 +222,6 @@ def _poll(url: str, key: str, runner_id: str, wait: int) -> tuple[httpx.Response
 
 
 def test_a_job_reaches_a_held_poll_within_a_second(web: str, broker: Any) -> None:
-    from runs import runners
-
     organization = factories.org(credits=100)
     _, key = api_key_create(organization=organization, name="runner", scope="runner")
     runner = runners.register(
@@ -243,7 +235,7 @@ def test_a_job_reaches_a_held_poll_within_a_second(web: str, broker: Any) -> Non
             timeout=10,
             what="the poll to be held",
         )
-        run = submit_in(organization, runner_plan())
+        run = submit(runner_plan(), organization=organization)
         response, received = held.result(timeout=30)
 
     assert response.status_code == 200, response.text
@@ -258,8 +250,6 @@ HELD_POLLS = 200
 
 
 def database_connections() -> int:
-    from django.db import connection
-
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
         (count,) = cursor.fetchone()
@@ -269,8 +259,6 @@ def database_connections() -> int:
 def test_hundreds_of_held_polls_hold_no_connection_and_do_not_starve_the_api(
     web: str, broker: Any
 ) -> None:
-    from runs import runners
-
     organization = factories.org(credits=100)
     _, key = api_key_create(organization=organization, name="runner", scope="runner")
     _, full = api_key_create(organization=organization, name="client", scope="full")
@@ -335,7 +323,7 @@ def test_two_runners_share_two_hundred_jobs_each_claimed_once(start_runner: Any)
         ],
     )
 
-    run = wait_for(submit_in(organization, spec), timeout=240)
+    run = wait_for(submit(spec, organization=organization), timeout=240)
 
     assert run.status == "completed"
     jobs = RunnerJob.objects.filter(run=run)

@@ -25,6 +25,7 @@ from rest_framework.views import set_rollback
 
 from billing.services import InsufficientCredits
 from common.filters import Problems, QueryInvalid
+from runs.callbacks import CallbackNotFound
 from runs.plan import PlanInvalid, errors_as_dicts
 from runs.runners import DuplicateRunner, NotJobOwner, RunnerJobNotFound, RunnerNotFound
 from runs.services import AttemptsExhausted, RunDeleted, RunNotFound, StepNotFound
@@ -90,6 +91,7 @@ DOMAIN_ERRORS: dict[type[Exception], tuple[int, Callable[[Any], Any], Callable[[
     RunnerJobNotFound: (404, lambda exc: None, lambda exc: "not found"),
     DuplicateRunner: (409, lambda exc: exc.details, str),
     NotJobOwner: (409, lambda exc: None, str),
+    CallbackNotFound: (404, lambda exc: None, lambda exc: "not found"),
 }
 
 

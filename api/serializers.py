@@ -120,6 +120,13 @@ class RunOutput(serializers.Serializer[Any]):
     last_heartbeat = serializers.DateTimeField(allow_null=True)
     duration_ms = serializers.IntegerField(allow_null=True)
     credits = CreditsOutput(source="*")
+    parent_run = serializers.UUIDField(
+        source="parent_run_id", allow_null=True, help_text="The run whose `run` step started it."
+    )
+    parent_step = serializers.IntegerField(
+        source="parent_step_id", allow_null=True, help_text="The `run` step that started it."
+    )
+    depth = serializers.IntegerField(help_text="0 for a top run, its parent's + 1 for a child.")
 
 
 class CountsOutput(serializers.Serializer[Any]):
@@ -134,6 +141,16 @@ class ProgressOutput(serializers.Serializer[Any]):
     percent = serializers.FloatField()
 
 
+class ChildRunOutput(serializers.Serializer[Any]):
+    id = serializers.UUIDField()
+    status = serializers.ChoiceField(choices=RunStatus.choices)
+    mode = serializers.CharField(
+        source="parent_mode", help_text="sync, async_poll or async_callback."
+    )
+    step = serializers.IntegerField(source="parent_step_id", allow_null=True)
+    created_at = serializers.DateTimeField()
+
+
 class RunDetailOutput(RunOutput):
     """A run with its plan and the current attempt's counts and progress."""
 
@@ -141,6 +158,11 @@ class RunDetailOutput(RunOutput):
     variables = serializers.JSONField()
     counts = CountsOutput(help_text="The current attempt's agents, tasks and steps by status.")
     progress = ProgressOutput()
+    children = ChildRunOutput(many=True, help_text="The runs its `run` steps started.")
+    outputs = serializers.DictField(
+        child=serializers.JSONField(),
+        help_text='`{"agent.task.step": output}` of the current attempt\'s completed steps.',
+    )
 
     def to_representation(self, instance: Any) -> Any:
         assert isinstance(instance, RunDetail)
@@ -154,6 +176,8 @@ class RunDetailOutput(RunOutput):
             "steps_finished": summary.steps_finished,
             "percent": summary.percent,
         }
+        data["children"] = ChildRunOutput(instance.children, many=True).data
+        data["outputs"] = instance.outputs
         return data
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
+from api import callbacks as callback_api
 from api import runners as runner_api
 from api import views
 from api.billing import BalanceApi, LedgerApi, SecretApi, SecretsApi
@@ -48,4 +49,6 @@ urlpatterns = [
         runner_api.RunnerJobStopApi.as_view(),
         name="runner-job-stop",
     ),
+    # Asynchronous steps (docs/runners.md): no API key, the token is the credential.
+    path("callbacks/<str:token>", callback_api.CallbackApi.as_view(), name="callback"),
 ]

@@ -25,6 +25,8 @@ RETRYABLE_CODES = frozenset(
         # Runner jobs (docs/runners.md): a runner reported a failure, or went silent.
         "runner_failed",
         "runner_lost",
+        # A callback step's callback said it failed (docs/runners.md, "Callbacks").
+        "callback_failed",
     }
 )
 
@@ -49,6 +51,15 @@ NON_RETRYABLE_CODES = frozenset(
         "address_not_allowed",
         "runner_stopped",
         "no_matching_runner",
+        # Child runs: the child has its own retries and failure modes; a child plan
+        # that does not validate, or that would nest too deep, never will.
+        "child_failed",
+        "child_cancelled",
+        "invalid_plan",
+        "run_depth_exceeded",
+        # Polls: failed_when held, or max_attempts polls without done_when holding.
+        "poll_failed",
+        "poll_exhausted",
     }
 )
 

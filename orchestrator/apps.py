@@ -7,7 +7,7 @@ class OrchestratorConfig(AppConfig):
 
     def ready(self) -> None:
         from orchestrator.dispatch import CeleryTransport
-        from orchestrator.tools import builtin  # noqa: F401
+        from orchestrator.tools import asynchronous, builtin  # noqa: F401
         from runs.outbox import use_transport
 
         # Built-in tools register themselves; plans are validated against the registry.

@@ -15,6 +15,7 @@ from typing import Any
 
 from billing.secrets import SecretUnreadable, secret_values
 from common.templates import Reference, UnresolvedReference, format_reference, resolve_in
+from runs.children import child_summary
 from runs.models import Run, Step, Task
 
 STEP_FIELDS = ("output", "status", "error", "attempts", "cost")
@@ -24,8 +25,11 @@ class StepContext:
     """Resolver for one step attempt's references (variables, run, step, steps, tasks,
     error, secrets)."""
 
-    def __init__(self, step: Step, run_id: Any, attempt: int | None = None) -> None:
+    def __init__(
+        self, step: Step, run_id: Any, attempt: int | None = None, callback_url: str = ""
+    ) -> None:
         self.step = step
+        self.callback_url = callback_url
         self.run_id = run_id
         # The attempt being run: the claim has set step.attempts to it already.
         self.attempt = step.attempts if attempt is None else attempt
@@ -68,6 +72,20 @@ class StepContext:
         row["cost"] = str(row["cost"])
         return dict(row)
 
+    def _callback(self) -> dict[str, Any]:
+        """A callback step's URL, or, in an on_callback handler, how the child run of
+        the step it belongs to ended."""
+        if self.callback_url:
+            return {"url": self.callback_url}
+        if self.step.callback_for_id is None:
+            raise UnresolvedReference("no callback: not a callback step or on_callback handler")
+        child = Run.objects.filter(
+            parent_step_id=self.step.callback_for_id, parent_notified_at__isnull=False
+        ).first()
+        if child is None:
+            raise UnresolvedReference("the child run of this on_callback handler has not ended")
+        return child_summary(child)
+
     def __call__(self, ref: Reference) -> Any:
         root, rest = ref[0], ref[1:]
         if root == "variables":
@@ -92,6 +110,8 @@ class StepContext:
                 raise UnresolvedReference("no error: not an on_error handler")
             fields = {**original.error, "step": original.name}
             return resolve_in(fields, rest)
+        if root == "callback":
+            return resolve_in(self._callback(), rest)
         if root == "steps":
             values = self._step_values(self.step.task_id, self.step.generation, str(rest[0]))
             return resolve_in(values, rest[1:])

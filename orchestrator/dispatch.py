@@ -42,7 +42,13 @@ PICK_UP_TASK = "orchestrator.runs.pick_up"
 RESUME_TASK = "orchestrator.runs.resume"
 EXECUTE_STEP_TASK = "orchestrator.steps.execute"
 DOORBELL_TASK = "orchestrator.steps.doorbell"
-RUN_TASKS = {RunMessage.PICK_UP: PICK_UP_TASK, RunMessage.RESUME: RESUME_TASK}
+CHILD_ENDED_TASK = "orchestrator.runs.child_ended"
+POLL_TASK = "orchestrator.steps.poll"
+RUN_TASKS = {
+    RunMessage.PICK_UP: PICK_UP_TASK,
+    RunMessage.RESUME: RESUME_TASK,
+    RunMessage.CHILD_ENDED: CHILD_ENDED_TASK,
+}
 
 logger = logging.getLogger(__name__)
 # What a publish raises when Redis is down or restarting.
@@ -193,6 +199,19 @@ class CeleryTransport:
             producer=producer,
             **options,
         )
+
+    def schedule_poll(self, wait_id: str, number: int, countdown_s: float) -> None:
+        def publish() -> None:
+            app.send_task(
+                POLL_TASK,
+                args=(wait_id, number),
+                queue=QUEUE_STEPS,
+                countdown=countdown_s or None,
+                ignore_result=True,
+            )
+
+        # Lost with the broker: the wait sweep sends it again (WAIT_LOST_AFTER).
+        _guarded(publish, f"poll {number} of wait {wait_id}")
 
     def wake_runners(self, organization_id: str | None, runner_ids: Sequence[str]) -> None:
         """Publish on the channels that held runner polls listen to

@@ -49,6 +49,7 @@ from common.tools.base import Tool, ToolContext, ToolError
 from orchestrator.context import StepContext
 from orchestrator.dispatch import CeleryTransport, serving
 from orchestrator.heartbeat import heart
+from runs import callbacks
 from runs.engine.dispatch import step_from_row, step_timeout_s
 from runs.engine.outcomes import Outcome, record
 from runs.models import Step
@@ -239,22 +240,25 @@ def run_attempt(step: Step, attempt: int) -> Outcome:
     written while the tool runs (``config.logging.RedactSecrets``). The rendered
     parameters themselves are never stored: the step row keeps the template.
     """
-    context = StepContext(step, step.run_id, attempt)
+    # A callback step's URL exists before its parameters are rendered (they may send
+    # it); it is opened, in the database, only when the tool is about to use it.
+    opening = callbacks.new_callback() if step.tool == "callback" else None
+    context = StepContext(step, step.run_id, attempt, opening.url if opening else "")
     try:
         if step.when and not parsed(step.when).truthy(_without_secrets(context)):
             return Outcome(skipped=True)
     except (ExpressionError, TemplateError, UnresolvedReference) as exc:
         return Outcome(error=ToolError("condition_error", f"when: {exc}", False))
-    try:
-        params = render_value(step.params, context)
-    except (TemplateError, UnresolvedReference) as exc:
-        message = redact_text(str(exc), context.secrets_used.values())
-        return Outcome(error=ToolError("template_error", message, False))
     spec = registry.get(step.tool)
     if spec is None or spec.run is None:
         return Outcome(
             error=ToolError("tool_error", f"tool {step.tool!r} cannot run on a worker", False)
         )
+    try:
+        params = _rendered(step.params, spec.verbatim(step.params), context)
+    except (TemplateError, UnresolvedReference) as exc:
+        message = redact_text(str(exc), context.secrets_used.values())
+        return Outcome(error=ToolError("template_error", message, False))
     ctx = ToolContext(
         step_id=step.pk,
         run_id=str(step.run_id),
@@ -266,6 +270,10 @@ def run_attempt(step: Step, attempt: int) -> Outcome:
             ).exists()
         ),
     )
+    if opening is not None:
+        ctx.open_callback = lambda seconds: callbacks.open_callback(
+            opening, step_id=step.pk, attempt=attempt, expires_in=seconds
+        )
     secrets = redactable(context.secrets_used.values())
     heart.begin(step.pk, step.run_id, attempt)
     try:
@@ -276,6 +284,15 @@ def run_attempt(step: Step, attempt: int) -> Outcome:
         return _timed_out(step)
     finally:
         heart.end()
+
+
+def _rendered(params: dict[str, Any], verbatim: frozenset[str], context: StepContext) -> Any:
+    """The step's parameters with their templates rendered, but for those its tool takes
+    as written (a child run's plan, a poll's conditions)."""
+    if not verbatim:
+        return render_value(params, context)
+    rendered = render_value({k: v for k, v in params.items() if k not in verbatim}, context)
+    return {**rendered, **{k: params[k] for k in verbatim if k in params}}
 
 
 def _without_secrets(context: StepContext) -> Callable[[Reference], Any]:

@@ -63,4 +63,9 @@ def schedules() -> tuple[Schedule, ...]:
             task="orchestrator.sweeps.runners",
             every_seconds=_every("ENGINE_SWEEP_INTERVAL"),
         ),
+        Schedule(
+            name="wait-sweep",
+            task="orchestrator.sweeps.waits",
+            every_seconds=_every("ENGINE_SWEEP_INTERVAL"),
+        ),
     )

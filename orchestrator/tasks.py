@@ -19,9 +19,9 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from kombu.exceptions import OperationalError as BrokerError
 
-from orchestrator import executor, sweeps
+from orchestrator import executor, polling, sweeps
 from orchestrator.dispatch import CeleryTransport, serving
-from runs import runners
+from runs import callbacks, children, runners
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record
 from runs.models import Run
@@ -178,3 +178,18 @@ def sweep_runners_task() -> dict[str, int]:
 @shared_task(name="orchestrator.sweeps.lost_messages", **RETRY_OPTIONS)
 def sweep_lost_messages_task() -> dict[str, int]:
     return sweeps.redispatch_lost()
+
+
+@shared_task(name="orchestrator.runs.child_ended", **RETRY_OPTIONS)
+def child_ended_task(run_id: str) -> bool:
+    return children.child_ended(run_id)
+
+
+@shared_task(name="orchestrator.steps.poll", **RETRY_OPTIONS)
+def poll_task(wait_id: str, number: int) -> bool:
+    return polling.poll_once(wait_id, number)
+
+
+@shared_task(name="orchestrator.sweeps.waits", **RETRY_OPTIONS)
+def sweep_waits_task() -> dict[str, int]:
+    return callbacks.sweep()

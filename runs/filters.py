@@ -55,6 +55,9 @@ class RunFilter(StrictFilterSet):
         field_name="created_at", lookup_expr="lt", help_text="Exclusive."
     )
     priority = IntegerFilter(min_value=0, max_value=9)
+    parent_run = django_filters.UUIDFilter(
+        field_name="parent_run_id", help_text="Only the child runs of this run."
+    )
     ordering = OrderingChoiceFilter(orderings=RUN_ORDERINGS, default="-created_at")
 
     blank_allowed = frozenset({"name"})  # `?name=` matches every name, as it always has

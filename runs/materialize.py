@@ -103,6 +103,7 @@ def step_row(
         params=plan.params,
         when=plan.when,
         on_error=[handler.stored() for handler in plan.on_error],
+        on_callback=[handler.stored() for handler in plan.on_callback],
         retry=plan.retry.as_dict(),
         timeout_ms=plan.timeout_ms,
         depends_on=list(plan.depends_on),

@@ -93,6 +93,20 @@ class Run(Timestamps):
     cancelled_at = models.DateTimeField(null=True, blank=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     deleted_at = models.DateTimeField(null=True, blank=True)
+    # A child run (the `run` tool; runs.children): the run and the step attempt that
+    # started it, how that step waits for it, and how deep it is (the top run is 0).
+    parent_run = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
+    )
+    parent_step = models.ForeignKey(
+        "Step", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
+    parent_step_attempt = models.PositiveIntegerField(null=True, blank=True)
+    parent_mode = models.CharField(max_length=16, blank=True)
+    depth = models.PositiveSmallIntegerField(default=0)
+    # When the parent took note of this child's end (its step completed or failed, or
+    # its on_callback handlers released): the notification is acted on once.
+    parent_notified_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -116,6 +130,12 @@ class Run(Timestamps):
             models.CheckConstraint(
                 condition=Q(attempt_number__lte=models.F("max_attempts")),
                 name="run_attempt_number_lte_max",
+            ),
+            # One child per attempt of a `run` step: a recording delivered twice finds it.
+            models.UniqueConstraint(
+                fields=["parent_step", "parent_step_attempt"],
+                name="run_one_child_per_step_attempt",
+                condition=Q(parent_step__isnull=False),
             ),
         ]
 
@@ -269,7 +289,9 @@ class Step(Timestamps):
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="steps", db_index=False)
     # Copied from the attempt so events and filters need no join.
     attempt_number = models.PositiveSmallIntegerField()
-    name = models.CharField(max_length=100)
+    # A handler's name is its step's joined to its own ("fetch.on_error.notify"): room
+    # for two of a plan's names (at most 100 characters each) and the joint.
+    name = models.CharField(max_length=255)
     position = models.PositiveIntegerField()
     generation = models.PositiveSmallIntegerField(default=0)
     tool = models.CharField(max_length=64)
@@ -279,6 +301,19 @@ class Step(Timestamps):
     # Set on an `on_error` handler step: the step whose failure it handles.
     handler_for = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.CASCADE, related_name="handlers"
+    )
+    # A `run` step in async_callback mode keeps its on_callback handlers here until it
+    # runs; each handler step created from them points back at it (``callback_for``).
+    on_callback = models.JSONField(default=list, blank=True)
+    # No index: handlers are found by their task (step_task_position), and the step
+    # table is the hot path's.
+    callback_for = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="callback_handlers",
+        db_index=False,
     )
     retry = models.JSONField(default=dict, blank=True)
     timeout_ms = models.BigIntegerField(null=True, blank=True)
@@ -354,6 +389,8 @@ class EventKind(models.TextChoices):
     ERROR = "error"
     OPERATOR = "operator"
     RUNNER = "runner"  # a runner job created, claimed, reported or stopped
+    CHILD = "child"  # a child run started or ended
+    WAIT = "wait"  # a callback opened or received, a poll made
 
 
 class RunEvent(models.Model):
@@ -500,3 +537,64 @@ class RunnerJob(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.id} ({self.status})"
+
+
+# --------------------------------------------------------------------------- waits
+# A `callback` or `poll` step's attempt waits here (runs.callbacks; docs/runners.md,
+# "Asynchronous steps"): RUNNING with no worker until a callback is posted, a poll's
+# condition holds, or its time runs out.
+
+
+class StepWaitKind(models.TextChoices):
+    CALLBACK = "callback"
+    POLL = "poll"
+
+
+class StepWaitStatus(models.TextChoices):
+    WAITING = "waiting"
+    COMPLETED = "completed"  # the callback said completed, or done_when held
+    FAILED = "failed"  # the callback said failed, failed_when held, or polls ran out
+    CLOSED = "closed"  # the attempt ended otherwise (cancelled, timed out)
+
+
+class StepWait(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="waits")
+    # No index of its own: stepwait_one_per_attempt leads with it.
+    step = models.ForeignKey("Step", on_delete=models.CASCADE, related_name="waits", db_index=False)
+    attempt = models.PositiveIntegerField()
+    kind = models.CharField(max_length=10, choices=StepWaitKind.choices)
+    status = models.CharField(
+        max_length=10, choices=StepWaitStatus.choices, default=StepWaitStatus.WAITING
+    )
+    # A callback's secret, as its SHA-256 (the token itself is never stored).
+    token_digest = models.CharField(max_length=64, blank=True)
+    # A poll's rendered parameters (url, interval, max_attempts, done_when, ...).
+    params = models.JSONField(default=dict, blank=True)
+    polls = models.PositiveIntegerField(default=0)
+    next_poll_at = models.DateTimeField(null=True, blank=True)
+    last_response = models.JSONField(null=True, blank=True)
+    expires_at = models.DateTimeField()
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at"]
+        indexes = [
+            # What the sweep looks at: the waits still open, by when they are due.
+            models.Index(
+                fields=["next_poll_at"], name="stepwait_due", condition=Q(status="waiting")
+            ),
+            models.Index(
+                fields=["expires_at"], name="stepwait_expiry", condition=Q(status="waiting")
+            ),
+        ]
+        constraints = [
+            models.UniqueConstraint(fields=["step", "attempt"], name="stepwait_one_per_attempt"),
+            _status_in("stepwait", StepWaitStatus),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} wait {self.id} ({self.status})"

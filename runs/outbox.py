@@ -23,7 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.utils import timezone
 
-from runs.models import RunnerJob, RunnerJobStatus
+from runs.models import RunnerJob, RunnerJobStatus, StepWait, StepWaitStatus
 
 __all__ = [
     "Outbox",
@@ -32,6 +32,7 @@ __all__ = [
     "Transport",
     "enqueue_run_message",
     "revoke_running_steps",
+    "schedule_poll",
     "use_transport",
     "wake_runners",
 ]
@@ -42,6 +43,7 @@ class RunMessage(enum.StrEnum):
 
     PICK_UP = "pick_up"  # PENDING (or RETRYING) -> RUNNING: materialise and dispatch
     RESUME = "resume"  # RESUMING -> RUNNING: send again what the pause held
+    CHILD_ENDED = "child_ended"  # a child run ended: its parent takes note (runs.children)
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,8 @@ class Transport(Protocol):
     def revoke(self, task_ids: Sequence[str], runs: Mapping[str, int]) -> None: ...
 
     def wake_runners(self, organization_id: str | None, runner_ids: Sequence[str]) -> None: ...
+
+    def schedule_poll(self, wait_id: str, number: int, countdown_s: float) -> None: ...
 
 
 _transport: Transport | None = None
@@ -124,6 +128,11 @@ def wake_runners(organization_id: str | None, runner_ids: Sequence[str]) -> None
     _current().wake_runners(organization_id, runner_ids)
 
 
+def schedule_poll(wait_id: str, number: int, countdown_s: float) -> None:
+    """Send poll ``number`` of a poll wait in ``countdown_s`` (call it after commit)."""
+    _current().schedule_poll(wait_id, number, countdown_s)
+
+
 def revoke_running_steps(steps: Any) -> None:
     """Terminate, after commit, the work executing the RUNNING steps in ``steps``.
 
@@ -146,6 +155,15 @@ def revoke_running_steps(steps: Any) -> None:
     if task_ids:
         after_commit(lambda: _current().revoke(task_ids, runs))
     _stop_runner_jobs(running)
+    _close_waits(running)
+
+
+def _close_waits(running_steps: Any) -> None:
+    # Only callback and poll steps have waits; a post to a closed callback is refused.
+    StepWait.objects.filter(
+        step__in=running_steps.filter(tool__in=("callback", "poll")).values("pk"),
+        status=StepWaitStatus.WAITING,
+    ).update(status=StepWaitStatus.CLOSED, ended_at=timezone.now())
 
 
 def _stop_runner_jobs(running_steps: Any) -> None:

@@ -13,7 +13,9 @@ LEVEL_RUNS = 4
 
 
 def _step_estimate(step: StepPlan) -> Decimal:
-    handlers = sum((_step_estimate(handler) for handler in step.on_error), Decimal(0))
+    handlers = sum(
+        (_step_estimate(handler) for handler in (*step.on_error, *step.on_callback)), Decimal(0)
+    )
     return attempt_estimate(step.tool) * step.retry.max_attempts + handlers
 
 

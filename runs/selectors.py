@@ -35,7 +35,7 @@ from common.filters import QueryData
 from runs.filters import AgentFilter, EventFilter, RunFilter, StepFilter, TaskFilter
 from runs.models import Agent, Run, RunEvent, Step, Task
 from runs.services import RunNotFound
-from runs.states import STEP_TERMINAL, RunStatus
+from runs.states import STEP_TERMINAL, RunStatus, StepStatus
 
 ZERO = Decimal(0)
 
@@ -176,9 +176,27 @@ def event_list(*, run: Run, query: QueryData | None = None) -> QuerySet[RunEvent
 class RunDetail:
     run: Run
     summary: RunSummary
+    children: list[Any]
+    outputs: dict[str, Any]
 
 
 def run_detail(*, organization: Organization, run_id: UUID | str) -> RunDetail:
-    """A run with its credits, counts and progress: four queries."""
+    """A run with its credits, counts, progress, child runs and outputs: six queries."""
     run = run_get(organization=organization, run_id=run_id)
-    return RunDetail(run, run_summary(run))
+    children = list(
+        Run.objects.filter(parent_run=run)
+        .order_by("created_at")
+        .values("id", "status", "parent_mode", "parent_step_id", "created_at")
+    )
+    return RunDetail(run, run_summary(run), children, run_outputs(run))
+
+
+def run_outputs(run: Run) -> dict[str, Any]:
+    """``{"agent.task.step": output}`` of the completed steps of the run's current
+    attempt (a task run again by its failure mode: its last generation's)."""
+    rows = (
+        Step.objects.filter(run=run, attempt_number=run.attempt_number, status=StepStatus.COMPLETED)
+        .order_by("task__agent__position", "task__position", "generation", "position")
+        .values_list("task__agent__name", "task__name", "name", "output")
+    )
+    return {f"{agent}.{task}.{step}": output for agent, task, step, output in rows}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
@@ -34,10 +35,19 @@ from runs.models import Agent, EventKind, Run, RunAttempt, Step, Task
 from runs.outbox import RunMessage, enqueue_run_message, revoke_running_steps
 from runs.plan import Plan, parse_plan
 from runs.reservation import plan_reservation
-from runs.states import NODE_OPEN, STEP_OPEN, InvalidTransition, NodeStatus, RunStatus, StepStatus
+from runs.states import (
+    NODE_OPEN,
+    RUN_TERMINAL,
+    STEP_OPEN,
+    InvalidTransition,
+    NodeStatus,
+    RunStatus,
+    StepStatus,
+)
 from runs.transitions import record_event, transition, transition_locked, transition_many
 
 RunId = UUID | str
+CHILD_MODES = ("sync", "async_poll", "async_callback")
 
 
 class RunNotFound(Exception):
@@ -156,8 +166,25 @@ def plan_of(run: Run) -> Plan:
 
 
 # --------------------------------------------------------------------------- create
+@dataclass(frozen=True)
+class ChildOf:
+    """Where a child run comes from: the `run` step attempt that starts it
+    (``runs.engine.waiting``), how that step waits for it, and its depth."""
+
+    run: Run
+    step: Step
+    attempt: int
+    mode: str
+    depth: int
+
+
 def run_create(
-    *, organization: Organization, plan: Any, actor: str = "system", size_hint: int | None = None
+    *,
+    organization: Organization,
+    plan: Any,
+    actor: str = "system",
+    size_hint: int | None = None,
+    parent: ChildOf | None = None,
 ) -> Run:
     """Validate the plan and store a CREATED run. Nothing is stored if the plan is invalid.
 
@@ -165,8 +192,18 @@ def run_create(
     derived from it again when a worker materialises the run.
     """
     parsed = parse_plan(plan, size_hint=size_hint)
+    lineage: dict[str, Any] = {}
+    if parent is not None:
+        lineage = {
+            "parent_run": parent.run,
+            "parent_step": parent.step,
+            "parent_step_attempt": parent.attempt,
+            "parent_mode": parent.mode,
+            "depth": parent.depth,
+        }
     with transaction.atomic():
         run = Run.objects.create(
+            **lineage,
             organization=organization,
             name=parsed.name,
             priority=parsed.priority,
@@ -378,7 +415,10 @@ def _close_children(run: Run, to_status: str, actor: str, message: str) -> None:
 
 
 def _finish_attempt(run: Run, actor: str = "system") -> None:
-    """Close the current attempt on a terminal state and settle its credits with it."""
+    """Close the current attempt on a terminal state and settle its credits with it; a
+    child run's parent is told, after commit (``runs.children``)."""
+    if run.parent_run_id is not None and run.parent_notified_at is None:
+        enqueue_run_message(RunMessage.CHILD_ENDED, run.pk, run.priority)
     attempt = current_attempt(run)
     attempt.outcome = run.status
     attempt.finished_at = run.completed_at or timezone.now()
@@ -446,8 +486,23 @@ def run_fail(
             updates={"last_error": error},
         )
         _close_children(result.obj, "cancelled", actor, message)
+        # Children this run waits for are of no use to it now; one started to run on
+        # its own (async_poll) goes on.
+        _cancel_children(
+            result.obj, f"parent run failed: {message}", actor, modes=("sync", "async_callback")
+        )
         _finish_attempt(result.obj, actor)
     return result.obj
+
+
+def _cancel_children(run: Run, reason: str, actor: str, modes: tuple[str, ...]) -> None:
+    """Cancel ``run``'s child runs (of the ``modes`` given) that have not ended; each
+    cancels its own in turn (the lock order is parent before child)."""
+    children = Run.objects.filter(parent_run=run, parent_mode__in=modes).exclude(
+        status__in=RUN_TERMINAL
+    )
+    for child_id in children.values_list("pk", flat=True):
+        run_cancel(run_id=child_id, reason=reason[:1000], actor=actor)
 
 
 # --------------------------------------------------------------------------- control
@@ -482,6 +537,7 @@ def run_cancel(
     )
     if result.changed:
         _close_children(result.obj, "cancelled", actor, reason)
+        _cancel_children(result.obj, f"parent run cancelled: {reason}", actor, modes=CHILD_MODES)
         if result.obj.attempt_number:
             _finish_attempt(result.obj, actor)
     return result.obj

@@ -42,6 +42,10 @@ class ToolError(Exception):
         return {"code": self.code, "message": self.message, "retryable": self.retryable}
 
 
+def _no_callback(seconds: float) -> str:
+    raise ToolError("tool_error", "only a callback step opens a callback URL", False)
+
+
 @dataclass
 class ToolContext:
     step_id: int
@@ -50,6 +54,9 @@ class ToolContext:
     timeout_s: float | None
     # Returns True once the step should stop (cancelled, or no longer ours).
     stop_requested: Callable[[], bool] = field(default=lambda: False)
+    # The `callback` tool's: opens this attempt's callback URL (the executor gave it to
+    # the templates as ${callback.url}) to expire in so many seconds; returns its id.
+    open_callback: Callable[[float], str] = field(default=_no_callback)
 
     def sleep(self, seconds: float) -> None:
         """Sleep in short slices, stopping with ToolError('cancelled') when asked to."""
@@ -67,11 +74,22 @@ Tool = Callable[[dict[str, Any], ToolContext], ToolResult]
 ParamValidator = Callable[[dict[str, Any]], list[tuple[str, str]]]
 
 
+# The parameters of a step that the engine hands to its tool as written: neither
+# rendered as templates nor checked against the plan's scope (a child run's own plan, a
+# poll's conditions on the response). The tool's validator checks them.
+VerbatimParams = Callable[[dict[str, Any]], frozenset[str]]
+
+
+def no_verbatim(params: dict[str, Any]) -> frozenset[str]:
+    return frozenset()
+
+
 @dataclass(frozen=True)
 class ToolSpec:
     name: str
     run: Tool | None  # None for tools a worker never executes (approval)
     validate: ParamValidator | None = None
+    verbatim: VerbatimParams = no_verbatim
 
 
 def has_template(value: Any) -> bool:

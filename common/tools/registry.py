@@ -7,12 +7,24 @@ before anything is stored. Built-in tools register themselves when
 
 from __future__ import annotations
 
-from common.tools.base import ParamValidator, Tool, ToolSpec
+from common.tools.base import ParamValidator, Tool, ToolSpec, VerbatimParams, no_verbatim
 
-# Named by SPEC section 5 and 9; `runner` and `run` are implemented by later work, so a
-# plan that names them validates but its step fails with `tool_error` until then.
+# Named by SPEC sections 5 and 9, and seed 003's asynchronous operations.
 BUILTIN_TOOLS = frozenset(
-    {"noop", "echo", "sleep", "fail", "http", "python", "llm", "approval", "runner", "run"}
+    {
+        "noop",
+        "echo",
+        "sleep",
+        "fail",
+        "http",
+        "python",
+        "llm",
+        "approval",
+        "runner",
+        "run",
+        "callback",
+        "poll",
+    }
 )
 
 # Tools that a worker never executes: the step waits for something outside.
@@ -21,8 +33,13 @@ WAITING_TOOLS = frozenset({"approval"})
 _registry: dict[str, ToolSpec] = {}
 
 
-def register(name: str, run: Tool | None, validate: ParamValidator | None = None) -> None:
-    _registry[name] = ToolSpec(name, run, validate)
+def register(
+    name: str,
+    run: Tool | None,
+    validate: ParamValidator | None = None,
+    verbatim: VerbatimParams = no_verbatim,
+) -> None:
+    _registry[name] = ToolSpec(name, run, validate, verbatim)
 
 
 def tool_names() -> frozenset[str]:

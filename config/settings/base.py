@@ -312,6 +312,27 @@ HEALTH_BEAT_MAX_AGE = env.integer(
 FLOWER_PORT = env.integer("FLOWER_PORT", 5555, "Flower's HTTP port", minimum=1, maximum=65535)
 FLOWER_ADDRESS = env.string("FLOWER_ADDRESS", "127.0.0.1", "address Flower listens on")
 
+# --------------------------------------------------------------------------- waits
+# Child runs, callbacks and polls (docs/runners.md, "Child runs" and "Asynchronous
+# steps"). A run started by a `run` step is one level deeper than its parent (the top run
+# is at depth 0); one that would be deeper than RUN_MAX_DEPTH fails its step with
+# run_depth_exceeded. A callback URL is PUBLIC_BASE_URL/api/v1/callbacks/<token>. A
+# child's end or a poll message lost with the broker is acted on by the wait sweep once
+# WAIT_LOST_AFTER has passed.
+RUN_MAX_DEPTH = env.integer(
+    "RUN_MAX_DEPTH", 5, "deepest a child run may nest (the top run is 0)", minimum=0, maximum=20
+)
+PUBLIC_BASE_URL = env.string(
+    "PUBLIC_BASE_URL",
+    "http://127.0.0.1:8000",
+    "the API's address as others reach it, for callback URLs",
+).rstrip("/")
+WAIT_LOST_AFTER = env.integer(
+    "WAIT_LOST_AFTER", 30, "seconds before the sweep re-sends a lost poll or child end", minimum=1
+)
+CALLBACK_MAX_TIMEOUT = 30 * 24 * 3600
+POLL_MIN_INTERVAL = 0.05
+
 # --------------------------------------------------------------------------- run plans
 # Size limits of a submitted plan (runs/plan/): beyond them it is refused, whole.
 ORCHESTRATOR_PLAN_LIMITS = {
@@ -325,7 +346,10 @@ ORCHESTRATOR_PLAN_LIMITS = {
     "max_steps_per_task": env.integer("PLAN_MAX_STEPS_PER_TASK", 5000, "steps per task", minimum=1),
     "max_steps_per_run": env.integer("PLAN_MAX_STEPS_PER_RUN", 20000, "steps per run", minimum=1),
     "max_on_error": 5,
-    "max_json_depth": 32,
+    # A child run's plan may be written inside its parent's, RUN_MAX_DEPTH levels deep:
+    # each level is 8 levels of JSON (plan, agents, agent, tasks, task, steps, step,
+    # params) above the 32 a plan may use.
+    "max_json_depth": 32 + 8 * RUN_MAX_DEPTH,
     "max_variables_bytes": 100_000,
     "max_retry_attempts": 20,
     "max_step_timeout_ms": env.integer(

@@ -13,7 +13,7 @@ from runs.materialize import step_row, wiring
 from runs.models import EventKind, Mode, Run, Step, Task
 from runs.outbox import Outbox, StepMessage
 from runs.plan import HandlerPlan
-from runs.states import StepStatus
+from runs.states import RunStatus, StepStatus
 from runs.transitions import record_event, transition_many
 
 
@@ -103,3 +103,24 @@ def start_handlers(run: Run, task: Task, step: Step, outbox: Outbox) -> bool:
         message=f"running {len(rows)} on_error handler(s) for {step.name}",
     )
     return True
+
+
+def release_callback_handlers(run: Run, step_id: int, outbox: Outbox) -> int:
+    """The child run of an async_callback step ended: its first on_callback handler,
+    held by that end, becomes ready (the rest follow it in sequence). How many were
+    released: 0 when they had ended already (the run failed or was cancelled since)."""
+    step = Step.objects.only("task_id", "generation").get(pk=step_id)
+    first = (
+        Step.objects.filter(
+            task_id=step.task_id, generation=step.generation, callback_for_id=step_id
+        )
+        .order_by("position")
+        .only("pk", "status", "pending_dependencies")
+        .first()
+    )
+    if first is None or first.status != StepStatus.PENDING or first.pending_dependencies == 0:
+        return 0
+    Step.objects.filter(pk=first.pk).update(pending_dependencies=F("pending_dependencies") - 1)
+    if run.status == RunStatus.RUNNING:
+        dispatch_steps(run, Task.objects.get(pk=step.task_id), outbox)
+    return 1

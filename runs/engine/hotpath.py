@@ -458,6 +458,8 @@ class Completed:
     ``dispatch.step_from_row`` takes."""
 
     dispatched: list[dict[str, Any]]
+    # The statement completed the run itself (its last step).
+    run_finished: bool = False
 
 
 def eligible(run: Run, error: object, skipped: bool, cost: Decimal) -> bool:
@@ -535,7 +537,7 @@ def complete(
         return None
     columns = ("id", "tool", "timeout_ms", "run_id", "attempt_number", "status")
     dispatched = [dict(zip(columns, row[1:], strict=True)) for row in rows if row[1] is not None]
-    return Completed(dispatched)
+    return Completed(dispatched, run_finished=statement is _LAST_IN_RUN_SQL)
 
 
 # --------------------------------------------------------------------------- the start

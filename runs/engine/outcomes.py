@@ -11,6 +11,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from billing.pricing import tool_price
 from billing.services import BudgetExhausted, credits_charge
 from common.tools.base import ToolError
 from runs import services
@@ -23,7 +24,7 @@ from runs.engine.retry import decide
 from runs.engine.tree import counts_as_success
 from runs.engine.waiting import WaitRefused, park
 from runs.models import Run, Step, Task
-from runs.outbox import Outbox, StepMessage
+from runs.outbox import Outbox, RunMessage, StepMessage, enqueue_run_message
 from runs.states import StepStatus
 from runs.transitions import transition_locked
 
@@ -136,6 +137,9 @@ def record(step_id: int, run_id: Any, attempt: int, outcome: Outcome) -> bool:
                 if done.dispatched:
                     ready = [step_from_row(row) for row in done.dispatched]
                     announce(run, ready, now, Outbox())
+                if done.run_finished and run.parent_run_id is not None:
+                    # What services.run_complete tells a child's parent (runs.children).
+                    enqueue_run_message(RunMessage.CHILD_ENDED, run.pk, run.priority)
                 return True
         # Anything else, or the hot path wrote nothing (a charge beyond the reservation
         # included: here it fails the step with budget_exhausted).
@@ -161,10 +165,14 @@ def _record(run: Run, step_id: int, attempt: int, outcome: Outcome, now: datetim
         Run.objects.filter(pk=run.pk).update(last_heartbeat=now)
     if outcome.wait is not None:
         try:
-            park(run, step, outcome.wait, now)
-            return True
+            output = park(run, step, outcome.wait, now)
         except WaitRefused as refused:
             outcome = Outcome(error=ToolError(refused.code, refused.message, False))
+        else:
+            if output is None:
+                return True  # the step waits
+            # Handed on and done with (a child run started asynchronously).
+            outcome = Outcome(output=output, cost=tool_price(step.tool))
     if outcome.skipped:
         transition_locked(
             step,

@@ -1,13 +1,22 @@
 """Steps that wait outside the worker: the attempt goes on RUNNING, with no worker, no
-lease and no Celery task, until something outside reports its end.
+lease and no Celery task, until something outside ends it.
 
 A tool that hands its work to the outside returns a wait (``ToolResult.wait``); the
 recording parks the step instead of completing it, in the run's transaction, and creates
-what it waits on. Today that is a runner job (``runs.runners``; docs/runners.md): the
-step ends when the job's runner reports, through ``outcomes.record`` like any attempt,
+what it waits on (docs/runners.md):
+
+- ``runner_job``: a job for an external runner (``runs.runners``), ended by its report;
+- ``child_run``: a child run (``runs.children``); in sync mode the step waits for its
+  end, in the async modes it completes at once with ``{child_run}`` (async_callback
+  first adds its on_callback handlers, held until the child ends);
+- ``callback``: the URL the tool opened (``runs.callbacks``), ended by a post to it;
+- ``poll``: a URL the engine reads by scheduled messages until a condition holds.
+
+Whatever ends the wait records the attempt through ``outcomes.record`` like any attempt,
 so retries, failure modes and the charge are the engine's as for any step. Nothing
-sweeps a parked step's lease (it has none); its timeout, a cancel or a pause reach it as
-they reach every running step, and stop its job (``outbox.revoke_running_steps``).
+sweeps a parked step's lease (it has none); a cancel or a pause reach it as they reach
+every running step (``outbox.revoke_running_steps``), its timeout by the wait sweeps.
+Parking is idempotent: a recording delivered twice finds the wait of its attempt.
 """
 
 from __future__ import annotations
@@ -17,9 +26,26 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
+from django.db.models import F
 
-from runs.models import EventKind, Run, RunnerJob, RunnerJobStatus, Step
-from runs.outbox import after_commit, wake_runners
+from billing.services import InsufficientCredits
+from runs import services
+from runs.materialize import step_row, wiring
+from runs.models import (
+    EventKind,
+    Mode,
+    Run,
+    RunnerJob,
+    RunnerJobStatus,
+    Step,
+    StepWait,
+    StepWaitKind,
+    StepWaitStatus,
+    Task,
+)
+from runs.outbox import after_commit, schedule_poll, wake_runners
+from runs.plan import HandlerPlan, PlanInvalid
 from runs.transitions import record_event
 
 RUNNER_WAIT = "runner_job"
@@ -39,12 +65,31 @@ def new_session_id() -> str:
     return f"ses_{secrets.token_hex(6)}"
 
 
-def park(run: Run, step: Step, wait: dict[str, Any], now: datetime) -> RunnerJob:
-    """Park ``step``'s current attempt on ``wait`` (the run and the step are locked)."""
-    if wait.get("kind") != RUNNER_WAIT:
-        raise ValueError(f"unknown wait {wait.get('kind')!r}")
-    job = _runner_job(run, step, wait, now)
+def park(run: Run, step: Step, wait: dict[str, Any], now: datetime) -> dict[str, Any] | None:
+    """Park ``step``'s current attempt on ``wait`` (the run and the step are locked).
+
+    None: the step waits. A dict: the step completes now with it as its output (a child
+    run started asynchronously)."""
+    kind = wait.get("kind")
+    if kind == "child_run":
+        output = _start_child(run, step, wait, now)
+        if output is not None:
+            return output
+    elif kind == RUNNER_WAIT:
+        if not RunnerJob.objects.filter(step=step, attempt=step.attempts).exists():
+            _park_on_job(run, step, wait, now)
+    elif kind == "callback":
+        _park_on_callback(run, step, wait)
+    elif kind == "poll":
+        _start_poll(run, step, wait, now)
+    else:
+        raise ValueError(f"unknown wait {kind!r}")
     Step.objects.filter(pk=step.pk).update(lease_expires_at=None, celery_task_id="", worker="")
+    return None
+
+
+def _park_on_job(run: Run, step: Step, wait: dict[str, Any], now: datetime) -> None:
+    job = _runner_job(run, step, wait, now)
     record_event(
         run,
         EventKind.RUNNER,
@@ -56,9 +101,136 @@ def park(run: Run, step: Step, wait: dict[str, Any], now: datetime) -> RunnerJob
     organization = str(run.organization_id)
     runners = [job.required_runner_id] if job.required_runner_id else []
     after_commit(lambda: wake_runners(organization, runners))
-    return job
 
 
+# --------------------------------------------------------------------------- child runs
+def _start_child(
+    run: Run, step: Step, wait: dict[str, Any], now: datetime
+) -> dict[str, Any] | None:
+    """Create and start the child run of this attempt (once); its output if the step
+    completes now, None if it waits for the child."""
+    mode = wait["mode"]
+    child = Run.objects.filter(parent_step=step, parent_step_attempt=step.attempts).first()
+    if child is None:
+        child = _create_child(run, step, wait)
+        record_event(
+            run,
+            EventKind.CHILD,
+            message=f"started child run {child.pk} ({mode})",
+            payload={"child_run": str(child.pk), "mode": mode, "depth": child.depth},
+            entity="step",
+            entity_id=str(step.pk),
+        )
+        if mode == "async_callback":
+            _hold_callback_handlers(run, step)
+    if mode == "sync":
+        return None
+    return {"child_run": str(child.pk)}
+
+
+def _create_child(run: Run, step: Step, wait: dict[str, Any]) -> Run:
+    depth = run.depth + 1
+    if depth > settings.RUN_MAX_DEPTH:
+        raise WaitRefused(
+            "run_depth_exceeded",
+            f"a child run here would be at depth {depth}; RUN_MAX_DEPTH is "
+            f"{settings.RUN_MAX_DEPTH} (the top run is at depth 0)",
+        )
+    plan = dict(wait["plan"])
+    if wait.get("variables"):
+        given = plan.get("variables")
+        plan["variables"] = {**(given if isinstance(given, dict) else {}), **wait["variables"]}
+    parent = services.ChildOf(
+        run=run, step=step, attempt=step.attempts, mode=wait["mode"], depth=depth
+    )
+    try:
+        # A savepoint: a child refused (its plan, its credits) leaves nothing behind.
+        with transaction.atomic():
+            child = services.run_create(
+                organization=run.organization, plan=plan, actor=f"run {run.pk}", parent=parent
+            )
+            return services.run_start(run_id=child.pk, actor=f"run {run.pk}")
+    except PlanInvalid as exc:
+        raise WaitRefused("invalid_plan", f"the child run's plan is invalid: {exc}") from exc
+    except InsufficientCredits as exc:
+        raise WaitRefused("insufficient_credits", f"the child run cannot start: {exc}") from exc
+
+
+def _hold_callback_handlers(run: Run, step: Step) -> None:
+    """Add the step's on_callback handlers to its task, in sequence, the first held by
+    one more dependency (the child's end): the task cannot finish before they ran."""
+    handlers = list(step.on_callback)
+    names = [f"{step.name}.on_callback.{handler['name']}" for handler in handlers]
+    wired = wiring(Mode.SEQUENTIAL, names, [[] for _ in names])
+    task = Task.objects.get(pk=step.task_id)
+    first_position = step.position * 1000 + 1_000_500  # after the planned steps and on_error
+    rows = []
+    for index, spec in enumerate(handlers):
+        row = step_row(
+            run,
+            task,
+            HandlerPlan.from_stored(spec, name=names[index]),
+            first_position + index,
+            (wired[index][0] + (1 if index == 0 else 0), wired[index][1]),
+            step.generation,
+        )
+        row.callback_for = step
+        rows.append(row)
+    Step.objects.bulk_create(rows)
+    Task.objects.filter(pk=task.pk).update(
+        step_count=F("step_count") + len(rows), open_children=F("open_children") + len(rows)
+    )
+
+
+# --------------------------------------------------------------------------- callbacks
+def _park_on_callback(run: Run, step: Step, wait: dict[str, Any]) -> None:
+    """The callback was opened by the tool (its URL had to exist before the request
+    that hands it out); the step now waits for a post to it."""
+    record_event(
+        run,
+        EventKind.WAIT,
+        message="waiting for a callback",
+        payload={"wait": wait.get("wait"), "request": _status_of(wait.get("request"))},
+        entity="step",
+        entity_id=str(step.pk),
+    )
+
+
+def _status_of(response: Any) -> Any:
+    return response.get("status") if isinstance(response, dict) else None
+
+
+# --------------------------------------------------------------------------- polls
+POLL_KEYS = ("url", "headers", "query", "interval", "max_attempts", "done_when", "failed_when")
+
+
+def _start_poll(run: Run, step: Step, wait: dict[str, Any], now: datetime) -> None:
+    """Open the attempt's poll and send its first message (after commit)."""
+    if StepWait.objects.filter(step=step, attempt=step.attempts).exists():
+        return
+    poll = StepWait.objects.create(
+        run=run,
+        step=step,
+        attempt=step.attempts,
+        kind=StepWaitKind.POLL,
+        status=StepWaitStatus.WAITING,
+        params={key: wait[key] for key in POLL_KEYS},
+        next_poll_at=now,
+        expires_at=now + timedelta(seconds=float(wait["timeout"])),
+    )
+    record_event(
+        run,
+        EventKind.WAIT,
+        message=f"polling {wait['url']} every {wait['interval']:g}s",
+        payload={"wait": str(poll.pk), "max_attempts": wait["max_attempts"]},
+        entity="step",
+        entity_id=str(step.pk),
+    )
+    wait_id = str(poll.pk)
+    after_commit(lambda: schedule_poll(wait_id, 1, 0.0))
+
+
+# --------------------------------------------------------------------------- runner jobs
 def _runner_job(run: Run, step: Step, wait: dict[str, Any], now: datetime) -> RunnerJob:
     session_id = wait.get("session_id") or ""
     required_runner = None

@@ -14,7 +14,7 @@ simply passed over here.
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeGuard
 
 from billing.models import SECRET_NAME_RE
@@ -33,6 +33,10 @@ RUN_FIELDS = ("id", "name", "attempt", "priority")
 # for an external service, so that a retried attempt is recognised there.
 CURRENT_STEP_FIELDS = ("id", "name", "attempt")
 ERROR_FIELDS = ("code", "message", "step", "retryable")
+# What `${callback.*}` reads: in a `callback` step's parameters, the URL it opened; in a
+# `run` step's on_callback handlers, how its child run ended.
+CALLBACK_URL_FIELDS = ("url",)
+CALLBACK_FIELDS = ("child_run", "status", "outputs", "error")
 
 
 def check_plan(data: Any, limits: Limits) -> list[PlanError]:
@@ -78,6 +82,7 @@ class _Scope:
     visible_steps: Collection[str]
     current_task: str
     in_handler: bool = False
+    callback_fields: tuple[str, ...] = ()
 
 
 @dataclass
@@ -155,9 +160,11 @@ class _Checker:
                 visible_steps=visible[index],
                 current_task=name,
             )
-            self.step(raw, f"{join(path, 'steps')}[{index}]", scope, handler=False)
+            self.step(raw, f"{join(path, 'steps')}[{index}]", scope, handler="")
 
-    def step(self, data: Any, path: str, scope: _Scope, handler: bool) -> None:
+    def step(self, data: Any, path: str, scope: _Scope, handler: str) -> None:
+        """One step; ``handler`` names the handlers it is one of (on_error,
+        on_callback), "" for a step of the task."""
         if not isinstance(data, dict):
             return
         self.total_steps += 1
@@ -166,7 +173,13 @@ class _Checker:
             self.check_tool(tool, join(path, "tool"), handler)
         params = data.get("params", {})
         if isinstance(params, dict):
-            self.check_templates(params, join(path, "params"), scope)
+            spec = registry.get(tool) if isinstance(tool, str) else None
+            verbatim = spec.verbatim(params) if spec is not None else frozenset()
+            rendered = {key: value for key, value in params.items() if key not in verbatim}
+            param_scope = (
+                replace(scope, callback_fields=CALLBACK_URL_FIELDS) if tool == "callback" else scope
+            )
+            self.check_templates(rendered, join(path, "params"), param_scope)
             if isinstance(tool, str):
                 self.check_tool_params(tool, params, join(path, "params"))
         when = data.get("when")
@@ -174,6 +187,7 @@ class _Checker:
             self.check_condition(when, join(path, "when"), scope)
         if not handler:
             self.handlers(data, path, _name_of(data), scope)
+            self.callback_handlers(data, path, _name_of(data), scope)
 
     def handlers(self, data: dict[str, Any], path: str, name: str, scope: _Scope) -> None:
         raw_handlers = data.get("on_error")
@@ -194,7 +208,44 @@ class _Checker:
         )
         self.unique_names([_name_of(h) for h in raw_handlers], path, "on_error", "handler")
         for index, raw in enumerate(raw_handlers):
-            self.step(raw, f"{join(path, 'on_error')}[{index}]", handler_scope, handler=True)
+            self.step(raw, f"{join(path, 'on_error')}[{index}]", handler_scope, "on_error")
+
+    def callback_handlers(self, data: dict[str, Any], path: str, name: str, scope: _Scope) -> None:
+        """A `run` step in async_callback mode has on_callback steps, and no other step
+        has: they run once its child has ended, reading ``${callback.*}``."""
+        raw_handlers = data.get("on_callback")
+        params = data.get("params")
+        mode = params.get("execution_mode") if isinstance(params, dict) else None
+        expects = data.get("tool") == "run" and mode == "async_callback"
+        if not _is_list(raw_handlers) or not raw_handlers:
+            if expects:
+                self.error(
+                    join(path, "on_callback"),
+                    "a run step in async_callback mode needs on_callback steps, run when its "
+                    "child ends (async_poll starts a child without waiting for it)",
+                )
+            return
+        if not expects:
+            self.error(
+                join(path, "on_callback"),
+                "only a run step with execution_mode async_callback has on_callback steps",
+            )
+            return
+        if len(raw_handlers) > self.limits.max_on_error:
+            return
+        # They run after the step completed: they may read it, and what it could read.
+        callback_scope = replace(
+            scope,
+            visible_steps=(
+                scope.visible_steps.including(name)
+                if isinstance(scope.visible_steps, Finished)
+                else {*scope.visible_steps, name}
+            ),
+            callback_fields=CALLBACK_FIELDS,
+        )
+        self.unique_names([_name_of(h) for h in raw_handlers], path, "on_callback", "handler")
+        for index, raw in enumerate(raw_handlers):
+            self.step(raw, f"{join(path, 'on_callback')}[{index}]", callback_scope, "on_callback")
 
     # ------------------------------------------------------------------ names, tools
     def unique_names(self, names: list[str], path: str, key: str, what: str) -> None:
@@ -210,12 +261,12 @@ class _Checker:
             else:
                 seen[name] = index
 
-    def check_tool(self, tool: str, path: str, handler: bool) -> None:
+    def check_tool(self, tool: str, path: str, handler: str) -> None:
         if tool not in self.tools:
             hint = suggest(tool, self.tools)
             self.error(path, f"unknown tool {show(tool)}{hint}; known: {listing(self.tools)}")
         elif handler and tool in WAITING_TOOLS:
-            self.error(path, f"'{tool}' cannot be used in an on_error handler")
+            self.error(path, f"'{tool}' cannot be used in an {handler} handler")
 
     def check_tool_params(self, tool: str, params: dict[str, Any], path: str) -> None:
         """The tool's own checks of its parameters (values still templated pass)."""
@@ -316,6 +367,17 @@ class _Checker:
                 self.error(path, f"{shown}: 'error' is only available in on_error handlers")
             elif len(ref) != 2 or ref[1] not in ERROR_FIELDS:
                 self.error(path, f"{shown}: error exposes {', '.join(ERROR_FIELDS)}")
+        elif root == "callback":
+            if not scope.callback_fields:
+                self.error(
+                    path,
+                    f"{shown}: 'callback' is only available in a callback step's parameters "
+                    "and in a run step's on_callback handlers",
+                )
+            elif len(ref) < 2 or ref[1] not in scope.callback_fields:
+                self.error(path, f"{shown}: callback exposes {', '.join(scope.callback_fields)}")
+            elif ref[1] == "url" and len(ref) != 2:
+                self.error(path, f"{shown}: callback.url is a string")
         elif root == "steps":
             self.check_step_reference(
                 ref[1:], shown, path, scope.current_task, scope.visible_steps, scope
@@ -325,8 +387,8 @@ class _Checker:
         else:
             self.error(
                 path,
-                f"{shown}: unknown root '{root}'; use variables, run, step, steps, tasks or "
-                "error (or secrets.NAME for a secret)",
+                f"{shown}: unknown root '{root}'; use variables, run, step, steps, tasks, "
+                "error or callback (or secrets.NAME for a secret)",
             )
 
     def check_task_reference(self, ref: Reference, shown: str, path: str, scope: _Scope) -> None:

@@ -146,6 +146,10 @@ class StepPlan(PlanModel):
     """Steps of the same task this one waits for (the task's mode must be `dag`)."""
     on_error: Annotated[tuple[HandlerPlan, ...], Handlers()] = ()
     """Steps run in order once this one has failed for good."""
+    on_callback: Annotated[tuple[HandlerPlan, ...], Handlers()] = ()
+    """For a `run` step in `async_callback` mode: steps run in order once its child run
+    has ended, reading `${callback.child_run}`, `${callback.status}`,
+    `${callback.outputs}` and `${callback.error}`."""
 
 
 class HandlerPlan(StepPlan):
@@ -154,6 +158,7 @@ class HandlerPlan(StepPlan):
 
     depends_on: Annotated[tuple[str, ...], NotForHandlers()] = ()
     on_error: Annotated[tuple[HandlerPlan, ...], NotForHandlers()] = ()
+    on_callback: Annotated[tuple[HandlerPlan, ...], NotForHandlers()] = ()
 
     def stored(self) -> dict[str, Any]:
         """What a step row keeps of its handler until the step fails (``from_stored``
@@ -264,7 +269,7 @@ class Plan(PlanModel):
                 if timeouts.step is not None:
                     for step in task.steps:
                         _default_timeout(step, timeouts.step)
-                        for handler in step.on_error:
+                        for handler in (*step.on_error, *step.on_callback):
                             _default_timeout(handler, timeouts.step)
         if "max_agents" not in self.model_fields_set:
             self.__dict__["max_agents"] = min(self.max_agents, limits_of(info).max_agents)

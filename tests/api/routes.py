@@ -51,12 +51,21 @@ def _walk(patterns: list[Any], prefix: str) -> Iterator[tuple[str, URLPattern]]:
             yield route, pattern
 
 
-def api_routes() -> list[Route]:
+def is_public(view: Any) -> bool:
+    """A route that takes no API key (its URL's token is the credential)."""
+    return getattr(view, "authentication_classes", None) == ()
+
+
+def api_routes(*, public: bool = False) -> list[Route]:
+    """The routes that take an API key; with ``public``, those that take none instead
+    (``test_auth`` holds that list to what is meant to be public)."""
     routes = []
     for route, pattern in _walk(get_resolver().url_patterns, ""):
         if not route.startswith(API_PREFIX):
             continue
         view = pattern.callback.view_class  # type: ignore[attr-defined]
+        if is_public(view) != public:
+            continue
         methods = tuple(method for method in METHODS if hasattr(view, method))
         routes.append(Route(route, str(pattern.name), methods, view))
     assert routes, "no API routes found"

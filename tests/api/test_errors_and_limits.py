@@ -70,9 +70,11 @@ def test_a_plan_over_the_plan_limit_is_413(tenant: Tenant, settings: Any) -> Non
     assert "plan" in body["message"]
 
 
-def test_a_plan_nested_too_deep_is_an_invalid_plan_not_a_crash(tenant: Tenant) -> None:
+def test_a_plan_nested_too_deep_is_an_invalid_plan_not_a_crash(
+    tenant: Tenant, settings: Any
+) -> None:
     deep: Any = "leaf"
-    for _ in range(60):
+    for _ in range(settings.ORCHESTRATOR_PLAN_LIMITS["max_json_depth"]):
         deep = {"x": deep}
     plan = factories.plan()
     plan["variables"] = deep

@@ -943,7 +943,7 @@ REFUSED_REFERENCES = [
         "fetch",
         "second",
         "${nope.key}",
-        "unknown root 'nope'; use variables, run, step, steps, tasks or error",
+        "unknown root 'nope'; use variables, run, step, steps, tasks, error or callback",
         id="unknown-root",
     ),
     pytest.param(

@@ -36,6 +36,8 @@ class RecordingTransport:
     revoked: list[str] = field(default_factory=list)
     # (organization or None, runner ids) per wake-up of held runner polls
     woken: list[tuple[str | None, list[str]]] = field(default_factory=list)
+    # (wait id, number, countdown) per poll message
+    polls: list[tuple[str, int, float]] = field(default_factory=list)
 
     def publish_steps(self, messages: Sequence[StepMessage]) -> None:
         self.steps.extend(messages)
@@ -48,6 +50,9 @@ class RecordingTransport:
 
     def wake_runners(self, organization_id: str | None, runner_ids: Sequence[str]) -> None:
         self.woken.append((organization_id, list(runner_ids)))
+
+    def schedule_poll(self, wait_id: str, number: int, countdown_s: float) -> None:
+        self.polls.append((wait_id, number, countdown_s))
 
 
 class EngineRun:

@@ -1,0 +1,92 @@
+"""Child runs: a `run` step starts a run of its own plan in the same organization
+(docs/runners.md, "Child runs").
+
+The child is created and started by the recording of the step's attempt
+(``runs.engine.waiting``), in the parent's transaction, with its own reservation. When
+it ends, by any path, its last transaction publishes ``RunMessage.CHILD_ENDED`` after
+commit, and ``child_ended`` here tells the parent, once (``Run.parent_notified_at``):
+
+- sync: the step completes with ``{child_run, status, outputs}``, or fails with
+  ``child_failed`` / ``child_cancelled``;
+- async_callback: the step's on_callback handlers, held until now, start;
+- async_poll: nothing waits; the end is only recorded.
+
+A lost message is made good by the wait sweep (``runs.callbacks.sweep``). The lock order
+is parent before child everywhere: a cancel cascades down within one transaction, and
+an end travels up only after the child's transaction committed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from billing.pricing import tool_price
+from common.tools.base import ToolError
+from runs.engine.handlers import release_callback_handlers
+from runs.engine.outcomes import Outcome, record
+from runs.models import EventKind, Run
+from runs.outbox import Outbox
+from runs.selectors import run_outputs
+from runs.services import lock_run
+from runs.states import RUN_TERMINAL, RunStatus
+from runs.transitions import record_event
+
+
+def child_summary(child: Run) -> dict[str, Any]:
+    """How a child run ended, as its parent reads it (``${callback.*}``, a sync step's
+    output)."""
+    return {
+        "child_run": str(child.pk),
+        "status": child.status,
+        "outputs": run_outputs(child),
+        "error": child.last_error,
+    }
+
+
+def child_ended(child_id: Any) -> bool:
+    """Tell the parent that ``child_id`` ended; False when there is nothing to tell (not
+    a child, not ended, or told already)."""
+    with transaction.atomic():
+        parent_id = Run.objects.filter(pk=child_id).values_list("parent_run_id", flat=True).first()
+        if parent_id is None:
+            return False
+        parent = lock_run(parent_id, light=True)
+        child = Run.objects.select_for_update(no_key=True).get(pk=child_id)
+        if child.status not in RUN_TERMINAL or child.parent_notified_at is not None:
+            return False
+        now = timezone.now()
+        Run.objects.filter(pk=child.pk).update(parent_notified_at=now)
+        child.parent_notified_at = now
+        summary = child_summary(child)
+        record_event(
+            parent,
+            EventKind.CHILD,
+            message=f"child run {child.pk} ended {child.status}",
+            payload={"child_run": str(child.pk), "status": child.status, "mode": child.parent_mode},
+            entity="step",
+            entity_id=str(child.parent_step_id or ""),
+        )
+        if child.parent_step_id is None or child.parent_step_attempt is None:
+            return True
+        if child.parent_mode == "sync":
+            record(child.parent_step_id, parent.pk, child.parent_step_attempt, _outcome(summary))
+        elif child.parent_mode == "async_callback":
+            release_callback_handlers(parent, child.parent_step_id, Outbox())
+        return True
+
+
+def _outcome(summary: dict[str, Any]) -> Outcome:
+    """A sync step's outcome: the child's outputs, or why it did not complete."""
+    status = summary["status"]
+    if status == RunStatus.COMPLETED:
+        output = {key: summary[key] for key in ("child_run", "status", "outputs")}
+        return Outcome(output=output, cost=tool_price("run"))
+    error = summary["error"] or {}
+    message = f"child run {summary['child_run']} {status}: " + str(
+        error.get("message") or "no reason given"
+    )
+    code = "child_cancelled" if status == RunStatus.CANCELLED else "child_failed"
+    return Outcome(error=ToolError(code, message, False), cost=tool_price("run"))

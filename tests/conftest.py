@@ -75,7 +75,8 @@ def celery_worker(
             "--loglevel", "INFO",
             "--without-mingle", "--without-gossip",
         ),
-        child_env(),
+        # Polls and callback requests reach the tests' own HTTP server, on loopback.
+        child_env(HTTP_TOOL_ALLOWED_NETWORKS="127.0.0.0/8"),
         log,
     )  # fmt: skip
 

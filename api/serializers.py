@@ -161,7 +161,11 @@ class RunDetailOutput(RunOutput):
     children = ChildRunOutput(many=True, help_text="The runs its `run` steps started.")
     outputs = serializers.DictField(
         child=serializers.JSONField(),
-        help_text='`{"agent.task.step": output}` of the current attempt\'s completed steps.',
+        help_text='`{"agent.task.step": output}` of the current attempt\'s completed steps, '
+        "in plan order, up to 1 MB of JSON.",
+    )
+    outputs_truncated = serializers.BooleanField(
+        help_text="Some completed steps' outputs were left out of `outputs` (1 MB)."
     )
 
     def to_representation(self, instance: Any) -> Any:
@@ -177,7 +181,8 @@ class RunDetailOutput(RunOutput):
             "percent": summary.percent,
         }
         data["children"] = ChildRunOutput(instance.children, many=True).data
-        data["outputs"] = instance.outputs
+        data["outputs"] = instance.outputs.values
+        data["outputs_truncated"] = instance.outputs.truncated
         return data
 
 

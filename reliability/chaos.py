@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from reliability.checks import detail_lines
+from reliability.checks import detail_lines, with_descendants
 from reliability.client import Client, GaveUp, Tally
 from reliability.stack import Stack, wait_for
 from reliability.workload import EXPECTED, KINDS, RUNNER_COMMAND, EffectServer, plan_for
@@ -326,7 +326,9 @@ def effect_problems(book: RunBook, effects: Counter[tuple[int, int]]) -> dict[st
         if a > attempts.get(s, 0)
     )
     completed_once = Step.objects.filter(
-        run_id__in=book.ids(), tool__in=("http", "runner"), status="completed"
+        run_id__in=with_descendants(book.ids()),
+        tool__in=("http", "runner"),
+        status="completed",
     ).values_list("pk", "attempts")
     missing = sorted(
         f"step {pk} completed on attempt {n} but its effect was not seen"
@@ -409,6 +411,9 @@ def outcome_problems(book: RunBook) -> list[str]:
             expected.add("cancelled")  # the cancel may have landed after a retry, or not
         # A step whose worker was killed at every try ends worker_lost (by design).
         if status == "failed" and error.get("code") == "worker_lost":
+            expected.add("failed")
+        # The same, in a child run its sync step waited for.
+        if error.get("code") == "child_failed" and "worker_lost" in error.get("message", ""):
             expected.add("failed")
         if status not in expected:
             problems.append(

@@ -41,12 +41,25 @@ class Consistency:
         }
 
 
+def with_descendants(run_ids: list[str]) -> list[str]:
+    """``run_ids`` and every child run they started, at any depth: a child's steps,
+    charges and settlement are checked like those of the runs submitted."""
+    from runs.models import Run
+
+    found, frontier = list(run_ids), list(run_ids)
+    while frontier:
+        children = Run.objects.filter(parent_run__pk__in=frontier)
+        frontier = [str(pk) for pk in children.values_list("pk", flat=True)]
+        found += frontier
+    return found
+
+
 def non_terminal(run_ids: list[str]) -> list[str]:
     from runs.models import Run
 
     return [
         str(pk)
-        for pk in Run.objects.filter(pk__in=run_ids)
+        for pk in Run.objects.filter(pk__in=with_descendants(run_ids))
         .exclude(status__in=TERMINAL)
         .values_list("pk", flat=True)
     ]
@@ -61,7 +74,7 @@ def check_runs(run_ids: list[str]) -> Consistency:
     from runs.models import Run
 
     result = Consistency()
-    runs = Run.objects.filter(pk__in=run_ids)
+    runs = Run.objects.filter(pk__in=with_descendants(run_ids))
     result.statuses = Counter(runs.values_list("status", flat=True))
     result.stuck = [
         f"{pk} {status}"

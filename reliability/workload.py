@@ -27,6 +27,7 @@ KINDS = (
     "task_retry",
     "approval",
     "runner",
+    "child",
 )
 
 # What each kind ends as when no one cancels it.
@@ -40,6 +41,7 @@ EXPECTED = {
     "task_retry": "completed",
     "approval": "completed",
     "runner": "completed",
+    "child": "completed",
 }
 
 # The command the chaos runner runs for each job (the reference runner, docs/runners.md):
@@ -221,6 +223,21 @@ def plan_for(kind: str, index: int, url: str, rng: random.Random) -> dict[str, A
     if kind == "runner":
         steps = [effect("e1", url), on_runner("agent"), effect("e2", url)]
         return _run(name, [_agent([{"name": "remote", "steps": steps}])])
+    if kind == "child":
+        # A sync child and an async_callback child, each with effects of its own; the
+        # callback's handler runs one more when the child ends.
+        inner = _run(f"{name}-child", [_agent([{"name": "inner", "steps": [
+            effect("e", url), flaky("f"), pause("w", short),
+        ]}])])  # fmt: skip
+        handler = [effect("after", url)]
+        steps = [
+            effect("e1", url),
+            {"name": "sync", "tool": "run", "params": {"plan": inner}, "timeout": "2m"},
+            {"name": "later", "tool": "run", "on_callback": handler,
+             "params": {"plan": inner, "execution_mode": "async_callback"}},
+            effect("e2", url),
+        ]  # fmt: skip
+        return _run(name, [_agent([{"name": "parent", "steps": steps}])])
     if kind == "approval":
         steps = [effect("e1", url), {"name": "sign-off", "tool": "approval"}, effect("e2", url)]
         return _run(name, [_agent([{"name": "gated", "steps": steps}])])

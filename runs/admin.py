@@ -16,12 +16,12 @@ from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString
+from django.utils.safestring import SafeString, mark_safe
 
 from billing.services import InsufficientCredits
 from common.admin import ReadOnlyAdminMixin
 from runs import runners, services
-from runs.models import Agent, Run, RunAttempt, RunEvent, Runner, RunnerJob, Step, Task
+from runs.models import Agent, Run, RunAttempt, RunEvent, Runner, RunnerJob, Step, StepWait, Task
 from runs.states import InvalidTransition
 
 EVENTS_SHOWN = 200
@@ -84,6 +84,10 @@ class RunAdmin(admin.ModelAdmin[Run]):
             },
         ),
         (
+            "Parent and children",
+            {"fields": ("parent_run", "parent_step", "parent_mode", "depth", "child_runs")},
+        ),
+        (
             "Time",
             {
                 "fields": (
@@ -114,6 +118,25 @@ class RunAdmin(admin.ModelAdmin[Run]):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # audit: runs are cancelled or soft-deleted, never removed
+
+    @admin.display(description="child runs")
+    def child_runs(self, run: Run) -> SafeString:
+        """The runs its `run` steps started, linked (at most 100)."""
+        children = list(
+            Run.objects.filter(parent_run=run)
+            .order_by("created_at")
+            .values_list("pk", "name", "status", "parent_mode")[:100]
+        )
+        if not children:
+            return format_html("<em>{}</em>", "none")
+        return format_html_join(
+            mark_safe("<br>"),
+            '<a href="{}">{}</a> {} ({})',
+            (
+                (reverse("admin:runs_run_change", args=[pk]), name, status, mode)
+                for pk, name, status, mode in children
+            ),
+        )
 
     @admin.display(description="hierarchy")
     def hierarchy(self, run: Run) -> SafeString:
@@ -331,3 +354,16 @@ class RunnerJobAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[RunnerJob]):
                 self.message_user(request, f"job {job.pk}: {exc}", messages.ERROR)
         if stopped:
             self.message_user(request, f"stopping: {stopped} job(s)")
+
+
+@admin.register(StepWait)
+class StepWaitAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[StepWait]):
+    """Callback and poll waits, one per attempt of a `callback` or `poll` step."""
+
+    list_display = ("id", "kind", "run", "step", "attempt", "status", "polls", "expires_at")
+    list_filter = ("kind", "status", "created_at")
+    list_select_related = ("run", "step")
+    search_fields = ("=id", "=run__id")
+    ordering = ("-created_at",)
+    show_full_result_count = False
+    exclude = ("token_digest",)

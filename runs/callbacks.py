@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from billing.pricing import tool_price
@@ -35,6 +35,7 @@ from common.text import storable_text
 from common.tools.base import ToolError
 from runs.children import child_ended
 from runs.engine.outcomes import Outcome, record
+from runs.engine.waiting import overdue
 from runs.models import EventKind, Run, Step, StepWait, StepWaitKind, StepWaitStatus
 from runs.outbox import after_commit, schedule_poll
 from runs.services import lock_run, run_cancel
@@ -87,9 +88,12 @@ def new_callback() -> Opening:
     return Opening(wait_id, f"{wait_id.hex}.{secret}", _digest(secret))
 
 
-def open_callback(opening: Opening, *, step_id: int, attempt: int, expires_in: float) -> str:
+def open_callback(
+    opening: Opening, *, step_id: int, attempt: int, expires_in: float
+) -> dict[str, str]:
     """Open ``opening`` for attempt ``attempt`` of ``step_id``, to expire in
-    ``expires_in`` seconds. Refused (``cancelled``) when the attempt no longer runs."""
+    ``expires_in`` seconds: its wait id and URL. Refused (``cancelled``) when the attempt
+    no longer runs."""
     with transaction.atomic():
         step = Step.objects.filter(pk=step_id).values("run_id", "status", "attempts").first()
         if step is None or step["status"] != StepStatus.RUNNING or step["attempts"] != attempt:
@@ -104,7 +108,7 @@ def open_callback(opening: Opening, *, step_id: int, attempt: int, expires_in: f
             token_digest=opening.digest,
             expires_at=now + timedelta(seconds=expires_in),
         )
-    return str(opening.wait_id)
+    return {"wait": str(opening.wait_id), "url": opening.url}
 
 
 def _callback_by_token(token: str) -> StepWait:
@@ -323,12 +327,8 @@ def _expire(wait_id: Any, now: datetime) -> int:
 
 
 def _time_out_children(now: datetime) -> int:
-    with connection.cursor() as cursor:
-        default_ms = int(float(settings.ENGINE_DEFAULT_STEP_TIMEOUT) * 1000)
-        cursor.execute(_LIVE_SYNC_CHILDREN_SQL, {"now": now, "default_ms": default_ms})
-        child_ids = [row[0] for row in cursor.fetchall()]
     count = 0
-    for child_id in child_ids:
+    for child_id in overdue(_LIVE_SYNC_CHILDREN_SQL, now):
         with transaction.atomic():
             child = Run.objects.get(pk=child_id)
             if child.parent_run_id is None:

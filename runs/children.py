@@ -38,12 +38,16 @@ from runs.transitions import record_event
 def child_summary(child: Run) -> dict[str, Any]:
     """How a child run ended, as its parent reads it (``${callback.*}``, a sync step's
     output)."""
-    return {
+    outputs = run_outputs(child)
+    summary = {
         "child_run": str(child.pk),
         "status": child.status,
-        "outputs": run_outputs(child),
+        "outputs": outputs.values,
         "error": child.last_error,
     }
+    if outputs.truncated:
+        summary["outputs_truncated"] = True
+    return summary
 
 
 def child_ended(child_id: Any) -> bool:
@@ -82,7 +86,8 @@ def _outcome(summary: dict[str, Any]) -> Outcome:
     """A sync step's outcome: the child's outputs, or why it did not complete."""
     status = summary["status"]
     if status == RunStatus.COMPLETED:
-        output = {key: summary[key] for key in ("child_run", "status", "outputs")}
+        kept = ("child_run", "status", "outputs", "outputs_truncated")
+        output = {key: summary[key] for key in kept if key in summary}
         return Outcome(output=output, cost=tool_price("run"))
     error = summary["error"] or {}
     message = f"child run {summary['child_run']} {status}: " + str(

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from django.db.models import F
+
 from common.copy import copy_insert
-from runs.models import Agent, Run, RunAttempt, Step, Task
-from runs.plan import AgentPlan, Plan, StepPlan, TaskPlan
+from runs.models import Agent, Mode, Run, RunAttempt, Step, Task
+from runs.plan import AgentPlan, HandlerPlan, Plan, StepPlan, TaskPlan
 
 
 def wiring(
@@ -110,6 +112,38 @@ def step_row(
         pending_dependencies=wired[0],
         dependents=wired[1],
     )
+
+
+def add_handler_rows(
+    run: Run, task: Task, step: Step, kind: str, first_position: int, held: int = 0
+) -> list[Step]:
+    """Create ``step``'s ``kind`` handlers (on_error, on_callback) in its task, in
+    sequence, named ``<step>.<kind>.<handler>``; the first waits for ``held`` more
+    dependencies. The task counts them as open children."""
+    specs = list(getattr(step, kind))
+    names = [f"{step.name}.{kind}.{spec['name']}" for spec in specs]
+    wired = wiring(Mode.SEQUENTIAL, names, [[] for _ in names])
+    rows = []
+    for index, spec in enumerate(specs):
+        row = step_row(
+            run,
+            task,
+            HandlerPlan.from_stored(spec, name=names[index]),
+            first_position + index,
+            (wired[index][0] + (held if index == 0 else 0), wired[index][1]),
+            step.generation,
+        )
+        if kind == "on_error":
+            row.handler_for = step
+        else:
+            row.callback_for = step
+        rows.append(row)
+    Step.objects.bulk_create(rows)
+    Task.objects.filter(pk=task.pk).update(
+        step_count=F("step_count") + len(rows), open_children=F("open_children") + len(rows)
+    )
+    task.open_children += len(rows)
+    return rows
 
 
 def wire_children(

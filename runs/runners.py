@@ -34,6 +34,7 @@ from billing.models import Organization
 from billing.pricing import tool_price
 from common.tools.base import ToolError
 from runs.engine.outcomes import Outcome, record
+from runs.engine.waiting import overdue
 from runs.models import EventKind, Runner, RunnerJob, RunnerJobStatus
 from runs.outbox import after_commit, wake_runners
 from runs.services import lock_run
@@ -433,12 +434,8 @@ LIMIT 1000
 def _time_out_steps(now: datetime) -> int:
     """Fail, with ``timeout`` (retried by the step's policy), the attempts whose job has
     outlived the step's timeout, and stop their jobs."""
-    with connection.cursor() as cursor:
-        default_ms = int(float(settings.ENGINE_DEFAULT_STEP_TIMEOUT) * 1000)
-        cursor.execute(_OVERDUE_JOBS_SQL, {"now": now, "default_ms": default_ms})
-        job_ids = [row[0] for row in cursor.fetchall()]
     count = 0
-    for job_id in job_ids:
+    for job_id in overdue(_OVERDUE_JOBS_SQL, now):
         with transaction.atomic():
             job = _locked_job(None, job_id)
             if job.status not in (J.PENDING, J.CLAIMED, J.RUNNING):

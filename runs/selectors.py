@@ -10,6 +10,7 @@ a task or step come in through ``select_related``.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass
 from decimal import Decimal
@@ -177,7 +178,7 @@ class RunDetail:
     run: Run
     summary: RunSummary
     children: list[Any]
-    outputs: dict[str, Any]
+    outputs: RunOutputs
 
 
 def run_detail(*, organization: Organization, run_id: UUID | str) -> RunDetail:
@@ -191,12 +192,32 @@ def run_detail(*, organization: Organization, run_id: UUID | str) -> RunDetail:
     return RunDetail(run, run_summary(run), children, run_outputs(run))
 
 
-def run_outputs(run: Run) -> dict[str, Any]:
+# The most of a run's outputs that its detail, or a sync parent step, carries: the step
+# output limit (orchestrator.executor.MAX_OUTPUT_BYTES) of JSON.
+OUTPUTS_MAX_BYTES = 1_000_000
+
+
+@dataclass(frozen=True)
+class RunOutputs:
+    values: dict[str, Any]
+    truncated: bool  # outputs were left out to stay within OUTPUTS_MAX_BYTES
+
+
+def run_outputs(run: Run, max_bytes: int = OUTPUTS_MAX_BYTES) -> RunOutputs:
     """``{"agent.task.step": output}`` of the completed steps of the run's current
-    attempt (a task run again by its failure mode: its last generation's)."""
+    attempt (a task run again by its failure mode: its last generation's), in plan
+    order, as many as fit in ``max_bytes`` of JSON."""
     rows = (
         Step.objects.filter(run=run, attempt_number=run.attempt_number, status=StepStatus.COMPLETED)
         .order_by("task__agent__position", "task__position", "generation", "position")
         .values_list("task__agent__name", "task__name", "name", "output")
     )
-    return {f"{agent}.{task}.{step}": output for agent, task, step, output in rows}
+    values: dict[str, Any] = {}
+    used = 0
+    for agent, task, step, output in rows.iterator(chunk_size=500):
+        key = f"{agent}.{task}.{step}"
+        used += len(key) + len(json.dumps(output, separators=(",", ":"))) + 4
+        if used > max_bytes:
+            return RunOutputs(values, truncated=True)
+        values[key] = output
+    return RunOutputs(values, truncated=False)

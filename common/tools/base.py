@@ -42,7 +42,7 @@ class ToolError(Exception):
         return {"code": self.code, "message": self.message, "retryable": self.retryable}
 
 
-def _no_callback(seconds: float) -> str:
+def _no_callback(seconds: float) -> dict[str, str]:
     raise ToolError("tool_error", "only a callback step opens a callback URL", False)
 
 
@@ -55,8 +55,9 @@ class ToolContext:
     # Returns True once the step should stop (cancelled, or no longer ours).
     stop_requested: Callable[[], bool] = field(default=lambda: False)
     # The `callback` tool's: opens this attempt's callback URL (the executor gave it to
-    # the templates as ${callback.url}) to expire in so many seconds; returns its id.
-    open_callback: Callable[[float], str] = field(default=_no_callback)
+    # the templates as ${callback.url}) to expire in so many seconds; returns its wait
+    # id and URL ({"wait", "url"}).
+    open_callback: Callable[[float], dict[str, str]] = field(default=_no_callback)
 
     def sleep(self, seconds: float) -> None:
         """Sleep in short slices, stopping with ToolError('cancelled') when asked to."""

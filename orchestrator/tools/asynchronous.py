@@ -138,9 +138,9 @@ def callback(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
         raise ToolError("invalid_input", "request must be an object (an http request)", False)
     if request is not None:
         _http_request(request)  # refused before the URL is opened
-    wait_id = ctx.open_callback(min(float(timeout), settings.CALLBACK_MAX_TIMEOUT))
+    opened = ctx.open_callback(min(float(timeout), settings.CALLBACK_MAX_TIMEOUT))
     sent = http(request, ctx).output if request is not None else None
-    return ToolResult(wait={"kind": "callback", "wait": wait_id, "request": sent})
+    return ToolResult(wait={"kind": "callback", **opened, "request": sent})
 
 
 def validate_callback(params: dict[str, Any]) -> Problems:

@@ -9,10 +9,9 @@ from django.utils import timezone
 from runs.engine.dispatch import dispatch_steps, step_timeout_s
 from runs.engine.failure import Failure, child_failed
 from runs.engine.propagation import child_done
-from runs.materialize import step_row, wiring
-from runs.models import EventKind, Mode, Run, Step, Task
+from runs.materialize import add_handler_rows
+from runs.models import EventKind, Run, Step, Task
 from runs.outbox import Outbox, StepMessage
-from runs.plan import HandlerPlan
 from runs.states import RunStatus, StepStatus
 from runs.transitions import record_event, transition_many
 
@@ -70,26 +69,8 @@ def start_handlers(run: Run, task: Task, step: Step, outbox: Outbox) -> bool:
     """Create and dispatch the failed step's on_error handlers; False if it has none."""
     if not step.on_error or step.handler_for_id is not None:
         return False
-    names = [handler["name"] for handler in step.on_error]
-    wired = wiring(Mode.SEQUENTIAL, names, [[] for _ in names])
     first_position = step.position * 1000 + 1_000_000  # after every planned step
-    rows = []
-    for index, spec in enumerate(step.on_error):
-        handler = step_row(
-            run,
-            task,
-            HandlerPlan.from_stored(spec, name=f"{step.name}.on_error.{spec['name']}"),
-            first_position + index,
-            (wired[index][0], [f"{step.name}.on_error.{n}" for n in wired[index][1]]),
-            step.generation,
-        )
-        handler.handler_for = step
-        rows.append(handler)
-    Step.objects.bulk_create(rows)
-    Task.objects.filter(pk=task.pk).update(
-        step_count=F("step_count") + len(rows), open_children=F("open_children") + len(rows)
-    )
-    task.open_children += len(rows)
+    rows = add_handler_rows(run, task, step, "on_error", first_position)
     first = rows[0]
     Step.objects.filter(pk=first.pk).update(dispatched_at=timezone.now())
     Task.objects.filter(pk=task.pk).update(active_children=F("active_children") + 1)
@@ -118,7 +99,9 @@ def release_callback_handlers(run: Run, step_id: int, outbox: Outbox) -> int:
         .only("pk", "status", "pending_dependencies")
         .first()
     )
-    if first is None or first.status != StepStatus.PENDING or first.pending_dependencies == 0:
+    # PAUSED: the run is paused (resume dispatches it once it is ready).
+    waiting = (StepStatus.PENDING, StepStatus.PAUSED)
+    if first is None or first.status not in waiting or first.pending_dependencies == 0:
         return 0
     Step.objects.filter(pk=first.pk).update(pending_dependencies=F("pending_dependencies") - 1)
     if run.status == RunStatus.RUNNING:

@@ -155,7 +155,7 @@ def _record(run: Run, step_id: int, attempt: int, outcome: Outcome, now: datetim
     step = (
         Step.objects.select_for_update(no_key=True)
         .filter(pk=step_id, status=StepStatus.RUNNING, attempts=attempt)
-        .defer("params", "output", "on_error", "when")
+        .defer("params", "output", "on_error", "on_callback", "when")
         .first()
     )
     if step is None:

@@ -26,15 +26,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import F
+from django.db import connection, transaction
 
 from billing.services import InsufficientCredits
 from runs import services
-from runs.materialize import step_row, wiring
+from runs.materialize import add_handler_rows
 from runs.models import (
     EventKind,
-    Mode,
     Run,
     RunnerJob,
     RunnerJobStatus,
@@ -45,7 +43,7 @@ from runs.models import (
     Task,
 )
 from runs.outbox import after_commit, schedule_poll, wake_runners
-from runs.plan import HandlerPlan, PlanInvalid
+from runs.plan import PlanInvalid
 from runs.transitions import record_event
 
 RUNNER_WAIT = "runner_job"
@@ -101,6 +99,16 @@ def _park_on_job(run: Run, step: Step, wait: dict[str, Any], now: datetime) -> N
     organization = str(run.organization_id)
     runners = [job.required_runner_id] if job.required_runner_id else []
     after_commit(lambda: wake_runners(organization, runners))
+
+
+def overdue(sql: str, now: datetime) -> list[Any]:
+    """The ids ``sql`` selects of parked steps' waits that outlived the step's own
+    timeout: a parked step has no worker to enforce it. The statement reads ``%(now)s``
+    and ``%(default_ms)s`` (the timeout of a step whose plan sets none)."""
+    default_ms = int(float(settings.ENGINE_DEFAULT_STEP_TIMEOUT) * 1000)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {"now": now, "default_ms": default_ms})
+        return [row[0] for row in cursor.fetchall()]
 
 
 # --------------------------------------------------------------------------- child runs
@@ -159,27 +167,9 @@ def _create_child(run: Run, step: Step, wait: dict[str, Any]) -> Run:
 def _hold_callback_handlers(run: Run, step: Step) -> None:
     """Add the step's on_callback handlers to its task, in sequence, the first held by
     one more dependency (the child's end): the task cannot finish before they ran."""
-    handlers = list(step.on_callback)
-    names = [f"{step.name}.on_callback.{handler['name']}" for handler in handlers]
-    wired = wiring(Mode.SEQUENTIAL, names, [[] for _ in names])
     task = Task.objects.get(pk=step.task_id)
     first_position = step.position * 1000 + 1_000_500  # after the planned steps and on_error
-    rows = []
-    for index, spec in enumerate(handlers):
-        row = step_row(
-            run,
-            task,
-            HandlerPlan.from_stored(spec, name=names[index]),
-            first_position + index,
-            (wired[index][0] + (1 if index == 0 else 0), wired[index][1]),
-            step.generation,
-        )
-        row.callback_for = step
-        rows.append(row)
-    Step.objects.bulk_create(rows)
-    Task.objects.filter(pk=task.pk).update(
-        step_count=F("step_count") + len(rows), open_children=F("open_children") + len(rows)
-    )
+    add_handler_rows(run, task, step, "on_callback", first_position, held=1)
 
 
 # --------------------------------------------------------------------------- callbacks
@@ -190,7 +180,13 @@ def _park_on_callback(run: Run, step: Step, wait: dict[str, Any]) -> None:
         run,
         EventKind.WAIT,
         message="waiting for a callback",
-        payload={"wait": wait.get("wait"), "request": _status_of(wait.get("request"))},
+        # The URL is the organization's to hand out (without a request, this is where
+        # a client finds it); it expires with the attempt.
+        payload={
+            "wait": wait.get("wait"),
+            "url": wait.get("url"),
+            "request": _status_of(wait.get("request")),
+        },
         entity="step",
         entity_id=str(step.pk),
     )

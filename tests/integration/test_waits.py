@@ -267,6 +267,23 @@ def test_a_failed_callback_is_retried_with_a_new_url(http_server: HttpServer) ->
     assert_books_balanced(run)
 
 
+def test_a_callback_without_a_request_shows_its_url_to_its_organization() -> None:
+    run = submit(plan_of({"name": "hook", "tool": "callback", "params": {"timeout": 60}}))
+    client = client_of(run)
+
+    def url() -> str | None:
+        events = client.get(f"/api/v1/runs/{run.pk}/events", {"kind": "wait"}).json()
+        found = [e["payload"]["url"] for e in events["results"] if e["payload"].get("url")]
+        return found[0] if found else None
+
+    path = wait_until(url, timeout=30, what="the callback's event")
+    path = path[path.index("/api/v1/callbacks/") :]
+    answer = APIClient().post(path, {"status": "completed", "result": "signed"}, format="json")
+    assert answer.status_code == 200
+    assert wait_for(run).status == RunStatus.COMPLETED
+    assert steps_of(run)["hook"].output == "signed"
+
+
 # --------------------------------------------------------------------------- polls
 def watch(http_server: HttpServer, **params: Any) -> dict[str, Any]:
     return {"name": "watch", "tool": "poll", "params": {

@@ -13,6 +13,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.conf import settings as django_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -323,7 +324,7 @@ def test_an_unknown_tool_is_reported_with_the_known_tools() -> None:
     assert [path for path, _ in errors] == [f"{STEP}.tool"]
     message = errors[0][1]
     assert message.startswith("unknown tool 'htp'; did you mean 'http'?; known: ")
-    assert "approval, echo, fail, http, llm, noop" in message
+    assert "approval, callback, echo, fail, http, llm, noop, poll, python, run, runner" in message
 
 
 @pytest.mark.parametrize(("tool", "got"), [(None, "null"), (["http"], "a list"), (1, "a number")])
@@ -1105,7 +1106,10 @@ def test_a_very_deep_plan_is_refused_without_recursion() -> None:
     deep: Any = "bottom"
     for _ in range(100_000):
         deep = [deep]
-    assert errors_of(one_step(params={"deep": deep})) == [("", "plan nests deeper than 32 levels")]
+    limit = django_settings.ORCHESTRATOR_PLAN_LIMITS["max_json_depth"]
+    assert errors_of(one_step(params={"deep": deep})) == [
+        ("", f"plan nests deeper than {limit} levels")
+    ]
 
 
 @pytest.mark.parametrize(

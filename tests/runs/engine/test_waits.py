@@ -24,6 +24,7 @@ from runs.models import Run, Step, StepWait
 from runs.outbox import RunMessage
 from runs.plan import parse_plan
 from runs.reservation import plan_reservation
+from runs.selectors import RunOutputs, run_outputs
 from runs.states import RunStatus
 from runs.transitions import claim_next_step, claim_step
 from tests.integration.engine_support import assert_books_balanced
@@ -320,11 +321,12 @@ def open_and_park(engine: EngineRun, seconds: float = 60) -> tuple[Step, str]:
     claimed = claim_step(step.pk, worker="test", task_id="hook", lease_seconds=60)
     assert claimed is not None
     opening = callbacks.new_callback()
-    wait_id = callbacks.open_callback(
+    opened = callbacks.open_callback(
         opening, step_id=step.pk, attempt=claimed["attempts"], expires_in=seconds
     )
+    assert opened["url"].endswith(f"/api/v1/callbacks/{opening.token}")
     with engine._committed():
-        wait = {"kind": "callback", "wait": wait_id, "request": None}
+        wait = {"kind": "callback", **opened, "request": None}
         record(step.pk, engine.run.pk, claimed["attempts"], Outcome(wait=wait))
     return Step.objects.get(pk=step.pk), opening.token
 
@@ -481,3 +483,38 @@ def test_the_reservation_counts_on_callback_handlers() -> None:
     with_handlers = plan_reservation(parse_plan(callback_plan()))
     without = plan_reservation(parse_plan(plan_with(run_step("async_poll"))))
     assert with_handlers - without == Decimal("0.01") * 3 * 2  # echo and noop, 3 attempts
+
+
+def test_a_runs_outputs_stop_at_their_byte_limit(engine_run: Start) -> None:
+    steps = [{"name": f"s{i}", "tool": "noop"} for i in range(3)]
+    engine = engine_run({"name": "p", "agents": [{"name": "a", "tasks": [
+        {"name": "t", "steps": steps}]}]})  # fmt: skip
+    for i in range(3):
+        engine.finish(f"s{i}", Outcome(output="x" * 20))
+
+    whole = run_outputs(engine.refresh())
+    assert whole == RunOutputs({f"a.t.s{i}": "x" * 20 for i in range(3)}, truncated=False)
+    cut = run_outputs(engine.run, max_bytes=60)
+    assert cut == RunOutputs({"a.t.s0": "x" * 20}, truncated=True)
+
+
+def test_a_child_ending_while_its_parent_is_paused_runs_the_handlers_after_resume(
+    engine_run: Start,
+) -> None:
+    engine = engine_run(callback_plan())
+    child = child_of(spawn(engine))
+    engine.finish("after")
+    with engine._committed():
+        services.run_pause(run_id=engine.run.pk)
+    tell(engine, drive(engine, child))
+    read = engine.step("spawn.on_callback.read")
+    assert read.status == "paused"
+    assert read.pending_dependencies == 0  # released, held by the pause alone
+
+    with engine._committed():
+        services.run_resume(run_id=engine.run.pk)
+        control.resume(engine.run.pk)
+    assert engine.transport.steps[-1].step_id == read.pk
+    engine.finish("spawn.on_callback.read")
+    engine.finish("spawn.on_callback.last")
+    assert engine.refresh().status == RunStatus.COMPLETED

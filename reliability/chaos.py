@@ -439,9 +439,10 @@ def format_report(report: dict[str, Any]) -> str:
     by_status = ", ".join(f"{k} {v}" for k, v in consistency["runs_by_status"].items())
     executed = f"{effects['executions']} for {effects['step_attempts']} step attempts"
     rows = [
-        ("runs by final status", by_status),
+        ("runs by final status (child runs included)", by_status),
         ("runs created / requested", f"{report['runs_created']} / {report['runs_requested']}"),
         ("runs in the database (duplicates or losses show here)", report["runs_in_database"]),
+        ("child runs their `run` steps started", report["child_runs"]),
         ("faults injected", ", ".join(f"{k} {v}" for k, v in report["faults_by_kind"].items())),
         ("side effects executed", executed),
         ("side effects executed twice for one attempt", len(effects["executed_twice"])),
@@ -615,7 +616,9 @@ def _storm(
     recovery = (last_end.timestamp() - last_fault) if last_end else 0.0
     effect_report = effect_problems(book, effects.log.snapshot())
     unexplained = outcome_problems(book)
-    org_runs = Run.objects.filter(name__startswith="chaos-").count()
+    # The runs submitted: child runs (started by `run` steps) are counted apart.
+    org_runs = Run.objects.filter(name__startswith="chaos-", parent_run__isnull=True).count()
+    child_runs = Run.objects.filter(name__startswith="chaos-", parent_run__isnull=False).count()
     created = len(book.ids())
     report: dict[str, Any] = {
         "seed": config.seed,
@@ -624,6 +627,7 @@ def _storm(
         "runs_requested": config.runs,
         "runs_created": created,
         "runs_in_database": org_runs,
+        "child_runs": child_runs,
         "submission_errors": [f"#{i.index} {i.kind}: {i.error}" for i in book.items if i.error],
         "controls": dict(Counter(i.control or "none" for i in book.items)),
         "faults": [asdict(f) for f in schedule],

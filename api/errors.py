@@ -23,6 +23,17 @@ from rest_framework import exceptions, serializers
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
+from artifacts.selectors import ArtifactNotFound
+from artifacts.services import (
+    ArtifactExists,
+    ArtifactNotReady,
+    ArtifactTooLarge,
+    InvalidName,
+    RunStorageFull,
+    TooManyUploads,
+    UploadMismatch,
+)
+from artifacts.storage import StorageUnavailable
 from billing.services import InsufficientCredits
 from common.filters import Problems, QueryInvalid
 from runs.callbacks import CallbackNotFound
@@ -92,6 +103,15 @@ DOMAIN_ERRORS: dict[type[Exception], tuple[int, Callable[[Any], Any], Callable[[
     DuplicateRunner: (409, lambda exc: exc.details, str),
     NotJobOwner: (409, lambda exc: None, str),
     CallbackNotFound: (404, lambda exc: None, lambda exc: "not found"),
+    ArtifactNotFound: (404, lambda exc: None, lambda exc: "not found"),
+    ArtifactExists: (409, lambda exc: None, str),
+    ArtifactNotReady: (409, lambda exc: None, str),
+    UploadMismatch: (409, lambda exc: None, str),
+    TooManyUploads: (429, lambda exc: None, str),
+    RunStorageFull: (413, lambda exc: None, str),
+    ArtifactTooLarge: (413, lambda exc: None, str),
+    InvalidName: (400, lambda exc: None, str),
+    StorageUnavailable: (503, lambda exc: None, lambda exc: "artifact storage is unavailable"),
 }
 
 
@@ -177,7 +197,12 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     for exc_type, (status, details, message) in DOMAIN_ERRORS.items():
         if isinstance(exc, exc_type):
             code = str(getattr(exc, "code", "error"))
-            return Response(error_body(code, message(exc), details(exc)), status=status)
+            # A refusal that passes (too many uploads, storage down) says when to retry.
+            retry_after = getattr(exc, "retry_after", None)
+            headers = {"Retry-After": str(retry_after)} if retry_after else None
+            return Response(
+                error_body(code, message(exc), details(exc)), status=status, headers=headers
+            )
     if isinstance(exc, OperationalError | InterfaceError):
         # PostgreSQL unreachable or restarting: nothing was written (the view's
         # transaction rolled back), and the same request will work once it is back.

@@ -38,6 +38,9 @@ class InsufficientScope(APIException):
 def required_scopes(view: Any, method: str) -> tuple[str, ...]:
     if getattr(view, "runner_route", False):
         return (ApiKeyScope.RUNNER, ApiKeyScope.FULL)
+    if getattr(view, "uploads_allowed_to_runners", False) and method not in SAFE_METHODS:
+        # A runner uploads what its job produced (api/artifacts.py).
+        return (ApiKeyScope.FULL, ApiKeyScope.RUNNER)
     if method in SAFE_METHODS:
         return (ApiKeyScope.FULL, ApiKeyScope.READ)
     return (ApiKeyScope.FULL,)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
+from api import artifacts as artifact_api
 from api import callbacks as callback_api
 from api import runners as runner_api
 from api import views
@@ -25,6 +26,30 @@ urlpatterns = [
     path("runs/<uuid:run_id>/tasks", views.RunTasksApi.as_view(), name="run-tasks"),
     path("runs/<uuid:run_id>/steps", views.RunStepsApi.as_view(), name="run-steps"),
     path("runs/<uuid:run_id>/events", views.RunEventsApi.as_view(), name="run-events"),
+    path(
+        "runs/<uuid:run_id>/artifacts", artifact_api.RunArtifactsApi.as_view(), name="run-artifacts"
+    ),
+    path(
+        "runs/<uuid:run_id>/artifacts/uploads",
+        artifact_api.RunArtifactUploadsApi.as_view(),
+        name="run-artifact-uploads",
+    ),
+    path("artifacts/<uuid:artifact_id>", artifact_api.ArtifactApi.as_view(), name="artifact"),
+    path(
+        "artifacts/<uuid:artifact_id>/complete",
+        artifact_api.ArtifactCompleteApi.as_view(),
+        name="artifact-complete",
+    ),
+    path(
+        "artifacts/<uuid:artifact_id>/content",
+        artifact_api.ArtifactContentApi.as_view(),
+        name="artifact-content",
+    ),
+    path(
+        "artifacts/<uuid:artifact_id>/download",
+        artifact_api.ArtifactDownloadApi.as_view(),
+        name="artifact-download",
+    ),
     path("billing/balance", BalanceApi.as_view(), name="billing-balance"),
     path("billing/ledger", LedgerApi.as_view(), name="billing-ledger"),
     path("secrets", SecretsApi.as_view(), name="secrets"),

@@ -147,13 +147,15 @@ class ApiView(APIView):
 
     queries: ClassVar[dict[str, type[serializers.Serializer[Any]]]] = {}
     filterset: ClassVar[type[StrictFilterSet] | None] = None
+    large_body: ClassVar[bool] = False
     query: dict[str, Any]
     filters: QueryDict
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
         method = (request.method or "").lower()
-        if method in ("post", "put", "patch"):  # other methods' bodies are never read
+        # Other methods' bodies are never read; a view taking files sets its own limit.
+        if method in ("post", "put", "patch") and not self.large_body:
             refuse_if_too_large(request.META.get("CONTENT_LENGTH"))
         filterset = self.filterset if method == "get" else None
         self.query, self.filters = checked_query(

@@ -53,6 +53,13 @@ class Env:
             return "" if default is REQUIRED else str(default)
         return value
 
+    def choice(self, name: str, default: str, choices: tuple[str, ...], help_text: str = "") -> str:
+        value = self.string(name, default, f"{help_text} ({', '.join(choices)})")
+        if value not in choices:
+            self.errors.append(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+            return default
+        return value
+
     def boolean(self, name: str, default: Any = REQUIRED, help_text: str = "") -> bool:
         value = self._raw(name, default, help_text)
         if value is None:

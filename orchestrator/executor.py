@@ -22,6 +22,7 @@ of its own (``execute_step``), whose Celery time limits are the step's.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -31,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
+from typing import Any, BinaryIO
 
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import task_prerun, worker_process_init
@@ -39,6 +40,8 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 from psycopg.pq import TransactionStatus
 
+from artifacts import services as artifact_services
+from billing.models import Organization
 from billing.pricing import tool_price
 from common.expressions import ExpressionError, parsed
 from common.redaction import redact, redact_text, redactable, redacting
@@ -274,16 +277,74 @@ def run_attempt(step: Step, attempt: int) -> Outcome:
         ctx.open_callback = lambda seconds: callbacks.open_callback(
             opening, step_id=step.pk, attempt=attempt, expires_in=seconds
         )
+    saved = StepArtifacts(step)
+    ctx.save_artifact = saved.save
     secrets = redactable(context.secrets_used.values())
     heart.begin(step.pk, step.run_id, attempt)
     try:
         with redacting(secrets):
-            outcome = _run_tool(spec.run, step, params, ctx)
+            outcome = saved.listed_in(_run_tool(spec.run, step, params, ctx))
         return _recordable(outcome, secrets, step.tool)
     except SoftTimeLimitExceeded:  # while a large output was being redacted or checked
         return _timed_out(step)
     finally:
         heart.end()
+
+
+class StepArtifacts:
+    """What a step's tool saves as artifacts (``ToolContext.save_artifact``), and the
+    list of them its output shows."""
+
+    def __init__(self, step: Step) -> None:
+        self.step = step
+        self.saved: list[str] = []
+
+    def save(self, name: str, stream: BinaryIO, size: int, content_type: str) -> dict[str, Any]:
+        organization = Organization.objects.get(runs__pk=self.step.run_id)
+        try:
+            artifact = artifact_services.upload(
+                organization=organization,
+                run_id=self.step.run_id,
+                name=name,
+                stream=stream,
+                size=size,
+                content_type=content_type,
+                step_id=self.step.pk,
+            )
+        except tuple(ARTIFACT_REFUSALS) as exc:
+            code, retryable = ARTIFACT_REFUSALS[type(exc)]
+            raise ToolError(code, f"artifact {name!r} not saved: {exc}", retryable) from exc
+        self.saved.append(str(artifact.pk))
+        return {
+            "id": str(artifact.pk),
+            "name": artifact.name,
+            "size": artifact.size,
+            "sha256": artifact.sha256,
+            "content_type": artifact.content_type,
+        }
+
+    def listed_in(self, outcome: Outcome) -> Outcome:
+        """The outcome, its output naming the artifacts saved (an output that is not an
+        object is kept under ``result``)."""
+        if not self.saved or outcome.wait is not None:
+            return outcome
+        output = outcome.output
+        if isinstance(output, dict):
+            output = {**output, "artifacts": self.saved}
+        else:
+            output = {"result": output, "artifacts": self.saved}
+        return dataclasses.replace(outcome, output=output)
+
+
+# Why an artifact was not saved, as the step's error code (and whether to retry).
+ARTIFACT_REFUSALS: dict[type[Exception], tuple[str, bool]] = {
+    artifact_services.ArtifactExists: ("invalid_input", False),
+    artifact_services.InvalidName: ("invalid_input", False),
+    artifact_services.ArtifactTooLarge: ("quota_exceeded", False),
+    artifact_services.RunStorageFull: ("quota_exceeded", False),
+    artifact_services.TooManyUploads: ("rate_limited", True),
+    artifact_services.StorageUnavailable: ("service_unavailable", True),
+}
 
 
 def _rendered(params: dict[str, Any], verbatim: frozenset[str], context: StepContext) -> Any:

@@ -2,7 +2,8 @@
 
 It needs the HTTP API only (no database, no Django settings): it registers, long-polls
 for jobs, runs ``CMD`` once per job as a subprocess (the job as JSON on stdin,
-``ORCH_JOB_ID`` and ``ORCH_PROMPT`` in its environment), reports what happened and
+``ORCH_JOB_ID``, ``ORCH_PROMPT``, ``ORCH_RUN_ID``, ``ORCH_URL`` and ``ORCH_API_KEY`` in its
+environment), reports what happened and
 heartbeats. Exit 0 completes the job with stdout parsed as JSON (``{"stdout": text}``
 when it is not JSON); another exit fails it with the tail of stderr. A stop command sends
 SIGTERM, then SIGKILL after ``--kill-after`` seconds, and reports the signal used.
@@ -197,7 +198,16 @@ class Runner:
 
     # ---------------------------------------------------------------- jobs
     def start(self, job: dict[str, Any]) -> None:
-        env = {**os.environ, "ORCH_JOB_ID": str(job["id"]), "ORCH_PROMPT": str(job["prompt"])}
+        # With the API's address and key, the command can upload what it makes as
+        # artifacts of the job's run (docs/artifacts.md) and name them in its result.
+        env = {
+            **os.environ,
+            "ORCH_JOB_ID": str(job["id"]),
+            "ORCH_PROMPT": str(job["prompt"]),
+            "ORCH_RUN_ID": str(job.get("run", "")),
+            "ORCH_URL": self.url.rstrip("/"),
+            "ORCH_API_KEY": self.api_key,
+        }
         process = subprocess.Popen(
             self.command,
             stdin=subprocess.PIPE,

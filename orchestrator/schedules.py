@@ -64,6 +64,11 @@ def schedules() -> tuple[Schedule, ...]:
             every_seconds=_every("ENGINE_SWEEP_INTERVAL"),
         ),
         Schedule(
+            name="artifact-expiry",
+            task="orchestrator.sweeps.artifacts",
+            every_seconds=300,
+        ),
+        Schedule(
             name="wait-sweep",
             task="orchestrator.sweeps.waits",
             every_seconds=_every("ENGINE_SWEEP_INTERVAL"),

@@ -19,6 +19,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from kombu.exceptions import OperationalError as BrokerError
 
+from artifacts import services as artifact_services
 from orchestrator import executor, polling, sweeps
 from orchestrator.dispatch import CeleryTransport, serving
 from runs import callbacks, children, runners
@@ -193,3 +194,8 @@ def poll_task(wait_id: str, number: int) -> bool:
 @shared_task(name="orchestrator.sweeps.waits", **RETRY_OPTIONS)
 def sweep_waits_task() -> dict[str, int]:
     return callbacks.sweep()
+
+
+@shared_task(name="orchestrator.sweeps.artifacts", **RETRY_OPTIONS)
+def sweep_artifacts_task() -> dict[str, int]:
+    return artifact_services.sweep()

@@ -8,11 +8,13 @@ price from settings is charged). Failures raise ``ToolError`` with a code from
 
 from __future__ import annotations
 
+import io
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, BinaryIO
 
 from common.errors import is_retryable
 
@@ -42,6 +44,10 @@ class ToolError(Exception):
         return {"code": self.code, "message": self.message, "retryable": self.retryable}
 
 
+def _no_artifacts(name: str, stream: BinaryIO, size: int, content_type: str) -> dict[str, Any]:
+    raise ToolError("tool_error", "this step cannot save artifacts", False)
+
+
 def _no_callback(seconds: float) -> dict[str, str]:
     raise ToolError("tool_error", "only a callback step opens a callback URL", False)
 
@@ -58,6 +64,21 @@ class ToolContext:
     # the templates as ${callback.url}) to expire in so many seconds; returns its wait
     # id and URL ({"wait", "url"}).
     open_callback: Callable[[float], dict[str, str]] = field(default=_no_callback)
+    # Saves ``size`` bytes read from a stream as an artifact of the run, made by this
+    # step (docs/artifacts.md); returns its ``{id, name, size, sha256, content_type}``.
+    # The step's output lists the artifacts it saved.
+    save_artifact: Callable[[str, BinaryIO, int, str], dict[str, Any]] = field(
+        default=_no_artifacts
+    )
+
+    def save_bytes(self, name: str, data: bytes, content_type: str = "") -> dict[str, Any]:
+        """Save ``data`` as the artifact ``name``."""
+        return self.save_artifact(name, io.BytesIO(data), len(data), content_type)
+
+    def save_file(self, name: str, path: str, content_type: str = "") -> dict[str, Any]:
+        """Save the file at ``path`` as the artifact ``name`` (streamed, not read whole)."""
+        with open(path, "rb") as stream:
+            return self.save_artifact(name, stream, os.fstat(stream.fileno()).st_size, content_type)
 
     def sleep(self, seconds: float) -> None:
         """Sleep in short slices, stopping with ToolError('cancelled') when asked to."""

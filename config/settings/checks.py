@@ -87,6 +87,15 @@ def check_consistency(env: Env, settings: dict[str, Any]) -> None:
             "between two heartbeats"
         )
 
+    if settings["ARTIFACTS_BACKEND"] == "s3" and not settings["ARTIFACTS_S3_BUCKET"]:
+        env.errors.append("ARTIFACTS_S3_BUCKET is required when ARTIFACTS_BACKEND is s3")
+    if int(settings["ARTIFACT_MAX_FILE_BYTES"]) > int(settings["ARTIFACT_RUN_MAX_BYTES"]):
+        env.errors.append(
+            f"ARTIFACT_MAX_FILE_BYTES ({settings['ARTIFACT_MAX_FILE_BYTES']}) must not exceed "
+            f"ARTIFACT_RUN_MAX_BYTES ({settings['ARTIFACT_RUN_MAX_BYTES']}): no run could hold "
+            "a file that large"
+        )
+
     prices = {
         "BILLING_LLM_PRICE_PER_1K_TOKENS": settings["BILLING_LLM_PRICE_PER_1K_TOKENS"],
         "BILLING_LLM_ESTIMATE": settings["BILLING_LLM_ESTIMATE"],

@@ -1,5 +1,8 @@
 """The test suite: `make test` points DATABASE_URL and CELERY_BROKER_URL at throwaway servers."""
 
+import tempfile
+from pathlib import Path
+
 from config.settings.checks import check_consistency
 
 from .base import *  # noqa: F403
@@ -20,6 +23,15 @@ LOGGING["root"]["level"] = env.string("LOG_LEVEL", "WARNING", "root log level") 
 # Short leases so that crash-recovery tests reclaim within seconds, not minutes.
 ENGINE_HEARTBEAT_SECONDS = env.number("ENGINE_HEARTBEAT_SECONDS", 0.5, "lease renewal period")
 ENGINE_LEASE_SECONDS = env.number("ENGINE_LEASE_SECONDS", 3, "lease length")
+
+# Artifacts of the tests' runs: one directory every process of the suite shares (the
+# worker, the web server, the test process), outside the checkout. Keys are unique, so
+# suites running side by side do not meet in it.
+ARTIFACTS_ROOT = env.string(
+    "ARTIFACTS_ROOT",
+    str(Path(tempfile.gettempdir()) / "orchestrator-test-artifacts"),
+    "the filesystem backend's directory",
+)
 
 check_consistency(env, globals())
 env.raise_if_invalid()

@@ -9,6 +9,7 @@ time and fail with `invalid_input` (never retried) rather than crash.
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from typing import Any
 
@@ -249,6 +250,18 @@ def _http_request(params: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
 
 
 def http(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    """One HTTP request (``_exchange``); with ``save_as``, its response body is kept as
+    an artifact, through a spool file that ends with the request."""
+    save_as = params.get("save_as")
+    if save_as is None:
+        return _exchange(params, ctx, None)
+    if not isinstance(save_as, str) or not save_as.strip():
+        raise ToolError("invalid_input", "save_as must be an artifact name", False)
+    with tempfile.SpooledTemporaryFile(max_size=1024 * 1024) as spool:
+        return _exchange(params, ctx, spool)
+
+
+def _exchange(params: dict[str, Any], ctx: ToolContext, spool: Any) -> ToolResult:
     """One HTTP request; redirects are followed only with `follow_redirects: true` (at most
     HTTP_MAX_REDIRECTS hops), otherwise a 3xx is returned like a 2xx.
 
@@ -264,7 +277,12 @@ def http(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
     follow = params.get("follow_redirects", False)
     if not isinstance(follow, bool):
         raise ToolError("invalid_input", "follow_redirects must be true or false", False)
-    limit = settings.HTTP_TOOL_MAX_RESPONSE_BYTES
+    # Kept as an artifact, the body may be as large as an artifact, and goes to disk
+    # beyond a megabyte rather than into memory.
+    save_as = params["save_as"].strip() if spool is not None else ""
+    limit = settings.ARTIFACT_MAX_FILE_BYTES if save_as else settings.HTTP_TOOL_MAX_RESPONSE_BYTES
+    body: Any = spool if save_as else bytearray()
+    received = 0
     deadline = time.monotonic() + timeout
     next_stop_check = time.monotonic() + CANCEL_CHECK_INTERVAL
     try:
@@ -277,10 +295,13 @@ def http(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
             ) as client,
             client.stream(method, url, **request) as response,
         ):
-            body = bytearray()
             for chunk in response.iter_bytes():
-                body += chunk
-                if len(body) > limit:
+                if save_as:
+                    body.write(chunk)
+                else:
+                    body.extend(chunk)
+                received += len(chunk)
+                if received > limit:
                     raise ToolError("invalid_output", f"response larger than {limit} bytes")
                 now = time.monotonic()
                 if now > deadline:
@@ -306,7 +327,12 @@ def http(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
     except (TypeError, ValueError) as exc:  # httpx refusing a header or body value
         raise ToolError("invalid_input", f"HTTP request is invalid: {exc}", False) from exc
     status = response.status_code
-    text = bytes(body).decode(response.encoding or "utf-8", errors="replace")
+    if save_as:
+        body.seek(0)
+        head = body.read(HTTP_ERROR_EXCERPT * 4)
+        text = head.decode(response.encoding or "utf-8", errors="replace")
+    else:
+        text = bytes(body).decode(response.encoding or "utf-8", errors="replace")
     if status >= 400:
         excerpt = text[:HTTP_ERROR_EXCERPT].strip()
         message = f"HTTP {status}: {excerpt}" if excerpt else f"HTTP {status}"
@@ -315,6 +341,13 @@ def http(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
         if status >= 500:
             raise ToolError("server_error", message)
         raise ToolError(HTTP_NON_RETRYABLE.get(status, "invalid_input"), message, False)
+    if save_as:
+        body.seek(0)
+        content_type = response.headers.get("content-type", "application/octet-stream")
+        saved = ctx.save_artifact(save_as, body, received, content_type)
+        return ToolResult(
+            output={"status": status, "headers": dict(response.headers), "artifact": saved}
+        )
     parsed: Any = text
     if text and _is_json_type(response.headers.get("content-type", "")):
         try:
@@ -349,6 +382,13 @@ def validate_http(params: dict[str, Any]) -> Problems:
         problems.append(("follow_redirects", "must be true or false"))
     if "json" in params and "body" in params:
         problems.append(("body", "give either json or body, not both"))
+    save_as = params.get("save_as")
+    if (
+        save_as is not None
+        and not has_template(save_as)
+        and (not isinstance(save_as, str) or not save_as.strip() or len(save_as) > 255)
+    ):
+        problems.append(("save_as", "must be an artifact name (1 to 255 characters)"))
     return problems
 
 

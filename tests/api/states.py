@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from typing import Any
 
+from artifacts import services as artifact_services
+from artifacts.models import Artifact
 from billing.models import Organization
 from orchestrator.tools.builtin import runner as runner_tool
 from runs import runners, services
@@ -136,3 +139,50 @@ def runner_request(name: str, organization: Organization) -> tuple[dict[str, Any
         "runner-job-stop": {},
     }
     return {"job_id": job.pk}, bodies[name]
+
+
+# --------------------------------------------------------------------------- artifacts
+ARTIFACT_ROUTES = frozenset(
+    {
+        "run-artifacts",
+        "run-artifact-uploads",
+        "artifact",
+        "artifact-complete",
+        "artifact-content",
+        "artifact-download",
+    }
+)
+
+
+def artifact(organization: Organization, *, uploading: bool = False) -> Artifact:
+    """An artifact of a running run: available, or a presigned upload whose bytes are in
+    and that only needs completing."""
+    run = running(organization)
+    if not uploading:
+        return artifact_services.upload(
+            organization=organization,
+            run_id=run.pk,
+            name="report.txt",
+            stream=io.BytesIO(b"abc"),
+            size=3,
+            content_type="text/plain",
+        )
+    started = artifact_services.start_upload(
+        organization=organization, run_id=run.pk, name="pending.bin", size=3
+    )
+    artifact_services.receive_content(
+        organization=organization, artifact_id=started.artifact.pk, stream=io.BytesIO(b"abc")
+    )
+    return started.artifact
+
+
+def artifact_request(
+    name: str, organization: Organization
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(path values, JSON body) of an artifact route that succeeds for ``organization``."""
+    if name in ("run-artifacts", "run-artifact-uploads"):
+        body = {"name": "big.bin", "size": 3} if name == "run-artifact-uploads" else {}
+        return {"run_id": running(organization).pk}, body
+    if name == "artifact-complete":
+        return {"artifact_id": artifact(organization, uploading=True).pk}, {}
+    return {"artifact_id": artifact(organization).pk}, {}

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.django_db
 ID_ROUTES = routes_with("run_id")
 NAME_ROUTES = routes_with("name")  # an organization's secret, by name
 JOB_ROUTES = routes_with("job_id")  # an organization's runner job
+ARTIFACT_ROUTES = routes_with("artifact_id")  # an organization's artifact
 # The runner protocol's routes name a runner in their body or query (a poll is a GET
 # but no list): tested below with another organization's runner.
 RUNNER_ROUTES = [
@@ -49,6 +50,7 @@ def test_every_api_route_is_either_scoped_by_run_id_or_a_list() -> None:
         *map(str, ID_ROUTES),
         *map(str, NAME_ROUTES),
         *map(str, JOB_ROUTES),
+        *map(str, ARTIFACT_ROUTES),
         *map(str, routes_without_parameters()),
     }
     assert {str(route) for route in api_routes()} == known
@@ -175,6 +177,24 @@ def test_another_organizations_runner_job_is_not_found_for_every_method(
     assert theirs.status == "claimed"
     if "get" in route.methods:
         assert tenant.get(path).status_code == 200
+
+
+@pytest.mark.parametrize("route", ARTIFACT_ROUTES, ids=str)
+def test_another_organizations_artifact_is_not_found_for_every_method(
+    route: Route, tenant: Tenant, other_tenant: Tenant
+) -> None:
+    theirs = states.artifact(tenant.organization)
+    path = route.path(artifact_id=theirs.pk)
+
+    for method in route.methods:
+        response = getattr(other_tenant.client, method)(path, {}, format="json")
+
+        assert response.status_code == 404, (method, path, response.content)
+        assert response.json()["code"] == "not_found"
+    theirs.refresh_from_db()
+    assert theirs.status == "available"
+    if "get" in route.methods:
+        assert tenant.get(path).status_code in (200, 302)
 
 
 @pytest.mark.parametrize("route", RUNNER_ROUTES, ids=str)

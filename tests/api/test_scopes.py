@@ -42,6 +42,9 @@ def paths(route: Route, own: Run, foreign: Run) -> list[str]:
     if "job_id" in route.parameters:  # a runner job of each organization, and none
         jobs = [states.runner_job(run.organization).pk for run in (own, foreign)]
         return [route.path(job_id=job_id) for job_id in (*jobs, UNKNOWN_RUN)]
+    if "artifact_id" in route.parameters:  # an artifact of each organization, and none
+        artifacts = [states.artifact(run.organization).pk for run in (own, foreign)]
+        return [route.path(artifact_id=pk) for pk in (*artifacts, UNKNOWN_RUN)]
     return [route.path()]
 
 
@@ -66,6 +69,8 @@ def test_a_read_key_may_get_and_nothing_else(
     reader = client_with(tenant, ApiKeyScope.READ)
     # A runner's poll claims jobs: a GET that is no read, for runner and full keys only.
     runner_route = getattr(route.view, "runner_route", False)
+    # Runners upload artifacts with their key: those writes take runner or full keys.
+    uploads = getattr(route.view, "uploads_allowed_to_runners", False)
 
     for path in paths(route, own, foreign):
         for method in route.methods:
@@ -77,7 +82,8 @@ def test_a_read_key_may_get_and_nothing_else(
                 assert response.status_code != 403, (path, response.content)
             else:
                 assert_insufficient(response, "read")
-                assert response.json()["details"]["required"] == ["full"]
+                required = ["full", "runner"] if uploads else ["full"]
+                assert response.json()["details"]["required"] == required
 
     assert (snapshot(own), snapshot(foreign)) == before
 
@@ -90,11 +96,12 @@ def test_a_runner_key_may_use_only_runner_routes(
     before = snapshot(own)
     runner = client_with(tenant, ApiKeyScope.RUNNER)
     runner_route = getattr(route.view, "runner_route", False)
+    uploads = getattr(route.view, "uploads_allowed_to_runners", False)
 
     for path in paths(route, own, foreign):
         for method in route.methods:
             response = call(runner, method, path)
-            if runner_route:
+            if runner_route or (uploads and method != "get"):
                 assert response.status_code != 403, (path, response.content)
             else:
                 assert_insufficient(response, "runner")

@@ -3,6 +3,7 @@ Celery worker, and `python -m orchestrator.runner` running a command per job."""
 
 from __future__ import annotations
 
+import hashlib
 import textwrap
 import time
 import uuid
@@ -16,6 +17,8 @@ import httpx
 import pytest
 from django.db import connection
 
+from artifacts import storage
+from artifacts.models import Artifact
 from billing.services import api_key_create
 from runs import runners, services
 from runs.models import RunEvent, Runner, RunnerJob
@@ -134,6 +137,25 @@ STUBBORN = """
 """
 
 
+# Uploads what it made as an artifact of the job's run, with the runner's own key, and
+# names it in its result (docs/artifacts.md).
+UPLOADS = """
+    import json, os, sys
+    import httpx
+    job = json.load(sys.stdin)
+    url = f"{os.environ['ORCH_URL']}/api/v1/runs/{os.environ['ORCH_RUN_ID']}/artifacts"
+    answer = httpx.post(
+        url,
+        headers={"Authorization": f"Bearer {os.environ['ORCH_API_KEY']}"},
+        data={"name": "report.md"},
+        files={"file": ("report.md", b"# made by " + job["prompt"].encode(), "text/markdown")},
+        timeout=30,
+    )
+    answer.raise_for_status()
+    print(json.dumps({"artifact": answer.json()["id"]}))
+"""
+
+
 def runner_plan(prompt: str = "hello", **step: Any) -> dict[str, Any]:
     spec = factories.plan(name="runner-e2e")
     spec["agents"][0]["tasks"][0]["steps"] = [
@@ -156,6 +178,22 @@ def test_a_job_runs_on_the_reference_runner_and_completes_its_step(start_runner:
     assert (job.status, job.runner_id) == ("completed", registered.pk)
     assert job.started_at is not None
     assert_books_balanced(run)
+
+
+def test_a_runners_command_uploads_an_artifact_with_the_runners_key(start_runner: Any) -> None:
+    organization = factories.org(credits=100)
+    start_runner(organization, UPLOADS).registered()
+
+    run = wait_for(submit(runner_plan("the runner"), organization=organization), timeout=60)
+
+    assert run.status == "completed", steps_of(run)
+    artifact = Artifact.objects.get(run=run)
+    assert steps_of(run)["agent"].output == {"artifact": str(artifact.pk)}
+    assert (artifact.name, artifact.size, artifact.status) == ("report.md", 20, "available")
+    assert artifact.content_type == "text/markdown"
+    data = b"".join(storage.backend().chunks(artifact.key))
+    assert data == b"# made by the runner"
+    assert artifact.sha256 == hashlib.sha256(data).hexdigest()
 
 
 def test_a_failing_command_fails_the_step_with_the_tail_of_its_stderr(start_runner: Any) -> None:

@@ -4,11 +4,13 @@ posted to the API as an outside service would."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import pytest
 from rest_framework.test import APIClient
 
+from artifacts.models import Artifact
 from billing.services import api_key_create
 from runs import callbacks
 from runs.models import Run, RunnerJob
@@ -321,3 +323,32 @@ def test_a_poll_fails_by_its_condition_or_its_attempts(
     assert run.status == RunStatus.FAILED
     assert steps_of(run)["watch"].error["code"] == code
     assert_books_balanced(run)
+
+
+# --------------------------------------------------------------------------- artifacts
+def test_an_http_step_saves_its_response_as_an_artifact(http_server: HttpServer) -> None:
+    body = bytes(range(256)) * 8192  # 2 MiB: past the spool's memory, and any JSON
+    http_server.respond("/export.bin", body=body, headers={"Content-Type": "application/x-export"})
+    params = {"url": f"{http_server.url}/export.bin", "save_as": "export.bin"}
+    step = {"name": "get", "tool": "http", "params": params}
+    run = wait_for(submit(plan_of(step)))
+
+    assert run.status == RunStatus.COMPLETED, run.last_error
+    artifact = Artifact.objects.get(run=run)
+    output = steps_of(run)["get"].output
+    assert output["status"] == 200
+    assert output["artifact"]["id"] == str(artifact.pk)
+    assert output["artifacts"] == [str(artifact.pk)]
+    assert "body" not in output
+    assert (artifact.name, artifact.size, artifact.step_id) == (
+        "export.bin",
+        len(body),
+        steps_of(run)["get"].pk,
+    )
+    assert artifact.sha256 == hashlib.sha256(body).hexdigest()
+    client = client_of(run)
+    listed = client.get(f"/api/v1/runs/{run.pk}/artifacts").json()["results"]
+    assert [row["id"] for row in listed] == [str(artifact.pk)]
+    assert listed[0]["expires_at"] is not None  # the run has ended
+    download = client.get(f"/api/v1/artifacts/{artifact.pk}/download")
+    assert b"".join(download.streaming_content) == body  # type: ignore[attr-defined]

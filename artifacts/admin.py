@@ -55,12 +55,12 @@ class ArtifactAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[Artifact]):
     def download(self, artifact: Artifact) -> SafeString:
         if artifact.status != "available":
             return format_html("<em>{}</em>", artifact.status)
-        url = reverse("admin-artifact-download", args=[artifact.pk])
+        url = reverse("admin:artifacts_artifact_download", args=[artifact.pk])
         return format_html('<a href="{}">download</a>', url)
 
     def get_urls(self) -> list[URLPattern]:
         download = self.admin_site.admin_view(self.download_view)
-        route = path("<uuid:artifact_id>/download/", download, name="admin-artifact-download")
+        route = path("<uuid:artifact_id>/download/", download, name="artifacts_artifact_download")
         return [route, *super().get_urls()]
 
     def download_view(self, request: HttpRequest, artifact_id: Any) -> HttpResponseBase:

@@ -1,0 +1,64 @@
+"""Every admin page renders: the change list of each registered model, and the change
+page of one of its rows, with rows of every kind present (a page that breaks on a field
+or a link shows here, whichever app it belongs to)."""
+
+from __future__ import annotations
+
+import io
+from datetime import timedelta
+
+import pytest
+from django.contrib import admin
+from django.contrib.auth.models import User
+from django.db.models import Model
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from artifacts import services as artifact_services
+from runs.models import Step, StepWait
+from tests import factories
+from tests.api import states
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def operator(client: Client) -> Client:
+    user = User.objects.create_superuser("ops", "ops@example.com", "a-long-password")
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def rows_of_every_kind() -> None:
+    organization = factories.org()
+    run = states.running(organization)
+    states.runner_job(organization, states.runner(organization))
+    step = Step.objects.filter(run=run).first()
+    assert step is not None
+    StepWait.objects.create(
+        run=run,
+        step=step,
+        attempt=1,
+        kind="poll",
+        params={"url": "https://status.example/1"},
+        expires_at=timezone.now() + timedelta(minutes=5),
+    )
+    artifact_services.upload(
+        organization=organization, run_id=run.pk, name="a.txt", stream=io.BytesIO(b"a"), size=1
+    )
+
+
+@pytest.mark.usefixtures("rows_of_every_kind")
+@pytest.mark.parametrize(
+    "model", list(admin.site._registry), ids=lambda m: f"{m._meta.app_label}.{m.__name__}"
+)
+def test_every_admin_page_renders(operator: Client, model: type[Model]) -> None:
+    info = (model._meta.app_label, model._meta.model_name)
+    listing = operator.get(reverse("admin:{}_{}_changelist".format(*info)))
+    assert listing.status_code == 200, listing.content[:500]
+    row = model._default_manager.order_by("pk").first()
+    if row is not None:
+        page = operator.get(reverse("admin:{}_{}_change".format(*info), args=[row.pk]))
+        assert page.status_code == 200, page.content[:500]

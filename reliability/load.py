@@ -436,7 +436,10 @@ def main(argv: list[str] | None = None) -> int:
     print(format_report(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2, default=str))
-    if not args.keep and report["ok"]:
+    # A pass with worker errors keeps its logs too: an intermittent error is found by
+    # its traceback, which the report only counts.
+    clean = report["ok"] and not report["worker_log_errors"]["lines"]
+    if not args.keep and clean:
         shutil.rmtree(directory, ignore_errors=True)
     else:
         print(f"\nlogs and data kept in {directory}", file=sys.stderr)

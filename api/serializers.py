@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rest_framework import serializers
+from rest_framework.fields import empty
 
 from billing.models import EntryType
 from runs.models import EventKind, FailureMode, Mode
@@ -36,12 +37,22 @@ class StrictCharField(serializers.CharField):
     (over ``maxLength`` with trailing spaces) was accepted (found by the schema test).
     """
 
+    def run_validation(self, data: Any = empty) -> Any:
+        # DRF returns a blank string (all whitespace included) before to_internal_value
+        # sees it: 1,001 spaces were a valid 1,000-character reason (found by the schema
+        # test in a fresh clone).
+        self._check_length(data)
+        return super().run_validation(data)
+
     def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
             self.fail("invalid")
-        if self.max_length is not None and len(data) > self.max_length:
-            self.fail("max_length", max_length=self.max_length)
+        self._check_length(data)
         return super().to_internal_value(data)
+
+    def _check_length(self, data: Any) -> None:
+        if isinstance(data, str) and self.max_length is not None and len(data) > self.max_length:
+            self.fail("max_length", max_length=self.max_length)
 
 
 class StrictIntegerField(serializers.IntegerField):

@@ -209,3 +209,16 @@ def test_a_client_that_accepts_no_json_is_406_in_json(tenant: Tenant) -> None:
     response = tenant.client.get(RUNS, HTTP_ACCEPT="text/html")
 
     assert_error(response, 406, "not_acceptable")
+
+
+@pytest.mark.parametrize("space", [" ", "\u00a0"])
+def test_a_text_field_counts_its_length_as_sent_even_when_all_blank(
+    tenant: Tenant, space: str
+) -> None:
+    run = states.running(tenant.organization)
+
+    too_long = tenant.post(f"{RUNS}/{run.pk}/cancel", {"reason": space * 1001})
+    assert_error(too_long, 400, "invalid_request")
+    assert Run.objects.get(pk=run.pk).status == "running"
+    blank = tenant.post(f"{RUNS}/{run.pk}/cancel", {"reason": space * 1000})
+    assert blank.status_code == 200, blank.json()

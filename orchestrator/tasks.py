@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from celery import Task, shared_task
 from celery.backends.base import BaseBackend, DisabledBackend
 from django.conf import settings
-from django.db import InterfaceError, OperationalError
+from django.db import DatabaseError, InterfaceError, OperationalError
 from kombu.exceptions import OperationalError as BrokerError
 
 from artifacts import services as artifact_services
@@ -39,6 +39,15 @@ class EngineTask(Task):  # type: ignore[type-arg]
 
     _disabled_backend: BaseBackend | None = None
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except DatabaseError as exc:
+            ending = exit_behind(exc)
+            if ending is not None:
+                raise ending from None
+            raise
+
     # Read-only on purpose: nothing may put a real backend back.
     @property  # type: ignore[misc]
     def backend(self) -> BaseBackend:  # type: ignore[override]
@@ -46,6 +55,27 @@ class EngineTask(Task):  # type: ignore[type-arg]
             type(self)._disabled_backend = DisabledBackend(self.app)
         assert self._disabled_backend is not None
         return self._disabled_backend
+
+
+def exit_behind(exc: BaseException) -> SystemExit | None:
+    """The SystemExit a database error replaced, if any.
+
+    A revoke with terminate (a cancelled run's running steps, ``runs.outbox``) sends
+    SIGTERM to the pool child, and billiard's handler raises SystemExit wherever the task
+    is. Inside COMMIT, Django's ``atomic`` then tries to restore autocommit on the
+    interrupted connection, and psycopg's "can't change 'autocommit' now" replaced the
+    exit: the task "raised unexpected" and the child lived on (found by make load, with
+    the logs it now keeps). Raising the exit again ends the child as the revoke meant;
+    the transaction never committed, and what it was doing is the sweeps' (leases).
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, SystemExit):
+            return current
+        seen.add(id(current))
+        current = current.__context__
+    return None
 
 
 logger = logging.getLogger(__name__)

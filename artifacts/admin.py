@@ -3,6 +3,7 @@ goes through the same checks as the API's, and the storage each organization hol
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from django.contrib import admin
@@ -21,7 +22,12 @@ from django.utils.safestring import SafeString
 
 from artifacts import services
 from artifacts.models import Artifact, OrganizationStorage
-from artifacts.selectors import ArtifactNotFound, organization_bytes, with_expiry
+from artifacts.selectors import (
+    ArtifactNotFound,
+    StorageUsage,
+    organization_storage,
+    with_expiry,
+)
 from common.admin import ReadOnlyAdminMixin
 
 
@@ -85,15 +91,22 @@ class ArtifactAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[Artifact]):
 
 @admin.register(OrganizationStorage)
 class OrganizationStorageAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[OrganizationStorage]):
-    list_display = ("name", "artifact_bytes")
+    list_display = ("name", "artifact_bytes", "gigabyte_hours")
     ordering = ("name",)
     search_fields = ("name",)
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
-        self._totals = organization_bytes()
+        self._usage = organization_storage()
         return super().changelist_view(request, extra_context)
+
+    def _of(self, organization: OrganizationStorage) -> StorageUsage:
+        usage: dict[Any, StorageUsage] = getattr(self, "_usage", {})
+        return usage.get(organization.pk, StorageUsage(0, Decimal(0)))
 
     @admin.display(description="artifact bytes held")
     def artifact_bytes(self, organization: OrganizationStorage) -> int:
-        totals: dict[Any, int] = getattr(self, "_totals", {})
-        return totals.get(organization.pk, 0)
+        return self._of(organization).bytes_held
+
+    @admin.display(description="GB-hours stored (not charged yet)")
+    def gigabyte_hours(self, organization: OrganizationStorage) -> str:
+        return f"{self._of(organization).byte_hours / 10**9:.6f}"

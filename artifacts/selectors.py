@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
 from django.db.models import (
     Case,
     DateTimeField,
+    DecimalField,
+    DurationField,
     ExpressionWrapper,
     F,
     Q,
@@ -17,7 +22,8 @@ from django.db.models import (
     Value,
     When,
 )
-from django.db.models.functions import Coalesce, Greatest
+from django.db.models.functions import Coalesce, Extract, Greatest
+from django.utils import timezone
 
 from artifacts.models import LIVE, Artifact, ArtifactStatus
 from billing.models import Organization
@@ -80,18 +86,48 @@ def artifact_get(*, organization: Organization, artifact_id: Any) -> Artifact:
     return found
 
 
-def run_bytes(run: Run) -> int:
-    """What a run's artifacts hold (recorded for billing, not charged yet)."""
-    live = Artifact.objects.filter(run=run, status__in=LIVE)
-    return int(live.aggregate(total=Sum("size"))["total"] or 0)
+@dataclass(frozen=True)
+class StorageUsage:
+    """What artifacts hold, for billing (not charged yet): the bytes held now, and the
+    byte-hours held so far, each artifact from its upload's completion until its object
+    was deleted (or ``until``). Rows are never removed once their bytes were stored:
+    marked ``deleted`` with ``deleted_at``, they stay the record of what was held."""
+
+    bytes_held: int
+    byte_hours: Decimal
 
 
-def organization_bytes() -> dict[Any, int]:
-    """Artifact bytes held per organization (the admin's storage column)."""
-    rows = (
-        Artifact.objects.filter(status__in=LIVE)
-        .values("organization_id")
-        .annotate(total=Sum("size"))
-        .order_by()
+def _usage_sums(until: datetime) -> dict[str, Any]:
+    """The aggregates of ``StorageUsage`` over artifacts whose upload completed."""
+    held_for = ExpressionWrapper(
+        Coalesce(F("deleted_at"), Value(until)) - F("completed_at"),
+        output_field=DurationField(),
     )
-    return {row["organization_id"]: int(row["total"] or 0) for row in rows}
+    stored = Q(completed_at__isnull=False, completed_at__lte=until)
+    return {
+        "held": Sum("size", filter=Q(status__in=LIVE)),
+        "byte_seconds": Sum(
+            F("size") * Extract(held_for, "epoch"), filter=stored, output_field=DecimalField()
+        ),
+    }
+
+
+def _as_usage(row: Mapping[str, Any]) -> StorageUsage:
+    byte_seconds = Decimal(row["byte_seconds"] or 0)
+    return StorageUsage(
+        bytes_held=int(row["held"] or 0),
+        byte_hours=(byte_seconds / 3600).quantize(Decimal("0.001")),
+    )
+
+
+def run_storage(run: Run, *, until: datetime | None = None) -> StorageUsage:
+    """A run's artifact storage (see ``StorageUsage``)."""
+    sums = _usage_sums(until or timezone.now())
+    return _as_usage(Artifact.objects.filter(run=run).aggregate(**sums))
+
+
+def organization_storage(*, until: datetime | None = None) -> dict[Any, StorageUsage]:
+    """Artifact storage per organization (the admin's storage columns)."""
+    sums = _usage_sums(until or timezone.now())
+    rows = Artifact.objects.values("organization_id").annotate(**sums).order_by()
+    return {row["organization_id"]: _as_usage(row) for row in rows}

@@ -102,6 +102,7 @@ class RunAdmin(admin.ModelAdmin[Run]):
                 )
             },
         ),
+        ("Artifacts", {"fields": ("artifact_list",)}),
         ("Hierarchy (current attempt)", {"fields": ("hierarchy",)}),
         ("Events", {"fields": ("event_list",)}),
         ("Plan", {"classes": ("collapse",), "fields": ("plan",)}),
@@ -137,6 +138,14 @@ class RunAdmin(admin.ModelAdmin[Run]):
                 for pk, name, status, mode in children
             ),
         )
+
+    @admin.display(description="artifacts")
+    def artifact_list(self, run: Run) -> SafeString:
+        """A link to the run's artifacts in their own admin (name, size, expiry and a
+        download through the API's checks). By URL, not import: artifacts is the layer
+        above runs."""
+        url = reverse("admin:artifacts_artifact_changelist")
+        return format_html('<a href="{}?q={}">the artifacts of this run</a>', url, run.pk)
 
     @admin.display(description="hierarchy")
     def hierarchy(self, run: Run) -> SafeString:

@@ -37,6 +37,7 @@ from artifacts.storage import StorageUnavailable
 from billing.services import InsufficientCredits
 from common.filters import Problems, QueryInvalid
 from runs.callbacks import CallbackNotFound
+from runs.escalations import EscalationNotFound, EscalationResolved, ReplanLimitReached
 from runs.plan import PlanInvalid, errors_as_dicts
 from runs.runners import DuplicateRunner, NotJobOwner, RunnerJobNotFound, RunnerNotFound
 from runs.services import AttemptsExhausted, RunDeleted, RunNotFound, StepNotFound
@@ -112,6 +113,9 @@ DOMAIN_ERRORS: dict[type[Exception], tuple[int, Callable[[Any], Any], Callable[[
     ArtifactTooLarge: (413, lambda exc: None, str),
     InvalidName: (400, lambda exc: None, str),
     StorageUnavailable: (503, lambda exc: None, lambda exc: "artifact storage is unavailable"),
+    EscalationNotFound: (404, lambda exc: None, lambda exc: "not found"),
+    EscalationResolved: (409, lambda exc: None, str),
+    ReplanLimitReached: (409, lambda exc: None, str),
 }
 
 

@@ -138,6 +138,9 @@ class RunOutput(serializers.Serializer[Any]):
         source="parent_step_id", allow_null=True, help_text="The `run` step that started it."
     )
     depth = serializers.IntegerField(help_text="0 for a top run, its parent's + 1 for a child.")
+    replan_count = serializers.IntegerField(
+        help_text="Re-plans asked of its planner (at most the plan's `replan.max_replans`)."
+    )
 
 
 class CountsOutput(serializers.Serializer[Any]):

@@ -6,6 +6,7 @@ from django.urls import path
 
 from api import artifacts as artifact_api
 from api import callbacks as callback_api
+from api import escalations as escalation_api
 from api import runners as runner_api
 from api import views
 from api.billing import BalanceApi, LedgerApi, SecretApi, SecretsApi
@@ -76,4 +77,20 @@ urlpatterns = [
     ),
     # Asynchronous steps (docs/runners.md): no API key, the token is the credential.
     path("callbacks/<str:token>", callback_api.CallbackApi.as_view(), name="callback"),
+    path("escalations", escalation_api.EscalationsApi.as_view(), name="escalations"),
+    path(
+        "escalations/<uuid:escalation_id>",
+        escalation_api.EscalationApi.as_view(),
+        name="escalation",
+    ),
+    path(
+        "escalations/<uuid:escalation_id>/acknowledge",
+        escalation_api.EscalationAcknowledgeApi.as_view(),
+        name="escalation-acknowledge",
+    ),
+    path(
+        "escalations/<uuid:escalation_id>/resolve",
+        escalation_api.EscalationResolveApi.as_view(),
+        name="escalation-resolve",
+    ),
 ]

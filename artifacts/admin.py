@@ -92,6 +92,7 @@ class ArtifactAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[Artifact]):
 @admin.register(OrganizationStorage)
 class OrganizationStorageAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[OrganizationStorage]):
     list_display = ("name", "artifact_bytes", "gigabyte_hours")
+    fields = ("name",)
     ordering = ("name",)
     search_fields = ("name",)
 

@@ -14,7 +14,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
 from billing.models import ApiKey, ApiKeyScope, LedgerEntry, Organization, Reservation, Secret
-from billing.secrets import is_valid_secret_name, secret_delete, secret_put
+from billing.secrets import is_valid_secret_name, oncall_set, secret_delete, secret_put
 from billing.selectors import organization_balance
 from billing.services import api_key_create, api_key_revoke, credits_grant
 from common.admin import ReadOnlyAdminMixin
@@ -39,14 +39,88 @@ class ApiKeyInline(admin.TabularInline[ApiKey, Organization]):
         return False
 
 
+class OrganizationForm(ModelForm[Organization]):
+    """The organization, with its on-call set through ``billing.secrets.oncall_set``:
+    the webhook secret is write-only (left empty, it is kept)."""
+
+    webhook_url = forms.URLField(
+        required=False,
+        max_length=1000,
+        assume_scheme="https",
+        help_text="Escalations are POSTed here, signed (docs/escalation.md).",
+    )
+    webhook_secret = forms.CharField(
+        required=False,
+        widget=forms.PasswordInput(render_value=False),
+        max_length=500,
+        help_text="The signing secret receivers verify with. Left empty, the current one is kept.",
+    )
+    clear_webhook_secret = forms.BooleanField(required=False)
+    oncall_emails = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="On-call addresses told of escalations, one per line or comma-separated.",
+    )
+
+    class Meta:
+        model = Organization
+        fields = ("name",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            self.fields["webhook_url"].initial = self.instance.escalation_webhook_url
+            self.fields["oncall_emails"].initial = "\n".join(self.instance.oncall_emails)
+
+    def clean_oncall_emails(self) -> list[str]:
+        raw = self.cleaned_data.get("oncall_emails", "")
+        addresses = [part.strip() for part in raw.replace(",", "\n").splitlines() if part.strip()]
+        validator = forms.EmailField()
+        return [validator.clean(address) for address in addresses]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        has_secret = bool(self.instance.pk and self.instance.escalation_webhook_secret)
+        keeps_secret = has_secret and not data.get("clear_webhook_secret")
+        if data.get("webhook_url") and not (data.get("webhook_secret") or keeps_secret):
+            self.add_error("webhook_secret", "a webhook needs a signing secret")
+        return data
+
+
 @admin.register(Organization)
 class OrganizationAdmin(admin.ModelAdmin[Organization]):
-    list_display = ("name", "id", "credits_available", "created_at")
+    form = OrganizationForm
+    list_display = ("name", "id", "credits_available", "webhook", "created_at")
     search_fields = ("name", "=id")
     readonly_fields = ("id", "created_at", "credits_available", "credits_reserved", "credits_spent")
-    fields = ("name", *readonly_fields)
+    fieldsets = (
+        (None, {"fields": ("name", *readonly_fields)}),
+        (
+            "On-call (escalations)",
+            {"fields": ("webhook_url", "webhook_secret", "clear_webhook_secret", "oncall_emails")},
+        ),
+    )
     inlines = (ApiKeyInline,)
     actions = ("grant_credits",)
+
+    @admin.display(description="escalation webhook", boolean=True)
+    def webhook(self, organization: Organization) -> bool:
+        return bool(organization.escalation_webhook_url)
+
+    def save_model(
+        self, request: HttpRequest, obj: Organization, form: Any, change: bool
+    ) -> None:
+        super().save_model(request, obj, form, change)
+        data = form.cleaned_data
+        secret = data.get("webhook_secret") or None
+        if data.get("clear_webhook_secret") and not secret:
+            secret = ""
+        oncall_set(
+            organization=obj,
+            webhook_url=data.get("webhook_url", ""),
+            webhook_secret=secret,
+            emails=data.get("oncall_emails", []),
+        )
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False

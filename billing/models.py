@@ -20,6 +20,11 @@ class Organization(models.Model):
     # that appends the entry (grant, reserve, refund; a charge draws on the attempt's
     # reservation and leaves it alone). `check_invariants` recomputes it from the ledger.
     credits_available = models.DecimalField(max_digits=18, decimal_places=6, default=Decimal(0))
+    # On-call (docs/escalation.md): who is told when one of its runs escalates. The
+    # webhook's signing secret is stored as a Fernet token (billing.secrets), never shown.
+    escalation_webhook_url = models.URLField(max_length=1000, blank=True, db_default="")
+    escalation_webhook_secret = models.BinaryField(null=True, blank=True, editable=False)
+    oncall_emails = models.JSONField(default=list, blank=True, db_default=[])
 
     class Meta:
         ordering = ["name"]

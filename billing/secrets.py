@@ -28,11 +28,13 @@ __all__ = [
     "decrypt_value",
     "encrypt_value",
     "is_valid_secret_name",
+    "oncall_set",
     "secret_delete",
     "secret_list",
     "secret_put",
     "secret_values",
     "secrets_rotate",
+    "webhook_secret",
 ]
 
 ROTATE_BATCH = 500
@@ -117,6 +119,53 @@ def secret_values(*, organization_id: UUID | str, names: Iterable[str]) -> dict[
     return values
 
 
+@transaction.atomic
+def oncall_set(
+    *,
+    organization: Organization,
+    webhook_url: str | None = None,
+    webhook_secret: str | None = None,
+    emails: list[str] | None = None,
+) -> Organization:
+    """Set who is told of the organization's escalations; ``None`` leaves a field as it
+    is, an empty value clears it. The secret is stored encrypted, like a secret's."""
+    org = Organization.objects.select_for_update().get(pk=organization.pk)
+    fields = []
+    if webhook_url is not None:
+        org.escalation_webhook_url = webhook_url.strip()
+        fields.append("escalation_webhook_url")
+    if webhook_secret is not None:
+        if not isinstance(webhook_secret, str):
+            raise TypeError("a webhook secret must be a string")
+        org.escalation_webhook_secret = encrypt_value(webhook_secret) if webhook_secret else None
+        fields.append("escalation_webhook_secret")
+    if emails is not None:
+        org.oncall_emails = sorted({address.strip() for address in emails if address.strip()})
+        fields.append("oncall_emails")
+    if org.escalation_webhook_url and not org.escalation_webhook_secret:
+        # Receivers must be able to tell our posts from anyone's.
+        raise ValueError("an escalation webhook needs a signing secret")
+    if fields:
+        org.save(update_fields=fields)
+    return org
+
+
+def webhook_secret(*, organization_id: UUID | str) -> str:
+    """The organization's webhook signing secret ("" when none is set). Raises
+    SecretUnreadable when no configured key decrypts it."""
+    token = (
+        Organization.objects.filter(pk=organization_id)
+        .values_list("escalation_webhook_secret", flat=True)
+        .first()
+    )
+    if not token:
+        return ""
+    try:
+        return decrypt_value(token)
+    except InvalidToken:
+        raise SecretUnreadable("escalation webhook secret") from None
+
+
 def secrets_rotate() -> int:
     """Re-encrypt every secret under the first key of SECRETS_ENCRYPTION_KEYS, in batches;
     return how many rows were rewritten. Run it after putting a new key first, then drop
@@ -140,6 +189,25 @@ def secrets_rotate() -> int:
                 # update(), not save(): re-encrypting does not change the value's date.
                 Secret.objects.filter(pk=pk).update(value_encrypted=fresh)
         if not batch:
-            return rotated
+            return rotated + _rotate_webhook_secrets(fernet)
         rotated += len(batch)
         last_id = batch[-1][0]
+
+
+def _rotate_webhook_secrets(fernet: MultiFernet) -> int:
+    """The organizations' webhook secrets, re-encrypted like the secrets."""
+    rotated = 0
+    with transaction.atomic():
+        rows = (
+            Organization.objects.select_for_update()
+            .filter(escalation_webhook_secret__isnull=False)
+            .values_list("pk", "escalation_webhook_secret")
+        )
+        for pk, token in rows:
+            try:
+                fresh = fernet.rotate(bytes(token or b""))
+            except InvalidToken:
+                raise SecretUnreadable("escalation webhook secret") from None
+            Organization.objects.filter(pk=pk).update(escalation_webhook_secret=fresh)
+            rotated += 1
+    return rotated

@@ -207,6 +207,54 @@ def credits_reserve(
     return entry
 
 
+@transaction.atomic
+def credits_reserve_more(
+    *,
+    organization_id: UUID,
+    run_id: UUID,
+    attempt_number: int,
+    amount: Decimal | int | str,
+    key: str,
+    reason: str = "",
+    actor: str = "system",
+) -> LedgerEntry:
+    """Hold ``amount`` more for a run attempt already reserved (a re-plan's new agents);
+    raise InsufficientCredits if it is not available. Keyed by ``key`` (under the
+    attempt's): a retried call returns the first entry. Settling refunds it with the rest."""
+    amount = to_credits(amount)
+    if amount <= 0:
+        raise ValueError("a reservation must be positive")
+    org = _lock_org(organization_id)
+    reservation = (
+        Reservation.objects.select_for_update(no_key=True)
+        .filter(run_id=run_id, attempt_number=attempt_number)
+        .first()
+    )
+    if reservation is None or reservation.settled_at is not None:
+        raise ValueError(f"run {run_id} attempt {attempt_number} has no open reservation")
+    key = f"reserve:{reservation.attempt_id}:{key}"
+    existing = _existing(org.pk, key)
+    if existing:
+        return existing
+    if org.credits_available < amount:
+        raise InsufficientCredits(amount, org.credits_available)
+    entry = LedgerEntry.objects.create(
+        organization=org,
+        run_id=run_id,
+        attempt_id=reservation.attempt_id,
+        type=EntryType.RESERVE,
+        amount=amount,
+        idempotency_key=key,
+        reason=(reason or reserve_reason(run_id, attempt_number))[:500],
+        actor=actor,
+    )
+    org.credits_available -= amount
+    org.save(update_fields=["credits_available"])
+    reservation.reserved += amount
+    reservation.save(update_fields=["reserved"])
+    return entry
+
+
 # One statement: the attempt's budget is checked and drawn on, and the entry written, in a
 # single round trip (this runs once per step attempt). The NOT EXISTS keeps a replay from
 # drawing twice; two concurrent replays serialise on the reservation row and the second

@@ -44,10 +44,14 @@ EXECUTE_STEP_TASK = "orchestrator.steps.execute"
 DOORBELL_TASK = "orchestrator.steps.doorbell"
 CHILD_ENDED_TASK = "orchestrator.runs.child_ended"
 POLL_TASK = "orchestrator.steps.poll"
+ESCALATED_TASK = "orchestrator.runs.escalated"
+REPLAN_TASK = "orchestrator.runs.replan"
 RUN_TASKS = {
     RunMessage.PICK_UP: PICK_UP_TASK,
     RunMessage.RESUME: RESUME_TASK,
     RunMessage.CHILD_ENDED: CHILD_ENDED_TASK,
+    RunMessage.ESCALATED: ESCALATED_TASK,
+    RunMessage.REPLAN: REPLAN_TASK,
 }
 
 logger = logging.getLogger(__name__)

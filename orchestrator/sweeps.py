@@ -16,7 +16,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from runs import services
+from runs import escalations, services
 from runs.engine.dispatch import step_timeout_s
 from runs.engine.failure import Failure, node_timed_out
 from runs.engine.outcomes import step_failed
@@ -86,7 +86,10 @@ _RUN_TIMEOUTS = (
     (RunStatus.RUNNING, "run", "picked_up_at", "fail"),
     (RunStatus.WAITING_APPROVAL, "run", "picked_up_at", "fail"),
     (RunStatus.ESCALATED, "run", "picked_up_at", "fail"),
+    (RunStatus.ESCALATED, "escalated", "status_changed_at", "fail"),
 )
+# The last_error code of each timeout, where it is not "<key>_timeout".
+_TIMEOUT_CODES = {"escalated": "escalation_timeout"}
 
 # Runs whose own `timeouts` (milliseconds) or the default put them past their deadline.
 _OVERDUE_RUNS_SQL = """
@@ -135,7 +138,7 @@ def sweep_timeouts(now: datetime | None = None) -> dict[str, int]:
             run_ids = [row[0] for row in cursor.fetchall()]
         for run_id in run_ids:
             if _time_out_run(run_id, status, key, action, now):
-                counts[f"{key}_timeout"] += 1
+                counts[_TIMEOUT_CODES.get(key, f"{key}_timeout")] += 1
     for model, table, key in ((Agent, "runs_agent", "agent"), (Task, "runs_task", "task")):
         with connection.cursor() as cursor:
             cursor.execute(
@@ -165,13 +168,12 @@ def _time_out_run(run_id: Any, status: str, key: str, action: str, now: datetime
         limit = _limit_ms(run, key)
         if run.status != status or clock is None or (now - clock).total_seconds() * 1000 < limit:
             return False  # it moved on, or its deadline moved, since the batch was read
-        message = f"{key} timeout: {status} for more than {format_duration_ms(limit)}"
+        code = _TIMEOUT_CODES.get(key, f"{key}_timeout")
+        message = f"{code.replace('_', ' ')}: {status} for more than {format_duration_ms(limit)}"
         if action == "cancel":
-            services.run_cancel(
-                run_id=run.pk, reason=message, actor="sweep", error_code=f"{key}_timeout"
-            )
+            services.run_cancel(run_id=run.pk, reason=message, actor="sweep", error_code=code)
         else:
-            services.run_fail(run_id=run.pk, code=f"{key}_timeout", message=message, actor="sweep")
+            services.run_fail(run_id=run.pk, code=code, message=message, actor="sweep")
         return True
 
 
@@ -256,5 +258,29 @@ def redispatch_lost(now: datetime | None = None, older_than: float | None = None
             Run.objects.filter(pk=run_id).update(redispatched_at=now)
             enqueue_run_message(message, run_id, priority)
         counts["runs"] += 1
+    counts.update(_redispatch_policy(now, threshold))
+    return counts
 
+
+def _redispatch_policy(now: datetime, threshold: datetime) -> dict[str, int]:
+    """Re-plans not answered and escalation notices not sent within the threshold: their
+    messages were lost (a re-plan answers once, a notice is sent once per channel, so a
+    duplicate does no harm)."""
+    counts = {"replans": 0, "notices": 0}
+    waiting = (
+        Run.objects.filter(replan_pending_since__lt=threshold)
+        .filter(Q(redispatched_at__isnull=True) | Q(redispatched_at__lt=threshold))
+        .values_list("pk", "priority")[: settings.ENGINE_SWEEP_BATCH]
+    )
+    for run_id, priority in waiting:
+        with transaction.atomic():
+            Run.objects.filter(pk=run_id).update(redispatched_at=now)
+            enqueue_run_message(RunMessage.REPLAN, run_id, priority)
+        counts["replans"] += 1
+    older_than = timedelta(seconds=settings.ENGINE_LOST_MESSAGE_AFTER)
+    for run_id in escalations.overdue_notices(older_than, settings.ENGINE_SWEEP_BATCH):
+        priority = Run.objects.values_list("priority", flat=True).get(pk=run_id)
+        with transaction.atomic():
+            enqueue_run_message(RunMessage.ESCALATED, run_id, priority)
+        counts["notices"] += 1
     return counts

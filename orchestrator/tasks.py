@@ -20,9 +20,9 @@ from django.db import DatabaseError, InterfaceError, OperationalError
 from kombu.exceptions import OperationalError as BrokerError
 
 from artifacts import services as artifact_services
-from orchestrator import executor, polling, sweeps
+from orchestrator import executor, notify, planners, polling, sweeps
 from orchestrator.dispatch import CeleryTransport, serving
-from runs import callbacks, children, runners
+from runs import callbacks, children, replanning, runners
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record
 from runs.models import Run
@@ -229,3 +229,20 @@ def sweep_waits_task() -> dict[str, int]:
 @shared_task(name="orchestrator.sweeps.artifacts", **RETRY_OPTIONS)
 def sweep_artifacts_task() -> dict[str, int]:
     return artifact_services.sweep()
+
+
+@shared_task(bind=True, name="orchestrator.runs.escalated", **RETRY_OPTIONS)
+def notify_escalated_task(self: Task[Any, Any], run_id: str) -> bool:
+    """Tell on-call of the run's new escalation (webhook, e-mail); a channel that failed
+    is tried again with backoff until ESCALATION_WEBHOOK_ATTEMPTS attempts were made."""
+    again = notify.notify_run(run_id)
+    if again is not None:
+        # Each channel counts its own attempts (in PostgreSQL): this bound is a backstop.
+        raise self.retry(countdown=again, max_retries=2 * settings.ESCALATION_WEBHOOK_ATTEMPTS + 8)
+    return True
+
+
+@shared_task(name="orchestrator.runs.replan", **RETRY_OPTIONS)
+def replan_run_task(run_id: str) -> str:
+    """Ask the run's planner for new agents and spawn them (``runs.replanning``)."""
+    return replanning.replan_run(run_id, planners.planner_named)

@@ -20,8 +20,22 @@ from django.utils.safestring import SafeString, mark_safe
 
 from billing.services import InsufficientCredits
 from common.admin import ReadOnlyAdminMixin
-from runs import runners, services
-from runs.models import Agent, Run, RunAttempt, RunEvent, Runner, RunnerJob, Step, StepWait, Task
+from runs import escalations, runners, services
+from runs.models import (
+    Agent,
+    EscalationTicket,
+    Notification,
+    Replan,
+    Resolution,
+    Run,
+    RunAttempt,
+    RunEvent,
+    Runner,
+    RunnerJob,
+    Step,
+    StepWait,
+    Task,
+)
 from runs.states import InvalidTransition
 
 EVENTS_SHOWN = 200
@@ -61,7 +75,18 @@ class RunAdmin(admin.ModelAdmin[Run]):
     show_full_result_count = False  # a COUNT(*) over millions of rows per page is waste
     ordering = ("-created_at",)
     inlines = (RunAttemptInline,)
-    actions = ("cancel_runs", "pause_runs", "resume_runs", "retry_runs", "start_runs")
+    actions = (
+        "cancel_runs",
+        "pause_runs",
+        "resume_runs",
+        "retry_runs",
+        "start_runs",
+        "escalate_runs",
+        "resolve_resume",
+        "resolve_retry",
+        "resolve_replan",
+        "resolve_cancel",
+    )
     fieldsets = (
         (
             None,
@@ -80,6 +105,8 @@ class RunAdmin(admin.ModelAdmin[Run]):
                     "last_error",
                     "cancel_reason",
                     "created_by",
+                    "replan_count",
+                    "open_escalation",
                 )
             },
         ),
@@ -233,6 +260,9 @@ class RunAdmin(admin.ModelAdmin[Run]):
                 services.AttemptsExhausted,
                 services.RunDeleted,
                 InsufficientCredits,
+                escalations.EscalationNotFound,
+                escalations.EscalationResolved,
+                escalations.ReplanLimitReached,
             ) as exc:
                 refused.append(f"{run.name}: {exc}")
         if done:
@@ -275,6 +305,54 @@ class RunAdmin(admin.ModelAdmin[Run]):
         self._apply(
             request, queryset, "retried", lambda run: services.run_retry(run_id=run.pk, actor=actor)
         )
+
+    @admin.action(description="Escalate selected running runs to people")
+    def escalate_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        actor = _actor(request)
+        self._apply(
+            request,
+            queryset,
+            "escalated",
+            lambda run: escalations.escalation_open(
+                run_id=run.pk, actor=actor, note=f"escalated by {actor}"
+            ),
+        )
+
+    def _resolve(self, request: HttpRequest, queryset: QuerySet[Run], action: str) -> None:
+        """Resolve the open escalation of each run (as the API and the ticket's page do)."""
+        actor = _actor(request)
+
+        def resolve(run: Run) -> Any:
+            ticket = EscalationTicket.objects.filter(run=run).exclude(status="resolved").first()
+            if ticket is None:
+                raise escalations.EscalationNotFound(f"run {run.pk} has no open escalation")
+            return escalations.escalation_resolve(ticket_id=ticket.pk, action=action, actor=actor)
+
+        self._apply(request, queryset, f"resolved ({action})", resolve)
+
+    @admin.action(description="Resolve escalation: resume")
+    def resolve_resume(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        self._resolve(request, queryset, Resolution.RESUME)
+
+    @admin.action(description="Resolve escalation: retry (a new attempt)")
+    def resolve_retry(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        self._resolve(request, queryset, Resolution.RETRY)
+
+    @admin.action(description="Resolve escalation: re-plan")
+    def resolve_replan(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        self._resolve(request, queryset, Resolution.REPLAN)
+
+    @admin.action(description="Resolve escalation: cancel")
+    def resolve_cancel(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        self._resolve(request, queryset, Resolution.CANCEL)
+
+    @admin.display(description="open escalation")
+    def open_escalation(self, run: Run) -> SafeString:
+        ticket = EscalationTicket.objects.filter(run=run).exclude(status="resolved").first()
+        if ticket is None:
+            return format_html("<em>{}</em>", "none")
+        url = reverse("admin:runs_escalationticket_change", args=[ticket.pk])
+        return format_html('<a href="{}">{} ({})</a>', url, ticket.reason, ticket.status)
 
     @admin.action(description="Start selected created runs")
     def start_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
@@ -376,3 +454,131 @@ class StepWaitAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[StepWait]):
     ordering = ("-created_at",)
     show_full_result_count = False
     exclude = ("token_digest",)
+
+
+class NotificationInline(admin.TabularInline[Notification, EscalationTicket]):
+    model = Notification
+    extra = 0
+    can_delete = False
+    fields = ("created_at", "channel", "attempt", "target", "delivered", "status_code", "error")
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(EscalationTicket)
+class EscalationTicketAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[EscalationTicket]):
+    """Runs handed to people (docs/escalation.md): acknowledge, then resolve with an
+    action, through the services the API calls."""
+
+    list_display = (
+        "opened_at",
+        "run",
+        "organization",
+        "reason",
+        "severity",
+        "status",
+        "resolution",
+        "acknowledged_by",
+        "resolved_by",
+        "notified_at",
+    )
+    list_filter = ("status", "reason", "severity", "resolution", "opened_at")
+    list_select_related = ("run", "organization")
+    search_fields = ("=id", "=run__id")
+    ordering = ("-opened_at",)
+    show_full_result_count = False
+    inlines = (NotificationInline,)
+    actions = (
+        "acknowledge",
+        "resolve_resume",
+        "resolve_retry",
+        "resolve_replan",
+        "resolve_cancel",
+    )
+
+    def _each(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[EscalationTicket],
+        verb: str,
+        act: Callable[[EscalationTicket, str], Any],
+    ) -> None:
+        actor = _actor(request)
+        done = 0
+        for ticket in queryset:
+            try:
+                act(ticket, actor)
+                done += 1
+            except (
+                InvalidTransition,
+                services.AttemptsExhausted,
+                InsufficientCredits,
+                escalations.EscalationResolved,
+                escalations.ReplanLimitReached,
+            ) as exc:
+                self.message_user(request, f"escalation {ticket.pk}: {exc}", messages.ERROR)
+        if done:
+            self.message_user(request, f"{verb}: {done} escalation(s)")
+
+    @admin.action(description="Acknowledge selected escalations")
+    def acknowledge(self, request: HttpRequest, queryset: QuerySet[EscalationTicket]) -> None:
+        self._each(
+            request,
+            queryset,
+            "acknowledged",
+            lambda ticket, actor: escalations.escalation_acknowledge(
+                ticket_id=ticket.pk, actor=actor
+            ),
+        )
+
+    def _resolve(
+        self, request: HttpRequest, queryset: QuerySet[EscalationTicket], action: str
+    ) -> None:
+        self._each(
+            request,
+            queryset,
+            f"resolved ({action})",
+            lambda ticket, actor: escalations.escalation_resolve(
+                ticket_id=ticket.pk, action=action, actor=actor
+            ),
+        )
+
+    @admin.action(description="Resolve: resume (failed steps retried afresh)")
+    def resolve_resume(self, request: HttpRequest, queryset: QuerySet[EscalationTicket]) -> None:
+        self._resolve(request, queryset, Resolution.RESUME)
+
+    @admin.action(description="Resolve: retry (a new attempt of the run)")
+    def resolve_retry(self, request: HttpRequest, queryset: QuerySet[EscalationTicket]) -> None:
+        self._resolve(request, queryset, Resolution.RETRY)
+
+    @admin.action(description="Resolve: re-plan the failing agents")
+    def resolve_replan(self, request: HttpRequest, queryset: QuerySet[EscalationTicket]) -> None:
+        self._resolve(request, queryset, Resolution.REPLAN)
+
+    @admin.action(description="Resolve: cancel the run (and refund)")
+    def resolve_cancel(self, request: HttpRequest, queryset: QuerySet[EscalationTicket]) -> None:
+        self._resolve(request, queryset, Resolution.CANCEL)
+
+
+@admin.register(Replan)
+class ReplanAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[Replan]):
+    """Re-plans: what failed, what the planner proposed, what came of it."""
+
+    list_display = (
+        "requested_at",
+        "run",
+        "number",
+        "trigger",
+        "planner",
+        "status",
+        "agents",
+        "cost",
+        "finished_at",
+    )
+    list_filter = ("status", "trigger", "planner", "requested_at")
+    list_select_related = ("run",)
+    search_fields = ("=run__id",)
+    ordering = ("-requested_at",)
+    show_full_result_count = False

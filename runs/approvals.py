@@ -97,8 +97,10 @@ def _continue_after_decision(run: Run, steps: list[Step], approved: bool) -> Run
     run.waiting_approvals = waiting
     outbox = Outbox()
     for step in steps:
-        if run.status != RunStatus.RUNNING:
-            break  # an earlier rejection failed the run; nothing else to move on
+        # An escalated run counts its decisions too (nothing new starts until it is
+        # resolved); one an earlier rejection failed has nothing left to move on.
+        if run.status not in (RunStatus.RUNNING, RunStatus.ESCALATED):
+            break
         if approved:
             step_finished(run, step, outbox)
         else:

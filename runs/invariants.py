@@ -10,7 +10,17 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from common.invariants import LIMIT, invariant
-from runs.models import Agent, Run, RunAttempt, Step, Task
+from runs.models import (
+    Agent,
+    EscalationStatus,
+    EscalationTicket,
+    Replan,
+    ReplanStatus,
+    Run,
+    RunAttempt,
+    Step,
+    Task,
+)
 from runs.states import NODE_OPEN, NODE_TERMINAL, RUN_TERMINAL, STEP_TERMINAL, NodeStatus, RunStatus
 
 
@@ -116,7 +126,17 @@ def run_state_consistency() -> list[str]:
     open_agent = Exists(_current_agents(status__in=NODE_OPEN))
     active_agent = Exists(_current_agents(status__in=[NodeStatus.PENDING, NodeStatus.RUNNING]))
     any_agent = Exists(_current_agents())
-    failed_agent = Exists(_current_agents(status=NodeStatus.FAILED))
+    # An agent failed: FAILED, or SKIPPED with its own error kept (a failure under a
+    # `continue` run, or replaced by a re-plan), not skipped for a dependency.
+    failed_agent = Exists(
+        _current_agents().filter(
+            Q(status=NodeStatus.FAILED)
+            | (
+                Q(status=NodeStatus.SKIPPED, last_error__isnull=False)
+                & ~Q(last_error__code="dependency_failed")
+            )
+        )
+    )
     unfinished_for = {
         RunStatus.COMPLETED: [s for s in NodeStatus.values if s not in ("completed", "skipped")],
         RunStatus.CANCELLED: NODE_OPEN,
@@ -131,7 +151,10 @@ def run_state_consistency() -> list[str]:
         "run {pk}: agents exist before the attempt was picked up",
     )
     problems += _ids(
-        Run.objects.filter(status=RunStatus.RUNNING).exclude(active_agent),
+        # A run waiting for its planner holds itself open with no agent of its own.
+        Run.objects.filter(status=RunStatus.RUNNING, replan_pending_since__isnull=True).exclude(
+            active_agent
+        ),
         "run {pk}: running but no agent is pending or running",
     )
     problems += _ids(
@@ -207,3 +230,40 @@ def step_leases() -> list[str]:
         f"step {pk} (run {run_id}): running without a live lease"
         for pk, run_id in stale.values_list("pk", "run_id")[:LIMIT]
     ]
+
+
+@invariant(
+    "runs.escalations",
+    "an escalated run has one open ticket and no other run has one; a resolved ticket "
+    "says how and when; a re-plan is awaited exactly while the run holds itself open for it",
+)
+def escalations_consistent() -> list[str]:
+    open_ticket = Exists(
+        EscalationTicket.objects.filter(run=OuterRef("pk")).exclude(
+            status=EscalationStatus.RESOLVED
+        )
+    )
+    problems = _ids(
+        Run.objects.filter(status=RunStatus.ESCALATED).exclude(open_ticket),
+        "run {pk}: escalated without an open ticket",
+    )
+    problems += _ids(
+        Run.objects.exclude(status=RunStatus.ESCALATED).filter(open_ticket),
+        "run {pk}: an open ticket, but the run is not escalated",
+    )
+    problems += [
+        f"escalation {pk}: resolved without a resolution or a time"
+        for pk in EscalationTicket.objects.filter(status=EscalationStatus.RESOLVED)
+        .filter(Q(resolution="") | Q(resolved_at__isnull=True))
+        .values_list("pk", flat=True)[:LIMIT]
+    ]
+    awaited = Exists(Replan.objects.filter(run=OuterRef("pk"), status=ReplanStatus.REQUESTED))
+    problems += _ids(
+        Run.objects.filter(replan_pending_since__isnull=False).exclude(awaited),
+        "run {pk}: holds itself open for a re-plan nobody asked for",
+    )
+    problems += _ids(
+        Run.objects.filter(replan_pending_since__isnull=True).filter(awaited),
+        "run {pk}: a re-plan is asked for but the run does not wait for it",
+    )
+    return problems

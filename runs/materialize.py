@@ -169,16 +169,27 @@ def step_rows(run: Run, task: Task, plan: TaskPlan, generation: int = 0) -> list
 
 
 def materialize(run: Run, attempt: RunAttempt, plan: Plan) -> list[Agent]:
-    wired = wire_children(plan.mode, plan.agents)
+    return add_agents(run, attempt, plan.agents, wire_children(plan.mode, plan.agents))
+
+
+def add_agents(
+    run: Run,
+    attempt: RunAttempt,
+    plans: Sequence[AgentPlan],
+    wired: Sequence[tuple[int, list[str]]],
+    first_position: int = 0,
+) -> list[Agent]:
+    """Create ``plans``' agents (wired as given), their tasks and their steps in the
+    attempt, positioned from ``first_position`` (a re-plan adds agents after the rest)."""
     agents = Agent.objects.bulk_create(
         [
-            _agent_row(run, attempt, agent, index, wired[index])
-            for index, agent in enumerate(plan.agents)
+            _agent_row(run, attempt, agent, first_position + index, wired[index])
+            for index, agent in enumerate(plans)
         ]
     )
     tasks: list[Task] = []
     task_plans: list[TaskPlan] = []
-    for agent, agent_plan in zip(agents, plan.agents, strict=True):
+    for agent, agent_plan in zip(agents, plans, strict=True):
         tasks.extend(task_rows(run, agent, agent_plan))
         task_plans.extend(agent_plan.tasks)
     tasks = Task.objects.bulk_create(tasks, batch_size=1000)

@@ -44,6 +44,8 @@ class RunMessage(enum.StrEnum):
     PICK_UP = "pick_up"  # PENDING (or RETRYING) -> RUNNING: materialise and dispatch
     RESUME = "resume"  # RESUMING -> RUNNING: send again what the pause held
     CHILD_ENDED = "child_ended"  # a child run ended: its parent takes note (runs.children)
+    ESCALATED = "escalated"  # a ticket was opened: on-call is told (runs.escalations)
+    REPLAN = "replan"  # a re-plan was asked for: the planner is consulted (runs.replanning)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,19 @@ from billing.services import (
 )
 from common.text import storable_text
 from runs.materialize import materialize
-from runs.models import Agent, EventKind, Run, RunAttempt, Step, Task
+from runs.models import (
+    Agent,
+    EscalationStatus,
+    EscalationTicket,
+    EventKind,
+    Replan,
+    ReplanStatus,
+    Resolution,
+    Run,
+    RunAttempt,
+    Step,
+    Task,
+)
 from runs.outbox import RunMessage, enqueue_run_message, revoke_running_steps
 from runs.plan import Plan, parse_plan
 from runs.reservation import plan_reservation
@@ -69,7 +81,7 @@ def error_payload(code: str, message: str, **extra: Any) -> dict[str, Any]:
 # What the engine reads of a run on every step: everything but the large fields (a wide
 # run's plan is tens of kilobytes; reading it on every step would make a step's cost grow
 # with the run). Read with one prepared-once statement, not a query the ORM builds per call.
-_HEAVY = {"plan", "variables", "timeouts", "last_error"}
+_HEAVY = {"plan", "variables", "timeouts", "last_error", "policy"}
 _LIGHT = [f.attname for f in Run._meta.concrete_fields if f.attname not in _HEAVY]
 _LOCK_LIGHT_SQL = (
     f"SELECT {', '.join(connection.ops.quote_name(name) for name in _LIGHT)} "  # noqa: S608
@@ -165,6 +177,29 @@ def plan_of(run: Run) -> Plan:
     return parse_plan(run.plan)
 
 
+def replanned_plan_json(run: Run) -> dict[str, Any]:
+    """The run's plan as submitted, with the agents the current attempt's re-plans added
+    after its own (``runs.replanning``): what the attempt runs."""
+    fragments = Replan.objects.filter(
+        run=run, attempt_number=run.attempt_number, status=ReplanStatus.SPAWNED
+    ).order_by("number")
+    added = [
+        agent
+        for fragment in fragments.values_list("fragment", flat=True)
+        for agent in fragment or []
+    ]
+    plan = dict(run.plan)
+    plan["agents"] = list(plan.get("agents") or []) + added
+    return plan
+
+
+def replanned_plan(run: Run) -> Plan:
+    """``replanned_plan_json``, validated: the typed plan of the running attempt."""
+    if run.replan_count == 0:
+        return plan_of(run)
+    return parse_plan(replanned_plan_json(run))
+
+
 # --------------------------------------------------------------------------- create
 @dataclass(frozen=True)
 class ChildOf:
@@ -214,6 +249,7 @@ def run_create(
             max_agents=parsed.max_agents,
             variables=parsed.variables,
             timeouts=parsed.timeouts_ms,
+            policy=parsed.policy,
             created_by=actor,
         )
         record_event(
@@ -416,9 +452,11 @@ def _close_children(run: Run, to_status: str, actor: str, message: str) -> None:
 
 def _finish_attempt(run: Run, actor: str = "system") -> None:
     """Close the current attempt on a terminal state and settle its credits with it; a
-    child run's parent is told, after commit (``runs.children``)."""
+    child run's parent is told, after commit (``runs.children``). An escalation still
+    open is resolved by the run's end, and a re-plan not yet answered is dropped."""
     if run.parent_run_id is not None and run.parent_notified_at is None:
         enqueue_run_message(RunMessage.CHILD_ENDED, run.pk, run.priority)
+    _close_escalations(run, actor)
     attempt = current_attempt(run)
     attempt.outcome = run.status
     attempt.finished_at = run.completed_at or timezone.now()
@@ -431,6 +469,24 @@ def _finish_attempt(run: Run, actor: str = "system") -> None:
             actor=actor,
             message=f"refunded {refund.amount} credits",
             payload={"type": "refund", "amount": str(refund.amount)},
+        )
+
+
+def _close_escalations(run: Run, actor: str) -> None:
+    now = timezone.now()
+    error = run.last_error or {}
+    timed_out = error.get("code") == "escalation_timeout"
+    EscalationTicket.objects.filter(run=run).exclude(status=EscalationStatus.RESOLVED).update(
+        status=EscalationStatus.RESOLVED,
+        resolved_at=now,
+        resolved_by=actor,
+        resolution=Resolution.ESCALATION_TIMEOUT if timed_out else Resolution.RUN_ENDED,
+        note=f"run {run.status}: {error.get('code', '')} {error.get('message', '')}".strip()[:2000],
+    )
+    if run.replan_pending_since is not None:
+        Run.objects.filter(pk=run.pk).update(replan_pending_since=None)
+        Replan.objects.filter(run=run, status=ReplanStatus.REQUESTED).update(
+            status=ReplanStatus.DROPPED, finished_at=now
         )
 
 
@@ -523,9 +579,12 @@ def run_cancel(
     """
     run = lock_run(run_id, organization)
     reason = storable_text(reason.strip()[:1000]) or "cancelled"
-    updates: dict[str, Any] = {"cancel_reason": reason}
-    if error_code:
-        updates["last_error"] = error_payload(error_code, reason)
+    # Every way a run ends names its condition in last_error (seed 000's aborts): a
+    # person's cancel is `cancelled`, the sweep's says which timeout.
+    updates: dict[str, Any] = {
+        "cancel_reason": reason,
+        "last_error": error_payload(error_code or "cancelled", reason),
+    }
     result = transition(
         Run,
         run.pk,

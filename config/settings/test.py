@@ -33,5 +33,10 @@ ARTIFACTS_ROOT = env.string(
     "the filesystem backend's directory",
 )
 
+# A failing webhook is retried within the test's patience, not minutes later.
+ESCALATION_WEBHOOK_BACKOFF = env.number(
+    "ESCALATION_WEBHOOK_BACKOFF", 0.2, "seconds before the first webhook retry"
+)
+
 check_consistency(env, globals())
 env.raise_if_invalid()

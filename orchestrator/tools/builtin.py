@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -448,23 +449,38 @@ def _llm_tokens(usage: Any) -> int:
 
 def llm(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
     """OpenAI-compatible chat completion; token usage becomes the cost."""
-    base_url = settings.LLM_BASE_URL.rstrip("/")
-    if not base_url:
-        raise ToolError("tool_error", "LLM_BASE_URL is not configured", False)
     messages = params.get("messages") or [
         {"role": "user", "content": str(params.get("prompt", ""))}
     ]
     if not isinstance(messages, list):
         raise ToolError("invalid_input", "messages must be a list of {role, content}", False)
-    body: dict[str, Any] = {
-        "model": params.get("model") or settings.LLM_MODEL,
-        "messages": messages,
-    }
-    for key in ("max_tokens", "temperature"):
-        if key in params:
-            body[key] = params[key]
-    headers = {"Authorization": f"Bearer {settings.LLM_API_KEY}"} if settings.LLM_API_KEY else {}
+    extra = {key: params[key] for key in ("max_tokens", "temperature") if key in params}
     timeout = _seconds(params, "timeout", ctx.timeout_s or settings.LLM_TIMEOUT)
+    reply = chat_completion(messages, model=params.get("model"), timeout=timeout, **extra)
+    return ToolResult(
+        output={"content": reply.content, "usage": reply.usage, "model": reply.model},
+        cost=llm_cost(reply.tokens),
+    )
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    content: Any
+    usage: dict[str, Any]
+    tokens: int
+    model: Any
+
+
+def chat_completion(
+    messages: list[Any], *, model: str | None = None, timeout: float, **extra: Any
+) -> ChatReply:
+    """One call to the OpenAI-compatible endpoint at LLM_BASE_URL (the `llm` tool's, and
+    the LLM planner's); its failures are ToolErrors with the tool's codes."""
+    base_url = settings.LLM_BASE_URL.rstrip("/")
+    if not base_url:
+        raise ToolError("tool_error", "LLM_BASE_URL is not configured", False)
+    body: dict[str, Any] = {"model": model or settings.LLM_MODEL, "messages": messages, **extra}
+    headers = {"Authorization": f"Bearer {settings.LLM_API_KEY}"} if settings.LLM_API_KEY else {}
     try:
         response = httpx.post(
             f"{base_url}/chat/completions", json=body, headers=headers, timeout=timeout
@@ -497,10 +513,7 @@ def llm(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
         tokens = _llm_tokens(usage)
     except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
         raise ToolError("invalid_output", f"unexpected LLM response: {exc}", False) from exc
-    return ToolResult(
-        output={"content": content, "usage": usage, "model": data.get("model")},
-        cost=llm_cost(tokens),
-    )
+    return ChatReply(content, usage, tokens, data.get("model"))
 
 
 def validate_llm(params: dict[str, Any]) -> Problems:

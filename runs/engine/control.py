@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
@@ -19,7 +20,7 @@ from runs.engine.dispatch import (
     update_waiting_state,
 )
 from runs.engine.propagation import finish_if_done
-from runs.models import Agent, Step, Task
+from runs.models import Agent, Run, Step, Task
 from runs.outbox import Outbox, StepMessage
 from runs.plan import PlanInvalid
 from runs.states import NodeStatus, RunStatus, StepStatus
@@ -85,25 +86,35 @@ def resume(run_id: Any, actor: str = "worker") -> bool:
                 now=now,
             )
         run = services.run_resumed(run_id=run.pk, actor=actor)
-        outbox = Outbox()
-        held = Step.objects.filter(
-            run=run,
-            attempt_number=run.attempt_number,
-            status=StepStatus.PENDING,
-            dispatched_at__isnull=False,
-        ).only("pk", "timeout_ms")
-        for step in held:
-            outbox.add(StepMessage(step.pk, str(run.pk), run.priority, step_timeout_s(step)))
-        dispatch_agents(run, outbox)
-        for agent in Agent.objects.filter(
-            run=run, attempt_number=run.attempt_number, status=NodeStatus.RUNNING
-        ):
-            dispatch_tasks(run, agent, outbox)
-        for task in Task.objects.filter(
-            run=run, attempt_number=run.attempt_number, status=NodeStatus.RUNNING
-        ):
-            dispatch_steps(run, task, outbox)
-        update_waiting_state(run)
-        # Everything may have finished during the pause: then nothing is left to run.
-        finish_if_done(run)
+        redispatch(run, now)
         return True
+
+
+def redispatch(run: Run, now: datetime) -> None:
+    """A RUNNING run that stood still (paused, escalated) goes on: its dispatched steps
+    are published again (a message dropped meanwhile; one still queued makes a harmless
+    duplicate), each no sooner than it is due, then whatever became ready is dispatched.
+    Everything may have finished meanwhile: then the run completes."""
+    outbox = Outbox()
+    held = Step.objects.filter(
+        run=run,
+        attempt_number=run.attempt_number,
+        status=StepStatus.PENDING,
+        dispatched_at__isnull=False,
+    ).only("pk", "timeout_ms", "next_run_at")
+    for step in held:
+        wait = (step.next_run_at - now).total_seconds() if step.next_run_at else 0.0
+        outbox.add(
+            StepMessage(step.pk, str(run.pk), run.priority, step_timeout_s(step), max(wait, 0.0))
+        )
+    dispatch_agents(run, outbox)
+    for agent in Agent.objects.filter(
+        run=run, attempt_number=run.attempt_number, status=NodeStatus.RUNNING
+    ):
+        dispatch_tasks(run, agent, outbox)
+    for task in Task.objects.filter(
+        run=run, attempt_number=run.attempt_number, status=NodeStatus.RUNNING
+    ):
+        dispatch_steps(run, task, outbox)
+    update_waiting_state(run)
+    finish_if_done(run)

@@ -13,16 +13,14 @@ from django.db.models import F
 from billing.services import InsufficientCredits
 from runs import services
 from runs.engine.dispatch import dispatch_children
+from runs.engine.policy import consider_replan
 from runs.engine.propagation import child_done
-from runs.engine.tree import model_of
+from runs.engine.tree import MAX_LEVEL_RETRIES, model_of
 from runs.materialize import step_rows, task_rows
 from runs.models import Agent, EventKind, FailureMode, Run, Step, Task
 from runs.outbox import Outbox, revoke_running_steps
-from runs.plan import parse_plan
 from runs.states import NODE_OPEN, STEP_OPEN, NodeStatus, StepStatus
 from runs.transitions import record_event, transition, transition_many
-
-MAX_LEVEL_RETRIES = 3  # seed 000 section 3: at most 3 retries of a task, agent or run
 
 
 @dataclass(frozen=True)
@@ -47,6 +45,10 @@ def child_failed(
     - retry: the parent starts over with a new generation of children (at most 3 times);
     - fail-fast: the parent fails at once and its parent reacts in turn.
     """
+    if isinstance(child, Agent | Task):
+        # Before the parent reacts: a re-plan asked for holds the run open, so the
+        # failing child cannot be the end of it (runs.engine.policy).
+        consider_replan(run, parent, child, failure.as_error())
     mode = parent.failure_mode
     if mode == FailureMode.CONTINUE:
         end_child(child, "skipped", failure)
@@ -125,7 +127,10 @@ def _close_open_children(node: Agent | Task, message: str) -> None:
 def _restart(run: Run, node: Agent | Task, failure: Failure, outbox: Outbox) -> None:
     """Level retry: run the node's children again, from the start, as a new generation."""
     _close_open_children(node, f"restarting after: {failure.message}")
-    plan = parse_plan(run.plan)
+    # A re-plan's agents are not in the plan as submitted: the attempt's plan has them.
+    plan = services.replanned_plan(
+        Run.objects.only("plan", "replan_count", "attempt_number").get(pk=run.pk)
+    )
     generation = node.retry_count + 1
     if isinstance(node, Task):
         agent = Agent.objects.get(pk=node.agent_id)
@@ -178,9 +183,39 @@ def _run_failed(run: Run, failure: Failure) -> None:
                 services.run_retry(run_id=run.pk, actor="engine")
                 Run.objects.filter(pk=run.pk).update(automatic_retries=F("automatic_retries") + 1)
         except InsufficientCredits as exc:
+            # An abort of its own (seed 000): the run stays FAILED, and says why it was
+            # not tried again, with the failure that ended the attempt as its cause.
+            error = {
+                "code": "insufficient_credits",
+                "message": f"the next attempt was not started: {exc}",
+                "cause": failure.as_error(),
+            }
+            Run.objects.filter(pk=run.pk).update(last_error=error)
             record_event(
-                run, EventKind.ERROR, actor="engine", message=f"automatic retry refused: {exc}"
+                run,
+                EventKind.ERROR,
+                actor="engine",
+                message=f"automatic retry refused: {exc}",
+                payload=error,
             )
+
+
+def supersede(run: Run, agent: Agent, message: str, outbox: Outbox) -> None:
+    """A re-plan replaces ``agent`` (runs.escalations): its open work is cancelled (running
+    steps terminated) and it ends SKIPPED with `replanned`, counted as a child that did
+    not complete. Its failure is not propagated: what replaces it is on its way."""
+    _close_open_children(agent, message)
+    error = {"code": "replanned", "message": message}
+    ended = transition(
+        Agent,
+        agent.pk,
+        NodeStatus.SKIPPED,
+        message=message,
+        payload=error,
+        updates={"last_error": error},
+    ).obj
+    run.refresh_from_db(fields=["open_children", "active_children", "status"])
+    child_done(run, run, ended, success=False, was_dispatched=_dispatched(ended), outbox=outbox)
 
 
 def node_timed_out(run: Run, node: Agent | Task, code: str, message: str) -> None:

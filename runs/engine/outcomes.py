@@ -15,7 +15,7 @@ from billing.pricing import tool_price
 from billing.services import BudgetExhausted, credits_charge
 from common.tools.base import ToolError
 from runs import services
-from runs.engine import hotpath
+from runs.engine import hotpath, policy
 from runs.engine.dispatch import announce, step_from_row, step_timeout_s, update_waiting_state
 from runs.engine.failure import Failure, child_failed, end_child
 from runs.engine.handlers import handler_finished, start_handlers
@@ -23,9 +23,9 @@ from runs.engine.propagation import child_done
 from runs.engine.retry import decide
 from runs.engine.tree import counts_as_success
 from runs.engine.waiting import WaitRefused, park
-from runs.models import Run, Step, Task
+from runs.models import EscalationReason, Run, Step, Task
 from runs.outbox import Outbox, RunMessage, StepMessage, enqueue_run_message
-from runs.states import StepStatus
+from runs.states import RunStatus, StepStatus
 from runs.transitions import transition_locked
 
 
@@ -209,14 +209,33 @@ def _record(run: Run, step_id: int, attempt: int, outcome: Outcome, now: datetim
         step.retry,
         code=error.code,
         retryable=error.retryable,
-        attempts=attempt,
-        failures=failures,
+        attempts=attempt - step.retry_base_attempts,
+        failures=failures - step.retry_base_failures,
     )
     charged = outcome.cost if failure is None else Decimal(0)
     Step.objects.filter(pk=step.pk).update(
         failures=failures, error=error.as_dict(), cost=step.cost + charged
     )
     step.failures, step.error, step.cost = failures, error.as_dict(), step.cost + charged
+    policy.record_failure(run, step, attempt, error, now)
+    reason = policy.escalation_for(
+        run,
+        retry=decision.retry,
+        escalate=decision.escalate,
+        retryable=error.retryable,
+        now=now,
+    )
+    if reason:
+        # People decide: the step waits, the run escalates (runs.engine.policy). A burst
+        # or a rate keeps the retry's backoff for when it resumes; a spent budget or a
+        # backoff beyond its cap is due at once then (its budget starts afresh).
+        window = reason in (EscalationReason.ERROR_BURST, EscalationReason.ERROR_RATE)
+        policy.hold_for_escalation(
+            run, step, attempt, error, reason, delay_ms=decision.delay_ms if window else 0, now=now
+        )
+        return True
+    if run.status == RunStatus.ESCALATED:
+        policy.note_failure(run, step, attempt, error, now)
     if decision.retry:
         due = now + timedelta(milliseconds=decision.delay_ms)
         transition_locked(

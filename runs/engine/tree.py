@@ -8,6 +8,8 @@ from typing import Any
 from runs.models import Agent, Run, Step, Task
 from runs.states import NodeStatus, StepStatus
 
+MAX_LEVEL_RETRIES = 3  # seed 000 section 3: at most 3 retries of a task, agent or run
+
 
 def model_of(node: Run | Agent | Task | Step) -> Any:
     """The node's model class, typed loosely: the engine treats the levels alike."""

@@ -44,8 +44,10 @@ from runs.plan.errors import PlanError, PlanInvalid, errors_as_dicts
 from runs.plan.guard import Limits, json_depth, json_size, refused_whole
 from runs.plan.model import (
     AgentPlan,
+    EscalationPolicy,
     HandlerPlan,
     Plan,
+    ReplanPolicy,
     RetryPolicy,
     StepPlan,
     TaskPlan,
@@ -55,11 +57,13 @@ from runs.plan.model import (
 
 __all__ = [
     "AgentPlan",
+    "EscalationPolicy",
     "HandlerPlan",
     "Limits",
     "Plan",
     "PlanError",
     "PlanInvalid",
+    "ReplanPolicy",
     "RetryPolicy",
     "StepPlan",
     "TaskPlan",

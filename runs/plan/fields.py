@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, TypeGuard, get_args
 
+from django.conf import settings
 from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler, ValidationError, ValidationInfo
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError, PydanticOmit, core_schema
@@ -205,6 +206,28 @@ class ToolName:
         self, schema: CoreSchema, handler: GetJsonSchemaHandler
     ) -> JsonSchemaValue:
         return {**handler(schema), "enum": sorted(tool_names())}
+
+
+class PlannerName:
+    """A planner's name: one of ``settings.ORCH_PLANNERS`` (operators configure planners;
+    a plan may only pick among them)."""
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        def refusal(value: Any, _: Limits) -> str:
+            names = sorted(settings.ORCH_PLANNERS)
+            hint = suggest(value, names) if isinstance(value, str) else ""
+            return f"must be one of {', '.join(names)}, got {show(value)}{hint}"
+
+        return _worded(
+            core_schema.str_schema(), refusal, lambda value, _: value in settings.ORCH_PLANNERS
+        )
+
+    def __get_pydantic_json_schema__(
+        self, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        return {**handler(schema), "enum": sorted(settings.ORCH_PLANNERS)}
 
 
 class Condition:

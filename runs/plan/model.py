@@ -49,6 +49,7 @@ from runs.plan.fields import (
     NotForHandlers,
     Number,
     OneOf,
+    PlannerName,
     RunName,
     SiblingNames,
     ToolName,
@@ -63,6 +64,7 @@ from runs.plan.guard import Limits
 ModeName = Literal["sequential", "parallel", "dag"]
 FailureModeName = Literal["fail-fast", "continue", "retry"]
 BackoffName = Literal["fixed", "linear", "exponential"]
+ExhaustedName = Literal["fail", "escalate"]
 MODES: tuple[str, ...] = get_args(ModeName)
 FAILURE_MODES: tuple[str, ...] = get_args(FailureModeName)
 BACKOFFS: tuple[str, ...] = get_args(BackoffName)
@@ -107,6 +109,8 @@ class RetryPolicy(PlanModel):
     """Each delay is spread by up to this fraction of itself, either way."""
     retry_on: Annotated[tuple[Annotated[str, ErrorCode()], ...], ErrorCodes()] = ()
     """Retry only these codes; every retryable code when empty."""
+    on_exhausted: Annotated[ExhaustedName, OneOf()] = "fail"
+    """When the budgets are spent: `fail` the step, or `escalate` the run to people."""
 
     @field_validator("max_delay_ms")
     @classmethod
@@ -116,17 +120,25 @@ class RetryPolicy(PlanModel):
             raise refused(f"must be at least base_delay_ms ({base}), got {cap}")
         return cap
 
+    @property
+    def caps_escalate(self) -> bool:
+        """A plan that wrote `max_delay_ms` escalates a retry whose backoff would exceed
+        it (seed 000); one that did not is capped by the default, never escalated."""
+        return "max_delay_ms" in self.model_fields_set
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RetryPolicy:
         """The policy a step row stores (``as_dict``); a key it lacks takes the plan's
         default, so there is one set of defaults (these fields)."""
         known = {name: data[name] for name in cls.model_fields if name in data}
         known["retry_on"] = tuple(known.get("retry_on", ()))
-        # Stored by the engine from a plan already checked: taken as it is.
-        return cls.model_construct(**known)
+        # Stored by the engine from a plan already checked: taken as it is. Whether the
+        # plan wrote max_delay_ms travels as its own key (rows stored before it: no).
+        written = set(known) if data.get("max_delay_set") else set(known) - {"max_delay_ms"}
+        return cls.model_construct(_fields_set=written, **known)
 
     def as_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+        return {**self.model_dump(mode="json"), "max_delay_set": self.caps_escalate}
 
 
 class StepPlan(PlanModel):
@@ -228,6 +240,38 @@ class Timeouts(PlanModel):
     paused: Annotated[int | None, Duration()] = None
     resuming: Annotated[int | None, Duration()] = None
     retrying: Annotated[int | None, Duration()] = None
+    escalated: Annotated[int | None, Duration()] = None
+    """How long an escalated run waits for a person before it fails (escalation_timeout)."""
+
+
+class EscalationPolicy(PlanModel):
+    """When a failing run is handed to people (docs/escalation.md). Each threshold left
+    out is the setting's (ESCALATION_*). Only failures that would be retried escalate."""
+
+    enabled: bool = True
+    window_ms: Annotated[int | None, Duration()] = Field(None, validation_alias="window")
+    """How far back failures count; 5 minutes by default."""
+    max_errors: Annotated[int | None, Whole(0, 1_000_000)] = None
+    """More failed attempts than this in the window escalates; 5 by default."""
+    max_error_rate: Annotated[float | None, Number(0.0, 1.0)] = None
+    """A larger share of failed attempts in the window escalates; 0.5 by default..."""
+    min_attempts: Annotated[int | None, Whole(1, 1_000_000)] = None
+    """...once the window holds at least this many attempts; 10 by default."""
+
+
+class ReplanPolicy(PlanModel):
+    """When a running run asks a planner for new agents (docs/escalation.md). Each
+    threshold left out is the setting's (REPLAN_*, ORCH_PLANNER)."""
+
+    enabled: bool = True
+    agent_failure_ratio: Annotated[float | None, Number(0.0, 1.0)] = None
+    """More than this share of the run's agents failed; 0.5 by default."""
+    task_failures: Annotated[int | None, Whole(0, 1_000_000)] = None
+    """More than this many tasks failed; 10 by default."""
+    max_replans: Annotated[int | None, Whole(0, 100)] = None
+    """Re-plans the run may make; 2 by default."""
+    planner: Annotated[str | None, PlannerName()] = None
+    """Which of the configured planners; ORCH_PLANNER by default."""
 
 
 class Plan(PlanModel):
@@ -250,6 +294,8 @@ class Plan(PlanModel):
     timeouts: Timeouts = Timeouts()
     max_agents: Annotated[int, Whole(1, "max_agents")] = 10
     """Agents running at once; 10, or the limit when it is lower."""
+    escalation: EscalationPolicy = EscalationPolicy()
+    replan: ReplanPolicy = ReplanPolicy()
     agents: Annotated[tuple[AgentPlan, ...], Children("max_agents")]
 
     @model_validator(mode="after")
@@ -279,6 +325,14 @@ class Plan(PlanModel):
     def timeouts_ms(self) -> dict[str, int]:
         """The timeouts the plan sets, by level and state."""
         return self.timeouts.model_dump(exclude_none=True)
+
+    @property
+    def policy(self) -> dict[str, Any]:
+        """The escalation and re-plan thresholds the plan sets (``Run.policy``)."""
+        return {
+            "escalation": self.escalation.model_dump(exclude_none=True),
+            "replan": self.replan.model_dump(exclude_none=True),
+        }
 
     @property
     def step_count(self) -> int:

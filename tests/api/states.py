@@ -11,10 +11,10 @@ from artifacts import services as artifact_services
 from artifacts.models import Artifact
 from billing.models import Organization
 from orchestrator.tools.builtin import runner as runner_tool
-from runs import runners, services
+from runs import escalations, runners, services
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record
-from runs.models import Run, Runner, RunnerJob, Step
+from runs.models import EscalationTicket, Run, Runner, RunnerJob, Step
 from runs.transitions import claim_step
 from tests import factories
 
@@ -186,3 +186,21 @@ def artifact_request(
     if name == "artifact-complete":
         return {"artifact_id": artifact(organization, uploading=True).pk}, {}
     return {"artifact_id": artifact(organization).pk}, {}
+
+
+# --------------------------------------------------------------------------- escalations
+ESCALATION_ROUTES = frozenset({"escalation", "escalation-acknowledge", "escalation-resolve"})
+
+
+def escalation(organization: Organization) -> EscalationTicket:
+    """An open ticket: a running run an operator escalated."""
+    run = running(organization)
+    return escalations.escalation_open(run_id=run.pk, actor="test", note="have a look")
+
+
+def escalation_request(
+    name: str, organization: Organization
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(path values, JSON body) of an escalation route that succeeds for ``organization``."""
+    body = {"action": "resume"} if name == "escalation-resolve" else {}
+    return {"escalation_id": escalation(organization).pk}, body

@@ -20,6 +20,7 @@ ID_ROUTES = routes_with("run_id")
 NAME_ROUTES = routes_with("name")  # an organization's secret, by name
 JOB_ROUTES = routes_with("job_id")  # an organization's runner job
 ARTIFACT_ROUTES = routes_with("artifact_id")  # an organization's artifact
+ESCALATION_ROUTES = routes_with("escalation_id")  # an organization's escalation ticket
 # The runner protocol's routes name a runner in their body or query (a poll is a GET
 # but no list): tested below with another organization's runner.
 RUNNER_ROUTES = [
@@ -51,6 +52,7 @@ def test_every_api_route_is_either_scoped_by_run_id_or_a_list() -> None:
         *map(str, NAME_ROUTES),
         *map(str, JOB_ROUTES),
         *map(str, ARTIFACT_ROUTES),
+        *map(str, ESCALATION_ROUTES),
         *map(str, routes_without_parameters()),
     }
     assert {str(route) for route in api_routes()} == known
@@ -131,6 +133,7 @@ def test_lists_and_totals_show_nothing_of_another_organization(
     for make in (states.running, states.created, states.failed, states.waiting_approval):
         make(tenant.organization)
     states.runner(tenant.organization)
+    states.escalation(tenant.organization)
     secret_put(organization=tenant.organization, name="OWN", value="y")
 
     # Another organization's activity is invisible: not a row, not a total changes.
@@ -195,6 +198,25 @@ def test_another_organizations_artifact_is_not_found_for_every_method(
     assert theirs.status == "available"
     if "get" in route.methods:
         assert tenant.get(path).status_code in (200, 302)
+
+
+@pytest.mark.parametrize("route", ESCALATION_ROUTES, ids=str)
+def test_another_organizations_escalation_is_not_found_for_every_method(
+    route: Route, tenant: Tenant, other_tenant: Tenant
+) -> None:
+    theirs = states.escalation(tenant.organization)
+    path = route.path(escalation_id=theirs.pk)
+
+    for method in route.methods:
+        body = {"action": "cancel", "note": "not mine"} if route.name.endswith("resolve") else {}
+        response = getattr(other_tenant.client, method)(path, body, format="json")
+
+        assert response.status_code == 404, (method, path, response.content)
+        assert response.json()["code"] == "not_found"
+    theirs.refresh_from_db()
+    assert (theirs.status, theirs.run.status) == ("open", "escalated")
+    if "get" in route.methods:
+        assert tenant.get(path).status_code == 200
 
 
 @pytest.mark.parametrize("route", RUNNER_ROUTES, ids=str)

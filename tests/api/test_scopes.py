@@ -45,6 +45,9 @@ def paths(route: Route, own: Run, foreign: Run) -> list[str]:
     if "artifact_id" in route.parameters:  # an artifact of each organization, and none
         artifacts = [states.artifact(run.organization).pk for run in (own, foreign)]
         return [route.path(artifact_id=pk) for pk in (*artifacts, UNKNOWN_RUN)]
+    if "escalation_id" in route.parameters:  # a ticket of each organization, and none
+        tickets = [states.escalation(run.organization).pk for run in (own, foreign)]
+        return [route.path(escalation_id=pk) for pk in (*tickets, UNKNOWN_RUN)]
     return [route.path()]
 
 

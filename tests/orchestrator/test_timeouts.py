@@ -155,16 +155,41 @@ def test_sweeping_twice_does_nothing_the_second_time() -> None:
 def test_lost_step_messages_are_sent_again_once_overdue() -> None:
     run = running(steps=2)
 
-    assert sweeps.redispatch_lost(now=later(timedelta(seconds=10))) == {"steps": 0, "runs": 0}
+    assert sweeps.redispatch_lost(now=later(timedelta(seconds=10))) == {
+        "steps": 0,
+        "runs": 0,
+        "replans": 0,
+        "notices": 0,
+    }
     counts = sweeps.redispatch_lost(now=later(timedelta(minutes=5)))
 
-    assert counts == {"steps": 1, "runs": 0}  # the first step of the sequence
+    assert counts == {
+        "steps": 1,
+        "runs": 0,
+        "replans": 0,
+        "notices": 0,
+    }  # the first step of the sequence
     assert run.events.filter(message__contains="presumed lost").count() == 1
 
 
 def test_a_pending_run_whose_pick_up_was_lost_is_sent_again_once_per_threshold() -> None:
     started()
 
-    assert sweeps.redispatch_lost(now=later(timedelta(minutes=5))) == {"steps": 0, "runs": 1}
-    assert sweeps.redispatch_lost(now=later(timedelta(minutes=6))) == {"steps": 0, "runs": 0}
-    assert sweeps.redispatch_lost(now=later(timedelta(minutes=8))) == {"steps": 0, "runs": 1}
+    assert sweeps.redispatch_lost(now=later(timedelta(minutes=5))) == {
+        "steps": 0,
+        "runs": 1,
+        "replans": 0,
+        "notices": 0,
+    }
+    assert sweeps.redispatch_lost(now=later(timedelta(minutes=6))) == {
+        "steps": 0,
+        "runs": 0,
+        "replans": 0,
+        "notices": 0,
+    }
+    assert sweeps.redispatch_lost(now=later(timedelta(minutes=8))) == {
+        "steps": 0,
+        "runs": 1,
+        "replans": 0,
+        "notices": 0,
+    }

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from billing.models import Organization
 from common.tools.base import ToolError
 from runs import services
 from runs.engine import control
@@ -59,11 +60,15 @@ class EngineRun:
     """One run, started and picked up; steps addressed by name."""
 
     def __init__(
-        self, spec: dict[str, Any], transport: RecordingTransport, capture: CaptureCallbacks
+        self,
+        spec: dict[str, Any],
+        transport: RecordingTransport,
+        capture: CaptureCallbacks,
+        organization: Organization | None = None,
     ) -> None:
         self.transport = transport
         self._capture = capture
-        self.run = services.run_create(organization=factories.org(), plan=spec)
+        self.run = services.run_create(organization=organization or factories.org(), plan=spec)
         with self._committed():
             services.run_start(run_id=self.run.pk)
         with self._committed():
@@ -79,6 +84,17 @@ class EngineRun:
         """The current generation's step called ``name`` (the latest one)."""
         found = Step.objects.filter(run=self.run, name=name).order_by("-generation", "-pk").first()
         assert found is not None, f"no step {name!r}"
+        return found
+
+    def step_in(self, agent: str, name: str, task: str = "t") -> Step:
+        """The latest step called ``name`` in ``agent``'s ``task`` (names repeat across
+        agents)."""
+        found = (
+            Step.objects.filter(run=self.run, task__agent__name=agent, task__name=task, name=name)
+            .order_by("-attempt_number", "-generation", "-pk")
+            .first()
+        )
+        assert found is not None, f"no step {agent}.{task}.{name}"
         return found
 
     def statuses(self) -> dict[str, str]:
@@ -116,6 +132,40 @@ class EngineRun:
         with self._committed():
             record(step.pk, self.run.pk, claimed["attempts"], outcome or Outcome(output={}))
         return Step.objects.get(pk=step.pk)
+
+    def claim(self, name: str) -> int:
+        """Claim the step as a worker would, and keep it running: its attempt's number
+        (``record`` finishes it later)."""
+        step = self.step(name)
+        Step.objects.filter(pk=step.pk).update(next_run_at=None)
+        self._claims += 1
+        claimed = claim_step(
+            step.pk, worker="test", task_id=f"task-{self._claims}", lease_seconds=60
+        )
+        assert claimed is not None, f"step {name!r} could not be claimed ({step.status})"
+        return int(claimed["attempts"])
+
+    def record(self, name: str, attempt: int, outcome: Outcome | None = None) -> Step:
+        """Record the outcome of an attempt ``claim`` made."""
+        step = self.step(name)
+        with self._committed():
+            record(step.pk, self.run.pk, attempt, outcome or Outcome(output={}))
+        return Step.objects.get(pk=step.pk)
+
+    def committed(self) -> AbstractContextManager[Any]:
+        """Run what a block publishes after commit, as the worker's transaction would."""
+        return self._committed()
+
+    def run_messages(self, kind: RunMessage) -> int:
+        """How many ``kind`` messages were published for this run."""
+        return sum(
+            1 for sent, run_id in self.transport.runs if sent == kind and run_id == str(self.run.pk)
+        )
+
+    @staticmethod
+    def failure(code: str, message: str = "failed", *, retryable: bool = False) -> Outcome:
+        """A failed attempt's outcome, charged as a failed attempt is."""
+        return Outcome(error=ToolError(code, message, retryable), cost=Decimal("0.01"))
 
     def fail(self, name: str, code: str = "tool_error", *, retryable: bool = False) -> Step:
         error = ToolError(code, f"{name} failed", retryable)

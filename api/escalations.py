@@ -44,7 +44,9 @@ class EscalationOutput(serializers.Serializer[Any]):
     status = serializers.ChoiceField(choices=EscalationStatus.choices)
     reason = serializers.ChoiceField(choices=EscalationReason.choices)
     severity = serializers.ChoiceField(choices=Severity.choices)
-    errors = EscalationErrorOutput(many=True)
+    # DRF's metaclass takes declared fields off the class: this does not shadow
+    # Serializer.errors, whatever the type checker sees.
+    errors = EscalationErrorOutput(many=True)  # type: ignore[assignment]
     opened_at = serializers.DateTimeField()
     acknowledged_at = serializers.DateTimeField(allow_null=True)
     acknowledged_by = serializers.CharField()

@@ -107,9 +107,7 @@ class OrganizationAdmin(admin.ModelAdmin[Organization]):
     def webhook(self, organization: Organization) -> bool:
         return bool(organization.escalation_webhook_url)
 
-    def save_model(
-        self, request: HttpRequest, obj: Organization, form: Any, change: bool
-    ) -> None:
+    def save_model(self, request: HttpRequest, obj: Organization, form: Any, change: bool) -> None:
         super().save_model(request, obj, form, change)
         data = form.cleaned_data
         secret = data.get("webhook_secret") or None

@@ -10,7 +10,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
@@ -20,6 +20,9 @@ from hypothesis import settings as hypothesis_settings
 
 from config.celery import ALL_QUEUES, app
 from tests.support import Child, child_env, python_cmd, wait_until
+
+if TYPE_CHECKING:  # imported by pytest as a plugin (below), where its asserts are rewritten
+    from tests.http_fixture import HttpServer
 
 # `http_server`: a scriptable local HTTP server (tests/http_fixture.py).
 pytest_plugins = ["tests.http_fixture"]
@@ -60,7 +63,10 @@ def broker() -> Iterator[redis.Redis[bytes]]:
 
 @pytest.fixture(scope="session")
 def celery_worker(
-    django_db_setup: None, broker: redis.Redis[bytes], tmp_path_factory: pytest.TempPathFactory
+    django_db_setup: None,
+    broker: redis.Redis[bytes],
+    tmp_path_factory: pytest.TempPathFactory,
+    llm_server: HttpServer,
 ) -> Iterator[str]:
     """Start one real worker process (prefork, 2 children); yield its hostname."""
     hostname = f"test-{uuid.uuid4().hex[:8]}@localhost"
@@ -75,8 +81,9 @@ def celery_worker(
             "--loglevel", "INFO",
             "--without-mingle", "--without-gossip",
         ),
-        # Polls and callback requests reach the tests' own HTTP server, on loopback.
-        child_env(HTTP_TOOL_ALLOWED_NETWORKS="127.0.0.0/8"),
+        # Polls, callback requests and webhooks reach the tests' own HTTP servers, on
+        # loopback; the LLM planner and llm steps reach the session's LLM server.
+        child_env(HTTP_TOOL_ALLOWED_NETWORKS="127.0.0.0/8", LLM_BASE_URL=llm_server.llm_base_url),
         log,
     )  # fmt: skip
 

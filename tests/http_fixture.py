@@ -96,6 +96,12 @@ class HttpServer:
         with self._lock:
             return list(self._requests)
 
+    def reset(self) -> None:
+        """Forget what was scripted and received (a server shared by several tests)."""
+        with self._lock:
+            self._scripts.clear()
+            self._requests.clear()
+
     def respond(
         self,
         path: str,
@@ -249,6 +255,15 @@ def _handler_for(server: HttpServer) -> type[BaseHTTPRequestHandler]:
             pass  # tests assert on server.requests; the access log is noise
 
     return Handler
+
+
+@pytest.fixture(scope="session")
+def llm_server() -> Iterator[HttpServer]:
+    """An OpenAI-compatible server for the whole session: the session's worker is
+    started with LLM_BASE_URL pointing at it (its planner and llm steps call it). Tests
+    that use it script it afresh (``reset``)."""
+    with HttpServer() as server:
+        yield server
 
 
 @pytest.fixture

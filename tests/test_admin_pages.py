@@ -16,7 +16,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from artifacts import services as artifact_services
-from runs.models import Step, StepWait
+from runs import escalations
+from runs.models import Replan, Step, StepFailure, StepWait
 from tests import factories
 from tests.api import states
 
@@ -47,6 +48,22 @@ def rows_of_every_kind() -> None:
     )
     artifact_services.upload(
         organization=organization, run_id=run.pk, name="a.txt", stream=io.BytesIO(b"a"), size=1
+    )
+    # An escalation with a delivery attempt, and a re-plan of another run.
+    ticket = states.escalation(organization)
+    escalations.notification_record(
+        ticket=ticket, channel="webhook", attempt=1, target="https://pager.example", delivered=True
+    )
+    Replan.objects.create(
+        run=run,
+        attempt_number=1,
+        number=1,
+        trigger="agents_failed",
+        planner="rules",
+        requested_at=timezone.now(),
+    )
+    StepFailure.objects.create(
+        run=run, attempt_number=1, step=step, step_attempt=1, code="timeout", retryable=True
     )
 
 

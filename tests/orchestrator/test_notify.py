@@ -148,10 +148,14 @@ def test_a_webhook_needs_a_secret_and_the_secret_rotates() -> None:
     oncall_set(
         organization=organization, webhook_url="https://pager.example/hook", webhook_secret=SECRET
     )
-    before = bytes(type(organization).objects.get(pk=organization.pk).escalation_webhook_secret)
+    before = bytes(
+        type(organization).objects.get(pk=organization.pk).escalation_webhook_secret or b""
+    )
 
     assert secrets_rotate() >= 1
 
-    after = bytes(type(organization).objects.get(pk=organization.pk).escalation_webhook_secret)
+    after = bytes(
+        type(organization).objects.get(pk=organization.pk).escalation_webhook_secret or b""
+    )
     assert after != before
     assert webhook_secret(organization_id=organization.pk) == SECRET

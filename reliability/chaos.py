@@ -282,7 +282,9 @@ def drive(client: Client, item: Submitted, plan: dict[str, Any], rng: random.Ran
 
 
 def approver(client: Client, stop: threading.Event) -> None:
-    """Approve whatever waits for approval, as an operator on call would."""
+    """Approve whatever waits for approval and resume whatever escalated, as an operator
+    on call would (docs/escalation.md): the faults are transient, so carrying on is
+    right."""
     while not stop.is_set():
         try:
             page = client.request(
@@ -290,6 +292,16 @@ def approver(client: Client, stop: threading.Event) -> None:
             )
             for run in page.json().get("results", []):
                 client.request("POST", f"/api/v1/runs/{run['id']}/approve", json={"comment": "ok"})
+            tickets = client.request(
+                "GET", "/api/v1/escalations", params={"status": "open", "page_size": 500}
+            )
+            for ticket in tickets.json().get("results", []):
+                client.request(
+                    "POST",
+                    f"/api/v1/escalations/{ticket['id']}/resolve",
+                    json={"action": "resume", "note": "chaos on-call"},
+                    idempotency_key=f"chaos-resolve-{ticket['id']}",
+                )
         except (GaveUp, ValueError):
             pass
         stop.wait(1.0)
@@ -389,6 +401,16 @@ def pick_up_latency(book: RunBook) -> dict[str, float]:
     }
 
 
+def policy_summary(book: RunBook) -> str:
+    """How often runs escalated (and were resumed by on-call) and were re-planned."""
+    from runs.models import EscalationTicket, Replan
+
+    tickets = EscalationTicket.objects.filter(run_id__in=book.ids())
+    resumed = tickets.filter(resolution="resume").count()
+    spawned = Replan.objects.filter(run_id__in=book.ids(), status="spawned").count()
+    return f"{tickets.count()} ({resumed}) / {spawned}"
+
+
 def outcome_problems(book: RunBook) -> list[str]:
     """Runs whose final status no fault or action explains."""
     from runs.models import Run
@@ -443,6 +465,7 @@ def format_report(report: dict[str, Any]) -> str:
         ("runs created / requested", f"{report['runs_created']} / {report['runs_requested']}"),
         ("runs in the database (duplicates or losses show here)", report["runs_in_database"]),
         ("child runs their `run` steps started", report["child_runs"]),
+        ("escalations (resolved by on-call) / re-plans spawned", report["policy"]),
         ("faults injected", ", ".join(f"{k} {v}" for k, v in report["faults_by_kind"].items())),
         ("side effects executed", executed),
         ("side effects executed twice for one attempt", len(effects["executed_twice"])),
@@ -628,6 +651,7 @@ def _storm(
         "runs_created": created,
         "runs_in_database": org_runs,
         "child_runs": child_runs,
+        "policy": policy_summary(book),
         "submission_errors": [f"#{i.index} {i.kind}: {i.error}" for i in book.items if i.error],
         "controls": dict(Counter(i.control or "none" for i in book.items)),
         "faults": [asdict(f) for f in schedule],

@@ -28,6 +28,8 @@ KINDS = (
     "approval",
     "runner",
     "child",
+    "escalate",
+    "replan",
 )
 
 # What each kind ends as when no one cancels it.
@@ -42,6 +44,10 @@ EXPECTED = {
     "approval": "completed",
     "runner": "completed",
     "child": "completed",
+    # Escalated after its step's budget is spent; on-call resumes it (chaos.on_call).
+    "escalate": "completed",
+    # Its failing agent is run again by the rule planner, and succeeds.
+    "replan": "completed",
 }
 
 # The command the chaos runner runs for each job (the reference runner, docs/runners.md):
@@ -238,6 +244,30 @@ def plan_for(kind: str, index: int, url: str, rng: random.Random) -> dict[str, A
             effect("e2", url),
         ]  # fmt: skip
         return _run(name, [_agent([{"name": "parent", "steps": steps}])])
+    if kind == "escalate":
+        held = {
+            "name": "held",
+            "tool": "fail",
+            "params": {"until_attempt": 2, "code": "transient"},
+            "retry": {**FAST_RETRY, "max_attempts": 2, "on_exhausted": "escalate"},
+        }
+        steps = [effect("e1", url), held, effect("e2", url)]
+        return _run(name, [_agent([{"name": "escalating", "steps": steps}])])
+    if kind == "replan":
+        once = {
+            "name": "once",
+            "tool": "fail",
+            "params": {"until_attempt": 1, "code": "transient"},
+            "retry": {**FAST_RETRY, "max_attempts": 1},
+        }
+        failing = {"name": "failing", "tasks": [{"name": "t", "steps": [effect("e", url), once]}]}
+        steady = {"name": "steady", "tasks": [{"name": "t", "steps": [effect("e", url)]}]}
+        return _run(
+            name,
+            [failing, steady],
+            failure_mode="continue",
+            replan={"agent_failure_ratio": 0.4, "planner": "rules"},
+        )
     if kind == "approval":
         steps = [effect("e1", url), {"name": "sign-off", "tool": "approval"}, effect("e2", url)]
         return _run(name, [_agent([{"name": "gated", "steps": steps}])])

@@ -181,18 +181,20 @@ WITH task AS (
     ORDER BY position
     LIMIT (SELECT GREATEST(max_concurrent_steps - (active_children - 1), 0) FROM task)
 ), moved AS (
+    -- The ids as the one index condition, never a join: joined on ``siblings``
+    -- (estimated at a hundred rows: a set-returning function's default) it scanned the
+    -- whole step table while that was small, and a nested loop over the ids with the
+    -- ids also as an index condition probed every id once per row (quadratic in a wide
+    -- start: see _START). What a row needs of its sibling is a hashed subplan each.
     UPDATE runs_step AS st
-    SET pending_dependencies = st.pending_dependencies - sib.released::int,
-        dispatched_at = CASE WHEN sib.id IN (SELECT id FROM ready) THEN %(now)s
+    SET pending_dependencies = st.pending_dependencies
+            - (st.id IN (SELECT id FROM siblings WHERE released))::int,
+        dispatched_at = CASE WHEN st.id IN (SELECT id FROM ready) THEN %(now)s
                              ELSE st.dispatched_at END
-    FROM siblings AS sib
-    WHERE st.id = sib.id AND (sib.released OR sib.id IN (SELECT id FROM ready))
-      -- Redundant, for the planner: the few ids as an index condition. Joined on
-      -- ``siblings`` alone (estimated at a hundred rows: a set-returning function's
-      -- default), it scanned the whole step table while that was small.
-      AND st.id = ANY (ARRAY(SELECT id FROM siblings))
+    WHERE st.id = ANY (ARRAY(SELECT id FROM siblings
+                             WHERE released OR id IN (SELECT id FROM ready)))
     RETURNING st.id, st.tool, st.timeout_ms, st.run_id, st.attempt_number, st.status,
-              st.position, sib.id IN (SELECT id FROM ready) AS dispatched
+              st.position, st.id IN (SELECT id FROM ready) AS dispatched
 ), counted AS (
     UPDATE runs_task AS t
     SET open_children = t.open_children - 1,
@@ -277,26 +279,30 @@ WITH task AS (
 ), {step_released}
 ), finished AS (
     {task_finished}
+), new_counts AS (
+    SELECT task_id, count(*) AS n FROM new_steps GROUP BY task_id
 ), moved_tasks AS (
+    -- The ids as the one index condition, as in _IN_TASK's ``moved``.
     UPDATE runs_task AS tk
-    SET pending_dependencies = tk.pending_dependencies - sib.released::int,
-        status = CASE WHEN sib.started THEN 'running' ELSE tk.status END,
-        status_changed_at = CASE WHEN sib.started THEN %(now)s ELSE tk.status_changed_at END,
-        started_at = CASE WHEN sib.started THEN COALESCE(tk.started_at, %(now)s)
-                          ELSE tk.started_at END,
-        dispatched_at = CASE WHEN sib.started THEN %(now)s ELSE tk.dispatched_at END,
+    SET pending_dependencies = tk.pending_dependencies
+            - (tk.id IN (SELECT id FROM siblings WHERE released))::int,
+        status = CASE WHEN tk.id IN (SELECT id FROM ready) THEN 'running' ELSE tk.status END,
+        status_changed_at = CASE WHEN tk.id IN (SELECT id FROM ready) THEN %(now)s
+                                 ELSE tk.status_changed_at END,
+        started_at = CASE WHEN tk.id IN (SELECT id FROM ready)
+                          THEN COALESCE(tk.started_at, %(now)s) ELSE tk.started_at END,
+        dispatched_at = CASE WHEN tk.id IN (SELECT id FROM ready) THEN %(now)s
+                             ELSE tk.dispatched_at END,
         active_children = tk.active_children
-            + (SELECT count(*) FROM new_steps WHERE new_steps.task_id = tk.id)
-    FROM (SELECT siblings.*, siblings.id IN (SELECT id FROM ready) AS started
-          FROM siblings) AS sib
-    WHERE tk.id = sib.id AND (sib.released OR sib.started) AND EXISTS (SELECT 1 FROM done)
-      AND tk.id = ANY (ARRAY(SELECT id FROM siblings))  -- for the planner, as in _IN_TASK
-    RETURNING tk.id, tk.run_id, tk.attempt_number, tk.position, sib.started
+            + COALESCE((SELECT n FROM new_counts WHERE new_counts.task_id = tk.id), 0)
+    WHERE tk.id = ANY (ARRAY(SELECT id FROM siblings
+                             WHERE released OR id IN (SELECT id FROM ready)))
+      AND EXISTS (SELECT 1 FROM done)
+    RETURNING tk.id, tk.run_id, tk.attempt_number, tk.position,
+              tk.id IN (SELECT id FROM ready) AS started
 ), moved_steps AS (
     UPDATE runs_step AS st SET dispatched_at = %(now)s
-    FROM new_steps
-    WHERE st.id = new_steps.id AND EXISTS (SELECT 1 FROM done)
-      AND st.id = ANY (ARRAY(SELECT id FROM new_steps))  -- for the planner, as in _IN_TASK
+    WHERE st.id = ANY (ARRAY(SELECT id FROM new_steps)) AND EXISTS (SELECT 1 FROM done)
     RETURNING st.id, st.tool, st.timeout_ms, st.run_id, st.attempt_number, st.status,
               st.task_id, st.position
 ), agent_counted AS (
@@ -594,10 +600,13 @@ WITH run AS (
     {start_tasks}
     RETURNING n.id, n.run_id, n.attempt_number, n.agent_id, n.position
 ), moved_steps AS (
+    -- The ids as the one index condition, never a join (as in _IN_TASK's ``moved``):
+    -- joined on ``steps`` with the ids also as an index condition, a plan made while
+    -- the tables were small probed all 20,000 ids of a wide fan-out once per step, and
+    -- its pick-up did not end in a quarter of an hour (found by the noisy_neighbour
+    -- bench).
     UPDATE runs_step AS st SET dispatched_at = %(now)s
-    FROM steps
-    WHERE st.id = steps.id AND EXISTS (SELECT 1 FROM go)
-      AND st.id = ANY (ARRAY(SELECT id FROM steps))  -- for the planner, as in _IN_TASK
+    WHERE st.id = ANY (ARRAY(SELECT id FROM steps)) AND EXISTS (SELECT 1 FROM go)
     RETURNING st.id, st.tool, st.timeout_ms, st.run_id, st.attempt_number, st.status,
               st.task_id, st.position
 ), run_counted AS (
@@ -639,10 +648,9 @@ _START_NODES = """UPDATE {table} AS n
         status_changed_at = %(now)s,
         started_at = COALESCE(n.started_at, %(now)s),
         dispatched_at = %(now)s,
-        active_children = n.active_children
-            + (SELECT count(*) FROM {children} WHERE {children}.{parent} = n.id)
-    FROM {picked}
-    WHERE n.id = {picked}.id AND EXISTS (SELECT 1 FROM go)"""
+        active_children = n.active_children + COALESCE((
+            SELECT count(*) FROM {children} WHERE {children}.{parent} = n.id), 0)
+    WHERE n.id = ANY (ARRAY(SELECT id FROM {picked})) AND EXISTS (SELECT 1 FROM go)"""
 _START_SQL = Statement(
     _START.format(
         start_agents=_START_NODES.format(

@@ -29,8 +29,10 @@ from billing.filters import LedgerFilter
 from billing.models import SECRET_NAME_PATTERN
 from billing.secrets import is_valid_secret_name, secret_delete, secret_list, secret_put
 from billing.selectors import ledger_for, organization_balance
+from runs.scheduling import organization_load
 
 TAG_BILLING = "billing"
+TAG_ORGANIZATION = "organization"
 TAG_SECRETS = "secrets"
 LedgerPage = paginated(LedgerEntryOutput, "PaginatedLedgerEntryList")
 
@@ -53,6 +55,71 @@ class BalanceApi(ApiView):
             "total": balance.total,
         }
         return Response(BalanceOutput(data).data)
+
+
+class LimitsOutput(serializers.Serializer[Any]):
+    max_running_runs = serializers.IntegerField(
+        help_text="Runs running at once; more wait as PENDING with a `queued_reason`."
+    )
+    max_running_steps = serializers.IntegerField(help_text="Steps executing at once.")
+    max_pending_runs = serializers.IntegerField(
+        help_text="Runs waiting to start; one more is refused with 429 `too_many_pending_runs`."
+    )
+    share = serializers.IntegerField(
+        help_text="Weight when organizations share the workers (2: twice the share of 1)."
+    )
+
+
+class UsageOutput(serializers.Serializer[Any]):
+    runs_running = serializers.IntegerField(
+        help_text="Runs holding a place: started (running, paused, waiting...) and not ended."
+    )
+    runs_queued = serializers.IntegerField(
+        help_text="Runs waiting for a place (their `queued_reason` says why)."
+    )
+    runs_pending = serializers.IntegerField(
+        help_text="PENDING runs, queued or about to be picked up (what `max_pending_runs` caps)."
+    )
+    steps_executing = serializers.IntegerField(help_text="Steps executing on workers now.")
+
+
+class OrganizationOutput(serializers.Serializer[Any]):
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    limits = LimitsOutput(help_text="In force now: the organization's own, or the defaults.")
+    usage = UsageOutput()
+
+
+class OrganizationApi(ApiView):
+    @extend_schema(
+        tags=[TAG_ORGANIZATION],
+        operation_id="organization_get",
+        parameters=[RETRY_AFTER_PARAMETER],
+        summary="Your organization: its limits and their use",
+        responses={200: OrganizationOutput, **error_responses(*READ_ERRORS)},
+    )
+    def get(self, request: Request) -> Response:
+        """The limits that apply to your runs (docs/fairness.md) and how much of them is
+        in use now. Operators change them in the admin; a change applies at once."""
+        organization = organization_of(request)
+        load = organization_load(organization.pk)
+        data = {
+            "id": organization.pk,
+            "name": organization.name,
+            "limits": {
+                "max_running_runs": load.limits.max_running_runs,
+                "max_running_steps": load.limits.max_running_steps,
+                "max_pending_runs": load.limits.max_pending_runs,
+                "share": load.limits.share,
+            },
+            "usage": {
+                "runs_running": load.runs_running,
+                "runs_queued": load.runs_queued,
+                "runs_pending": load.runs_pending,
+                "steps_executing": load.steps_executing,
+            },
+        }
+        return Response(OrganizationOutput(data).data)
 
 
 class LedgerApi(ApiView):

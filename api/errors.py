@@ -36,6 +36,7 @@ from artifacts.services import (
 from artifacts.storage import StorageUnavailable
 from billing.services import InsufficientCredits
 from common.filters import Problems, QueryInvalid
+from runs.admission import TooManyPendingRuns
 from runs.callbacks import CallbackNotFound
 from runs.escalations import EscalationNotFound, EscalationResolved, ReplanLimitReached
 from runs.plan import PlanInvalid, errors_as_dicts
@@ -109,6 +110,7 @@ DOMAIN_ERRORS: dict[type[Exception], tuple[int, Callable[[Any], Any], Callable[[
     ArtifactNotReady: (409, lambda exc: None, str),
     UploadMismatch: (409, lambda exc: None, str),
     TooManyUploads: (429, lambda exc: None, str),
+    TooManyPendingRuns: (429, lambda exc: {"retry_after": exc.retry_after}, str),
     RunStorageFull: (413, lambda exc: None, str),
     ArtifactTooLarge: (413, lambda exc: None, str),
     InvalidName: (400, lambda exc: None, str),
@@ -256,7 +258,9 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     406: "`not_acceptable`: the response is JSON; accept `application/json`",
     415: "`unsupported_media_type`: send `application/json`",
     422: "`idempotency_key_reused`: this key was used with a different body",
-    429: "`throttled`: too many requests for this key; see the `Retry-After` header",
+    429: "`throttled`: too many requests for this key; `too_many_pending_runs`: the "
+    "organization has as many runs waiting to start as it may; `too_many_uploads`; see the "
+    "`Retry-After` header",
     500: "`internal_error`",
     503: "`service_unavailable`: the database is briefly unreachable; retry after "
     "`Retry-After` seconds (nothing was changed)",

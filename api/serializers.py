@@ -141,6 +141,14 @@ class RunOutput(serializers.Serializer[Any]):
     replan_count = serializers.IntegerField(
         help_text="Re-plans asked of its planner (at most the plan's `replan.max_replans`)."
     )
+    queued_reason = serializers.CharField(
+        help_text="Why a PENDING run waits to start (its organization's limit of running "
+        "runs, its concurrency key's, or earlier runs ahead of it); empty when it does not."
+    )
+    concurrency_key = serializers.CharField(
+        help_text="The plan's `concurrency.key`, rendered from the run's variables; empty "
+        "without one."
+    )
 
 
 class CountsOutput(serializers.Serializer[Any]):

@@ -9,7 +9,7 @@ from api import callbacks as callback_api
 from api import escalations as escalation_api
 from api import runners as runner_api
 from api import views
-from api.billing import BalanceApi, LedgerApi, SecretApi, SecretsApi
+from api.billing import BalanceApi, LedgerApi, OrganizationApi, SecretApi, SecretsApi
 
 app_name = "api"
 
@@ -52,6 +52,7 @@ urlpatterns = [
         name="artifact-download",
     ),
     path("billing/balance", BalanceApi.as_view(), name="billing-balance"),
+    path("organization", OrganizationApi.as_view(), name="organization"),
     path("billing/ledger", LedgerApi.as_view(), name="billing-ledger"),
     path("secrets", SecretsApi.as_view(), name="secrets"),
     path("secrets/<str:name>", SecretApi.as_view(), name="secret"),

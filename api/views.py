@@ -229,7 +229,8 @@ class RunsApi(ApiView):
     @idempotent
     def post(self, request: Request) -> Response:
         """Create a run from a plan (CREATED); with `"start": true` also start it. Without
-        enough credits to start, nothing is created (402)."""
+        enough credits to start (402), or with as many runs waiting to start as the
+        organization may have (429 `too_many_pending_runs`), nothing is created."""
         data = validated(self.CreateInput, request.data)
         client = client_of(request)
         size_hint = plan_size_hint(data["plan"], request.META.get("CONTENT_LENGTH"))
@@ -282,7 +283,8 @@ class RunStartApi(ApiView):
     @idempotent
     def post(self, request: Request, run_id: UUID) -> Response:
         """CREATED -> PENDING: reserve the run's credits (402 without enough) and enqueue
-        it. Starting a PENDING run changes nothing."""
+        it; 429 `too_many_pending_runs` when the organization has as many runs waiting to
+        start as it may (nothing changes). Starting a PENDING run changes nothing."""
         validated(EmptyInput, request.data)
         client = client_of(request)
         services.run_start(run_id=run_id, organization=client.organization, actor=client.actor)

@@ -13,6 +13,12 @@ EXTRAS = {
     "submit_s": ("all submitted in", "{:.2f} s"),
     "p50_latency_s": ("latency p50", "{:.3f} s"),
     "p95_latency_s": ("p95", "{:.3f} s"),
+    "b_idle_s": ("B alone", "{:.3f} s"),
+    "b_beside_s": ("B beside A", "{:.3f} s"),
+    "b_worst_s": ("worst", "{:.3f} s"),
+    "b_ratio": ("B ratio", "{:.2f}x"),
+    "a_alone_s": ("A alone", "{:.1f} s"),
+    "a_ratio": ("A beside B / alone", "{:.3f}x"),
 }
 # Scenarios whose worker memory over the scenario itself is shown under the table (the
 # JSON has it for every scenario).
@@ -359,4 +365,33 @@ def goals(figures: dict[str, Figure], rss: dict[str, int | None]) -> list[Goal]:
             + (f" ({wide.rss_median(0)} -> {wide.rss_median(1)} KiB)" if wide is not None else ""),
             lambda v: v <= 0.10,
         ),
+        _goal(
+            "noisy_neighbour_b",
+            "noisy_neighbour: B's 5-step run beside A's 20,000-step fan-out within 2x of idle",
+            extra("noisy_neighbour", "b_ratio"),
+            "{:.2f}x"
+            + both(
+                extra("noisy_neighbour", "b_beside_s"),
+                extra("noisy_neighbour", "b_idle_s"),
+                "{:.3f} s",
+            )
+            + both_unfair(extra("noisy_neighbour_unfair", "b_ratio")),
+            lambda v: v <= 2.0,
+        ),
+        _goal(
+            "noisy_neighbour_a",
+            "noisy_neighbour: A's fan-out beside B within 10% of alone (wall time)",
+            extra("noisy_neighbour", "a_ratio"),
+            "{:.3f}x"
+            + both(
+                get("noisy_neighbour", "wall_s"), extra("noisy_neighbour", "a_alone_s"), "{:.1f} s"
+            )
+            + both_unfair(extra("noisy_neighbour_unfair", "a_ratio")),
+            lambda v: v <= 1.10,
+        ),
     ]
+
+
+def both_unfair(value: float | None) -> str:
+    """The same figure with fair dispatch off, beside it."""
+    return "" if value is None else f"; fair dispatch off: {value:.2f}x"

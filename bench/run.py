@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from .scenarios import Engine, Raw, Sample
 
 SETTLE_S = 0.5  # pause between scenarios, so one's stragglers do not slow the next
+# Scenarios measured on a worker started with these settings (then restarted without).
+WORKER_ENV = {"noisy_neighbour_unfair": {"ENGINE_FAIR_DISPATCH": "0"}}
 
 
 def _env_int(name: str, default: int) -> int:
@@ -104,6 +106,10 @@ def scenario_table() -> list[tuple[str, str, int, Callable[[Engine, Raw], Sample
         ("many_chains", "raw", many, lambda e, r: r.many_chains()),
         ("fan_20000", "engine", wide, lambda e, r: e.run(wide_fan_plan(WIDE_FAN_WIDTH), wide)),
         ("group_20000", "raw", 20_000, lambda e, r: r.group(20_000)),
+        ("noisy_neighbour", "engine", wide, lambda e, r: e.noisy_neighbour()),
+        # The same with fair dispatch off (ENGINE_FAIR_DISPATCH=0, for this measurement
+        # only): the worker is restarted with it for this scenario (WORKER_ENV).
+        ("noisy_neighbour_unfair", "engine", wide, lambda e, r: e.noisy_neighbour()),
     ]
 
 
@@ -210,8 +216,13 @@ def main(argv: list[str] | None = None) -> int:
                     raise WorkerFailed("the worker died")
                 if not args.no_analyze:
                     analyze()
+                if name in WORKER_ENV:
+                    _say(f"    (restarting the worker with {WORKER_ENV[name]})")
+                    worker.restart(**WORKER_ENV[name])
                 rss_before = worker.rss_kib()
                 sample = scenario(engine, raw)
+                if name in WORKER_ENV:
+                    worker.restart()
                 figure = figures[name]
                 if sample.error is not None:
                     figure.errors.append(sample.error)

@@ -53,6 +53,13 @@ MANY_STEPS = 5  # of this many sequential no-op steps (links) each
 # (PLAN_MAX_STEPS_PER_TASK; a task's max_concurrent_steps stops at 10,000 anyway).
 WIDE_FAN_WIDTH = 19_999
 WIDE_FAN_PER_TASK = 5_000
+# noisy_neighbour: B's small run starts this long after A's fan-out; its time alone is
+# the median of this many runs.
+NOISY_DELAY_S = 1.0
+NOISY_EVERY_S = 3.0
+NOISY_SMALL_STEPS = 5
+NOISY_IDLE_SAMPLES = 5
+NOISY_BESIDE_SAMPLES = 5
 
 
 @dataclass(frozen=True)
@@ -354,6 +361,85 @@ class Engine:
                 f"(run {short[0]}: {done.get(short[0], 0)})"
             )
         return finished
+
+    # ------------------------------------------------------------------ noisy neighbour
+    def noisy_neighbour(
+        self, width: int = WIDE_FAN_WIDTH, small_steps: int = NOISY_SMALL_STEPS
+    ) -> Sample:
+        """Organization A starts a ``width``-step fan-out (and its join); one second into
+        its execution organization B starts a run of ``small_steps`` sequential no-op
+        steps, and again every NOISY_EVERY_S while A runs (NOISY_BESIDE_SAMPLES at most).
+
+        Wall time is A's. Further figures: B's run on an idle system (the median of
+        NOISY_IDLE_SAMPLES) and beside A (the median, and the worst), their ratio; A's
+        fan-out alone, and beside B over alone (A's throughput)."""
+        steps = width + 1
+        try:
+            small = Engine(self.timeout, self.alive)
+            idle = [
+                small.run(sequential_plan(small_steps), small_steps)
+                for _ in range(NOISY_IDLE_SAMPLES)
+            ]
+            failed = next((sample.error for sample in idle if sample.error), None)
+            if failed:
+                raise ScenarioFailed(f"B alone: {failed}")
+            b_idle = statistics.median(sample.wall_s or 0.0 for sample in idle)
+            alone = self._wide(width, steps)
+            run = self._create(wide_fan_plan(width))
+            started = time.perf_counter()
+            services.run_start(run_id=run.pk, actor="bench")
+            # One second into A's execution (its pick-up materialises 20,000 steps first,
+            # with a worker child to spare), then every NOISY_EVERY_S while A runs.
+            self._first_step_started(run, started)
+            _analyze()
+            besides: list[float] = []
+            while len(besides) < NOISY_BESIDE_SAMPLES:
+                time.sleep(NOISY_DELAY_S if not besides else NOISY_EVERY_S)
+                if Run.objects.filter(pk=run.pk, status__in=RUN_TERMINAL).exists():
+                    break
+                beside = small.run(sequential_plan(small_steps), small_steps)
+                if beside.error or beside.wall_s is None:
+                    raise ScenarioFailed(f"B beside A: {beside.error}")
+                besides.append(beside.wall_s)
+            if not besides:
+                raise ScenarioFailed("A ended before B could start beside it")
+            status = self._wait_terminal(run, started)
+            a_wall = time.perf_counter() - started
+            self._check_completed(run, status, steps)
+        except Exception as exc:  # noqa: BLE001 - a failure is a figure too
+            return Sample(steps, error=_describe(exc))
+        b_beside = statistics.median(besides)
+        extra = {
+            "b_idle_s": b_idle,
+            "b_beside_s": b_beside,
+            "b_worst_s": max(besides),
+            "b_ratio": b_beside / b_idle if b_idle else 0.0,
+            "a_alone_s": alone,
+            "a_ratio": a_wall / alone,
+        }
+        return Sample(steps, wall_s=a_wall, extra=extra)
+
+    def _wide(self, width: int, steps: int) -> float:
+        """A's fan-out alone: its wall time."""
+        run = self._create(wide_fan_plan(width))
+        started = time.perf_counter()
+        services.run_start(run_id=run.pk, actor="bench")
+        self._first_step_started(run, started)
+        _analyze()
+        status = self._wait_terminal(run, started)
+        wall = time.perf_counter() - started
+        self._check_completed(run, status, steps)
+        return wall
+
+
+def _analyze() -> None:
+    """Statistics as autovacuum would soon have them once A's 20,000 steps are in (a
+    running server's, as bench.run.analyze says): plans made for the step table before
+    them, when it held a few hundred rows, doubled A's time on its first run."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE runs_step, runs_task, runs_runevent")
 
 
 # --------------------------------------------------------------------------- raw Celery

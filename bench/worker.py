@@ -28,6 +28,7 @@ class Worker:
 
     def __init__(self, concurrency: int, log: Path) -> None:
         self.concurrency = concurrency
+        self.env: dict[str, str] = {}  # on top of the environment (restart)
         self.log_path = log
         self.hostname = f"bench-{uuid.uuid4().hex[:8]}@localhost"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -38,8 +39,8 @@ class Worker:
         return ",".join((*ALL_QUEUES, BENCH_QUEUE))
 
     def start(self, timeout: float = 60.0) -> None:
-        self._log = self.log_path.open("wb")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self._log = self.log_path.open("ab")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         self.proc = subprocess.Popen(
             [
                 sys.executable, "-m", "celery", "-A", "config", "worker",
@@ -78,6 +79,13 @@ class Worker:
         if self.proc is None:
             raise WorkerFailed("worker not started")
         return self.proc.pid
+
+    def restart(self, **env: str) -> None:
+        """Stop and start again with ``env`` on top of the environment (a scenario that
+        measures a setting: noisy_neighbour_unfair); no arguments: as it was first."""
+        self.stop()
+        self.env = env
+        self.start()
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from decimal import Decimal
-from typing import Any
+from typing import Any, ClassVar
 
 from django import forms
 from django.contrib import admin, messages
@@ -90,10 +90,16 @@ class OrganizationForm(ModelForm[Organization]):
 @admin.register(Organization)
 class OrganizationAdmin(admin.ModelAdmin[Organization]):
     form = OrganizationForm
-    list_display = ("name", "id", "credits_available", "webhook", "created_at")
+    list_display: tuple[str, ...] = ("name", "id", "credits_available", "webhook", "created_at")
     search_fields = ("name", "=id")
-    readonly_fields = ("id", "created_at", "credits_available", "credits_reserved", "credits_spent")
-    fieldsets = (
+    readonly_fields: ClassVar[tuple[str, ...]] = (
+        "id",
+        "created_at",
+        "credits_available",
+        "credits_reserved",
+        "credits_spent",
+    )
+    fieldsets: ClassVar[tuple[Any, ...]] = (
         (None, {"fields": ("name", *readonly_fields)}),
         (
             "On-call (escalations)",

@@ -25,6 +25,21 @@ class Organization(models.Model):
     escalation_webhook_url = models.URLField(max_length=1000, blank=True, db_default="")
     escalation_webhook_secret = models.BinaryField(null=True, blank=True, editable=False)
     oncall_emails = models.JSONField(default=list, blank=True, db_default=[])
+    # Fair sharing (docs/fairness.md): each limit empty takes its setting (ORG_MAX_*).
+    max_running_runs = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Runs running at once; empty: ORG_MAX_RUNNING_RUNS."
+    )
+    max_running_steps = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Steps executing at once; empty: ORG_MAX_RUNNING_STEPS."
+    )
+    max_pending_runs = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Runs waiting to start; empty: ORG_MAX_PENDING_RUNS."
+    )
+    share = models.PositiveSmallIntegerField(
+        default=1,
+        db_default=1,
+        help_text="Its weight when organizations share the workers (2: twice the share of 1).",
+    )
 
     class Meta:
         ordering = ["name"]
@@ -32,6 +47,7 @@ class Organization(models.Model):
             models.CheckConstraint(
                 condition=models.Q(credits_available__gte=0), name="org_available_gte_0"
             ),
+            models.CheckConstraint(condition=models.Q(share__gte=1), name="org_share_gte_1"),
         ]
 
     def __str__(self) -> str:

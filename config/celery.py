@@ -45,8 +45,14 @@ def _drop_stale_connections(**kwargs: Any) -> None:
     """Before each task, close database connections that broke or outlived their age.
 
     With CELERY_DB_REUSE_MAX set, Celery no longer closes them itself; Django's own
-    per-request housekeeping does not run in a worker.
+    per-request housekeeping does not run in a worker. A connection a task before this
+    one left mid-query (interrupted by its soft time limit, or a revoke) has its query
+    cancelled first: closed alone, an old connection would leave the query running on
+    the server until it ended.
     """
     from django.db import close_old_connections
 
+    from common.connections import discard_interrupted_connection
+
+    discard_interrupted_connection()
     close_old_connections()

@@ -46,12 +46,14 @@ CHILD_ENDED_TASK = "orchestrator.runs.child_ended"
 POLL_TASK = "orchestrator.steps.poll"
 ESCALATED_TASK = "orchestrator.runs.escalated"
 REPLAN_TASK = "orchestrator.runs.replan"
+ADMIT_TASK = "orchestrator.runs.admit"
 RUN_TASKS = {
     RunMessage.PICK_UP: PICK_UP_TASK,
     RunMessage.RESUME: RESUME_TASK,
     RunMessage.CHILD_ENDED: CHILD_ENDED_TASK,
     RunMessage.ESCALATED: ESCALATED_TASK,
     RunMessage.REPLAN: REPLAN_TASK,
+    RunMessage.ADMIT: ADMIT_TASK,
 }
 
 logger = logging.getLogger(__name__)

@@ -35,14 +35,14 @@ from types import FrameType
 from typing import Any, BinaryIO
 
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import task_prerun, worker_process_init
+from celery.signals import worker_process_init
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connection
-from psycopg.pq import TransactionStatus
+from django.db import InterfaceError, OperationalError
 
 from artifacts import services as artifact_services
 from billing.models import Organization
 from billing.pricing import tool_price
+from common.connections import discard_interrupted_connection
 from common.expressions import ExpressionError, parsed
 from common.redaction import redact, redact_text, redactable, redacting
 from common.templates import Reference, TemplateError, UnresolvedReference, render_value
@@ -52,10 +52,11 @@ from common.tools.base import Tool, ToolContext, ToolError
 from orchestrator.context import StepContext
 from orchestrator.dispatch import CeleryTransport, serving
 from orchestrator.heartbeat import heart
-from runs import callbacks
+from runs import callbacks, scheduling
+from runs.engine import control
 from runs.engine.dispatch import step_from_row, step_timeout_s
 from runs.engine.outcomes import Outcome, record
-from runs.models import Step
+from runs.models import Run, Step
 from runs.states import StepStatus
 from runs.transitions import claim_next_step, claim_step
 
@@ -88,53 +89,187 @@ def claim(step_id: int, worker: str, task_id: str) -> Step | None:
 
 
 def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
-    """Run one attempt of ``step_id``; return what happened (for logs and tests)."""
+    """Run one attempt of ``step_id``; return what happened (for logs and tests).
+
+    A step executes in one of its organization's slots (``runs.scheduling``): with every
+    slot held, the step is left claimable and its run's doorbell rung, for a worker that
+    holds one to serve it."""
     worker = worker or f"{os.uname().nodename}:{os.getpid()}"
-    step = claim(step_id, f"{worker}:{os.getpid()}", task_id)
-    if step is None:
+    found = (
+        Step.objects.filter(pk=step_id)
+        .values_list("run_id", "run__organization_id", "run__priority")
+        .first()
+    )
+    if found is None:
         return "not claimed"
-    attempt = step.attempts
-    outcome = run_attempt(step, attempt)
-    _record(step, attempt, outcome)
+    run_id, organization_id, priority = found
+    slot = scheduling.acquire_slot(organization_id, f"{worker}:{os.getpid()}:{task_id}")
+    if slot is None:
+        CeleryTransport().ring({str(run_id): priority})
+        return "no slot"
+    heart.hold(slot)
+    try:
+        step = claim(step_id, f"{worker}:{os.getpid()}", task_id)
+        if step is None:
+            return "not claimed"
+        attempt = step.attempts
+        outcome = run_attempt(step, attempt)
+        _record(step, attempt, outcome)
+    finally:
+        heart.hold(None)
+        _let_go(slot)
     if outcome.skipped:
         return "skipped"
     return "failed" if outcome.error else "completed"
 
 
 def serve(run_id: str, priority: int, *, worker: str, task_id: str, hard_limits: bool) -> int:
-    """Answer a doorbell of ``run_id``: claim, run and record its claimable steps one
-    after another; return how many were served.
+    """Answer a doorbell: claim, run and record claimable steps one after another;
+    return how many were served.
 
-    It stops when the run has no claimable step (paused, ended, or everything taken),
-    when the burst budget is spent (then it rings again, at the back of the queue, so
-    that other runs get their turn), and after a result that was dropped: that step was
-    cancelled, and the revoke that comes with a cancel may be on its way to this task,
-    which must not be running another step when it lands (the transport rings for the
-    run instead). ``hard_limits``: kill the process when a step outlives its hard limit
-    (in a worker's pool process only; see ``orchestrator.heartbeat``).
+    With fair dispatch (ENGINE_FAIR_DISPATCH, the default) the doorbell wakes a worker,
+    and what it serves is ``runs.scheduling.next_run``'s choice, asked again every
+    ENGINE_FAIR_SLICE: the organization with the fewest steps executing, then the one
+    served longest ago, then its first run by priority and age, its steps or its
+    pick-up. Off, it serves the doorbell's own run (for measuring fair dispatch only).
+    Either way the worker holds a slot of the organization whose steps it executes.
+
+    It stops when nothing is ready (or nothing it may take: every slot held), when the
+    burst budget is spent (then it rings again, at the back of the queue), and after a
+    result that was dropped: that step was cancelled, and the revoke that comes with a
+    cancel may be on its way to this task, which must not be running another step when
+    it lands (the transport rings for the run instead). ``hard_limits``: kill the process
+    when a step outlives its hard limit (in a worker's pool process only; see
+    ``orchestrator.heartbeat``).
     """
-    worker = f"{worker}:{os.getpid()}"
-    deadline = time.monotonic() + float(settings.ENGINE_BURST_SECONDS)
-    served = 0
-    while True:
+    server = _Server(f"{worker}:{os.getpid()}", task_id, hard_limits)
+    try:
+        if settings.ENGINE_FAIR_DISPATCH:
+            return server.fairly()
+        return server.one_run(run_id, priority)
+    finally:
+        server.let_go()
+
+
+class _Server:
+    """One doorbell's serving: the slot it holds, its budget, what it has served."""
+
+    def __init__(self, worker: str, task_id: str, hard_limits: bool) -> None:
+        self.worker = worker
+        self.task_id = task_id
+        self.hard_limits = hard_limits
+        self.deadline = time.monotonic() + float(settings.ENGINE_BURST_SECONDS)
+        self.served = 0
+        self.slot: scheduling.Slot | None = None
+        self.holder = f"{worker}:{task_id}"
+
+    def let_go(self) -> None:
+        if self.slot is not None:
+            heart.hold(None)
+            slot, self.slot = self.slot, None
+            _let_go(slot)
+
+    def hold(self, organization_id: Any) -> bool:
+        """A slot of ``organization_id`` (the one held already, or another instead)."""
+        if self.slot is not None and self.slot.organization_id == organization_id:
+            return True
+        self.let_go()
+        self.slot = scheduling.acquire_slot(organization_id, self.holder)
+        heart.hold(self.slot)
+        return self.slot is not None
+
+    def step(self, run_id: Any, priority: int) -> bool | None:
+        """Claim, run and record ``run_id``'s next claimable step: None when it had none,
+        else whether the serving goes on (False: it rang again, or the result was
+        dropped)."""
         values = claim_next_step(
             run_id,
-            worker=worker,
-            task_id=task_id,
+            worker=self.worker,
+            task_id=self.task_id,
             lease_seconds=float(settings.ENGINE_LEASE_SECONDS),
         )
         if values is None:
-            return served
+            return None
         step = step_from_row(values)
         attempt = step.attempts
-        outcome = run_time_limited(step, attempt, hard_limits=hard_limits)
-        with serving(run_id):
+        outcome = run_time_limited(step, attempt, hard_limits=self.hard_limits)
+        with serving(str(run_id)):
             applied = _record(step, attempt, outcome)
-        served += 1
-        spent = served >= settings.ENGINE_BURST_STEPS or time.monotonic() >= deadline
+        self.served += 1
+        spent = self.served >= settings.ENGINE_BURST_STEPS or time.monotonic() >= self.deadline
         if not applied or spent:
-            CeleryTransport().ring({run_id: priority})
-            return served
+            CeleryTransport().ring({str(run_id): priority})
+            return False
+        return True
+
+    def one_run(self, run_id: str, priority: int) -> int:
+        """The doorbell's own run, as before fair dispatch."""
+        organization_id = Run.objects.values_list("organization_id", flat=True).get(pk=run_id)
+        if not self.hold(organization_id):
+            return 0  # its organization's slots are all held: their holders serve it
+        while self.step(run_id, priority):
+            pass
+        return self.served
+
+    def fairly(self) -> int:
+        """Whatever is fairest, chosen again every slice."""
+        full: set[Any] = set()
+        skip: set[Any] = set()
+        current: scheduling.Choice | None = None
+        choose_at = 0.0
+        slice_s = float(settings.ENGINE_FAIR_SLICE)
+        while True:
+            if current is None or time.monotonic() >= choose_at:
+                choice = scheduling.next_run(
+                    me=self.holder, full=frozenset(full), skip=frozenset(skip)
+                )
+                choose_at = time.monotonic() + slice_s
+                if choice is None:
+                    return self.served  # nothing ready that it may take
+                if not self.hold(choice.organization_id):
+                    full.add(choice.organization_id)
+                    current = None
+                    continue
+                scheduling.served(choice.organization_id)
+                if choice.pickup:
+                    picked = control.pick_up(choice.run_id, actor=f"worker:{self.worker}")
+                    if not picked and not _running(choice.run_id):
+                        skip.add(choice.run_id)  # waiting for a place, or someone's pick-up
+                    current = None
+                    choose_at = 0.0  # its steps are ready now: choose again at once
+                    continue
+                if current is not None and current.run_id != choice.run_id:
+                    _ring_if_ready(current)  # what it left behind gets a doorbell
+                current = choice
+            went_on = self.step(current.run_id, current.priority)
+            if went_on is None:
+                skip.add(current.run_id)  # nothing claimable (or all being claimed): next
+                current = None
+            elif not went_on:
+                return self.served
+
+
+def _let_go(slot: scheduling.Slot) -> None:
+    """Give the slot back; a database that failed meanwhile lets it go by its lease
+    instead (what failed is what the caller reports, not this)."""
+    try:
+        discard_interrupted_connection()
+        scheduling.release_slot(slot)
+    except (OperationalError, InterfaceError):
+        logger.warning("slot %s of %s left to its lease", slot.slot, slot.organization_id)
+
+
+def _running(run_id: Any) -> bool:
+    return Run.objects.filter(pk=run_id, status="running").exists()
+
+
+def _ring_if_ready(choice: scheduling.Choice) -> None:
+    """A run the worker stops serving while it still has claimable steps: one doorbell,
+    since its recordings rang one fewer for this worker going on with it."""
+    if Step.objects.filter(
+        run_id=choice.run_id, status=StepStatus.PENDING, dispatched_at__isnull=False
+    ).exists():
+        CeleryTransport().ring({str(choice.run_id): choice.priority})
 
 
 def _record(step: Step, attempt: int, outcome: Outcome) -> bool:
@@ -201,38 +336,6 @@ def _soft_limit(seconds: float) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-
-
-@task_prerun.connect
-def _start_with_a_usable_connection(**kwargs: Any) -> None:
-    """A task that ran before this one in the same process may have been interrupted
-    inside a query (Celery's own soft time limit, or a revoke's signal, raise wherever
-    the task is): its connection is then still mid-command, and this task's first
-    transaction failed with "can't change 'autocommit' now" (seen once in make load).
-    Django's own check between tasks does not see it: no database error was raised."""
-    discard_interrupted_connection()
-
-
-def discard_interrupted_connection() -> None:
-    """Close the database connection if a query on it was interrupted mid-command.
-
-    The soft time limit is a signal that raises SoftTimeLimitExceeded wherever the tool
-    is, a query of its cancellation check included. psycopg cancels an interrupted query
-    only for KeyboardInterrupt and SystemExit; after any other exception the connection
-    stays ACTIVE and the next statement fails ("can't change 'autocommit' now"), which
-    lost the recording of a timed-out step (found by make load). The query is cancelled
-    on the server (closing alone leaves it running there until it ends) and the
-    connection closed; Django opens a fresh one for the recording.
-    """
-    raw = connection.connection
-    # ACTIVE only: INTRANS is an open transaction (a test's), not an interrupted command.
-    if raw is None or raw.info.transaction_status != TransactionStatus.ACTIVE:
-        return
-    try:
-        raw.cancel_safe(timeout=5)
-    except Exception:  # the server may be gone too; closing is what matters
-        logger.warning("could not cancel an interrupted query", exc_info=True)
-    connection.close()
 
 
 def run_attempt(step: Step, attempt: int) -> Outcome:

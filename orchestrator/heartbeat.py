@@ -25,6 +25,7 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from runs.models import Run, Step
+from runs.scheduling import Slot, renew_slot
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,9 @@ class _Heart:
         self.since = 0.0
         self.deadline: float | None = None  # monotonic; the hard limit of the step
         self.thread: threading.Thread | None = None
+        # The organization's slot the worker holds (runs.scheduling), renewed alike.
+        self.slot: Slot | None = None
+        self.slot_since = 0.0
 
     def begin(self, step_id: int, run_id: Any, attempt: int) -> None:
         with self.lock:
@@ -46,6 +50,14 @@ class _Heart:
     def end(self) -> None:
         with self.lock:
             self.current = None
+
+    def hold(self, slot: Slot | None) -> None:
+        """Renew ``slot`` while it is held (None: none held any more)."""
+        with self.lock:
+            self.slot = slot
+            self.slot_since = time.monotonic()
+            if slot is not None:
+                self._start()
 
     def hard_limit(self, seconds: float | None) -> None:
         """Kill this process if the step is still running ``seconds`` from now (None:
@@ -70,6 +82,16 @@ class _Heart:
                 due = current is not None and time.monotonic() - since >= interval
                 if due:
                     self.since = time.monotonic()
+                slot = self.slot
+                slot_due = slot is not None and time.monotonic() - self.slot_since >= interval
+                if slot_due:
+                    self.slot_since = time.monotonic()
+            if slot_due and slot is not None:
+                try:
+                    renew_slot(slot)
+                except Exception:
+                    logger.warning("slot renewal failed", exc_info=True)
+                    close_old_connections()
             if deadline is not None and time.monotonic() > deadline:
                 logger.error("step %s ran past its hard time limit; killing the process", current)
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -79,7 +101,7 @@ class _Heart:
                 except Exception:
                     logger.warning("lease renewal failed", exc_info=True)
                     close_old_connections()
-            elif current is None and connection.connection is not None:
+            elif current is None and slot is None and connection.connection is not None:
                 # Idle: give the connection back rather than hold it open between steps.
                 connection.close()
 

@@ -16,7 +16,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from runs import escalations, services
+from runs import admission, escalations, services
 from runs.engine.dispatch import step_timeout_s
 from runs.engine.failure import Failure, node_timed_out
 from runs.engine.outcomes import step_failed
@@ -265,8 +265,12 @@ def redispatch_lost(now: datetime | None = None, older_than: float | None = None
 def _redispatch_policy(now: datetime, threshold: datetime) -> dict[str, int]:
     """Re-plans not answered and escalation notices not sent within the threshold: their
     messages were lost (a re-plan answers once, a notice is sent once per channel, so a
-    duplicate does no harm)."""
-    counts = {"replans": 0, "notices": 0}
+    duplicate does no harm); and runs waiting for a place that may have one now."""
+    counts = {"replans": 0, "notices": 0, "admissions": 0}
+    # Runs waiting for a place: a run that ended while another was being queued may not
+    # have seen it (runs.admission); they are looked at again on every pass.
+    for organization_id in admission.organizations_waiting(settings.ENGINE_SWEEP_BATCH):
+        counts["admissions"] += len(admission.admit_waiting(organization_id))
     waiting = (
         Run.objects.filter(replan_pending_since__lt=threshold)
         .filter(Q(redispatched_at__isnull=True) | Q(redispatched_at__lt=threshold))

@@ -22,7 +22,7 @@ from kombu.exceptions import OperationalError as BrokerError
 from artifacts import services as artifact_services
 from orchestrator import executor, notify, planners, polling, sweeps
 from orchestrator.dispatch import CeleryTransport, serving
-from runs import callbacks, children, replanning, runners
+from runs import admission, callbacks, children, replanning, runners
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record
 from runs.models import Run
@@ -246,3 +246,10 @@ def notify_escalated_task(self: Task[Any, Any], run_id: str) -> bool:
 def replan_run_task(run_id: str) -> str:
     """Ask the run's planner for new agents and spawn them (``runs.replanning``)."""
     return replanning.replan_run(run_id, planners.planner_named)
+
+
+@shared_task(name="orchestrator.runs.admit", **RETRY_OPTIONS)
+def admit_waiting_task(run_id: str) -> int:
+    """A run ended: start the runs of its organization that waited for a place."""
+    organization = Run.objects.values_list("organization_id", flat=True).filter(pk=run_id).first()
+    return len(admission.admit_waiting(organization)) if organization else 0

@@ -115,6 +115,16 @@ class Run(Timestamps):
     # the run holds one extra open child, so it cannot finish under the planner's feet.
     replan_count = models.PositiveSmallIntegerField(default=0, db_default=0)
     replan_pending_since = models.DateTimeField(null=True, blank=True)
+    # Admission (runs.admission; docs/fairness.md): why a PENDING run waits to start
+    # (its organization's limit of running runs, its concurrency key's, or earlier runs
+    # ahead of it), empty when it does not. A plan's `concurrency` limits the runs with
+    # the same evaluated key running at once (``concurrency_max``; 0: no key).
+    queued_reason = models.CharField(max_length=300, blank=True, db_default="")
+    # When admission let this attempt start: a run admitted and not yet picked up holds
+    # its place among the organization's running runs.
+    admitted_at = models.DateTimeField(null=True, blank=True)
+    concurrency_key = models.CharField(max_length=255, blank=True, db_default="")
+    concurrency_max = models.PositiveIntegerField(default=0, db_default=0)
 
     class Meta:
         ordering = ["-created_at"]
@@ -127,6 +137,27 @@ class Run(Timestamps):
                 fields=["organization", "priority", "created_at"], name="run_org_priority"
             ),
             models.Index(fields=["status", "status_changed_at"], name="run_status_changed"),
+            # What fair dispatch and admission read: an organization's runs waiting or
+            # under way, in the order they are served (priority, then FIFO).
+            models.Index(
+                fields=["organization", "priority", "created_at"],
+                name="run_active_order",
+                condition=Q(
+                    status__in=[
+                        "pending",
+                        "running",
+                        "waiting_approval",
+                        "paused",
+                        "resuming",
+                        "escalated",
+                    ]
+                ),
+            ),
+            models.Index(
+                fields=["organization", "concurrency_key", "status"],
+                name="run_concurrency_key",
+                condition=~Q(concurrency_key=""),
+            ),
         ]
         constraints = [
             _status_in("run", RunStatus),
@@ -406,6 +437,7 @@ class EventKind(models.TextChoices):
     WAIT = "wait"  # a callback opened or received, a poll made
     ESCALATION = "escalation"  # escalated, a ticket acknowledged or resolved, on-call told
     REPLAN = "replan"  # a re-plan asked for, proposed, spawned or failed
+    QUEUE = "queue"  # a run waits to start (its queued_reason), or was admitted
 
 
 class RunEvent(models.Model):
@@ -793,3 +825,42 @@ class Replan(models.Model):
 
     def __str__(self) -> str:
         return f"re-plan {self.number} of {self.run_id} ({self.status})"
+
+
+# --------------------------------------------------------------------------- fairness
+# Fair sharing of the workers between organizations (runs.scheduling; docs/fairness.md).
+
+
+class FairTurn(models.Model):
+    """When fair dispatch last gave an organization a worker: organizations as loaded
+    as each other are served in turn, the longest waiting first."""
+
+    organization = models.OneToOneField(
+        Organization, on_delete=models.CASCADE, primary_key=True, related_name="+"
+    )
+    served_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.organization_id} served at {self.served_at}"
+
+
+class StepSlot(models.Model):
+    """One of an organization's ``max_running_steps`` slots: a worker holds one while it
+    executes that organization's steps, so that no more than that many execute at once.
+    A holder that died lets its slot go when ``expires_at`` passes."""
+
+    id = models.BigAutoField(primary_key=True)
+    organization = models.ForeignKey(
+        Organization, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    slot = models.PositiveIntegerField()
+    holder = models.CharField(max_length=200, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "slot"], name="stepslot_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"slot {self.slot} of {self.organization_id} ({self.holder or 'free'})"

@@ -46,6 +46,7 @@ class RunMessage(enum.StrEnum):
     CHILD_ENDED = "child_ended"  # a child run ended: its parent takes note (runs.children)
     ESCALATED = "escalated"  # a ticket was opened: on-call is told (runs.escalations)
     REPLAN = "replan"  # a re-plan was asked for: the planner is consulted (runs.replanning)
+    ADMIT = "admit"  # a run ended: its organization's waiting runs looked at (runs.admission)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,9 @@ from billing.services import (
     reserve_reason,
     to_credits,
 )
+from common.templates import Reference, UnresolvedReference, render_value, resolve_in
 from common.text import storable_text
+from runs import admission
 from runs.materialize import materialize
 from runs.models import (
     Agent,
@@ -45,7 +47,8 @@ from runs.models import (
     Task,
 )
 from runs.outbox import RunMessage, enqueue_run_message, revoke_running_steps
-from runs.plan import Plan, parse_plan
+from runs.plan import Plan, PlanError, PlanInvalid, parse_plan
+from runs.plan.fields import CONCURRENCY_KEY_MAX_LENGTH
 from runs.reservation import plan_reservation
 from runs.states import (
     NODE_OPEN,
@@ -227,6 +230,7 @@ def run_create(
     derived from it again when a worker materialises the run.
     """
     parsed = parse_plan(plan, size_hint=size_hint)
+    key, most = concurrency_of(parsed)
     lineage: dict[str, Any] = {}
     if parent is not None:
         lineage = {
@@ -250,6 +254,8 @@ def run_create(
             variables=parsed.variables,
             timeouts=parsed.timeouts_ms,
             policy=parsed.policy,
+            concurrency_key=key,
+            concurrency_max=most,
             created_by=actor,
         )
         record_event(
@@ -260,6 +266,33 @@ def run_create(
             payload={"priority": parsed.priority, "steps": parsed.step_count},
         )
         return run
+
+
+def concurrency_of(plan: Plan) -> tuple[str, int]:
+    """The plan's concurrency key, its templates rendered from the run's variables, and
+    its `max_runs`; ("", 0) without one. A key that does not render is a plan problem."""
+    if plan.concurrency is None:
+        return "", 0
+
+    def resolve(ref: Reference) -> Any:
+        return resolve_in({"variables": plan.variables}, ref)
+
+    try:
+        value = render_value(plan.concurrency.key, resolve)
+    except UnresolvedReference as exc:
+        raise PlanInvalid([PlanError("concurrency.key", str(exc))]) from None
+    key = storable_text(value if isinstance(value, str) else json.dumps(value, sort_keys=True))
+    key = key.strip()
+    if not key or len(key) > CONCURRENCY_KEY_MAX_LENGTH:
+        raise PlanInvalid(
+            [
+                PlanError(
+                    "concurrency.key",
+                    f"renders to {len(key)} characters; 1 to {CONCURRENCY_KEY_MAX_LENGTH} allowed",
+                )
+            ]
+        )
+    return key, plan.concurrency.max_runs
 
 
 # --------------------------------------------------------------------------- start, pick up
@@ -281,6 +314,7 @@ def run_start(
         if run.status == RunStatus.PENDING:
             return run
         return transition(Run, run.pk, RunStatus.PENDING, actor=actor).obj
+    admission.check_pending_room(run)
     amount = plan_reservation(plan_of(run))
     if not _start_at_once(run, amount, actor):
         run = transition(
@@ -457,6 +491,7 @@ def _finish_attempt(run: Run, actor: str = "system") -> None:
     if run.parent_run_id is not None and run.parent_notified_at is None:
         enqueue_run_message(RunMessage.CHILD_ENDED, run.pk, run.priority)
     _close_escalations(run, actor)
+    admission.released(run)
     attempt = current_attempt(run)
     attempt.outcome = run.status
     attempt.finished_at = run.completed_at or timezone.now()
@@ -706,7 +741,14 @@ def run_retry(
         RunStatus.RETRYING,
         actor=actor,
         payload={"attempt_number": number},
-        updates={"attempt_number": number, "agent_count": 0, "last_error": None},
+        # The new attempt waits for admission like any run (runs.admission).
+        updates={
+            "attempt_number": number,
+            "agent_count": 0,
+            "last_error": None,
+            "admitted_at": None,
+            "queued_reason": "",
+        },
     )
     _open_attempt(result.obj, actor)
     enqueue_run_message(RunMessage.PICK_UP, result.obj.pk, result.obj.priority)

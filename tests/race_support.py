@@ -32,8 +32,8 @@ def contender(
         for run_id in run_ids:
             barrier.wait()
             try:
-                do(run_id)
-                outcomes.append("won")
+                # An operation may say it lost (False) without raising.
+                outcomes.append("refused" if do(run_id) is False else "won")
             except InvalidTransition:
                 outcomes.append("refused")
     finally:
@@ -73,4 +73,37 @@ def _cancel(run_id: str) -> None:
     services.run_cancel(run_id=run_id, reason="race")
 
 
-OPERATIONS = {"complete": _complete, "fail": _fail, "start": _start, "cancel": _cancel}
+def _admit(pair: str, side: int) -> bool:
+    from runs import admission
+
+    return admission.admit(pair.split("|")[side])
+
+
+def _take_slot(organization_id: str) -> bool:
+    from runs import scheduling
+
+    return scheduling.acquire_slot(organization_id, f"taker-{os.getpid()}") is not None
+
+
+def _free_and_take_slot(organization_id: str) -> bool:
+    """Let the slot held by "leaving" go, then take one: as a worker that finished a
+    step and starts the next while another worker takes a slot."""
+    from runs import scheduling
+    from runs.models import StepSlot
+
+    leaving = StepSlot.objects.get(organization_id=organization_id, holder="leaving")
+    scheduling.release_slot(scheduling.Slot(leaving.pk, organization_id, leaving.slot, "leaving"))
+    return scheduling.acquire_slot(organization_id, f"taker-{os.getpid()}") is not None
+
+
+OPERATIONS = {
+    "complete": _complete,
+    "fail": _fail,
+    "start": _start,
+    "cancel": _cancel,
+    "admit_left": lambda pair: _admit(pair, 0),
+    "admit_right": lambda pair: _admit(pair, 1),
+    "take_slot": _take_slot,
+    "take_slot_too": _take_slot,
+    "free_and_take_slot": _free_and_take_slot,
+}

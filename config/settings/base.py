@@ -552,6 +552,30 @@ ENGINE_LOST_MESSAGE_AFTER = env.integer(
     "ENGINE_LOST_MESSAGE_AFTER", 120, "seconds before an unclaimed due step is re-sent", minimum=1
 )
 
+# --------------------------------------------------------------------------- fairness
+# Sharing one fleet between organizations (docs/fairness.md). Each limit is a default an
+# organization's own (set in the admin) overrides. Runs beyond the running limit wait
+# PENDING (never refused); beyond the pending limit a start is refused (429).
+ORG_MAX_RUNNING_RUNS = env.integer(
+    "ORG_MAX_RUNNING_RUNS", 1000, "runs an organization may have running at once", minimum=1
+)
+ORG_MAX_RUNNING_STEPS = env.integer(
+    "ORG_MAX_RUNNING_STEPS", 1000, "steps an organization may have executing at once",
+    minimum=1,
+)  # fmt: skip
+ORG_MAX_PENDING_RUNS = env.integer(
+    "ORG_MAX_PENDING_RUNS", 10_000, "runs an organization may have waiting to start", minimum=1
+)
+# Fair dispatch: a worker serving steps looks every ENGINE_FAIR_SLICE seconds for the
+# organization with the fewest steps executing (then the longest unserved). Off serves
+# each doorbell's own run, as before fair dispatch: for measuring it only.
+ENGINE_FAIR_DISPATCH = env.boolean(
+    "ENGINE_FAIR_DISPATCH", True, "share the workers fairly between organizations"
+)
+ENGINE_FAIR_SLICE = env.number(
+    "ENGINE_FAIR_SLICE", 0.02, "seconds a worker serves a run before it looks again"
+)
+
 # --------------------------------------------------------------------------- escalation
 # The engine's policy layer (docs/escalation.md): when a failing run goes to people
 # (ESCALATED, a ticket, on-call notified) and when it is re-planned. Each threshold is a

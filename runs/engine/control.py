@@ -8,7 +8,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from runs import services
+from runs import admission, services
 from runs.engine import hotpath
 from runs.engine.dispatch import (
     announce,
@@ -31,8 +31,12 @@ def pick_up(run_id: Any, actor: str = "worker") -> bool:
     """(RETRYING ->) PENDING -> RUNNING: materialise the plan and dispatch what is ready.
 
     A stored plan that no longer validates (the validator grew stricter since the run
-    was created) fails the run with `invalid_plan` rather than leaving it pending.
+    was created) fails the run with `invalid_plan` rather than leaving it pending. A run
+    its organization's limits do not admit yet stays PENDING with its `queued_reason`
+    (``runs.admission``), and is picked up when a place frees.
     """
+    if not admission.admit(run_id, actor=actor):
+        return False
     with transaction.atomic():
         run = services.lock_run(run_id)
         if run.status == RunStatus.RETRYING:

@@ -14,7 +14,7 @@ from django.utils import timezone
 from billing.pricing import tool_price
 from billing.services import BudgetExhausted, credits_charge
 from common.tools.base import ToolError
-from runs import services
+from runs import admission, services
 from runs.engine import hotpath, policy
 from runs.engine.dispatch import announce, step_from_row, step_timeout_s, update_waiting_state
 from runs.engine.failure import Failure, child_failed, end_child
@@ -137,9 +137,13 @@ def record(step_id: int, run_id: Any, attempt: int, outcome: Outcome) -> bool:
                 if done.dispatched:
                     ready = [step_from_row(row) for row in done.dispatched]
                     announce(run, ready, now, Outbox())
-                if done.run_finished and run.parent_run_id is not None:
-                    # What services.run_complete tells a child's parent (runs.children).
-                    enqueue_run_message(RunMessage.CHILD_ENDED, run.pk, run.priority)
+                if done.run_finished:
+                    # What services.run_complete does beyond the statement's writes: a
+                    # child's parent told (runs.children), the runs of the organization
+                    # waiting for its place looked at again (runs.admission).
+                    if run.parent_run_id is not None:
+                        enqueue_run_message(RunMessage.CHILD_ENDED, run.pk, run.priority)
+                    admission.released(run)
                 return True
         # Anything else, or the hot path wrote nothing (a charge beyond the reservation
         # included: here it fails the step with budget_exhausted).

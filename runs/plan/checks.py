@@ -112,12 +112,40 @@ class _Checker:
         for index, agent in enumerate(agents):
             if isinstance(agent, dict):
                 self.agent(agent, f"agents[{index}]", variables)
+        self.concurrency(root.get("concurrency"), variables)
         if self.total_steps > self.limits.max_steps_per_run:
             self.error(
                 "agents",
                 f"plan has {self.total_steps} steps (on_error handlers included); "
                 f"at most {self.limits.max_steps_per_run} allowed",
             )
+
+    def concurrency(self, data: Any, variables: set[str]) -> None:
+        """A concurrency key reads the run's variables only: it is rendered when the run
+        is created, before anything has run."""
+        key = data.get("key") if isinstance(data, dict) else None
+        if not isinstance(key, str) or "$" not in key:
+            return
+        try:
+            references = Template.parse(key).references
+        except TemplateError as exc:
+            self.error("concurrency.key", f"bad template: {exc}")
+            return
+        scope = _Scope(
+            variables=variables,
+            task_steps={},
+            visible_tasks=(),
+            visible_steps=(),
+            current_task="",
+        )
+        for ref in references:
+            if ref[0] != "variables":
+                self.error(
+                    "concurrency.key",
+                    f"${{{format_reference(ref)}}}: a concurrency key reads ${{variables...}} only",
+                )
+            else:
+                self.check_reference(ref, "concurrency.key", scope)
 
     def agent(self, data: dict[str, Any], path: str, variables: set[str]) -> None:
         mode = _mode(data, AgentPlan)

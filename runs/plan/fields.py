@@ -176,6 +176,24 @@ class RunName:
         )
 
 
+CONCURRENCY_KEY_MAX_LENGTH = 255
+
+
+class ConcurrencyKey:
+    """A concurrency key: printable text, bounded; `${variables...}` templates in it are
+    rendered when the run is created (a whole-plan check reads them)."""
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        inner = core_schema.str_schema(min_length=1, max_length=CONCURRENCY_KEY_MAX_LENGTH)
+        return _worded(
+            inner,
+            lambda value, _: _name_refusal(value, CONCURRENCY_KEY_MAX_LENGTH, free_text=True),
+            lambda value, _: bool(value.strip()) and value.isprintable(),
+        )
+
+
 def _name_refusal(value: Any, limit: int, free_text: bool = False) -> str:
     if not isinstance(value, str):
         return f"must be a string, got {a(value)}"

@@ -38,6 +38,7 @@ from runs.plan.fields import (
     REFUSED,
     UNKNOWN_FIELD,
     Children,
+    ConcurrencyKey,
     Condition,
     Credits,
     Duration,
@@ -274,6 +275,16 @@ class ReplanPolicy(PlanModel):
     """Which of the configured planners; ORCH_PLANNER by default."""
 
 
+class ConcurrencyPolicy(PlanModel):
+    """At most `max_runs` runs of the organization with the same `key` run at once; the
+    others wait their turn (priority, then FIFO). Useful for one run per customer or
+    repository at a time."""
+
+    key: Annotated[str, ConcurrencyKey()]
+    """Text, with `${variables...}` templates rendered when the run is created."""
+    max_runs: Annotated[int, Whole(1, 10_000)] = 1
+
+
 class Plan(PlanModel):
     """A run's plan: agents, their tasks and the tasks' steps. Every problem is reported
     at once, with its path, as `invalid_plan`."""
@@ -296,6 +307,7 @@ class Plan(PlanModel):
     """Agents running at once; 10, or the limit when it is lower."""
     escalation: EscalationPolicy = EscalationPolicy()
     replan: ReplanPolicy = ReplanPolicy()
+    concurrency: ConcurrencyPolicy | None = None
     agents: Annotated[tuple[AgentPlan, ...], Children("max_agents")]
 
     @model_validator(mode="after")

@@ -160,6 +160,7 @@ def test_lost_step_messages_are_sent_again_once_overdue() -> None:
         "runs": 0,
         "replans": 0,
         "notices": 0,
+        "admissions": 0,
     }
     counts = sweeps.redispatch_lost(now=later(timedelta(minutes=5)))
 
@@ -168,6 +169,7 @@ def test_lost_step_messages_are_sent_again_once_overdue() -> None:
         "runs": 0,
         "replans": 0,
         "notices": 0,
+        "admissions": 0,
     }  # the first step of the sequence
     assert run.events.filter(message__contains="presumed lost").count() == 1
 
@@ -180,16 +182,19 @@ def test_a_pending_run_whose_pick_up_was_lost_is_sent_again_once_per_threshold()
         "runs": 1,
         "replans": 0,
         "notices": 0,
+        "admissions": 0,
     }
     assert sweeps.redispatch_lost(now=later(timedelta(minutes=6))) == {
         "steps": 0,
         "runs": 0,
         "replans": 0,
         "notices": 0,
+        "admissions": 0,
     }
     assert sweeps.redispatch_lost(now=later(timedelta(minutes=8))) == {
         "steps": 0,
         "runs": 1,
         "replans": 0,
         "notices": 0,
+        "admissions": 0,
     }

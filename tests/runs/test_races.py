@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from common.invariants import check_all
-from runs import services
+from runs import admission, scheduling, services
 from runs.models import Run, RunEvent
 from tests import factories, race_support
 from tests.support import shared_database_url
@@ -93,3 +93,75 @@ def test_cancel_racing_start_is_consistent_per_run() -> None:
         )
         assert (run.attempt_number == 1) == (len(transitions) == 2)
     assert {name: found for name, found in check_all().items() if found} == {}
+
+
+# --------------------------------------------------------------------------- fairness
+FAIR_ROUNDS = 100
+
+
+@pytest.fixture
+def long_leases(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slots taken while the rounds are set up must not expire before their round (the
+    test settings' lease is 3 s): an expired slot is free to take, rightly."""
+    settings.ENGINE_LEASE_SECONDS = 600
+    monkeypatch.setenv("ENGINE_LEASE_SECONDS", "600")
+
+
+def test_two_runs_admitted_at_once_never_exceed_the_running_limit() -> None:
+    pairs = []
+    for _ in range(FAIR_ROUNDS):
+        organization = factories.org()
+        admission.limits_set(organization.pk, actor="test", max_running_runs=1)
+        left, right = (
+            services.run_start(run_id=factories.run(organization, steps=1).pk) for _ in range(2)
+        )
+        pairs.append(f"{left.pk}|{right.pk}")
+
+    outcomes = race("admit_left", "admit_right", pairs)
+
+    for index, pair in enumerate(pairs):
+        sides = [outcomes["admit_left"][index], outcomes["admit_right"][index]]
+        assert sorted(sides) == ["refused", "won"], pair
+        admitted = Run.objects.filter(pk__in=pair.split("|"), admitted_at__isnull=False)
+        assert admitted.count() == 1
+        waiting = Run.objects.get(pk__in=pair.split("|"), admitted_at__isnull=True)
+        # Refused for the limit, or (the newer run asking first) for the run ahead of it.
+        assert waiting.queued_reason in (
+            "the organization has 1 runs running, its limit (max_running_runs 1)",
+            "waiting behind 1 earlier runs of the organization",
+        )
+
+
+@pytest.mark.usefixtures("long_leases")
+def test_two_workers_taking_the_last_slot_at_once_never_exceed_the_step_limit() -> None:
+    organizations = []
+    for _ in range(FAIR_ROUNDS):
+        organization = factories.org()
+        admission.limits_set(organization.pk, actor="test", max_running_steps=1)
+        organizations.append(str(organization.pk))
+
+    outcomes = race("take_slot", "take_slot_too", organizations)
+
+    for index, organization_id in enumerate(organizations):
+        sides = [outcomes["take_slot"][index], outcomes["take_slot_too"][index]]
+        assert sorted(sides) == ["refused", "won"], organization_id
+        assert scheduling.steps_executing(organization_id) == 1
+
+
+@pytest.mark.usefixtures("long_leases")
+def test_a_worker_freeing_a_slot_while_another_takes_one_never_exceeds_the_step_limit() -> None:
+    organizations = []
+    for _ in range(FAIR_ROUNDS):
+        organization = factories.org()
+        admission.limits_set(organization.pk, actor="test", max_running_steps=2)
+        assert scheduling.acquire_slot(organization.pk, "leaving") is not None
+        assert scheduling.acquire_slot(organization.pk, "staying") is not None
+        organizations.append(str(organization.pk))
+
+    outcomes = race("free_and_take_slot", "take_slot", organizations)
+
+    for index, organization_id in enumerate(organizations):
+        sides = [outcomes["free_and_take_slot"][index], outcomes["take_slot"][index]]
+        # One slot was freed: one of the two takes it, never both.
+        assert sorted(sides) == ["refused", "won"], organization_id
+        assert scheduling.steps_executing(organization_id) == 2

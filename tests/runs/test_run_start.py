@@ -137,10 +137,11 @@ def test_starting_at_once_leaves_what_the_general_path_leaves(
         (RunMessage.PICK_UP, str(slow.pk)),
         (RunMessage.PICK_UP, str(fast.pk)),
     ]
-    # The lock (with the plan) and the statement, inside run_start's transaction (a
-    # savepoint here: the test runs in a transaction of its own).
+    # The lock (with the plan), admission's lock and count of the organization's runs
+    # waiting to start (runs.admission), and the statement, inside run_start's
+    # transaction (a savepoint here: the test runs in a transaction of its own).
     written = [q["sql"] for q in statements.captured_queries if "SAVEPOINT" not in q["sql"]]
-    assert len(written) == 2, written
+    assert len(written) == 4, written
     assert {check: found for check, found in check_all().items() if found} == {}
 
 

@@ -1,0 +1,272 @@
+"""Fair dispatch: which run a worker serves next, and the slots that cap how many steps
+of one organization execute at once (docs/fairness.md).
+
+Ready steps are claimable rows (``runs.transitions.claim_next_step``); Celery carries the
+doorbells that wake workers and is the fleet. What a worker serves is decided here, on
+PostgreSQL's rows: every ENGINE_FAIR_SLICE seconds a worker serving steps asks
+``next_run`` again, which looks at every organization with work ready (a running run
+with a claimable step, or a run waiting to be picked up) and chooses
+
+1. the organization with the fewest steps executing, weighted by its `share`;
+2. among those alike, the one served longest ago (``FairTurn``): round robin;
+3. within it, the run first by priority, then the oldest (FIFO).
+
+So a small run of one organization is served within a slice, however many steps another
+organization has ready, and three organizations busy at once take turns.
+
+A worker executing an organization's steps holds one of its ``max_running_steps`` slots
+(``StepSlot``), a row taken with a conditional update: never more than that many hold
+one, whatever the races. A slot is renewed while its holder lives (the heartbeat), and
+one whose holder died lets go when its lease passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from billing.models import Organization
+from runs.admission import HOLDS_A_PLACE, WAITING, OrgLimits, limits_of
+from runs.models import Run, StepSlot
+from runs.states import RunStatus
+
+_ACQUIRE_SQL = """
+WITH free AS (
+    SELECT id FROM runs_stepslot
+    WHERE organization_id = %(organization)s AND slot < %(limit)s
+      AND (holder = '' OR expires_at IS NULL OR expires_at < now())
+    ORDER BY slot
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE runs_stepslot AS s
+SET holder = %(holder)s, expires_at = now() + make_interval(secs => %(lease)s)
+FROM free WHERE s.id = free.id
+RETURNING s.id, s.slot
+"""
+# One more slot, when every existing one below the limit is held: the next number. Two
+# workers adding the same number meet at the unique constraint; one of them gets it.
+_ADD_SQL = """
+INSERT INTO runs_stepslot (organization_id, slot, holder, expires_at)
+SELECT %(organization)s, next.slot, %(holder)s, now() + make_interval(secs => %(lease)s)
+FROM (
+    SELECT COALESCE(MAX(slot) + 1, 0) AS slot FROM runs_stepslot
+    WHERE organization_id = %(organization)s
+) AS next
+WHERE next.slot < %(limit)s
+ON CONFLICT (organization_id, slot) DO NOTHING
+RETURNING id, slot
+"""
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A slot held: an organization's, by ``holder``."""
+
+    id: int
+    organization_id: Any
+    slot: int
+    holder: str
+
+
+def acquire_slot(organization_id: Any, holder: str) -> Slot | None:
+    """One of the organization's free slots (below its limit as it stands now), or None
+    when they are all held."""
+    params = {
+        "organization": organization_id,
+        "limit": limits_of(organization_id).max_running_steps,
+        "holder": holder,
+        "lease": float(settings.ENGINE_LEASE_SECONDS),
+    }
+    with connection.cursor() as cursor:
+        for _ in range(3):  # a number taken by another worker at the same moment: again
+            cursor.execute(_ACQUIRE_SQL, params)
+            row = cursor.fetchone()
+            if row is None:
+                cursor.execute(_ADD_SQL, params)
+                row = cursor.fetchone()
+            if row is not None:
+                return Slot(row[0], organization_id, row[1], holder)
+            if not _below_limit(cursor, params):
+                return None
+    return None
+
+
+def _below_limit(cursor: Any, params: dict[str, Any]) -> bool:
+    cursor.execute(
+        "SELECT count(*) FROM runs_stepslot WHERE organization_id = %(organization)s "
+        "AND slot < %(limit)s",
+        params,
+    )
+    return int(cursor.fetchone()[0]) < int(params["limit"])
+
+
+def renew_slot(slot: Slot) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE runs_stepslot SET expires_at = now() + make_interval(secs => %s) "
+            "WHERE id = %s AND holder = %s",
+            [float(settings.ENGINE_LEASE_SECONDS), slot.id, slot.holder],
+        )
+        return bool(cursor.rowcount)
+
+
+def release_slot(slot: Slot) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE runs_stepslot SET holder = '', expires_at = NULL WHERE id = %s AND holder = %s",
+            [slot.id, slot.holder],
+        )
+
+
+def steps_executing(organization_id: Any) -> int:
+    """The organization's slots held now (its steps executing on workers)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM runs_stepslot WHERE organization_id = %s AND holder <> '' "
+            "AND expires_at >= now()",
+            [organization_id],
+        )
+        return int(cursor.fetchone()[0])
+
+
+# --------------------------------------------------------------------------- next run
+@dataclass(frozen=True)
+class Choice:
+    """The run to serve next: its steps, or its pick-up (``pickup``)."""
+
+    run_id: Any
+    organization_id: Any
+    priority: int
+    pickup: bool
+
+
+_NEXT_SQL = """
+WITH orgs AS (
+    SELECT DISTINCT organization_id AS org FROM runs_run
+    WHERE status IN ('pending', 'running')
+), executing AS (
+    -- What the others execute: the asking worker's own slot does not count, or it
+    -- would find the organization it serves busier than it is and leave it.
+    SELECT organization_id AS org, count(*) AS n FROM runs_stepslot
+    WHERE holder <> '' AND holder <> %(me)s AND expires_at >= now()
+    GROUP BY organization_id
+), best AS (
+    SELECT orgs.org, b.id, b.priority, b.created_at, b.pickup
+    FROM orgs CROSS JOIN LATERAL (
+        SELECT r.id, r.priority, r.created_at, r.status = 'pending' AS pickup
+        FROM runs_run AS r
+        WHERE r.organization_id = orgs.org
+          AND r.status IN ('pending', 'running', 'waiting_approval', 'paused', 'resuming',
+                           'escalated')
+          AND r.id <> ALL (%(skip)s::uuid[])
+          AND (
+              (r.status = 'pending' AND r.queued_reason = '')
+              -- Its first claimable step, in the order of the partial index that holds
+              -- them (step_claimable): as EXISTS, a plan that filtered the whole step
+              -- table for the run's rows cost a third of a second.
+              OR (r.status = 'running' AND (
+                  SELECT s.id FROM runs_step AS s
+                  WHERE s.run_id = r.id AND s.status = 'pending'
+                    AND s.dispatched_at IS NOT NULL
+                    AND (s.next_run_at IS NULL OR s.next_run_at <= now())
+                  ORDER BY s.run_id, s.id
+                  LIMIT 1
+              ) IS NOT NULL)
+          )
+        ORDER BY r.priority, r.created_at, r.id
+        LIMIT 1
+    ) AS b
+    WHERE orgs.org <> ALL (%(full)s::uuid[])
+)
+SELECT best.org, best.id, best.priority, best.pickup
+FROM best
+JOIN billing_organization AS o ON o.id = best.org
+LEFT JOIN executing ON executing.org = best.org
+LEFT JOIN runs_fairturn AS turn ON turn.organization_id = best.org
+ORDER BY COALESCE(executing.n, 0)::float / GREATEST(o.share, 1), turn.served_at NULLS FIRST,
+         best.priority, best.created_at, best.id
+LIMIT 1
+"""
+
+
+def next_run(
+    *, me: str = "", full: frozenset[Any] = frozenset(), skip: frozenset[Any] = frozenset()
+) -> Choice | None:
+    """The run a worker should serve next, fairly between organizations (see the module),
+    or None when there is no work ready. ``me``: the holder name of the asking worker's
+    slot; ``full``: organizations whose slots it found all held; ``skip``: runs it could
+    not serve just now."""
+    with connection.cursor() as cursor:
+        cursor.execute(_NEXT_SQL, {"me": me, "full": list(full), "skip": list(skip)})
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    return Choice(run_id=row[1], organization_id=row[0], priority=int(row[2]), pickup=bool(row[3]))
+
+
+def served(organization_id: Any, now: datetime | None = None) -> None:
+    """The organization was just given a worker (its turn comes after the others')."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO runs_fairturn (organization_id, served_at) VALUES (%s, %s) "
+            "ON CONFLICT (organization_id) DO UPDATE SET served_at = EXCLUDED.served_at",
+            [organization_id, now or timezone.now()],
+        )
+
+
+# --------------------------------------------------------------------------- load
+@dataclass(frozen=True)
+class OrganizationLoad:
+    """An organization's limits as they stand, and how much of them is in use."""
+
+    limits: OrgLimits
+    runs_running: int  # holding a place: started and not ended (or admitted)
+    runs_queued: int  # waiting for a place (with a queued_reason)
+    runs_pending: int  # PENDING, admitted or not (what max_pending_runs counts)
+    steps_executing: int  # slots held now
+
+
+def organization_load(organization_id: Any) -> OrganizationLoad:
+    counts = Run.objects.filter(organization_id=organization_id).aggregate(
+        running=Count("pk", filter=HOLDS_A_PLACE),
+        queued=Count("pk", filter=WAITING & ~Q(queued_reason="")),
+        pending=Count("pk", filter=Q(status=RunStatus.PENDING)),
+    )
+    return OrganizationLoad(
+        limits=limits_of(organization_id),
+        runs_running=int(counts["running"]),
+        runs_queued=int(counts["queued"]),
+        runs_pending=int(counts["pending"]),
+        steps_executing=steps_executing(organization_id),
+    )
+
+
+def _count_of(runs: QuerySet[Run]) -> Coalesce:
+    counted = runs.filter(organization_id=OuterRef("pk")).order_by().values("organization_id")
+    return Coalesce(Subquery(counted.annotate(n=Count("pk")).values("n")[:1]), 0)
+
+
+def with_load(organizations: QuerySet[Organization]) -> QuerySet[Organization]:
+    """Organizations annotated with ``runs_running``, ``runs_queued`` and
+    ``steps_executing`` (one query for a whole admin page)."""
+    slots = (
+        StepSlot.objects.filter(organization_id=OuterRef("pk"), expires_at__gte=timezone.now())
+        .exclude(holder="")
+        .order_by()
+        .values("organization_id")
+        .annotate(n=Count("pk"))
+        .values("n")[:1]
+    )
+    return organizations.annotate(
+        runs_running=_count_of(Run.objects.filter(HOLDS_A_PLACE)),
+        runs_queued=_count_of(Run.objects.filter(WAITING).exclude(queued_reason="")),
+        steps_executing=Coalesce(Subquery(slots), 0),
+    )

@@ -10,9 +10,11 @@
   while fewer than `max_runs` runs of its organization with the same evaluated key are
   running; the others wait their turn, in the same order.
 
-The decision is taken at pick-up, under a per-organization advisory lock (so that two
-workers picking up at once never exceed a limit), and a run that ends, or a limit
-raised, asks for the waiting ones to be admitted (``RunMessage.ADMIT``). Limits are read
+The decision is taken at the run's start when a place is free and nobody waits for one
+(``on_start``, in the start's transaction), else at its pick-up (``admit``), always under
+a per-organization advisory lock (so that two workers deciding at once never exceed a
+limit); a run that ends, or a limit raised, asks for the waiting ones to be admitted
+(``RunMessage.ADMIT``). Limits are read
 from the organization's row each time: a change takes effect without a restart.
 """
 
@@ -76,32 +78,76 @@ def lock(organization_id: Any) -> None:
         )
 
 
-def check_pending_room(run: Run) -> None:
-    """Refuse to start ``run`` when its organization has as many runs waiting to start
-    as it may (the caller holds the run's lock and has not written anything yet)."""
+def on_start(run: Run) -> bool:
+    """At ``run_start``, before anything is written (the caller holds the run's lock):
+    refuse the run when its organization has as many runs waiting to start as it may
+    (``TooManyPendingRuns``), and say whether it may be admitted at once, which it is
+    in the same transaction: a place free, none waiting for one (so no order to keep),
+    its concurrency key's room too. The common case then costs its pick-up one read.
+    A child run is part of its parent's work: never refused, never counted, admitted."""
+    if run.parent_run_id is not None:
+        return True
     lock(run.organization_id)
-    # The limit and the count in one statement: this runs on every start.
+    # The limits and the counts in one statement: this runs on every start.
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT COALESCE(o.max_pending_runs, %s), (SELECT count(*) FROM runs_run AS r "
-            "WHERE r.organization_id = o.id AND r.status = 'pending') "
-            "FROM billing_organization AS o WHERE o.id = %s",
-            [settings.ORG_MAX_PENDING_RUNS, run.organization_id],
+            _ON_START_SQL,
+            {
+                "organization": run.organization_id,
+                "run": run.pk,
+                "pending_default": settings.ORG_MAX_PENDING_RUNS,
+                "running_default": settings.ORG_MAX_RUNNING_RUNS,
+                "key": run.concurrency_key,
+            },
         )
-        limit, pending = cursor.fetchone()
-    if pending >= limit:
+        pending_limit, pending, running_limit, held, waiting, key_held = cursor.fetchone()
+    if pending >= pending_limit:
         raise TooManyPendingRuns(
             f"the organization has {pending} runs waiting to start, its limit; "
             "try again when some have started"
         )
+    if run.concurrency_key and key_held >= run.concurrency_max:
+        return False
+    return held < running_limit and not waiting
+
+
+_STARTED_SQL = ", ".join(f"'{status}'" for status in RUN_STARTED)
+_HOLDS_SQL = (
+    f"r.parent_run_id IS NULL AND (r.status IN ({_STARTED_SQL}) OR "
+    "(r.status IN ('pending', 'retrying') AND r.admitted_at IS NOT NULL))"
+)
+_ON_START_SQL = f"""
+SELECT COALESCE(o.max_pending_runs, %(pending_default)s), counts.pending,
+       COALESCE(o.max_running_runs, %(running_default)s), counts.held,
+       EXISTS (SELECT 1 FROM runs_run AS r
+               WHERE r.organization_id = o.id AND r.parent_run_id IS NULL
+                 AND r.status IN ('pending', 'retrying') AND r.admitted_at IS NULL
+                 AND r.id <> %(run)s),
+       counts.key_held
+FROM billing_organization AS o, LATERAL (
+    -- One pass over the organization's runs under way.
+    SELECT count(*) FILTER (WHERE r.status = 'pending') AS pending,
+           count(*) FILTER (WHERE {_HOLDS_SQL}) AS held,
+           count(*) FILTER (WHERE %(key)s <> '' AND r.concurrency_key = %(key)s
+                            AND {_HOLDS_SQL}) AS key_held
+    FROM runs_run AS r
+    WHERE r.organization_id = o.id AND r.parent_run_id IS NULL
+      AND r.status IN ('pending', 'retrying', {_STARTED_SQL})
+) AS counts
+WHERE o.id = %(organization)s
+"""  # noqa: S608 - only this module's constants are formatted in
 
 
 # A run holds a place among its organization's running runs from its admission (an
-# admitted run not yet picked up included) until it ends.
-HOLDS_A_PLACE = Q(status__in=RUN_STARTED) | Q(
-    status__in=(RunStatus.PENDING, RunStatus.RETRYING), admitted_at__isnull=False
+# admitted run not yet picked up included) until it ends. Child runs hold none and
+# never wait: they are their parent's work, and a parent waiting for a child queued
+# behind it (or behind its own concurrency key) would wait forever.
+TOP = Q(parent_run__isnull=True)
+HOLDS_A_PLACE = TOP & (
+    Q(status__in=RUN_STARTED)
+    | Q(status__in=(RunStatus.PENDING, RunStatus.RETRYING), admitted_at__isnull=False)
 )
-WAITING = Q(status__in=(RunStatus.PENDING, RunStatus.RETRYING), admitted_at__isnull=True)
+WAITING = TOP & Q(status__in=(RunStatus.PENDING, RunStatus.RETRYING), admitted_at__isnull=True)
 
 
 def _counts(organization_id: Any) -> tuple[int, int]:
@@ -172,6 +218,9 @@ def admit(run_id: Any, *, actor: str = "worker") -> bool:
     holds its place from here (``admitted_at``). A run that may not start keeps why as
     its `queued_reason` (an event when the reason changes); one that is not waiting
     (picked up, ended, admitted already) is let through for the pick-up to decide."""
+    # Admitted at its start (``on_start``) or by an earlier look: one read, no lock.
+    if Run.objects.filter(pk=run_id, admitted_at__isnull=False).exists():
+        return True
     with transaction.atomic():
         # SKIP LOCKED: a pick-up under way holds the run (creating its agents may take
         # seconds); a second one, or a worker choosing it, leaves it to that one.
@@ -181,6 +230,9 @@ def admit(run_id: Any, *, actor: str = "worker") -> bool:
         if run.admitted_at is not None:
             return True
         if run.status not in (RunStatus.PENDING, RunStatus.RETRYING):
+            return True
+        if run.parent_run_id is not None:  # a child: its parent's place (see TOP)
+            Run.objects.filter(pk=run.pk).update(admitted_at=timezone.now())
             return True
         lock(run.organization_id)
         reason = why_waiting(run)

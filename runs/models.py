@@ -158,6 +158,17 @@ class Run(Timestamps):
                 name="run_concurrency_key",
                 condition=~Q(concurrency_key=""),
             ),
+            # Runs waiting for a place (runs.admission.WAITING): few, looked for on
+            # every start.
+            models.Index(
+                fields=["organization", "priority", "created_at"],
+                name="run_waiting",
+                condition=Q(
+                    status__in=["pending", "retrying"],
+                    admitted_at__isnull=True,
+                    parent_run__isnull=True,
+                ),
+            ),
         ]
         constraints = [
             _status_in("run", RunStatus),

@@ -33,7 +33,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from billing.models import Organization
-from runs.admission import HOLDS_A_PLACE, WAITING, OrgLimits, limits_of
+from runs.admission import HOLDS_A_PLACE, TOP, WAITING, OrgLimits, limits_of
 from runs.models import Run, StepSlot
 from runs.states import RunStatus
 
@@ -230,7 +230,7 @@ class OrganizationLoad:
     limits: OrgLimits
     runs_running: int  # holding a place: started and not ended (or admitted)
     runs_queued: int  # waiting for a place (with a queued_reason)
-    runs_pending: int  # PENDING, admitted or not (what max_pending_runs counts)
+    runs_pending: int  # PENDING, admitted or not (what max_pending_runs counts; no children)
     steps_executing: int  # slots held now
 
 
@@ -238,7 +238,7 @@ def organization_load(organization_id: Any) -> OrganizationLoad:
     counts = Run.objects.filter(organization_id=organization_id).aggregate(
         running=Count("pk", filter=HOLDS_A_PLACE),
         queued=Count("pk", filter=WAITING & ~Q(queued_reason="")),
-        pending=Count("pk", filter=Q(status=RunStatus.PENDING)),
+        pending=Count("pk", filter=TOP & Q(status=RunStatus.PENDING)),
     )
     return OrganizationLoad(
         limits=limits_of(organization_id),

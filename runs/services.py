@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
@@ -314,11 +315,17 @@ def run_start(
         if run.status == RunStatus.PENDING:
             return run
         return transition(Run, run.pk, RunStatus.PENDING, actor=actor).obj
-    admission.check_pending_room(run)
+    # Refused with 429 beyond the organization's pending runs; admitted at once when a
+    # place is free and nobody waits for one (runs.admission).
+    admitted_at = timezone.now() if admission.on_start(run) else None
     amount = plan_reservation(plan_of(run))
-    if not _start_at_once(run, amount, actor):
+    if not _start_at_once(run, amount, actor, admitted_at):
         run = transition(
-            Run, run.pk, RunStatus.PENDING, actor=actor, updates={"attempt_number": 1}
+            Run,
+            run.pk,
+            RunStatus.PENDING,
+            actor=actor,
+            updates={"attempt_number": 1, "admitted_at": admitted_at},
         ).obj
         _open_attempt(run, actor, amount)
     enqueue_run_message(RunMessage.PICK_UP, run.pk, run.priority)
@@ -337,7 +344,8 @@ _START_RUN = """
 WITH {reserve_drawn}, run AS (
     UPDATE runs_run AS r
     SET status = 'pending', status_changed_at = %(now)s,
-        started_at = COALESCE(r.started_at, %(now)s), updated_at = %(now)s, attempt_number = 1
+        started_at = COALESCE(r.started_at, %(now)s), updated_at = %(now)s, attempt_number = 1,
+        admitted_at = %(admitted_at)s
     WHERE r.id = %(run)s AND r.status = 'created' AND EXISTS (SELECT 1 FROM reserve_drawn)
     RETURNING r.id, r.status_changed_at, r.started_at, r.updated_at
 ), attempt AS (
@@ -367,7 +375,9 @@ SELECT run.status_changed_at, run.started_at, run.updated_at FROM run
 _START_RUN_SQL = _START_RUN.format(reserve_drawn=RESERVE_DRAWN, reserve_written=RESERVE_WRITTEN)
 
 
-def _start_at_once(run: Run, reservation: Decimal, actor: str) -> bool:
+def _start_at_once(
+    run: Run, reservation: Decimal, actor: str, admitted_at: datetime | None
+) -> bool:
     """CREATED -> PENDING with attempt 1 and its reservation, in one statement; False
     (nothing written) when the organization has too little available."""
     amount = to_credits(reservation)
@@ -381,6 +391,7 @@ def _start_at_once(run: Run, reservation: Decimal, actor: str) -> bool:
                 "run": run.pk,
                 "now": now,
                 "actor": actor,
+                "admitted_at": admitted_at,
                 "reserve_id": uuid.uuid4(),
                 "reserve_organization": run.organization_id,
                 "reserve_amount": amount,
@@ -392,7 +403,7 @@ def _start_at_once(run: Run, reservation: Decimal, actor: str) -> bool:
         row = cursor.fetchone()
     if row is None:
         return False
-    run.status, run.attempt_number = RunStatus.PENDING, 1
+    run.status, run.attempt_number, run.admitted_at = RunStatus.PENDING, 1, admitted_at
     run.status_changed_at, run.started_at, run.updated_at = row
     return True
 

@@ -73,10 +73,11 @@ def _cancel(run_id: str) -> None:
     services.run_cancel(run_id=run_id, reason="race")
 
 
-def _admit(pair: str, side: int) -> bool:
-    from runs import admission
+def _start_admitted(pair: str, side: int) -> bool:
+    """Start one run of the pair: was it admitted at once?"""
+    from runs import services
 
-    return admission.admit(pair.split("|")[side])
+    return services.run_start(run_id=pair.split("|")[side]).admitted_at is not None
 
 
 def _take_slot(organization_id: str) -> bool:
@@ -101,8 +102,8 @@ OPERATIONS = {
     "fail": _fail,
     "start": _start,
     "cancel": _cancel,
-    "admit_left": lambda pair: _admit(pair, 0),
-    "admit_right": lambda pair: _admit(pair, 1),
+    "start_left": lambda pair: _start_admitted(pair, 0),
+    "start_right": lambda pair: _start_admitted(pair, 1),
     "take_slot": _take_slot,
     "take_slot_too": _take_slot,
     "free_and_take_slot": _free_and_take_slot,

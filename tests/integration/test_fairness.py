@@ -237,3 +237,49 @@ def test_three_organizations_busy_at_once_are_all_served(celery_worker: str) -> 
         assert Run.objects.get(pk=fan_out.pk).status == "running", run.name
     assert wait_for(fan_out, timeout=300).status == "completed"
     assert_books_balanced(fan_out)
+
+
+def test_child_runs_are_their_parents_work_and_never_wait_for_a_place(
+    celery_worker: str,
+) -> None:
+    """With one place and one pending run allowed, a parent whose sync child run (with a
+    concurrency key the parent also holds) needed a place of its own would wait for it
+    forever: children hold none and are never queued."""
+    organization = factories.org()
+    admission.limits_set(organization.pk, actor="test", max_running_runs=1, max_pending_runs=1)
+    child_plan = {
+        "name": "child",
+        "concurrency": {"key": "same"},
+        "agents": [
+            {"name": "a", "tasks": [{"name": "t", "steps": [{"name": "s", "tool": "noop"}]}]}
+        ],
+    }
+    parent_plan = {
+        "name": "parent",
+        "concurrency": {"key": "same"},
+        "agents": [
+            {
+                "name": "a",
+                "tasks": [
+                    {
+                        "name": "t",
+                        "steps": [
+                            {
+                                "name": "child",
+                                "tool": "run",
+                                "params": {"plan": child_plan, "execution_mode": "sync"},
+                            }
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+
+    parent = wait_for(submit(parent_plan, organization=organization))
+
+    assert parent.status == "completed"
+    child = Run.objects.get(parent_run=parent)
+    assert child.status == "completed"
+    assert child.queued_reason == ""
+    assert not RunEvent.objects.filter(run=child, kind=EventKind.QUEUE).exists()

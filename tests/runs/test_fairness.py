@@ -64,6 +64,22 @@ def test_runs_beyond_the_limit_wait_with_a_reason_and_an_event() -> None:
     assert RunEvent.objects.filter(run=waiting, kind=EventKind.QUEUE).count() == 1
 
 
+def test_a_run_is_admitted_at_its_start_only_with_a_place_free_and_nobody_waiting() -> None:
+    organization = factories.org()
+    admission.limits_set(organization.pk, actor="test", max_running_runs=2)
+    first = started(organization)
+    assert Run.objects.get(pk=first.pk).admitted_at is not None  # its pick-up: one read
+    blocker = started(organization)
+    behind = started(organization)
+    assert Run.objects.get(pk=behind.pk).admitted_at is None  # no place
+    services.run_cancel(run_id=blocker.pk)
+    # A place is free, but a run waits for one already: the new run does not jump it.
+    late = started(organization)
+    assert Run.objects.get(pk=late.pk).admitted_at is None
+    assert control.pick_up(behind.pk)
+    assert not control.pick_up(late.pk)
+
+
 def test_waiting_runs_are_admitted_by_priority_then_fifo_as_places_free() -> None:
     organization = factories.org()
     admission.limits_set(organization.pk, actor="test", max_running_runs=1)
@@ -116,23 +132,25 @@ def test_a_concurrency_key_is_rendered_from_the_variables_and_limits_its_runs() 
 
 def test_runs_of_a_key_wait_in_order_and_do_not_hold_back_other_runs() -> None:
     organization = factories.org()
-    admission.limits_set(organization.pk, actor="test", max_running_runs=2)
+    admission.limits_set(organization.pk, actor="test", max_running_runs=3)
     a1 = keyed(organization, "a")
     assert control.pick_up(a1.pk)
-    a2 = keyed(organization, "a", most=2)  # a key's limit is each run's own
-    a3 = keyed(organization, "a")
+    a2 = keyed(organization, "a")
     plain = started(organization)
 
-    assert not control.pick_up(a3.pk)
-    # a2 (max_runs 2) may run beside a1; a3 waits for both, though it is not the key's
-    # limit that a3 itself would see once a2 runs.
-    assert Run.objects.get(pk=a3.pk).queued_reason == (
+    assert not control.pick_up(a2.pk)
+    assert Run.objects.get(pk=a2.pk).queued_reason == (
         "concurrency key 'customer-a' has 1 runs running, its limit (1)"
     )
-    # a3 waits on its key: it does not hold the plain run behind it back.
+    # a2, ahead of it, waits on its key: it does not hold the plain run back.
     assert control.pick_up(plain.pk)
-    assert not control.pick_up(a2.pk)  # the organization's two places are taken
-    services.run_cancel(run_id=plain.pk)
+    # A key's limit is each run's own: one that allows two runs beside a1.
+    a3 = keyed(organization, "a", most=2)
+    assert not control.pick_up(a3.pk)
+    assert Run.objects.get(pk=a3.pk).queued_reason == (
+        "waiting behind 1 earlier runs with concurrency key 'customer-a'"
+    )
+    services.run_cancel(run_id=a1.pk)
     assert admission.admit_waiting(organization.pk) == [a2.pk]
 
 

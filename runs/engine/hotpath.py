@@ -256,17 +256,21 @@ WITH task AS (
     ORDER BY position
     LIMIT (SELECT free FROM agent)
 ), new_steps AS (
-    SELECT id, task_id, position, tool FROM (
-        SELECT st.id, st.task_id, st.position, st.tool,
-               row_number() OVER (PARTITION BY st.task_id ORDER BY st.position) AS n,
-               tk.max_concurrent_steps - tk.active_children AS free
-        FROM ready
-        JOIN runs_task AS tk ON tk.id = ready.id
-        JOIN runs_step AS st ON st.task_id = tk.id AND st.generation = tk.retry_count
-        WHERE st.status = 'pending' AND st.pending_dependencies = 0
-          AND st.dispatched_at IS NULL
-    ) AS numbered
-    WHERE n <= free
+    -- Each ready task's first steps, looked up by its id (an index condition the
+    -- planner estimates well): joined on ``ready``, or given the ids as an array, a plan
+    -- made under statistics that counted many steps pending read the whole step table
+    -- (seen in a full test session).
+    SELECT st.id, st.task_id, st.position, st.tool
+    FROM ready
+    JOIN runs_task AS tk ON tk.id = ready.id
+    CROSS JOIN LATERAL (
+        SELECT s.id, s.task_id, s.position, s.tool FROM runs_step AS s
+        WHERE s.task_id = tk.id AND s.generation = tk.retry_count
+          AND s.status = 'pending' AND s.pending_dependencies = 0
+          AND s.dispatched_at IS NULL
+        ORDER BY s.position
+        LIMIT GREATEST(tk.max_concurrent_steps - tk.active_children, 0)
+    ) AS st
 ), {charge}
     FROM task, agent
     WHERE %(amount)s::numeric > 0 AND NOT EXISTS (SELECT 1 FROM new_steps WHERE tool = 'approval')

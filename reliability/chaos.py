@@ -411,6 +411,58 @@ def policy_summary(book: RunBook) -> str:
     return f"{tickets.count()} ({resumed}) / {spawned}"
 
 
+# The chaos organization's limits: fewer places and slots than the runs and worker
+# processes want, so that admission and slots are exercised under faults.
+CHAOS_MAX_RUNNING_RUNS = 25
+CHAOS_MAX_RUNNING_STEPS = 3
+
+
+def limit_problems(book: RunBook) -> dict[str, Any]:
+    """Runs that waited for a place (with a `queue` event), and any moment when more runs
+    than their concurrency key allows, or than the organization allows, ran at once
+    (from each run's pick-up to its end)."""
+    from runs.models import EventKind, Run, RunEvent
+
+    runs = list(
+        Run.objects.filter(
+            pk__in=book.ids(), parent_run__isnull=True, picked_up_at__isnull=False
+        ).values_list("pk", "concurrency_key", "picked_up_at", "status_changed_at", "status")
+    )
+    waited = (
+        RunEvent.objects.filter(run_id__in=book.ids(), kind=EventKind.QUEUE)
+        .exclude(message="admitted")
+        .values("run_id")
+        .distinct()
+        .count()
+    )
+
+    def most_at_once(spans: list[tuple[Any, Any]]) -> int:
+        edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+        running = most = 0
+        for _, step in edges:
+            running += step
+            most = max(most, running)
+        return most
+
+    def span(picked: Any, changed: Any, status: str) -> tuple[Any, Any]:
+        ended = status in ("completed", "failed", "cancelled")
+        return (picked, changed if ended else datetime.now(UTC))
+
+    by_key: dict[str, list[tuple[Any, Any]]] = {}
+    for _, key, picked, changed, status in runs:
+        if key:
+            by_key.setdefault(key, []).append(span(picked, changed, status))
+    over_key = {key: n for key, spans in by_key.items() if (n := most_at_once(spans)) > 1}
+    everyone = most_at_once([span(p, c, s) for _, _, p, c, s in runs])
+    return {
+        "waited": waited,
+        "keyed_runs": sum(len(spans) for spans in by_key.values()),
+        "keys_over_their_limit": over_key,
+        "most_running_at_once": everyone,
+        "over_the_organization_limit": max(0, everyone - CHAOS_MAX_RUNNING_RUNS),
+    }
+
+
 def outcome_problems(book: RunBook) -> list[str]:
     """Runs whose final status no fault or action explains."""
     from runs.models import Run
@@ -466,6 +518,13 @@ def format_report(report: dict[str, Any]) -> str:
         ("runs in the database (duplicates or losses show here)", report["runs_in_database"]),
         ("child runs their `run` steps started", report["child_runs"]),
         ("escalations (resolved by on-call) / re-plans spawned", report["policy"]),
+        ("runs that waited for a place / most running at once (limit)", (
+            f"{report['limits']['waited']} / {report['limits']['most_running_at_once']} "
+            f"({CHAOS_MAX_RUNNING_RUNS})"
+        )),
+        ("keyed runs / keys over their limit (1)", (
+            f"{report['limits']['keyed_runs']} / {len(report['limits']['keys_over_their_limit'])}"
+        )),
         ("faults injected", ", ".join(f"{k} {v}" for k, v in report["faults_by_kind"].items())),
         ("side effects executed", executed),
         ("side effects executed twice for one attempt", len(effects["executed_twice"])),
@@ -524,6 +583,16 @@ def run_chaos(config: Config, directory: Path, log: Any = print) -> dict[str, An
         django.setup()
         stack.migrate()
         org = json.loads(stack.manage("create_org", f"chaos-{config.seed}", "--credits", "1000000"))
+        # Limits that bind (docs/fairness.md): runs wait for a place and steps for a slot
+        # while the faults strike; the report checks none was lost or exceeded.
+        stack.manage(
+            "set_limits",
+            f"chaos-{config.seed}",
+            "--max-running-runs",
+            str(CHAOS_MAX_RUNNING_RUNS),
+            "--max-running-steps",
+            str(CHAOS_MAX_RUNNING_STEPS),
+        )
         log("==> web, 2 workers, beat, a runner")
         stack.start_processes()
         script = directory / "runner_job.py"
@@ -652,6 +721,7 @@ def _storm(
         "runs_in_database": org_runs,
         "child_runs": child_runs,
         "policy": policy_summary(book),
+        "limits": limit_problems(book),
         "submission_errors": [f"#{i.index} {i.kind}: {i.error}" for i in book.items if i.error],
         "controls": dict(Counter(i.control or "none" for i in book.items)),
         "faults": [asdict(f) for f in schedule],
@@ -682,6 +752,8 @@ def _storm(
         and not effect_report["completed_without_effect"]
         and not tally.server_errors
         and not stack.unexpected_exits
+        and not report["limits"]["keys_over_their_limit"]
+        and not report["limits"]["over_the_organization_limit"]
     )
     return report
 

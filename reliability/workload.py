@@ -30,6 +30,7 @@ KINDS = (
     "child",
     "escalate",
     "replan",
+    "keyed",
 )
 
 # What each kind ends as when no one cancels it.
@@ -48,7 +49,11 @@ EXPECTED = {
     "escalate": "completed",
     # Its failing agent is run again by the rule planner, and succeeds.
     "replan": "completed",
+    # One run per shard at a time (its concurrency key); the others wait their turn.
+    "keyed": "completed",
 }
+# Shards of the keyed runs: each key's runs run one at a time (docs/fairness.md).
+KEYED_SHARDS = 3
 
 # The command the chaos runner runs for each job (the reference runner, docs/runners.md):
 # it posts the job's step and attempt to the effect endpoint, as an `http` effect step
@@ -267,6 +272,14 @@ def plan_for(kind: str, index: int, url: str, rng: random.Random) -> dict[str, A
             [failing, steady],
             failure_mode="continue",
             replan={"agent_failure_ratio": 0.4, "planner": "rules"},
+        )
+    if kind == "keyed":
+        steps = [effect("e1", url), pause("wait", short), effect("e2", url)]
+        return _run(
+            name,
+            [_agent([{"name": "keyed", "steps": steps}])],
+            variables={"shard": index % KEYED_SHARDS},
+            concurrency={"key": "chaos-shard-${variables.shard}", "max_runs": 1},
         )
     if kind == "approval":
         steps = [effect("e1", url), {"name": "sign-off", "tool": "approval"}, effect("e2", url)]

@@ -315,10 +315,11 @@ def run_start(
         if run.status == RunStatus.PENDING:
             return run
         return transition(Run, run.pk, RunStatus.PENDING, actor=actor).obj
-    # Refused with 429 beyond the organization's pending runs; admitted at once when a
-    # place is free and nobody waits for one (runs.admission).
-    admitted_at = timezone.now() if admission.on_start(run) else None
     amount = plan_reservation(plan_of(run))
+    # Refused with 429 beyond the organization's pending runs; admitted at once when a
+    # place is free and nobody waits for one (runs.admission). Its lock on the
+    # organization is held until commit: taken after the plan is read, not before.
+    admitted_at = timezone.now() if admission.on_start(run) else None
     if not _start_at_once(run, amount, actor, admitted_at):
         run = transition(
             Run,

@@ -1,4 +1,4 @@
-"""Management commands: create_org and check_invariants."""
+"""Management commands: create_org, set_limits and check_invariants."""
 
 from __future__ import annotations
 
@@ -177,3 +177,37 @@ def test_rotate_secrets_names_a_secret_no_key_decrypts_without_its_value(setting
         call_command("rotate_secrets", stdout=StringIO())
 
     assert "s3cr3t" not in str(caught.value)
+
+
+def test_set_limits_sets_them_through_the_service_and_prints_them() -> None:
+    organization = factories.org(name="limited")
+    out = StringIO()
+    call_command("set_limits", "limited", "--max-running-runs", "3", "--share", "2", stdout=out)
+    printed = json.loads(out.getvalue())
+    assert printed["max_running_runs"] == 3
+    assert printed["share"] == 2
+    organization.refresh_from_db()
+    assert (organization.max_running_runs, organization.share) == (3, 2)
+
+    call_command("set_limits", str(organization.pk), "--max-running-runs", "default", stdout=out)
+    organization.refresh_from_db()
+    assert organization.max_running_runs is None
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["nobody", "--share", "2"], "no organization named or with id 'nobody'"),
+        (["limited", "--max-running-runs", "two"], "--max-running-runs: not a whole number"),
+        (["limited", "--max-pending-runs", "0"], "max_pending_runs must be a whole number"),
+        (["limited", "--share", "default"], "--share: not a whole number"),
+    ],
+)
+def test_set_limits_refuses_bad_input_and_changes_nothing(
+    arguments: list[str], message: str
+) -> None:
+    organization = factories.org(name="limited")
+    with pytest.raises(CommandError, match=message):
+        call_command("set_limits", *arguments, stdout=StringIO())
+    organization.refresh_from_db()
+    assert (organization.max_running_runs, organization.max_pending_runs) == (None, None)

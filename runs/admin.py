@@ -270,6 +270,7 @@ class RunAdmin(admin.ModelAdmin[Run]):
                 escalations.EscalationNotFound,
                 escalations.EscalationResolved,
                 escalations.ReplanLimitReached,
+                admission.TooManyPendingRuns,
             ) as exc:
                 refused.append(f"{run.name}: {exc}")
         if done:

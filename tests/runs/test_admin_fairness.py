@@ -84,3 +84,25 @@ def test_the_list_shows_runs_running_and_queued_per_organization(operator: Clien
     row = row[: row.index("</tr>")]
     assert '<td class="field-runs_running">1</td>' in row
     assert '<td class="field-runs_queued">2</td>' in row
+
+
+def test_starting_one_run_too_many_from_the_admin_is_refused_by_name(operator: Client) -> None:
+    organization = factories.org()
+    admission.limits_set(organization.pk, actor="test", max_pending_runs=1)
+    first, second = (
+        services.run_create(organization=organization, plan=factories.plan(name=name))
+        for name in ("first", "second")
+    )
+
+    page = operator.post(
+        "/admin/runs/run/",
+        {"action": "start_runs", "_selected_action": [str(first.pk), str(second.pk)]},
+        follow=True,
+    ).content.decode()
+
+    assert "Started: 1 run(s)" in page
+    assert "the organization has 1 runs waiting to start, its limit" in page
+    statuses = sorted(
+        Run.objects.filter(organization=organization).values_list("status", flat=True)
+    )
+    assert statuses == ["created", "pending"]

@@ -23,7 +23,7 @@ from billing.admin import OrganizationAdmin, OrganizationForm
 from billing.models import Organization
 from billing.services import InsufficientCredits
 from common.admin import ReadOnlyAdminMixin
-from runs import admission, escalations, runners, scheduling, services
+from runs import admission, approvals, escalations, runners, scheduling, services
 from runs.models import (
     Agent,
     EscalationTicket,
@@ -84,6 +84,8 @@ class RunAdmin(admin.ModelAdmin[Run]):
         "resume_runs",
         "retry_runs",
         "start_runs",
+        "approve_runs",
+        "reject_runs",
         "escalate_runs",
         "resolve_resume",
         "resolve_retry",
@@ -271,6 +273,7 @@ class RunAdmin(admin.ModelAdmin[Run]):
                 escalations.EscalationResolved,
                 escalations.ReplanLimitReached,
                 admission.TooManyPendingRuns,
+                approvals.NothingWaiting,
             ) as exc:
                 refused.append(f"{run.name}: {exc}")
         if done:
@@ -313,6 +316,28 @@ class RunAdmin(admin.ModelAdmin[Run]):
         self._apply(
             request, queryset, "retried", lambda run: services.run_retry(run_id=run.pk, actor=actor)
         )
+
+    @admin.action(description="Approve the steps waiting for approval in selected runs")
+    def approve_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        self._decide(request, queryset, approve=True)
+
+    @admin.action(description="Reject the steps waiting for approval in selected runs")
+    def reject_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        self._decide(request, queryset, approve=False)
+
+    def _decide(self, request: HttpRequest, queryset: QuerySet[Run], *, approve: bool) -> None:
+        """Approve or reject (``runs.approvals``, as the API does) every step waiting for
+        approval in each run; a run with none waiting is named, not counted."""
+        actor = _actor(request)
+        decide = approvals.run_approve if approve else approvals.run_reject
+
+        def operation(run: Run) -> Any:
+            result = decide(run_id=run.pk, comment=f"by {actor} in the admin", actor=actor)
+            if not result.changed:
+                raise approvals.NothingWaiting(f"no step of {run.pk} waits for approval")
+            return result
+
+        self._apply(request, queryset, "approved" if approve else "rejected", operation)
 
     @admin.action(description="Escalate selected running runs to people")
     def escalate_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:

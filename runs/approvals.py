@@ -24,6 +24,13 @@ from runs.states import RunStatus, StepStatus
 from runs.transitions import record_event, transition, transition_many
 
 
+class NothingWaiting(Exception):
+    """A decision asked of a run none of whose steps waits for approval (for callers
+    that report it; the services themselves treat it as a no-op)."""
+
+    code = "nothing_waiting"
+
+
 @dataclass(frozen=True)
 class ApprovalResult:
     run: Run

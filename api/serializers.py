@@ -290,6 +290,11 @@ class EventOutput(serializers.Serializer[Any]):
     attempt_number = serializers.IntegerField()
     entity = serializers.CharField(help_text="run, agent, task or step.")
     entity_id = serializers.CharField()
+    path = serializers.CharField(
+        default="",
+        help_text="Where the entity is in the plan, as people read it: `agent.task.step`, "
+        "`agent.task` or `agent`; empty for the run itself.",
+    )
     kind = serializers.ChoiceField(choices=EventKind.choices)
     from_status = serializers.CharField()
     to_status = serializers.CharField()

@@ -39,6 +39,7 @@ from runs.models import (
     StepWait,
     Task,
 )
+from runs.selectors import event_label, with_paths
 from runs.states import InvalidTransition
 
 EVENTS_SHOWN = 200
@@ -224,17 +225,16 @@ class RunAdmin(admin.ModelAdmin[Run]):
 
     @admin.display(description="events")
     def event_list(self, run: Run) -> SafeString:
-        events = list(RunEvent.objects.filter(run=run).order_by("-id")[:EVENTS_SHOWN])
+        events = list(with_paths(RunEvent.objects.filter(run=run)).order_by("-id")[:EVENTS_SHOWN])
         events.reverse()
         rows = format_html_join(
             "",
-            "<tr><td>{}</td><td>{}</td><td>{} {}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             (
                 (
                     event.created_at.isoformat(timespec="milliseconds"),
                     event.attempt_number,
-                    event.entity,
-                    event.entity_id,
+                    event_label(event),
                     event.kind,
                     f"{event.from_status} -> {event.to_status}" if event.to_status else "",
                     event.message,
@@ -245,7 +245,7 @@ class RunAdmin(admin.ModelAdmin[Run]):
         link = reverse("admin:runs_runevent_changelist") + f"?run__id__exact={run.pk}"
         return format_html(
             "<p>Latest {} events, oldest first. <a href='{}'>All events of this run</a></p>"
-            "<table><tr><th>at</th><th>attempt</th><th>entity</th><th>kind</th>"
+            "<table><tr><th>at</th><th>attempt</th><th>what</th><th>kind</th>"
             "<th>transition</th><th>message</th></tr>{}</table>",
             EVENTS_SHOWN,
             link,
@@ -401,8 +401,7 @@ class RunEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[RunEvent]):
         "created_at",
         "run",
         "attempt_number",
-        "entity",
-        "entity_id",
+        "what",
         "kind",
         "from_status",
         "to_status",
@@ -414,6 +413,15 @@ class RunEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[RunEvent]):
     search_fields = ("=run__id", "=entity_id")
     ordering = ("-id",)
     show_full_result_count = False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[RunEvent]:
+        return with_paths(super().get_queryset(request))
+
+    @admin.display(description="what")
+    def what(self, event: RunEvent) -> str:
+        """The entity by its path in the plan (``agent.task.step``, and a step's
+        attempt), not its database id."""
+        return event_label(event)
 
 
 @admin.register(Runner)

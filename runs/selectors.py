@@ -18,7 +18,10 @@ from typing import Any
 from uuid import UUID
 
 from django.db.models import (
+    BigIntegerField,
     BooleanField,
+    Case,
+    CharField,
     Count,
     DecimalField,
     ExpressionWrapper,
@@ -28,8 +31,10 @@ from django.db.models import (
     QuerySet,
     Subquery,
     Sum,
+    Value,
+    When,
 )
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Cast, Coalesce, Concat
 
 from billing.models import Organization, Reservation
 from common.filters import QueryData
@@ -168,9 +173,46 @@ def step_list(*, run: Run, query: QueryData | None = None) -> QuerySet[Step]:
 
 def event_list(*, run: Run, query: QueryData | None = None) -> QuerySet[RunEvent]:
     """The run's history in order (``EventFilter``; ``after`` an event id, to follow it as
-    it grows). Ordered by id alone, which the (run, id) index serves to keyset pages."""
+    it grows), each event with its ``path``. Ordered by id alone, which the (run, id)
+    index serves to keyset pages."""
     events = EventFilter(query or {}, queryset=RunEvent.objects.filter(run=run)).filtered()
-    return events.order_by("id")
+    return with_paths(events.order_by("id"))
+
+
+def _named(model: type[Agent | Task | Step], *parts: Any) -> Subquery:
+    """The dotted path of the ``model`` row an event names (its ``entity_id``)."""
+    joined: list[Any] = []
+    for part in parts:
+        joined += [part, Value(".")]
+    path = Concat(*joined[:-1], output_field=CharField()) if len(parts) > 1 else F(parts[0])
+    rows = model.objects.filter(pk=Cast(OuterRef("entity_id"), BigIntegerField()))
+    return Subquery(rows.annotate(path=path).values("path")[:1], output_field=CharField())
+
+
+def with_paths(events: QuerySet[RunEvent]) -> QuerySet[RunEvent]:
+    """Events annotated with ``path``: where in the plan the entity they name is,
+    ``agent.task.step`` (``agent.task``, ``agent``; "" for the run itself), as people
+    read it, rather than a database id. One subquery per row of a page, by primary key
+    (CASE evaluates only the branch of the event's entity: a run's id is not cast)."""
+    return events.annotate(
+        path=Case(
+            When(entity="step", then=_named(Step, "task__agent__name", "task__name", "name")),
+            When(entity="task", then=_named(Task, "agent__name", "name")),
+            When(entity="agent", then=_named(Agent, "name")),
+            default=Value(""),
+            output_field=CharField(),
+        )
+    )
+
+
+def event_label(event: RunEvent) -> str:
+    """What an event is about, for people: its ``path`` (``with_paths``) and, for a step,
+    the attempt its payload names; "run" for the run itself."""
+    path = getattr(event, "path", "") or ""
+    if not path:
+        return event.entity if event.entity == "run" else f"{event.entity} {event.entity_id}"
+    attempt = event.payload.get("attempt") if isinstance(event.payload, dict) else None
+    return f"{path} (attempt {attempt})" if event.entity == "step" and attempt else path
 
 
 @dataclass(frozen=True)

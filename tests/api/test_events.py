@@ -15,6 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from api.pagination import CURSOR_SALT, Cursor
 from common.filters import MAX_BIGINT
 from runs.models import Run, RunEvent
+from runs.transitions import claim_next_step
 from tests.api import states
 from tests.api.conftest import Tenant
 
@@ -217,3 +218,26 @@ def test_a_cursor_past_the_end_is_an_empty_page_not_an_error(tenant: Tenant) -> 
     body = tenant.get(events_path(run), {"cursor": Cursor(MAX_BIGINT).encode()}).json()
 
     assert body == {"next": None, "previous": None, "results": []}
+
+
+def test_events_name_their_entity_by_its_path_in_the_plan(tenant: Tenant) -> None:
+    spec = {
+        "name": "paths",
+        "agents": [
+            {
+                "name": "researcher",
+                "tasks": [{"name": "fetch", "steps": [{"name": "topic", "tool": "noop"}]}],
+            }
+        ],
+    }
+    run = states.running_plan(tenant.organization, spec)
+    claimed = claim_next_step(run.pk, worker="w", task_id="t", lease_seconds=60)
+    assert claimed is not None  # its step now RUNNING: an event of the step
+
+    events = tenant.get(events_path(run), {"page_size": 500}).json()["results"]
+
+    by_entity = {(event["entity"], event["path"]) for event in events}
+    assert ("run", "") in by_entity
+    assert ("agent", "researcher") in by_entity
+    assert ("task", "researcher.fetch") in by_entity
+    assert ("step", "researcher.fetch.topic") in by_entity

@@ -1,6 +1,7 @@
-"""Approve and reject from the admin's run list (SPEC section 4): through
-``runs.approvals`` as the API, recorded with the operator's name; a run with nothing
-waiting is named, not counted."""
+"""What operators read and do in the admin's run pages: approve and reject from the run
+list (SPEC section 4), through ``runs.approvals`` as the API, recorded with the
+operator's name (a run with nothing waiting is named, not counted); events named by
+their path in the plan, not by database ids."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from runs.models import Run, RunEvent, Step
+from runs.transitions import claim_next_step
 from tests import factories
 from tests.api import states
 
@@ -55,3 +57,26 @@ def test_reject_fails_the_waiting_step_with_approval_rejected(operator: Client) 
     assert step.status == "failed"
     assert step.error["code"] == "approval_rejected"
     assert RunEvent.objects.filter(run=waiting, actor="admin:ops").exists()
+
+
+def test_events_are_named_by_their_path_in_the_plan_and_attempt(operator: Client) -> None:
+    spec = {
+        "name": "paths",
+        "agents": [
+            {
+                "name": "researcher",
+                "tasks": [{"name": "fetch", "steps": [{"name": "topic", "tool": "noop"}]}],
+            }
+        ],
+    }
+    run = states.running_plan(factories.org(), spec)
+    assert claim_next_step(run.pk, worker="w", task_id="t", lease_seconds=60) is not None
+
+    listed = operator.get(f"/admin/runs/runevent/?run__id__exact={run.pk}").content.decode()
+    page = operator.get(f"/admin/runs/run/{run.pk}/change/").content.decode()
+
+    for html in (listed, page):
+        assert "researcher.fetch.topic (attempt 1)" in html
+        assert "researcher.fetch" in html
+    step = Step.objects.get(run=run)
+    assert f"step {step.pk}" not in page

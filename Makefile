@@ -11,6 +11,8 @@ install:
 run: install  ## start PostgreSQL, Redis, web, worker, beat and Flower
 	@scripts/run.sh
 
+# The browser tests need Debian's chromium: `install` adds it for `make test` only.
+test: export WITH_BROWSER := 1
 test: install  ## throwaway PostgreSQL and Redis, then ruff, mypy and pytest
 	@scripts/test.sh $(PYTEST_ARGS)
 

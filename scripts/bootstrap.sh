@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what is missing: Debian packages (redis-server, PostgreSQL server binaries when
-# absent), the virtualenv and the pinned Python requirements. Cheap when nothing is missing.
+# absent; chromium and its driver for `make test`), the virtualenv and the pinned Python
+# requirements. Cheap when nothing is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +19,11 @@ if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev
   missing+=(postgresql)
 fi
 command -v psql >/dev/null || missing+=(postgresql-client)
+# `make test` (WITH_BROWSER=1): the browser tests drive Debian's chromium and chromedriver.
+if [ "${WITH_BROWSER:-0}" = 1 ]; then
+  command -v chromium >/dev/null || missing+=(chromium)
+  command -v chromedriver >/dev/null || missing+=(chromium-driver)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "==> installing Debian packages: ${missing[*]}"
   as_root apt-get update -qq

@@ -1,0 +1,62 @@
+"""A real headless Chromium for browser tests: Debian's `chromium` driven through its
+`chromedriver` (never a browser or driver downloaded by a test tool: `make test`
+installs both from Debian when missing).
+
+The browser resolves no name but the loopback's (`--host-resolver-rules`), so a page
+that reaches for the internet (a CDN) fails here as it would on a machine without
+access, and no test opens a connection beyond 127.0.0.0/8. Screenshots go to
+TEST_SCREENSHOTS_DIR (default: <tmp>/orchestrator-test-screenshots)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+
+@pytest.fixture(scope="session")
+def screenshots() -> Path:
+    default = Path(tempfile.gettempdir()) / "orchestrator-test-screenshots"
+    directory = Path(os.environ.get("TEST_SCREENSHOTS_DIR") or default)
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[object]:
+    for binary in (CHROMIUM, CHROMEDRIVER):
+        if not shutil.which(binary):
+            pytest.fail(f"{binary} is missing: `make test` installs chromium and chromium-driver")
+    # Selenium Manager would fetch a driver of its own when it finds none: never here.
+    os.environ["SE_OFFLINE"] = "true"
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",  # root in CI containers
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1400,1000",
+        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+    ):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()

@@ -9,6 +9,11 @@ export PATH="$PWD/$VENV/bin:$PATH"
 export DJANGO_SETTINGS_MODULE=${DJANGO_SETTINGS_MODULE:-config.settings.local}
 export WEB_PORT=${WEB_PORT:-8000}
 export FLOWER_PORT=${FLOWER_PORT:-5555}
+# Locally the four processes log readable text at WARNING, so that the demo's progress
+# and the summary are not lost between them; JSON at INFO stays the production default.
+# LOG_FORMAT=json LOG_LEVEL=INFO make run shows what production logs.
+export LOG_FORMAT=${LOG_FORMAT:-text}
+export LOG_LEVEL=${LOG_LEVEL:-WARNING}
 DATA=${DATA_DIR:-.data}
 mkdir -p "$DATA"
 chmod 755 "$DATA"
@@ -60,15 +65,19 @@ if [ "${SKIP_DEMO:-0}" != 1 ]; then
   python manage.py demo_run || echo "!! the demo run did not complete: see the worker's log above"
 fi
 
+rule="================================================================================"
 cat <<INFO
 
+$rule
   Orchestrator is up.
     Admin           http://127.0.0.1:$WEB_PORT/admin/   (admin / $(cat "$admin_password_file"))
+    API             http://127.0.0.1:$WEB_PORT/api/v1/  (docs: /api/docs/, /api/redoc/)
     Health          http://127.0.0.1:$WEB_PORT/healthz
     Flower          http://127.0.0.1:$FLOWER_PORT/      (FLOWER_BASIC_AUTH, default admin:admin)
     PostgreSQL      ${DATABASE_URL//:*@/:***@}
     Redis broker    ${CELERY_BROKER_URL//:*@/:***@}
-  Press Ctrl-C to stop everything.
+  Logs below: text at $LOG_LEVEL (LOG_LEVEL=INFO for more). Press Ctrl-C to stop everything.
+$rule
 
 INFO
 wait "$honcho_pid"

@@ -34,7 +34,6 @@ def test_run_script_starts_every_process_healthy_and_ctrl_c_leaves_no_orphans(
         FLOWER_PORT=str(flower_port),
         FLOWER_BASIC_AUTH="admin:admin",
         WORKER_CONCURRENCY="1",
-        LOG_LEVEL="WARNING",
         **{marker: "1"},
     )
     script = Child(["bash", str(ROOT / "scripts" / "run.sh")], env, data_dir / "run.log")
@@ -55,6 +54,9 @@ def test_run_script_starts_every_process_healthy_and_ctrl_c_leaves_no_orphans(
         assert f"(admin / {password})" in script.output()
         assert "demo run completed" in script.output()
         assert "credits: reserved" in script.output()
+        # Readable locally: no JSON log lines, no per-task INFO flood (run.sh's defaults).
+        assert '{"ts": ' not in script.output()
+        assert "succeeded in" not in script.output()
 
         names = {
             Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()

@@ -243,8 +243,9 @@ def server_error(request: HttpRequest) -> HttpResponse:
 # --------------------------------------------------------------------------- OpenAPI
 ERROR_DESCRIPTIONS: dict[int, str] = {
     400: "`invalid_request` (every malformed or unknown field or query parameter, with its "
-    "path, in `details`), `invalid_json`, `invalid_plan` (every problem of the plan with its "
-    "path in `details`), `invalid_idempotency_key`",
+    "path, in `details`), `invalid_json`, `invalid_yaml` (a YAML body of `POST /runs`), "
+    "`invalid_plan` (every problem of the plan with its path in `details`), "
+    "`invalid_idempotency_key`",
     401: "`not_authenticated` (no key) or `authentication_failed` (unknown, malformed or "
     "revoked key)",
     402: "`insufficient_credits`: the organization cannot cover the reservation",
@@ -256,7 +257,8 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     "being processed)",
     413: "`payload_too_large`: the body or the plan is over its size limit",
     406: "`not_acceptable`: the response is JSON; accept `application/json`",
-    415: "`unsupported_media_type`: send `application/json`",
+    415: "`unsupported_media_type`: send `application/json` (or `application/yaml` to "
+    "`POST /runs`)",
     422: "`idempotency_key_reused`: this key was used with a different body",
     429: "`throttled`: too many requests for this key; `too_many_pending_runs`: the "
     "organization has as many runs waiting to start as it may; `too_many_uploads`; see the "

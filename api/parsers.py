@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import IO, Any
 
+import yaml
 from django.conf import settings
 from rest_framework.exceptions import APIException, ParseError
 from rest_framework.parsers import BaseParser
@@ -103,6 +104,78 @@ class BoundedJSONParser(BaseParser):
         except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, too many digits
             raise ParseError(f"JSON parse error: {exc}") from exc
         check_storable(data, any_string_values=self.any_string_values)
+        return data
+
+
+class InvalidYaml(ParseError):
+    default_code = "invalid_yaml"
+
+
+class _SafeWithoutAliases(yaml.SafeLoader):
+    """PyYAML's safe loading (plain data only, no object construction), refusing
+    anchors' aliases: an alias is a copy of what it names, and a body of a few hundred
+    bytes can expand to gigabytes that way."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+            raise yaml.composer.ComposerError(
+                None, None, "aliases (*name) are not accepted: write the value out", mark
+            )
+        return super().compose_node(parent, index)
+
+
+def _json_like(data: Any) -> None:
+    """Only what JSON can say: text keys, no dates, sets, binary, NaN or Infinity (YAML
+    has them all); iterative, as ``check_storable``."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            for key, value in item.items():
+                if not isinstance(key, str):
+                    raise InvalidYaml(f"keys must be text; quote {key!r}")
+                stack.append(value)
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise InvalidYaml("numbers must be finite: .nan and .inf are not accepted")
+        elif item is not None and not isinstance(item, str | bool | int):
+            raise InvalidYaml(
+                f"only JSON's types are accepted, not {type(item).__name__}: quote {item!r}"
+            )
+
+
+class BoundedYAMLParser(BaseParser):
+    """`application/yaml`: the same body as JSON, written as YAML (plans are easier to
+    write that way). Safe loading only, without aliases; the same bounds as JSON (size,
+    nesting, storable strings) and nothing JSON could not say."""
+
+    media_type = "application/yaml"
+
+    def parse(
+        self,
+        stream: IO[Any],
+        media_type: str | None = None,
+        parser_context: Mapping[str, Any] | None = None,
+    ) -> Any:
+        limit = body_limit()
+        raw = stream.read(limit + 1)
+        if len(raw) > limit:
+            raise PayloadTooLarge(f"request body is larger than {limit} bytes")
+        encoding = (parser_context or {}).get("encoding") or settings.DEFAULT_CHARSET
+        try:
+            data = yaml.load(raw.decode(encoding), Loader=_SafeWithoutAliases)  # noqa: S506 - a SafeLoader
+        except RecursionError as exc:
+            raise InvalidYaml(f"YAML nests deeper than {MAX_NESTING} levels") from exc
+        except (yaml.YAMLError, ValueError) as exc:  # ValueError: UnicodeDecodeError
+            raise InvalidYaml(f"YAML parse error: {exc}") from exc
+        _json_like(data)
+        try:
+            check_storable(data)
+        except ParseError as exc:
+            raise InvalidYaml(str(exc.detail).replace("JSON", "YAML")) from exc
         return data
 
 

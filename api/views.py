@@ -43,7 +43,12 @@ from api.pagination import (
     paginate_by_id,
     paginated,
 )
-from api.parsers import plan_size_hint, refuse_if_too_large
+from api.parsers import (
+    BoundedJSONParser,
+    BoundedYAMLParser,
+    plan_size_hint,
+    refuse_if_too_large,
+)
 from api.query import NoQuery, checked_query, filter_parameters
 from api.schema import PlanField
 from api.serializers import (
@@ -197,6 +202,8 @@ class RunsApi(ApiView):
 
     queries = {"get": PageQuery}
     filterset = RunFilter
+    # A plan may be sent as YAML too (`Content-Type: application/yaml`), as the CLI does.
+    parser_classes = (BoundedJSONParser, BoundedYAMLParser)
 
     @extend_schema(
         tags=[TAG_RUNS],
@@ -233,7 +240,9 @@ class RunsApi(ApiView):
         organization may have (429 `too_many_pending_runs`), nothing is created."""
         data = validated(self.CreateInput, request.data)
         client = client_of(request)
-        size_hint = plan_size_hint(data["plan"], request.META.get("CONTENT_LENGTH"))
+        # A YAML body is no measure of the plan's JSON size: measure the plan itself.
+        length = None if "yaml" in request.content_type else request.META.get("CONTENT_LENGTH")
+        size_hint = plan_size_hint(data["plan"], length)
         with transaction.atomic():
             run = services.run_create(
                 organization=client.organization,

@@ -26,7 +26,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from api.authentication import client_of, organization_of
+from api.authentication import ApiClient, client_of, organization_of
 from api.errors import (
     LIST_ERRORS,
     READ_ERRORS,
@@ -65,6 +65,7 @@ from api.serializers import (
     StrictIntegerField,
     TaskOutput,
 )
+from common import logcontext
 from common.filters import MAX_BIGINT, StrictFilterSet
 from runs import approvals, selectors, services
 from runs.approvals import ApprovalResult
@@ -156,8 +157,17 @@ class ApiView(APIView):
     query: dict[str, Any]
     filters: QueryDict
 
+    def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        # The request's log lines name the run it is about, and (once its key is known)
+        # the organization (common.logcontext).
+        with logcontext.bound(run_id=kwargs.get("run_id")):
+            return super().dispatch(request, *args, **kwargs)
+
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
+        client = getattr(request, "user", None)
+        if isinstance(client, ApiClient):
+            logcontext.add(organization_id=client.api_key.organization_id)
         method = (request.method or "").lower()
         # Other methods' bodies are never read; a view taking files sets its own limit.
         if method in ("post", "put", "patch") and not self.large_body:

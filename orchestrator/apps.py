@@ -6,6 +6,7 @@ class OrchestratorConfig(AppConfig):
     verbose_name = "Orchestrator engine"
 
     def ready(self) -> None:
+        from common import logcontext
         from orchestrator.dispatch import CeleryTransport
         from orchestrator.tools import asynchronous, builtin  # noqa: F401
         from runs.outbox import use_transport
@@ -13,3 +14,5 @@ class OrchestratorConfig(AppConfig):
         # Built-in tools register themselves; plans are validated against the registry.
         # Run messages leave through Celery (the run lifecycle never imports it).
         use_transport(CeleryTransport())
+        # Log records carry the run, step, attempt and organization being worked on.
+        logcontext.install()

@@ -42,6 +42,7 @@ from django.db import InterfaceError, OperationalError
 from artifacts import services as artifact_services
 from billing.models import Organization
 from billing.pricing import tool_price
+from common import logcontext
 from common.connections import discard_interrupted_connection
 from common.expressions import ExpressionError, parsed
 from common.redaction import redact, redact_text, redactable, redacting
@@ -103,21 +104,23 @@ def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
     if found is None:
         return "not claimed"
     run_id, organization_id, priority = found
-    slot = scheduling.acquire_slot(organization_id, f"{worker}:{os.getpid()}:{task_id}")
-    if slot is None:
-        CeleryTransport().ring({str(run_id): priority})
-        return "no slot"
-    heart.hold(slot)
-    try:
-        step = claim(step_id, f"{worker}:{os.getpid()}", task_id)
-        if step is None:
-            return "not claimed"
-        attempt = step.attempts
-        outcome = run_attempt(step, attempt)
-        _record(step, attempt, outcome)
-    finally:
-        heart.hold(None)
-        _let_go(slot)
+    with logcontext.bound(organization_id=organization_id, run_id=run_id, step_id=step_id):
+        slot = scheduling.acquire_slot(organization_id, f"{worker}:{os.getpid()}:{task_id}")
+        if slot is None:
+            CeleryTransport().ring({str(run_id): priority})
+            return "no slot"
+        heart.hold(slot)
+        try:
+            step = claim(step_id, f"{worker}:{os.getpid()}", task_id)
+            if step is None:
+                return "not claimed"
+            attempt = step.attempts
+            logcontext.add(attempt=attempt)
+            outcome = run_attempt(step, attempt)
+            _record(step, attempt, outcome)
+        finally:
+            heart.hold(None)
+            _let_go(slot)
     if outcome.skipped:
         return "skipped"
     return "failed" if outcome.error else "completed"
@@ -192,9 +195,13 @@ class _Server:
             return None
         step = step_from_row(values)
         attempt = step.attempts
-        outcome = run_time_limited(step, attempt, hard_limits=self.hard_limits)
-        with serving(str(run_id)):
-            applied = _record(step, attempt, outcome)
+        organization = self.slot.organization_id if self.slot is not None else None
+        with logcontext.bound(
+            organization_id=organization, run_id=run_id, step_id=step.pk, attempt=attempt
+        ):
+            outcome = run_time_limited(step, attempt, hard_limits=self.hard_limits)
+            with serving(str(run_id)):
+                applied = _record(step, attempt, outcome)
         self.served += 1
         spent = self.served >= settings.ENGINE_BURST_STEPS or time.monotonic() >= self.deadline
         if not applied or spent:

@@ -20,6 +20,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError
 from kombu.exceptions import OperationalError as BrokerError
 
 from artifacts import services as artifact_services
+from common import logcontext
 from orchestrator import executor, notify, planners, polling, sweeps
 from orchestrator.dispatch import CeleryTransport, serving
 from runs import admission, callbacks, children, replanning, runners
@@ -40,13 +41,15 @@ class EngineTask(Task):  # type: ignore[type-arg]
     _disabled_backend: BaseBackend | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return super().__call__(*args, **kwargs)
-        except DatabaseError as exc:
-            ending = exit_behind(exc)
-            if ending is not None:
-                raise ending from None
-            raise
+        # A run's task logs with its run id (common.logcontext); a step's, its step's.
+        with logcontext.bound(run_id=_run_of(self.name, args, kwargs)):
+            try:
+                return super().__call__(*args, **kwargs)
+            except DatabaseError as exc:
+                ending = exit_behind(exc)
+                if ending is not None:
+                    raise ending from None
+                raise
 
     # Read-only on purpose: nothing may put a real backend back.
     @property  # type: ignore[misc]
@@ -55,6 +58,16 @@ class EngineTask(Task):  # type: ignore[type-arg]
             type(self)._disabled_backend = DisabledBackend(self.app)
         assert self._disabled_backend is not None
         return self._disabled_backend
+
+
+# Tasks whose first argument is a run's id.
+_RUN_TASKS = ("orchestrator.runs.", "orchestrator.steps.doorbell")
+
+
+def _run_of(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if "run_id" in kwargs:
+        return kwargs["run_id"]
+    return args[0] if args and name.startswith(_RUN_TASKS) else None
 
 
 def exit_behind(exc: BaseException) -> SystemExit | None:

@@ -8,6 +8,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from common import logcontext
 from runs import admission, services
 from runs.engine import hotpath
 from runs.engine.dispatch import (
@@ -39,6 +40,7 @@ def pick_up(run_id: Any, actor: str = "worker") -> bool:
         return False
     with transaction.atomic():
         run = services.lock_run(run_id)
+        logcontext.add(organization_id=run.organization_id)  # for the task's log lines
         if run.status == RunStatus.RETRYING:
             run = services.run_requeue(run_id=run_id, actor=actor)
         if run.status != RunStatus.PENDING:

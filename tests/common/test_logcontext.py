@@ -134,20 +134,19 @@ def test_a_run_task_binds_its_run_and_the_pick_up_its_organization(
 def test_an_api_request_binds_its_run_and_organization(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from api import views
-    from runs import services
+    from runs import selectors, services
     from tests.api.conftest import make_tenant
 
     tenant = make_tenant()
     run = services.run_create(organization=tenant.organization, plan=factories.plan())
     seen: dict[str, Any] = {}
-    original = views.selectors.run_detail
+    original = selectors.run_detail
 
     def watched(**kwargs: Any) -> Any:
         seen.update(logcontext.current())
         return original(**kwargs)
 
-    monkeypatch.setattr(views.selectors, "run_detail", watched)
+    monkeypatch.setattr(selectors, "run_detail", watched)
 
     assert tenant.get(f"/api/v1/runs/{run.pk}").status_code == 200
     assert seen == {"run_id": str(run.pk), "organization_id": str(tenant.organization.pk)}

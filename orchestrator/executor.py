@@ -50,6 +50,7 @@ from common.templates import Reference, TemplateError, UnresolvedReference, rend
 from common.text import storable_text, unstorable_string
 from common.tools import registry
 from common.tools.base import Tool, ToolContext, ToolError
+from orchestrator import metrics
 from orchestrator.context import StepContext
 from orchestrator.dispatch import CeleryTransport, serving
 from orchestrator.heartbeat import heart
@@ -116,8 +117,10 @@ def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
                 return "not claimed"
             attempt = step.attempts
             logcontext.add(attempt=attempt)
+            began = time.monotonic()
             outcome = run_attempt(step, attempt)
-            _record(step, attempt, outcome)
+            applied = _record(step, attempt, outcome)
+            _measure(step, outcome, time.monotonic() - began, applied)
         finally:
             heart.hold(None)
             _let_go(slot)
@@ -199,9 +202,11 @@ class _Server:
         with logcontext.bound(
             organization_id=organization, run_id=run_id, step_id=step.pk, attempt=attempt
         ):
+            began = time.monotonic()
             outcome = run_time_limited(step, attempt, hard_limits=self.hard_limits)
             with serving(str(run_id)):
                 applied = _record(step, attempt, outcome)
+            _measure(step, outcome, time.monotonic() - began, applied)
         self.served += 1
         spent = self.served >= settings.ENGINE_BURST_STEPS or time.monotonic() >= self.deadline
         if not applied or spent:
@@ -254,6 +259,21 @@ class _Server:
                 current = None
             elif not went_on:
                 return self.served
+
+
+def _measure(step: Step, outcome: Outcome, duration_s: float, applied: bool) -> None:
+    """The attempt's figures for Prometheus (orchestrator.metrics): its outcome, how long
+    it ran and how long it waited to be claimed."""
+    if not applied:
+        result = "dropped"
+    elif outcome.skipped:
+        result = "skipped"
+    else:
+        result = "failed" if outcome.error else "completed"
+    waited = None
+    if step.dispatched_at is not None and step.status_changed_at is not None:
+        waited = (step.status_changed_at - step.dispatched_at).total_seconds()
+    metrics.step_attempt(step.tool, result, duration_s, waited)
 
 
 def _let_go(slot: scheduling.Slot) -> None:

@@ -280,7 +280,8 @@ WITH {pick}claimed AS (
       AND r.id = s.run_id
       AND r.status = 'running'
     RETURNING s.id, s.run_id, s.attempt_number, s.attempts, s.task_id, s.generation, s.name,
-              s.tool, s.params, s."when", s.timeout_ms, s.handler_for_id
+              s.tool, s.params, s."when", s.timeout_ms, s.handler_for_id, s.dispatched_at,
+              s.status_changed_at
 ), event AS (
     INSERT INTO runs_runevent
         (run_id, attempt_number, entity, entity_id, kind, from_status, to_status, actor,
@@ -290,7 +291,7 @@ WITH {pick}claimed AS (
     FROM claimed
 )
 SELECT id, run_id, attempt_number, attempts, task_id, generation, name, tool, params, "when",
-       timeout_ms, handler_for_id
+       timeout_ms, handler_for_id, dispatched_at, status_changed_at
 FROM claimed
 """
 _CLAIM_SQL = _CLAIM_TEMPLATE.format(pick="", step="%(step)s")
@@ -324,6 +325,9 @@ _CLAIMED_FIELDS = (
     "when",
     "timeout_ms",
     "handler_for_id",
+    # For the queue-wait metric (orchestrator.metrics): dispatched, then claimed.
+    "dispatched_at",
+    "status_changed_at",
 )
 
 

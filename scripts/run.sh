@@ -53,6 +53,10 @@ python manage.py setup_periodic_tasks
 admin_password_file="$DATA/admin-password"
 [ -s "$admin_password_file" ] || python -c "import secrets; print(secrets.token_urlsafe(12))" > "$admin_password_file"
 python manage.py ensure_admin --username admin --password "$(cat "$admin_password_file")"
+# /metrics answers only to this bearer token (kept, like the admin password).
+metrics_token_file="$DATA/metrics-token"
+[ -s "$metrics_token_file" ] || python -c "import secrets; print(secrets.token_urlsafe(24))" > "$metrics_token_file"
+export METRICS_TOKEN=${METRICS_TOKEN:-$(cat "$metrics_token_file")}
 
 echo "==> starting web, worker, beat and flower"
 honcho start -f Procfile &
@@ -73,6 +77,8 @@ $rule
     Admin           http://127.0.0.1:$WEB_PORT/admin/   (admin / $(cat "$admin_password_file"))
     API             http://127.0.0.1:$WEB_PORT/api/v1/  (docs: /api/docs/, /api/redoc/)
     Health          http://127.0.0.1:$WEB_PORT/healthz
+    Metrics         http://127.0.0.1:$WEB_PORT/metrics  (Authorization: Bearer \$METRICS_TOKEN)
+    METRICS_TOKEN=$METRICS_TOKEN
     Flower          http://127.0.0.1:$FLOWER_PORT/      (FLOWER_BASIC_AUTH, default admin:admin)
     PostgreSQL      ${DATABASE_URL//:*@/:***@}
     Redis broker    ${CELERY_BROKER_URL//:*@/:***@}

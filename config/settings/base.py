@@ -68,6 +68,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Counts the API's requests for Prometheus (api/metrics.py).
+    "api.metrics.RequestMetrics",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -694,6 +696,11 @@ API_MAX_PAGE_SIZE = env.integer(
 )
 IDEMPOTENCY_TTL_HOURS = env.integer(
     "IDEMPOTENCY_TTL_HOURS", 24, "hours an Idempotency-Key response is kept", minimum=1
+)
+# Prometheus (`GET /metrics`, api/metrics.py): it answers only to this bearer token; unset,
+# the endpoint does not exist. `make run` generates one into .data/metrics-token.
+METRICS_TOKEN = env.string(
+    "METRICS_TOKEN", "", "bearer token /metrics answers to; empty: no /metrics (404)"
 )
 SPECTACULAR_SETTINGS: dict[str, Any] = {
     "TITLE": "Run orchestrator API",

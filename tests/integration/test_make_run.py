@@ -52,6 +52,15 @@ def test_run_script_starts_every_process_healthy_and_ctrl_c_leaves_no_orphans(
         assert admin.status_code == 200
         password = (data_dir / "admin-password").read_text().strip()
         assert f"(admin / {password})" in script.output()
+        token = (data_dir / "metrics-token").read_text().strip()
+        assert f"METRICS_TOKEN={token}" in script.output()
+        scraped = httpx.get(
+            f"http://127.0.0.1:{web_port}/metrics",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10,
+        )
+        assert scraped.status_code == 200
+        assert 'orchestrator_runs{status="completed"}' in scraped.text
         assert "demo run completed" in script.output()
         assert "credits: reserved" in script.output()
         # Readable locally: no JSON log lines, no per-task INFO flood (run.sh's defaults).

@@ -1,0 +1,261 @@
+"""Prometheus metrics (`GET /metrics`, api/metrics.py; README, Metrics).
+
+Where each figure comes from, and why:
+
+- **What processes count** (step attempts by tool and outcome, step duration and queue
+  wait by tool, sweep actions, API requests by route and status) is added to hashes in
+  the broker's Redis, one pipelined round trip per event. Workers run on several hosts,
+  each with several processes, and the web has its own: prometheus_client's multiprocess
+  mode shares one directory between the processes of one host only, and a scrape of one
+  web process would see none of the workers' figures. Redis is shared by every process
+  already; counters there survive a process's restart (a Redis that loses its data
+  resets them, which Prometheus reads as a counter reset). A Redis that is down loses
+  those increments, never the work: the engine's state is PostgreSQL's.
+- **What the database holds** (runs by status, ledger movements) is read from it at
+  scrape time, and **queue depths** from the broker, as they are now.
+
+The exposition is rendered by prometheus_client from custom collectors, never from its
+process-global registry.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.db import connection
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from config.celery import ALL_QUEUES
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "orchestrator:metrics:"
+STEPS = PREFIX + "steps"  # "tool|outcome" -> attempts
+DURATION = PREFIX + "step_duration"  # "tool|bucket index", "tool|sum", "tool|count"
+QUEUE_WAIT = PREFIX + "step_queue_wait"  # the same
+SWEEPS = PREFIX + "sweeps"  # "sweep|action" -> count
+API = PREFIX + "api"  # "route|method|status" -> requests
+# Seconds: a no-op step takes milliseconds, an LLM call or a runner's job minutes.
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
+SEP = "|"
+
+
+def _redis() -> redis.Redis[bytes]:
+    return redis.Redis.from_url(
+        settings.CELERY_BROKER_URL, socket_timeout=1, socket_connect_timeout=1
+    )
+
+
+_client: redis.Redis[bytes] | None = None
+
+
+def _connection() -> redis.Redis[bytes]:
+    global _client
+    if _client is None:
+        _client = _redis()
+    return _client
+
+
+def _add(increments: Iterable[tuple[str, str, float]]) -> None:
+    """HINCRBY / HINCRBYFLOAT each (hash, field, amount) in one round trip; a Redis that
+    is down loses them (logged), never the caller's work."""
+    try:
+        pipe = _connection().pipeline(transaction=False)
+        for key, field, amount in increments:
+            if isinstance(amount, int):
+                pipe.hincrby(key, field, amount)
+            else:
+                pipe.hincrbyfloat(key, field, amount)
+        pipe.execute()
+    except (redis.RedisError, OSError) as exc:
+        logger.warning("metrics not recorded: %s", exc)
+
+
+def _observation(key: str, label: str, seconds: float) -> list[tuple[str, str, float]]:
+    bucket = bisect.bisect_left(BUCKETS, seconds)  # len(BUCKETS): the +Inf bucket
+    return [
+        (key, f"{label}{SEP}{bucket}", 1),
+        (key, f"{label}{SEP}sum", float(seconds)),
+        (key, f"{label}{SEP}count", 1),
+    ]
+
+
+# A step's figures are summed in the process and sent at most once a second (and at the
+# end of every task: orchestrator.tasks), not once per step: a round trip to Redis per
+# step would cost the engine's hot path a tenth of its time.
+FLUSH_EVERY_S = 1.0
+_pending: dict[tuple[str, str], float] = defaultdict(float)
+_flushed_at = 0.0
+
+
+def step_attempt(tool: str, outcome: str, duration_s: float, queue_wait_s: float | None) -> None:
+    """A step attempt ended (``outcome``: completed, failed, skipped, dropped)."""
+    increments = [(STEPS, f"{tool}{SEP}{outcome}", 1), *_observation(DURATION, tool, duration_s)]
+    if queue_wait_s is not None and queue_wait_s >= 0:
+        increments += _observation(QUEUE_WAIT, tool, queue_wait_s)
+    for key, field, amount in increments:
+        _pending[(key, field)] += amount
+    if time.monotonic() - _flushed_at >= FLUSH_EVERY_S:
+        flush()
+
+
+def flush() -> None:
+    """Send what this process summed (a Redis that is down loses it, logged)."""
+    global _flushed_at
+    _flushed_at = time.monotonic()
+    if not _pending:
+        return
+    # Sums are seconds (HINCRBYFLOAT); the rest are counts (HINCRBY).
+    sending = [
+        (key, field, amount if field.endswith(f"{SEP}sum") else int(amount))
+        for (key, field), amount in _pending.items()
+    ]
+    _pending.clear()
+    _add(sending)
+
+
+def sweep_actions(sweep: str, counts: dict[str, int]) -> None:
+    """What a sweep did (its task's result), by action."""
+    _add((SWEEPS, f"{sweep}{SEP}{action}", int(n)) for action, n in counts.items() if n)
+
+
+def api_request(route: str, method: str, status: int) -> None:
+    _add([(API, f"{route}{SEP}{method}{SEP}{status}", 1)])
+
+
+# --------------------------------------------------------------------------- exposition
+def _fields(raw: dict[bytes, bytes]) -> Iterator[tuple[list[str], str]]:
+    for field, value in raw.items():
+        yield field.decode().split(SEP), value.decode()
+
+
+def _histogram(name: str, help_text: str, raw: dict[bytes, bytes]) -> Metric:
+    family = HistogramMetricFamily(name, help_text, labels=["tool"])
+    per_tool: dict[str, dict[str, float]] = defaultdict(dict)
+    for parts, value in _fields(raw):
+        per_tool[parts[0]][parts[1]] = float(value)
+    for tool, values in sorted(per_tool.items()):
+        cumulative = 0.0
+        buckets = []
+        for index, bound in enumerate((*BUCKETS, float("inf"))):
+            cumulative += values.get(str(index), 0.0)
+            buckets.append((floatToGoString(bound), cumulative))  # type: ignore[no-untyped-call]
+        family.add_metric([tool], buckets, values.get("sum", 0.0))
+    return family
+
+
+class OrchestratorCollector(Collector):
+    """Every metric of the orchestrator, read at each scrape."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._database()
+        yield from self._redis()
+
+    def _database(self) -> Iterator[Metric]:
+        runs = GaugeMetricFamily(
+            "orchestrator_runs", "Runs by status (child runs included).", labels=["status"]
+        )
+        entries = CounterMetricFamily(
+            "orchestrator_ledger_entries", "Ledger movements by type.", labels=["type"]
+        )
+        credits = CounterMetricFamily(
+            "orchestrator_ledger_credits", "Credits moved, by ledger entry type.", labels=["type"]
+        )
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT status, count(*) FROM runs_run GROUP BY status")
+            for status, count in cursor.fetchall():
+                runs.add_metric([status], count)
+            cursor.execute(
+                "SELECT type, count(*), COALESCE(sum(amount), 0) FROM billing_ledgerentry "
+                "GROUP BY type"
+            )
+            for kind, count, amount in cursor.fetchall():
+                entries.add_metric([kind], count)
+                credits.add_metric([kind], float(amount))
+        yield from (runs, entries, credits)
+
+    def _redis(self) -> Iterator[Metric]:
+        client = _connection()
+        try:
+            pipe = client.pipeline(transaction=False)
+            for key in (STEPS, DURATION, QUEUE_WAIT, SWEEPS, API):
+                pipe.hgetall(key)
+            for queue in ALL_QUEUES:
+                for key in _queue_keys(queue):
+                    pipe.llen(key)
+            results: list[Any] = pipe.execute()
+        except (redis.RedisError, OSError) as exc:
+            logger.warning("metrics from Redis unavailable: %s", exc)
+            up = GaugeMetricFamily("orchestrator_metrics_redis_up", "Redis answered the scrape.")
+            up.add_metric([], 0)
+            yield up
+            return
+        steps, duration, queue_wait, sweeps, api = results[:5]
+        depths = results[5:]
+        up = GaugeMetricFamily("orchestrator_metrics_redis_up", "Redis answered the scrape.")
+        up.add_metric([], 1)
+        yield up
+
+        attempts = CounterMetricFamily(
+            "orchestrator_step_attempts",
+            "Step attempts that ended, by tool and outcome.",
+            labels=["tool", "outcome"],
+        )
+        for parts, value in _fields(steps):
+            attempts.add_metric(parts[:2], float(value))
+        yield attempts
+        yield _histogram(
+            "orchestrator_step_duration_seconds", "Time a step attempt ran, by tool.", duration
+        )
+        yield _histogram(
+            "orchestrator_step_queue_wait_seconds",
+            "Time from a step's dispatch (or its retry's) to its claim by a worker, by tool.",
+            queue_wait,
+        )
+        actions = CounterMetricFamily(
+            "orchestrator_sweep_actions",
+            "What the periodic sweeps did (reclaimed, timed out, re-dispatched...).",
+            labels=["sweep", "action"],
+        )
+        for parts, value in _fields(sweeps):
+            actions.add_metric(parts[:2], float(value))
+        yield actions
+        requests = CounterMetricFamily(
+            "orchestrator_api_requests",
+            "API requests by route, method and status.",
+            labels=["route", "method", "status"],
+        )
+        for parts, value in _fields(api):
+            requests.add_metric(parts[:3], float(value))
+        yield requests
+        depth = GaugeMetricFamily(
+            "orchestrator_queue_depth", "Messages waiting in each Celery queue.", labels=["queue"]
+        )
+        index = 0
+        for queue in ALL_QUEUES:
+            keys = _queue_keys(queue)
+            depth.add_metric([queue], float(sum(depths[index : index + len(keys)])))
+            index += len(keys)
+        yield depth
+
+
+def _queue_keys(queue: str) -> list[str]:
+    """The Redis lists of a queue: kombu keeps one per priority step (the first is the
+    queue's own name)."""
+    options: dict[str, Any] = settings.CELERY_BROKER_TRANSPORT_OPTIONS
+    sep = options.get("sep", "\x06\x16")
+    return [queue if step == 0 else f"{queue}{sep}{step}" for step in options["priority_steps"]]

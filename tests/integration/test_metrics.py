@@ -1,0 +1,55 @@
+"""/metrics scraped during a run on a real worker: the worker's counters (kept in the
+broker's Redis) move while the run does, and the exposition parses with Prometheus's
+text parser."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from runs.models import Step
+from tests import factories
+from tests.api.test_metrics import TOKEN, scrape, value
+from tests.integration.engine_support import submit, wait_for
+from tests.support import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+STEPS = 12
+
+
+def test_the_workers_counters_move_during_a_run(celery_worker: str, settings: Any) -> None:
+    settings.METRICS_TOKEN = TOKEN
+    client = Client()
+    plan = factories.plan(steps=STEPS)
+    for step in plan["agents"][0]["tasks"][0]["steps"]:
+        step.update(tool="sleep", params={"seconds": 0.05})
+    attempts = {"tool": "sleep", "outcome": "completed"}
+    before = scrape(client)
+
+    run = submit(plan)
+    wait_until(
+        lambda: Step.objects.filter(run=run, status="completed").count() >= 3,
+        timeout=30,
+        what="three steps done",
+    )
+    during = scrape(client)
+    assert wait_for(run).status == "completed"
+    after = scrape(client)
+
+    started = value(before, "orchestrator_step_attempts_total", **attempts)
+    midway = value(during, "orchestrator_step_attempts_total", **attempts)
+    ended = value(after, "orchestrator_step_attempts_total", **attempts)
+    assert started < midway < ended
+    assert ended - started == STEPS
+    durations = "orchestrator_step_duration_seconds_count"
+    assert value(after, durations, tool="sleep") - value(before, durations, tool="sleep") == STEPS
+    slow = value(after, "orchestrator_step_duration_seconds_bucket", tool="sleep", le="0.025")
+    assert slow == value(
+        before, "orchestrator_step_duration_seconds_bucket", tool="sleep", le="0.025"
+    )
+    waits = "orchestrator_step_queue_wait_seconds_count"
+    assert value(after, waits, tool="sleep") - value(before, waits, tool="sleep") == STEPS
+    assert value(after, "orchestrator_runs", status="completed") >= 1

@@ -24,6 +24,7 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
+from orchestrator import metrics
 from runs.models import Run, Step
 from runs.scheduling import Slot, renew_slot
 
@@ -77,6 +78,9 @@ class _Heart:
         tick = min(1.0, interval / 4)
         while True:
             time.sleep(tick)
+            # The step figures this process summed reach Redis within a second or two,
+            # busy or idle (orchestrator.metrics).
+            metrics.flush_if_due()
             with self.lock:
                 current, since, deadline = self.current, self.since, self.deadline
                 due = current is not None and time.monotonic() - since >= interval

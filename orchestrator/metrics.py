@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -94,10 +95,12 @@ def _observation(key: str, label: str, seconds: float) -> list[tuple[str, str, f
     ]
 
 
-# A step's figures are summed in the process and sent at most once a second (and at the
-# end of every task: orchestrator.tasks), not once per step: a round trip to Redis per
-# step would cost the engine's hot path a tenth of its time.
+# A step's figures are summed in the process and sent at most once a second, by the
+# step or by the worker's heartbeat thread (orchestrator.heartbeat) once the process is
+# idle, never once per step or per task: a round trip to Redis for each cost the dag
+# benchmark a tenth of its time.
 FLUSH_EVERY_S = 1.0
+_lock = threading.Lock()
 _pending: dict[tuple[str, str], float] = defaultdict(float)
 _flushed_at = 0.0
 
@@ -107,8 +110,13 @@ def step_attempt(tool: str, outcome: str, duration_s: float, queue_wait_s: float
     increments = [(STEPS, f"{tool}{SEP}{outcome}", 1), *_observation(DURATION, tool, duration_s)]
     if queue_wait_s is not None and queue_wait_s >= 0:
         increments += _observation(QUEUE_WAIT, tool, queue_wait_s)
-    for key, field, amount in increments:
-        _pending[(key, field)] += amount
+    with _lock:
+        for key, field, amount in increments:
+            _pending[(key, field)] += amount
+    flush_if_due()
+
+
+def flush_if_due() -> None:
     if time.monotonic() - _flushed_at >= FLUSH_EVERY_S:
         flush()
 
@@ -116,15 +124,16 @@ def step_attempt(tool: str, outcome: str, duration_s: float, queue_wait_s: float
 def flush() -> None:
     """Send what this process summed (a Redis that is down loses it, logged)."""
     global _flushed_at
-    _flushed_at = time.monotonic()
-    if not _pending:
-        return
-    # Sums are seconds (HINCRBYFLOAT); the rest are counts (HINCRBY).
-    sending = [
-        (key, field, amount if field.endswith(f"{SEP}sum") else int(amount))
-        for (key, field), amount in _pending.items()
-    ]
-    _pending.clear()
+    with _lock:
+        _flushed_at = time.monotonic()
+        if not _pending:
+            return
+        # Sums are seconds (HINCRBYFLOAT); the rest are counts (HINCRBY).
+        sending = [
+            (key, field, amount if field.endswith(f"{SEP}sum") else int(amount))
+            for (key, field), amount in _pending.items()
+        ]
+        _pending.clear()
     _add(sending)
 
 

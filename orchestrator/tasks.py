@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 
 from celery import Task, shared_task
 from celery.backends.base import BaseBackend, DisabledBackend
-from celery.signals import task_postrun
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError
 from kombu.exceptions import OperationalError as BrokerError
@@ -59,13 +58,6 @@ class EngineTask(Task):  # type: ignore[type-arg]
             type(self)._disabled_backend = DisabledBackend(self.app)
         assert self._disabled_backend is not None
         return self._disabled_backend
-
-
-@task_postrun.connect
-def _send_metrics(**kwargs: Any) -> None:
-    """What the task's steps added to the metrics reaches Redis when it ends (at most a
-    second later while it runs: orchestrator.metrics.flush)."""
-    metrics.flush()
 
 
 def _swept(sweep: str, counts: dict[str, int]) -> dict[str, int]:

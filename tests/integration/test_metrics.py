@@ -25,7 +25,7 @@ def test_the_workers_counters_move_during_a_run(celery_worker: str, settings: An
     client = Client()
     plan = factories.plan(steps=STEPS)
     for step in plan["agents"][0]["tasks"][0]["steps"]:
-        step.update(tool="sleep", params={"seconds": 0.05})
+        step.update(tool="sleep", params={"seconds": 0.25})
     attempts = {"tool": "sleep", "outcome": "completed"}
     before = scrape(client)
 
@@ -35,9 +35,30 @@ def test_the_workers_counters_move_during_a_run(celery_worker: str, settings: An
         timeout=30,
         what="three steps done",
     )
-    during = scrape(client)
+    during = wait_until(
+        lambda: (
+            found
+            if value(found := scrape(client), "orchestrator_step_attempts_total", **attempts)
+            > value(before, "orchestrator_step_attempts_total", **attempts)
+            else None
+        ),
+        timeout=15,
+        what="the counters to move while the run runs",
+    )
+    assert Step.objects.filter(run=run).exclude(status="completed").exists()
     assert wait_for(run).status == "completed"
-    after = scrape(client)
+    # The worker sends what it summed within a second or two (orchestrator.metrics).
+    after = wait_until(
+        lambda: (
+            found
+            if value(found := scrape(client), "orchestrator_step_attempts_total", **attempts)
+            - value(before, "orchestrator_step_attempts_total", **attempts)
+            >= STEPS
+            else None
+        ),
+        timeout=15,
+        what="the worker's counters to reach the run's steps",
+    )
 
     started = value(before, "orchestrator_step_attempts_total", **attempts)
     midway = value(during, "orchestrator_step_attempts_total", **attempts)

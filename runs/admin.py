@@ -7,15 +7,19 @@ aggregated hierarchy, a capped event list).
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, QuerySet
-from django.http import HttpRequest
-from django.urls import reverse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
@@ -23,7 +27,7 @@ from billing.admin import OrganizationAdmin, OrganizationForm
 from billing.models import Organization
 from billing.services import InsufficientCredits
 from common.admin import ReadOnlyAdminMixin
-from runs import admission, approvals, escalations, runners, scheduling, services
+from runs import admission, approvals, escalations, runners, runpage, scheduling, services, svg
 from runs.models import (
     Agent,
     EscalationTicket,
@@ -40,13 +44,104 @@ from runs.models import (
     Task,
 )
 from runs.selectors import event_label, with_paths
-from runs.states import InvalidTransition
+from runs.states import RUN_TRANSITIONS, InvalidTransition, RunStatus
 
-EVENTS_SHOWN = 200
+# What the services refuse for a reason an operator should read (not a crash): shown as
+# the admin's error message, the run untouched.
+REFUSALS: tuple[type[Exception], ...] = (
+    InvalidTransition,
+    services.AttemptsExhausted,
+    services.RunDeleted,
+    InsufficientCredits,
+    escalations.EscalationNotFound,
+    escalations.EscalationResolved,
+    escalations.ReplanLimitReached,
+    admission.TooManyPendingRuns,
+    approvals.NothingWaiting,
+    services.StepNotFound,
+)
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _actor(request: HttpRequest) -> str:
     return f"admin:{request.user.get_username()}"
+
+
+@dataclass(frozen=True)
+class Control:
+    """One of the run page's control actions: what the button and the confirmation say,
+    and the service it calls (the API's, with the operator as the actor)."""
+
+    verb: str
+    question: str
+    perform: Callable[[Run, str, int | None, str], Any]
+    takes_step: bool = False
+
+
+def _cancel(run: Run, actor: str, step_id: int | None, comment: str) -> Any:
+    reason = comment or f"cancelled by {actor}"
+    return services.run_cancel(run_id=run.pk, reason=reason, actor=actor)
+
+
+def _decision(approve: bool) -> Callable[[Run, str, int | None, str], Any]:
+    decide = approvals.run_approve if approve else approvals.run_reject
+
+    def perform(run: Run, actor: str, step_id: int | None, comment: str) -> Any:
+        result = decide(
+            run_id=run.pk, step_id=step_id, comment=comment or f"by {actor} in the admin",
+            actor=actor,
+        )  # fmt: skip
+        if not result.changed:
+            raise approvals.NothingWaiting("no step waits for approval (any more)")
+        return result
+
+    return perform
+
+
+def _offered(run: Run, waiting: bool) -> set[str]:
+    """The controls the run's state machine allows now (the page offers only these; the
+    services still decide, a stale page is refused with the reason)."""
+    allowed = RUN_TRANSITIONS.get(run.status, frozenset())
+    offered = {
+        name
+        for name, target in (
+            ("cancel", RunStatus.CANCELLED),
+            ("pause", RunStatus.PAUSED),
+            ("resume", RunStatus.RESUMING),
+            ("retry", RunStatus.RETRYING),
+        )
+        if target in allowed
+    }
+    return offered | ({"approve", "reject"} if waiting else set())
+
+
+CONTROLS: dict[str, Control] = {
+    "cancel": Control("Cancel", "Cancel this run? Running steps are stopped.", _cancel),
+    "pause": Control(
+        "Pause",
+        "Pause this run? Running steps finish; nothing new starts.",
+        lambda run, actor, _s, _c: services.run_pause(run_id=run.pk, actor=actor),
+    ),
+    "resume": Control(
+        "Resume",
+        "Resume this run?",
+        lambda run, actor, _s, _c: services.run_resume(run_id=run.pk, actor=actor),
+    ),
+    "retry": Control(
+        "Retry",
+        "Retry this run as a new attempt? Credits are reserved again.",
+        lambda run, actor, _s, _c: services.run_retry(run_id=run.pk, actor=actor),
+    ),
+    "approve": Control("Approve", "Approve", _decision(True), takes_step=True),
+    "reject": Control("Reject", "Reject", _decision(False), takes_step=True),
+}
 
 
 class RunAttemptInline(admin.TabularInline[RunAttempt, Run]):
@@ -141,7 +236,6 @@ class RunAdmin(admin.ModelAdmin[Run]):
         ),
         ("Artifacts", {"fields": ("artifact_list",)}),
         ("Hierarchy (current attempt)", {"fields": ("hierarchy",)}),
-        ("Events", {"fields": ("event_list",)}),
         ("Plan", {"classes": ("collapse",), "fields": ("plan",)}),
     )
 
@@ -223,34 +317,110 @@ class RunAdmin(admin.ModelAdmin[Run]):
             body,
         )
 
-    @admin.display(description="events")
-    def event_list(self, run: Run) -> SafeString:
-        events = list(with_paths(RunEvent.objects.filter(run=run)).order_by("-id")[:EVENTS_SHOWN])
-        events.reverse()
-        rows = format_html_join(
-            "",
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            (
-                (
-                    event.created_at.isoformat(timespec="milliseconds"),
-                    event.attempt_number,
-                    event_label(event),
-                    event.kind,
-                    f"{event.from_status} -> {event.to_status}" if event.to_status else "",
-                    event.message,
-                )
-                for event in events
+    # ------------------------------------------------------------- the live run page
+    def get_urls(self) -> list[URLPattern]:
+        wrap = self.admin_site.admin_view
+        return [
+            path("<uuid:run_id>/live/", wrap(self.live_view), name="runs_run_live"),
+            path(
+                "<uuid:run_id>/control/<str:action>/",
+                wrap(self.control_view),
+                name="runs_run_control",
             ),
-        )
-        link = reverse("admin:runs_runevent_changelist") + f"?run__id__exact={run.pk}"
-        return format_html(
-            "<p>Latest {} events, oldest first. <a href='{}'>All events of this run</a></p>"
-            "<table><tr><th>at</th><th>attempt</th><th>what</th><th>kind</th>"
-            "<th>transition</th><th>message</th></tr>{}</table>",
-            EVENTS_SHOWN,
-            link,
-            rows,
-        )
+            *super().get_urls(),
+        ]
+
+    def _run_or_404(self, request: HttpRequest, run_id: Any) -> Run:
+        run = Run.objects.filter(pk=run_id).first()
+        if run is None:
+            raise Http404(f"run {run_id} not found")
+        if not self.has_view_permission(request, run):
+            raise PermissionDenied
+        return run
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        """The run's page: graph, time line, progress, credits, decisions waiting, the
+        control buttons and the event log (``runs.runpage``) above the run's fields."""
+        run = Run.objects.filter(pk=object_id).first() if _is_uuid(object_id) else None
+        context = dict(extra_context or {})
+        if run is not None and self.has_view_permission(request, run):
+            before = request.GET.get("events_before", "")
+            page = runpage.run_page(run)
+            events, older = runpage.event_page(run, int(before) if before.isdigit() else None)
+            context.update(
+                page=page,
+                graph_svg=svg.graph_svg(page.graph),
+                gantt_svg=svg.gantt_svg(page.gantt),
+                events=[(event, event_label(event)) for event in events],
+                events_older=older,
+                events_paged=before.isdigit(),
+                live_url=reverse("admin:runs_run_live", args=[run.pk]),
+                controls=[
+                    (name, control.verb, reverse("admin:runs_run_control", args=[run.pk, name]))
+                    for name, control in CONTROLS.items()
+                    if name in _offered(run, bool(page.waiting))
+                ],
+                can_control=self.has_change_permission(request, run),
+                palette=svg.PALETTE,
+            )
+        return super().change_view(request, object_id, form_url, context)
+
+    def live_view(self, request: HttpRequest, run_id: Any) -> JsonResponse:
+        """What the run page polls every two seconds while the run is live."""
+        return JsonResponse(runpage.run_live(self._run_or_404(request, run_id)))
+
+    def control_view(self, request: HttpRequest, run_id: Any, action: str) -> HttpResponse:
+        """A control action from the run page: GET asks for confirmation, POST does it
+        through the service the API calls, as ``admin:<username>``, and goes back to the
+        page with what happened."""
+        run = self._run_or_404(request, run_id)
+        control = CONTROLS.get(action)
+        if control is None:
+            raise Http404(f"no action {action!r}")
+        if not self.has_change_permission(request, run):
+            raise PermissionDenied
+        source = request.POST if request.method == "POST" else request.GET
+        raw_step = source.get("step_id", "")
+        step_id = int(raw_step) if control.takes_step and raw_step.isdigit() else None
+        back = reverse("admin:runs_run_change", args=[run.pk])
+        step_path = ""
+        if step_id is not None:
+            step = Step.objects.filter(run=run, pk=step_id).select_related("task__agent").first()
+            if step is None:
+                raise Http404(f"step {step_id} is not part of run {run.pk}")
+            step_path = f"{step.task.agent.name}.{step.task.name}.{step.name}"
+        if request.method == "POST":
+            actor = _actor(request)
+            comment = request.POST.get("comment", "").strip()[:2000]
+            try:
+                control.perform(run, actor, step_id, comment)
+            except REFUSALS as exc:
+                self.message_user(request, f"{control.verb}: refused: {exc}", messages.ERROR)
+            else:
+                what = f"step {step_path}" if step_path else "run"
+                self.message_user(request, f"{control.verb}: done ({what}, as {actor})")
+            return HttpResponseRedirect(back)
+        question = control.question
+        if control.takes_step:
+            target = f"step {step_path}" if step_path else "every step waiting for approval"
+            question = f"{control.verb} {target} of this run?"
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"{control.verb} run {run.name}?",
+            "run": run,
+            "opts": self.model._meta,
+            "verb": control.verb,
+            "question": question,
+            "step_id": step_id,
+            "back": back,
+        }
+        return TemplateResponse(request, "admin/runs/run/confirm_control.html", context)
 
     def _apply(
         self,
@@ -264,17 +434,7 @@ class RunAdmin(admin.ModelAdmin[Run]):
             try:
                 operation(run)
                 done += 1
-            except (
-                InvalidTransition,
-                services.AttemptsExhausted,
-                services.RunDeleted,
-                InsufficientCredits,
-                escalations.EscalationNotFound,
-                escalations.EscalationResolved,
-                escalations.ReplanLimitReached,
-                admission.TooManyPendingRuns,
-                approvals.NothingWaiting,
-            ) as exc:
+            except REFUSALS as exc:
                 refused.append(f"{run.name}: {exc}")
         if done:
             self.message_user(request, f"{verb}: {done} run(s)")

@@ -64,7 +64,8 @@ def test_run_detail_shows_hierarchy_and_events_in_order(operator: Client) -> Non
     assert "agent agent-0" in page
     assert "task task-1" in page
     assert "3 pending" in page
-    assert page.index("created -&gt; pending") < page.index("pending -&gt; running")
+    # The event log is newest first (paged: tests/runs/test_run_page.py).
+    assert page.index("pending -&gt; running") < page.index("created -&gt; pending")
 
 
 def test_search_by_id_and_filter_by_status(operator: Client) -> None:

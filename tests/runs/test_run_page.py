@@ -1,0 +1,345 @@
+"""The operators' live run page: the graph, the time line, progress and credits, the paged
+event log, the live endpoint it polls, and its control actions with their confirmation."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from runs import runpage, services
+from runs.materialize import add_handler_rows
+from runs.models import Run, RunEvent, Step
+from runs.transitions import transition
+from tests import factories
+from tests.factories import step
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def operator(client: Client) -> Client:
+    user = User.objects.create_superuser("ops", "ops@example.com", "a-long-password")
+    client.force_login(user)
+    return client
+
+
+def started(spec: dict[str, Any]) -> Run:
+    """A run of ``spec`` started and picked up (its rows materialised), no worker."""
+    run = services.run_create(organization=factories.org(credits=100_000), plan=spec)
+    services.run_start(run_id=run.pk)
+    services.run_pick_up(run_id=run.pk)
+    return Run.objects.get(pk=run.pk)
+
+
+def dag_plan() -> dict[str, Any]:
+    return {
+        "name": "dag",
+        "agents": [
+            {
+                "name": "fetch",
+                "tasks": [
+                    {
+                        "name": "pages",
+                        "mode": "dag",
+                        "steps": [
+                            step("a"),
+                            step("b", depends_on=["a"]),
+                            step("c", depends_on=["a"]),
+                            step("d", depends_on=["b", "c"]),
+                        ],
+                    }
+                ],
+            },
+            {
+                "name": "report",
+                "depends_on": ["fetch"],
+                "tasks": [{"name": "write", "steps": [step("x"), step("y")]}],
+            },
+        ],
+        "mode": "dag",
+    }
+
+
+def page_of(client: Client, run: Run, **params: str) -> str:
+    response = client.get(f"/admin/runs/run/{run.pk}/change/", params)
+    assert response.status_code == 200, response.content[:500]
+    return response.content.decode()
+
+
+def test_the_graph_draws_every_node_by_status_and_every_dag_edge(operator: Client) -> None:
+    run = started(dag_plan())
+    steps = {s.name: s for s in Step.objects.filter(run=run)}
+
+    page = page_of(operator, run)
+
+    for name, row in steps.items():
+        assert f'id="n-s{row.pk}" class="node step st-{row.status}"' in page, name
+    for agent in run.agents.all():
+        assert f'id="n-a{agent.pk}" class="node agent st-{agent.status}"' in page
+    for task in run.tasks.all():
+        assert f'id="n-t{task.pk}" class="node task st-{task.status}"' in page
+    # a->b, a->c, b->d, c->d inside the DAG task; x->y (sequential); fetch->report.
+    assert page.count('<line class="edge"') == 6
+    assert "0 / 6 steps (0.0 %)" in page
+    assert 'id="credits-reserved"' in page
+    assert 'data-live="1"' in page
+
+
+def test_node_positions_follow_the_dag_depth(operator: Client) -> None:
+    run = started(dag_plan())
+    graph = runpage.run_graph(run)
+    fetch = graph.agents[0]
+    nodes = {node.name: node for node in fetch.children[0].children}
+
+    assert nodes["a"].x < nodes["b"].x == nodes["c"].x < nodes["d"].x
+    assert nodes["b"].y != nodes["c"].y
+    assert graph.agents[0].x < graph.agents[1].x  # report depends on fetch
+
+
+def test_handlers_and_retries_are_visible(operator: Client) -> None:
+    spec = factories.plan()
+    spec["agents"][0]["tasks"][0]["steps"] = [
+        step("risky", "fail", on_error=[step("tidy")]),
+        step("after"),
+    ]
+    run = started(spec)
+    risky = Step.objects.get(run=run, name="risky")
+    Step.objects.filter(pk=risky.pk).update(attempts=3)
+    add_handler_rows(run, risky.task, risky, "on_error", first_position=10)  # as on failure
+
+    page = page_of(operator, run)
+
+    assert 'class="node step st-pending handler"' in page  # risky.on_error.tidy
+    assert page.count('<line class="edge handler"') == 1
+    assert "\u21bb2" in page  # three attempts: two retries
+
+
+def test_a_2000_step_run_draws_compact_cells_and_costs_the_queries_of_a_small_one(
+    operator: Client,
+) -> None:
+    small = started(factories.plan(agents=2, tasks=2, steps=5))
+    big = started(factories.plan(agents=4, tasks=10, steps=50))  # 2,000 steps
+    for run in (small, big):
+        page_of(operator, run)  # warm the session and content-type caches
+
+    counts = []
+    for run in (small, big):
+        with CaptureQueriesContext(connection) as captured:
+            page = page_of(operator, run)
+        counts.append(len(captured))
+    started_at = time.perf_counter()
+    page = page_of(operator, big)
+    took = time.perf_counter() - started_at
+
+    assert counts[0] == counts[1]
+    assert page.count('class="node step st-pending cell"') == 2000
+    print(f"2,000-step run page: {took * 1000:.0f} ms server time")
+
+
+def test_the_timeline_shows_queue_wait_backoff_and_attempts() -> None:
+    run = started(factories.plan(steps=1))
+    flaky = Step.objects.get(run=run)
+    t0 = timezone.now()
+    Step.objects.filter(pk=flaky.pk).update(dispatched_at=t0)
+
+    def at(seconds: float) -> Any:
+        return t0 + timedelta(seconds=seconds)
+
+    def event(source: str, target: str, seconds: float, **payload: Any) -> None:
+        # Inserted with their time (events are append-only: no UPDATE, even in a test).
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO runs_runevent (run_id, attempt_number, entity, entity_id, kind,"
+                " from_status, to_status, actor, message, payload, created_at)"
+                " VALUES (%s, 1, 'step', %s, 'transition', %s, %s, 'w', '', %s, %s)",
+                [run.pk, str(flaky.pk), source, target, json.dumps(payload), at(seconds)],
+            )
+
+    event("pending", "running", 1.0, attempt=1)
+    event("running", "pending", 2.0, attempt=1, delay_ms=500)
+    event("pending", "running", 3.0, attempt=2)
+    event("running", "completed", 4.5, attempt=2)
+
+    gantt = runpage.run_gantt(run, now=at(10))
+
+    [row] = gantt.rows
+    assert row.label == "agent-0.task-0.step-0"
+    shape = [(s.kind, s.start, s.end, s.outcome) for s in row.segments]
+    assert shape == [
+        ("queue", 0.0, 1.0, ""),
+        ("run", 1.0, 2.0, "pending"),
+        ("backoff", 2.0, 2.5, ""),
+        ("queue", 2.5, 3.0, ""),
+        ("run", 3.0, 4.5, "completed"),
+    ]
+    assert gantt.span == 4.5
+
+
+def test_a_wait_for_approval_is_its_own_segment() -> None:
+    spec = factories.plan()
+    spec["agents"][0]["tasks"][0]["steps"] = [step("gate", "approval")]
+    run = started(spec)
+    gate = Step.objects.get(run=run)
+    transition(Step, gate.pk, "waiting_approval")
+    waiting = runpage.run_gantt(run).rows[0].segments[-1]
+    transition(Step, gate.pk, "completed")
+
+    decided = runpage.run_gantt(run).rows[0].segments[-1]
+
+    assert (waiting.kind, waiting.outcome) == ("decision", "waiting_approval")
+    assert (decided.kind, decided.outcome) == ("decision", "completed")
+
+
+def test_the_page_offers_the_controls_the_state_machine_allows(operator: Client) -> None:
+    run = started(factories.plan())
+    running = page_of(operator, run)
+    services.run_cancel(run_id=run.pk, reason="test", actor="test")
+    ended = page_of(operator, run)
+
+    assert 'id="control-cancel"' in running
+    assert 'id="control-pause"' in running
+    assert 'id="control-retry"' not in running
+    assert 'id="control-approve"' not in running  # nothing waits
+    assert 'id="control-cancel"' not in ended
+    assert 'data-live="0"' in ended
+
+
+def test_a_running_attempt_runs_until_now() -> None:
+    run = started(factories.plan(steps=1))
+    the_step = Step.objects.get(run=run)
+    transition(Step, the_step.pk, "running", payload={"attempt": 1})
+
+    gantt = runpage.run_gantt(run, now=timezone.now() + timedelta(seconds=3))
+
+    [row] = gantt.rows
+    assert row.segments[-1].outcome == "running"
+    assert row.segments[-1].end >= 3.0
+
+
+def test_the_live_endpoint_gives_each_node_and_a_token_that_changes_with_the_shape(
+    operator: Client,
+) -> None:
+    run = started(dag_plan())
+    page = page_of(operator, run)
+    token = re.search(r'data-reload-token="(\w+)"', page)[1]
+    first = Step.objects.get(run=run, name="a")
+
+    live = operator.get(f"/admin/runs/run/{run.pk}/live/").json()
+    assert live["nodes"][f"n-s{first.pk}"] == ["pending", 0]
+    assert live["reload_token"] == token
+    assert live["live"] is True
+    assert live["progress"] == {"percent": 0.0, "steps_finished": 0, "steps_total": 6}
+
+    transition(Step, first.pk, "running")
+    assert operator.get(f"/admin/runs/run/{run.pk}/live/").json()["nodes"][f"n-s{first.pk}"] == [
+        "running",
+        0,
+    ]
+    services.run_pause(run_id=run.pk, actor="test")
+    assert operator.get(f"/admin/runs/run/{run.pk}/live/").json()["reload_token"] != token
+
+
+def test_the_event_log_is_paged_newest_first(operator: Client) -> None:
+    run = started(factories.plan())
+    for number in range(120):  # operators' notes, say: any events will do
+        RunEvent.objects.create(run=run, entity="run", entity_id=str(run.pk), kind="operator",
+                                message=f"note {number}")  # fmt: skip
+    total = RunEvent.objects.filter(run=run).count()
+    assert total > runpage.EVENTS_PER_PAGE
+
+    first = page_of(operator, run)
+    older = re.search(r'id="events-older" href="\?events_before=(\d+)"', first)
+    assert older is not None
+    second = page_of(operator, run, events_before=older[1])
+
+    def rows(text: str) -> int:
+        return text.split('id="run-events"')[1].split("</table>")[0].count("<tr>") - 1
+
+    assert rows(first) == runpage.EVENTS_PER_PAGE
+    assert rows(second) == min(runpage.EVENTS_PER_PAGE, total - runpage.EVENTS_PER_PAGE)
+    # Newest first: the run's creation (its first event) is on the last page only.
+    assert "created -&gt; pending" not in first
+    pages, before = [first], older[1]
+    while before:
+        pages.append(page_of(operator, run, events_before=before))
+        found = re.search(r'id="events-older" href="\?events_before=(\d+)"', pages[-1])
+        before = found[1] if found else ""
+    assert "created -&gt; pending" in pages[-1]
+    assert sum(rows(page) for page in pages) == total
+
+
+def test_a_control_asks_for_confirmation_then_goes_through_the_service(operator: Client) -> None:
+    run = started(factories.plan())
+    url = f"/admin/runs/run/{run.pk}/control/cancel/"
+
+    confirm = operator.get(url)
+    assert confirm.status_code == 200
+    assert "Cancel this run?" in confirm.content.decode()
+    assert Run.objects.get(pk=run.pk).status == "running"  # asking changes nothing
+
+    done = operator.post(url, {"comment": "wrong input file"}, follow=True)
+
+    assert "Cancel: done (run, as admin:ops)" in done.content.decode()
+    cancelled = Run.objects.get(pk=run.pk)
+    assert (cancelled.status, cancelled.cancel_reason) == ("cancelled", "wrong input file")
+    assert RunEvent.objects.filter(run=run, to_status="cancelled", actor="admin:ops").exists()
+
+
+def test_a_refused_control_says_why_and_changes_nothing(operator: Client) -> None:
+    run = started(factories.plan())
+
+    done = operator.post(f"/admin/runs/run/{run.pk}/control/retry/", follow=True)
+
+    assert "Retry: refused:" in done.content.decode()
+    assert Run.objects.get(pk=run.pk).status == "running"
+
+
+def test_approving_one_step_from_the_page(operator: Client) -> None:
+    spec = factories.plan()
+    spec["agents"][0]["tasks"][0]["steps"] = [step("gate", "approval"), step("after")]
+    run = started(spec)
+    gate = Step.objects.get(run=run, name="gate")
+    transition(Step, gate.pk, "waiting_approval")
+    Run.objects.filter(pk=run.pk).update(status="waiting_approval", waiting_approvals=1)
+
+    page = page_of(operator, run)
+    assert f'id="approve-{gate.pk}"' in page
+    assert "agent-0.task-0.gate" in page
+    confirm = operator.get(f"/admin/runs/run/{run.pk}/control/approve/", {"step_id": gate.pk})
+    assert "Approve step agent-0.task-0.gate of this run?" in confirm.content.decode()
+
+    operator.post(
+        f"/admin/runs/run/{run.pk}/control/approve/", {"step_id": gate.pk, "comment": "ok"}
+    )
+
+    gate.refresh_from_db()
+    assert gate.status == "completed"
+    assert gate.output == {"approved": True, "comment": "ok", "by": "admin:ops"}
+    assert Run.objects.get(pk=run.pk).status == "running"
+
+
+def test_unknown_actions_and_runs_are_404_and_staff_only(operator: Client, client: Client) -> None:
+    run = started(factories.plan())
+
+    assert operator.get(f"/admin/runs/run/{run.pk}/control/explode/").status_code == 404
+    assert (
+        operator.get("/admin/runs/run/00000000-0000-0000-0000-000000000000/live/").status_code
+        == 404
+    )
+    operator.logout()
+    anonymous = client.get(f"/admin/runs/run/{run.pk}/live/")
+    assert anonymous.status_code == 302
+    assert "/admin/login/" in anonymous["Location"]
+    before = Run.objects.get(pk=run.pk).status
+    client.post(f"/admin/runs/run/{run.pk}/control/cancel/")
+    assert Run.objects.get(pk=run.pk).status == before

@@ -55,7 +55,8 @@ BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300,
 SEP = "|"
 
 
-def _redis() -> redis.Redis[bytes]:
+def new_client() -> redis.Redis[bytes]:
+    """A client of the broker's Redis with short timeouts (metrics are never worth a wait)."""
     return redis.Redis.from_url(
         settings.CELERY_BROKER_URL, socket_timeout=1, socket_connect_timeout=1
     )
@@ -67,7 +68,7 @@ _client: redis.Redis[bytes] | None = None
 def _connection() -> redis.Redis[bytes]:
     global _client
     if _client is None:
-        _client = _redis()
+        _client = new_client()
     return _client
 
 
@@ -204,7 +205,7 @@ class OrchestratorCollector(Collector):
             for key in (STEPS, DURATION, QUEUE_WAIT, SWEEPS, API):
                 pipe.hgetall(key)
             for queue in ALL_QUEUES:
-                for key in _queue_keys(queue):
+                for key in queue_keys(queue):
                     pipe.llen(key)
             results: list[Any] = pipe.execute()
         except (redis.RedisError, OSError) as exc:
@@ -256,13 +257,13 @@ class OrchestratorCollector(Collector):
         )
         index = 0
         for queue in ALL_QUEUES:
-            keys = _queue_keys(queue)
+            keys = queue_keys(queue)
             depth.add_metric([queue], float(sum(depths[index : index + len(keys)])))
             index += len(keys)
         yield depth
 
 
-def _queue_keys(queue: str) -> list[str]:
+def queue_keys(queue: str) -> list[str]:
     """The Redis lists of a queue: kombu keeps one per priority step (the first is the
     queue's own name)."""
     options: dict[str, Any] = settings.CELERY_BROKER_TRANSPORT_OPTIONS

@@ -1,7 +1,8 @@
 """An operator's first day, in a real headless Chromium against the live server and a real
 worker: log in to the admin, open a live run, watch its graph's nodes change status,
-approve its gate from the page, and open the dashboard. Screenshots of each page are kept
-as test artefacts (TEST_SCREENSHOTS_DIR); docs/screenshots/ holds copies for the README."""
+approve its gate from the page, and open the dashboard from the admin's index.
+Screenshots of each page are kept as test artefacts (TEST_SCREENSHOTS_DIR);
+docs/screenshots/ holds copies for the README."""
 
 from __future__ import annotations
 
@@ -129,3 +130,15 @@ def test_an_operator_watches_a_live_run_and_approves_its_gate_from_the_page(
     assert status_of(browser, f"n-s{gate.pk}") == "completed"
     assert browser.find_elements(By.CSS_SELECTOR, "#run-gantt rect.seg.run")
     browser.save_screenshot(str(screenshots / "run-page.png"))
+
+    # The dashboard, from the admin's index: the run just finished, the worker online.
+    browser.get(f"{live_server.url}/admin/")
+    browser.find_element(By.ID, "dashboard-link").click()
+    wait(browser, lambda driver: driver.find_elements(By.ID, "dashboard"))
+    for panel in ("runs", "throughput", "failures", "queues", "workers", "pending", "escalations"):
+        assert browser.find_elements(By.ID, f"panel-{panel}"), panel
+    completed = browser.find_element(By.CSS_SELECTOR, '#panel-runs [data-status="completed"]')
+    assert "1" in completed.text
+    workers = browser.find_elements(By.CSS_SELECTOR, "#panel-workers [data-worker]")
+    assert celery_worker in [worker.get_attribute("data-worker") for worker in workers]
+    browser.save_screenshot(str(screenshots / "dashboard.png"))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what is missing: Debian packages (redis-server, PostgreSQL server binaries when
-# absent; chromium and its driver for `make test`), the virtualenv and the pinned Python
-# requirements. Cheap when nothing is missing.
+# absent; chromium and its driver for `make test`), the virtualenv, the pinned Python
+# requirements and the checkout's client with its `orch` command. Cheap when nothing is
+# missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,4 +50,16 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     | { grep -v "^WARNING: Location" || true; }
 
   echo "$want" > "$stamp"
+fi
+
+# The client's console script, $VENV/bin/orch (docs/cli.md): the checkout installed in
+# editable mode, so `orch` runs the code as it is; again whenever pyproject.toml changes.
+project_stamp="$VENV/.project.sha"
+want_project=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -x "$VENV/bin/orch" ] || [ "$(cat "$project_stamp" 2>/dev/null)" != "$want_project" ]; then
+  echo "==> installing the client and its CLI (orch)"
+  # PYTHONWARNINGS: setuptools warns at length about every editable install.
+  PYTHONWARNINGS=ignore "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+    --no-deps --no-build-isolation -e . 2>&1 | { grep -v "^WARNING: Location" || true; }
+  echo "$want_project" > "$project_stamp"
 fi

@@ -1,0 +1,345 @@
+"""The API's answers as typed dictionaries: what the JSON holds, field by field.
+
+They describe; nothing is converted. Ids of runs, ledger entries, artifacts and runner jobs
+are UUID strings; ids of agents, tasks, steps and events are integers; credits are decimal
+strings (never floats: ``Decimal(run["credits"]["held"])``); dates are ISO 8601 strings.
+The shapes follow the OpenAPI schema served at ``/api/schema/`` (docs/api.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, Literal, TypedDict, TypeVar
+
+RunStatus = Literal[
+    "created",
+    "pending",
+    "running",
+    "waiting_approval",
+    "paused",
+    "resuming",
+    "retrying",
+    "escalated",
+    "completed",
+    "failed",
+    "cancelled",
+]
+TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+STEP_TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "skipped", "cancelled"})
+
+Item = TypeVar("Item")
+
+
+class Page(TypedDict, Generic[Item]):
+    """One page of a list. ``count`` is absent from cursor pages (a run's events)."""
+
+    next: str | None
+    previous: str | None
+    results: list[Item]
+
+
+class Credits(TypedDict):
+    reserved: str
+    charged: str
+    refunded: str
+    held: str
+
+
+class ErrorInfo(TypedDict):
+    code: str
+    message: str
+
+
+class Run(TypedDict):
+    """A run as lists show it."""
+
+    id: str
+    name: str
+    status: RunStatus
+    priority: int
+    failure_mode: str
+    mode: str
+    attempt_number: int
+    max_attempts: int
+    last_error: ErrorInfo | None
+    cancel_reason: str
+    created_by: str
+    created_at: str
+    updated_at: str
+    started_at: str | None
+    picked_up_at: str | None
+    completed_at: str | None
+    cancelled_at: str | None
+    deleted_at: str | None
+    last_heartbeat: str | None
+    duration_ms: int | None
+    credits: Credits
+    parent_run: str | None
+    parent_step: int | None
+    depth: int
+    replan_count: int
+    queued_reason: str
+    concurrency_key: str
+
+
+class Counts(TypedDict):
+    agents: dict[str, int]
+    tasks: dict[str, int]
+    steps: dict[str, int]
+
+
+class Progress(TypedDict):
+    steps_total: int
+    steps_finished: int
+    percent: float
+
+
+class ChildRun(TypedDict):
+    id: str
+    status: RunStatus
+    mode: str
+    step: int | None
+    created_at: str
+
+
+class RunDetail(Run):
+    """One run: its plan and the current attempt's counts, progress and outputs."""
+
+    plan: dict[str, Any]
+    variables: dict[str, Any]
+    counts: Counts
+    progress: Progress
+    children: list[ChildRun]
+    outputs: dict[str, Any]
+    outputs_truncated: bool
+
+
+class Decision(TypedDict):
+    """The answer to approve and reject: the run after it, and the steps decided."""
+
+    run: RunDetail
+    steps: list[int]
+
+
+class Agent(TypedDict):
+    id: int
+    name: str
+    attempt_number: int
+    position: int
+    status: str
+    mode: str
+    failure_mode: str
+    depends_on: list[str]
+    task_count: int
+    retry_count: int
+    last_error: dict[str, Any] | None
+    created_at: str
+    started_at: str | None
+    completed_at: str | None
+    duration_ms: int | None
+
+
+class Task(TypedDict):
+    id: int
+    agent_id: int
+    agent_name: str
+    name: str
+    attempt_number: int
+    generation: int
+    position: int
+    status: str
+    mode: str
+    failure_mode: str
+    depends_on: list[str]
+    step_count: int
+    retry_count: int
+    last_error: dict[str, Any] | None
+    created_at: str
+    started_at: str | None
+    completed_at: str | None
+    duration_ms: int | None
+
+
+class Step(TypedDict):
+    id: int
+    task_id: int
+    task_name: str
+    agent_name: str
+    name: str
+    attempt_number: int
+    generation: int
+    position: int
+    tool: str
+    params: Any
+    when: str
+    depends_on: list[str]
+    handler_for: int | None
+    status: str
+    attempts: int
+    failures: int
+    reclaims: int
+    next_run_at: str | None
+    output: Any
+    error: dict[str, Any] | None
+    handled: bool
+    cost: str
+    created_at: str
+    started_at: str | None
+    completed_at: str | None
+    duration_ms: int | None
+
+
+class Event(TypedDict):
+    """One entry of a run's history. ``path`` names the entity in the plan
+    (``agent.task.step``, ``agent.task``, ``agent``; empty for the run); a step's
+    transitions carry the step's attempt in ``payload["attempt"]``."""
+
+    id: int
+    attempt_number: int
+    entity: str
+    entity_id: str
+    path: str
+    kind: str
+    from_status: str
+    to_status: str
+    actor: str
+    message: str
+    payload: Any
+    created_at: str
+
+
+class Balance(TypedDict):
+    available: str
+    reserved: str
+    spent: str
+    total: str
+
+
+class LedgerEntry(TypedDict):
+    id: str
+    type: Literal["grant", "reserve", "charge", "refund"]
+    amount: str
+    run: str | None
+    step: int | None
+    reason: str
+    actor: str
+    created_at: str
+
+
+class Limits(TypedDict):
+    max_running_runs: int
+    max_running_steps: int
+    max_pending_runs: int
+    share: int
+
+
+class Usage(TypedDict):
+    runs_running: int
+    runs_queued: int
+    runs_pending: int
+    steps_executing: int
+
+
+class Organization(TypedDict):
+    id: str
+    name: str
+    limits: Limits
+    usage: Usage
+
+
+class Secret(TypedDict):
+    """A secret as the API shows it: never its value."""
+
+    name: str
+    created_at: str
+    updated_at: str
+
+
+class Runner(TypedDict):
+    runner_id: str
+    status: str
+    hostname: str
+    project_dir: str
+    executor_type: str
+    tags: list[str]
+    registered_at: str
+    last_heartbeat: str
+
+
+class RunnerJob(TypedDict):
+    id: str
+    status: str
+    type: str
+    prompt: str
+    session_id: str
+    agent_name: str
+    project_dir: str
+    demands: dict[str, Any]
+    run: str
+    step: int
+    attempt: int
+    runner_id: str | None
+    result: Any
+    error: str
+    signal: str
+    created_at: str
+    claimed_at: str | None
+    started_at: str | None
+    stop_requested_at: str | None
+    completed_at: str | None
+    timeout_at: str
+
+
+class Artifact(TypedDict):
+    id: str
+    name: str
+    size: int
+    sha256: str
+    content_type: str
+    status: Literal["uploading", "available"]
+    run: str
+    step: int | None
+    created_at: str
+    completed_at: str | None
+    expires_at: str | None
+    download_url: str
+
+
+class UploadTarget(TypedDict):
+    method: str
+    url: str
+    headers: dict[str, str]
+    api_key: bool
+    parts: list[dict[str, Any]]
+    part_size: int
+
+
+class UploadStarted(TypedDict):
+    artifact: Artifact
+    upload: UploadTarget
+
+
+class EscalationError(TypedDict):
+    step: int
+    path: str
+    attempt: int
+    code: str
+    message: str
+    at: str
+
+
+class Escalation(TypedDict):
+    id: str
+    run: str
+    attempt_number: int
+    status: Literal["open", "acknowledged", "resolved"]
+    reason: str
+    severity: str
+    errors: list[EscalationError]
+    opened_at: str
+    acknowledged_at: str | None
+    acknowledged_by: str
+    resolved_at: str | None
+    resolved_by: str
+    resolution: str
+    note: str
+    notified_at: str | None

@@ -75,11 +75,14 @@ cat <<INFO
 $rule
   Orchestrator is up.
     Admin           http://127.0.0.1:$WEB_PORT/admin/   (admin / $(cat "$admin_password_file"))
+    Dashboard       http://127.0.0.1:$WEB_PORT/admin/dashboard/  (each run's page is live)
     API             http://127.0.0.1:$WEB_PORT/api/v1/  (docs: /api/docs/, /api/redoc/)
     Health          http://127.0.0.1:$WEB_PORT/healthz
     Metrics         http://127.0.0.1:$WEB_PORT/metrics  (Authorization: Bearer \$METRICS_TOKEN)
     METRICS_TOKEN=$METRICS_TOKEN
     Flower          http://127.0.0.1:$FLOWER_PORT/      (FLOWER_BASIC_AUTH, default admin:admin)
+    CLI             $VENV/bin/orch login --url http://127.0.0.1:$WEB_PORT --api-key KEY
+                    (a key: python manage.py create_org NAME; docs/cli.md)
     PostgreSQL      ${DATABASE_URL//:*@/:***@}
     Redis broker    ${CELERY_BROKER_URL//:*@/:***@}
   Logs below: text at $LOG_LEVEL (LOG_LEVEL=INFO for more). Press Ctrl-C to stop everything.

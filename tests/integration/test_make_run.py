@@ -61,6 +61,8 @@ def test_run_script_starts_every_process_healthy_and_ctrl_c_leaves_no_orphans(
         )
         assert scraped.status_code == 200
         assert 'orchestrator_runs{status="completed"}' in scraped.text
+        assert "/admin/dashboard/" in script.output()
+        assert f"/bin/orch login --url http://127.0.0.1:{web_port}" in script.output()
         assert "demo run completed" in script.output()
         assert "credits: reserved" in script.output()
         # Readable locally: no JSON log lines, no per-task INFO flood (run.sh's defaults).

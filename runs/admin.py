@@ -7,6 +7,7 @@ aggregated hierarchy, a capped event list).
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -45,6 +46,8 @@ from runs.models import (
 )
 from runs.selectors import event_label, with_paths
 from runs.states import RUN_TRANSITIONS, InvalidTransition, RunStatus
+
+PLAN_SHOWN_BYTES = 100_000
 
 # What the services refuse for a reason an operator should read (not a crash): shown as
 # the admin's error message, the run untouched.
@@ -236,7 +239,7 @@ class RunAdmin(admin.ModelAdmin[Run]):
         ),
         ("Artifacts", {"fields": ("artifact_list",)}),
         ("Hierarchy (current attempt)", {"fields": ("hierarchy",)}),
-        ("Plan", {"classes": ("collapse",), "fields": ("plan",)}),
+        ("Plan", {"classes": ("collapse",), "fields": ("plan_json",)}),
     )
 
     def get_readonly_fields(self, request: HttpRequest, obj: Run | None = None) -> list[str]:
@@ -250,6 +253,22 @@ class RunAdmin(admin.ModelAdmin[Run]):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # audit: runs are cancelled or soft-deleted, never removed
+
+    @admin.display(description="plan")
+    def plan_json(self, run: Run) -> SafeString:
+        """The plan as submitted, indented; a big one cut at PLAN_SHOWN_BYTES (a 20,000-step
+        plan is megabytes of page for a field people rarely open: the API has it whole)."""
+        text = json.dumps(run.plan, indent=2, ensure_ascii=False)
+        if len(text) <= PLAN_SHOWN_BYTES:
+            return format_html("<pre>{}</pre>", text)
+        return format_html(
+            "<pre>{}\n...</pre><p>The first {} KB of {} KB: the whole plan is the run's "
+            "<code>plan</code> in <code>GET /api/v1/runs/{}</code>.</p>",
+            text[:PLAN_SHOWN_BYTES],
+            PLAN_SHOWN_BYTES // 1000,
+            len(text) // 1000,
+            run.pk,
+        )
 
     @admin.display(description="child runs")
     def child_runs(self, run: Run) -> SafeString:

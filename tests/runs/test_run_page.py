@@ -163,6 +163,7 @@ def test_a_2000_step_run_draws_compact_cells_and_costs_the_queries_of_a_small_on
 
     assert counts[0] == counts[1]
     assert page.count('class="node step st-pending cell"') == 2000
+    assert len(page) < 1_500_000  # the plan field is cut at PLAN_SHOWN_BYTES
     # Measured, not asserted (the README quotes it): the page's server time.
     print(f"2,000-step run page ({len(page) // 1024} KiB): {took * 1000:.0f} ms")
 
@@ -204,6 +205,17 @@ def test_the_timeline_shows_queue_wait_backoff_and_attempts() -> None:
         ("run", 3.0, 4.5, "completed"),
     ]
     assert gantt.span == 4.5
+
+
+def test_the_plan_is_shown_whole_when_small_and_cut_when_big(operator: Client) -> None:
+    small = started(factories.plan())
+    big = started(factories.plan(agents=4, tasks=10, steps=50))
+
+    assert "the whole plan is the run" not in page_of(operator, small)
+    assert "&quot;name&quot;: &quot;step-1&quot;" in page_of(operator, small)
+    assert f"the whole plan is the run's <code>plan</code> in <code>GET /api/v1/runs/{big.pk}" in (
+        page_of(operator, big)
+    )
 
 
 def test_a_wait_for_approval_is_its_own_segment() -> None:

@@ -93,6 +93,7 @@ def test_the_graph_draws_every_node_by_status_and_every_dag_edge(operator: Clien
     assert "0 / 6 steps (0.0 %)" in page
     assert 'id="credits-reserved"' in page
     assert 'data-live="1"' in page
+    assert '<a href="/admin/dashboard/">Dashboard</a>' in page
 
 
 def test_node_positions_follow_the_dag_depth(operator: Client) -> None:

@@ -41,7 +41,7 @@ from django.urls import reverse
 from django.utils import timezone
 from kombu import Connection
 
-from config.celery import ALL_QUEUES, app
+from config.celery import app
 from orchestrator import metrics
 from runs.models import EscalationStatus, EscalationTicket, Run, Runner, RunnerJob, RunnerJobStatus
 from runs.runners import is_online
@@ -243,22 +243,16 @@ def queue_depths() -> Queues:
     """Messages waiting in each Celery queue, read from the broker's lists (one per
     priority step: ``orchestrator.metrics``), one pipelined round trip."""
     options: dict[str, Any] = settings.CELERY_BROKER_TRANSPORT_OPTIONS
-    keys = {queue: metrics.queue_keys(queue) for queue in ALL_QUEUES}
     try:
         with metrics.new_client() as client:
             pipe = client.pipeline(transaction=False)
-            for queue in ALL_QUEUES:
-                for key in keys[queue]:
-                    pipe.llen(key)
+            metrics.ask_queue_depths(pipe)
             pipe.hlen(options.get("unacked_key", "unacked"))
             results: list[int] = pipe.execute()
     except (redis.RedisError, OSError) as exc:
         return Queues(False, f"{type(exc).__name__}: {exc}", [], 0)
-    depths, index = [], 0
-    for queue in ALL_QUEUES:
-        depths.append(QueueDepth(queue, sum(results[index : index + len(keys[queue])])))
-        index += len(keys[queue])
-    return Queues(True, "", depths, results[-1])
+    depths = metrics.queue_depths_in(results[:-1])
+    return Queues(True, "", [QueueDepth(q, n) for q, n in depths.items()], results[-1])
 
 
 @dataclass(frozen=True)

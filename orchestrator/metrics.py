@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import redis
@@ -204,21 +204,14 @@ class OrchestratorCollector(Collector):
             pipe = client.pipeline(transaction=False)
             for key in (STEPS, DURATION, QUEUE_WAIT, SWEEPS, API):
                 pipe.hgetall(key)
-            for queue in ALL_QUEUES:
-                for key in queue_keys(queue):
-                    pipe.llen(key)
+            ask_queue_depths(pipe)
             results: list[Any] = pipe.execute()
         except (redis.RedisError, OSError) as exc:
             logger.warning("metrics from Redis unavailable: %s", exc)
-            up = GaugeMetricFamily("orchestrator_metrics_redis_up", "Redis answered the scrape.")
-            up.add_metric([], 0)
-            yield up
+            yield _redis_up(0)
             return
         steps, duration, queue_wait, sweeps, api = results[:5]
-        depths = results[5:]
-        up = GaugeMetricFamily("orchestrator_metrics_redis_up", "Redis answered the scrape.")
-        up.add_metric([], 1)
-        yield up
+        yield _redis_up(1)
 
         attempts = CounterMetricFamily(
             "orchestrator_step_attempts",
@@ -255,12 +248,34 @@ class OrchestratorCollector(Collector):
         depth = GaugeMetricFamily(
             "orchestrator_queue_depth", "Messages waiting in each Celery queue.", labels=["queue"]
         )
-        index = 0
-        for queue in ALL_QUEUES:
-            keys = queue_keys(queue)
-            depth.add_metric([queue], float(sum(depths[index : index + len(keys)])))
-            index += len(keys)
+        for queue, waiting in queue_depths_in(results[5:]).items():
+            depth.add_metric([queue], float(waiting))
         yield depth
+
+
+def _redis_up(value: int) -> GaugeMetricFamily:
+    up = GaugeMetricFamily("orchestrator_metrics_redis_up", "Redis answered the scrape.")
+    up.add_metric([], value)
+    return up
+
+
+def ask_queue_depths(pipe: Any) -> None:
+    """Add to a Redis pipeline the LLEN of every list of every Celery queue
+    (``queue_depths_in`` reads the answers)."""
+    for queue in ALL_QUEUES:
+        for key in queue_keys(queue):
+            pipe.llen(key)
+
+
+def queue_depths_in(answers: Sequence[int]) -> dict[str, int]:
+    """Messages waiting per queue, from the answers ``ask_queue_depths`` asked for (in
+    its order, first in the pipeline's answers)."""
+    depths, index = {}, 0
+    for queue in ALL_QUEUES:
+        count = len(queue_keys(queue))
+        depths[queue] = sum(answers[index : index + count])
+        index += count
+    return depths
 
 
 def queue_keys(queue: str) -> list[str]:

@@ -8,7 +8,6 @@ aggregated hierarchy, a capped event list).
 from __future__ import annotations
 
 import json
-import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,14 +64,6 @@ REFUSALS: tuple[type[Exception], ...] = (
 )
 
 
-def _is_uuid(text: str) -> bool:
-    try:
-        uuid.UUID(text)
-    except ValueError:
-        return False
-    return True
-
-
 def _actor(request: HttpRequest) -> str:
     return f"admin:{request.user.get_username()}"
 
@@ -102,7 +93,7 @@ def _decision(approve: bool) -> Callable[[Run, str, int | None, str], Any]:
             actor=actor,
         )  # fmt: skip
         if not result.changed:
-            raise approvals.NothingWaiting("no step waits for approval (any more)")
+            raise approvals.NothingWaiting(f"no step of {run.pk} waits for approval")
         return result
 
     return perform
@@ -357,18 +348,20 @@ class RunAdmin(admin.ModelAdmin[Run]):
             raise PermissionDenied
         return run
 
-    def change_view(
+    def render_change_form(
         self,
         request: HttpRequest,
-        object_id: str,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
         form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
+        obj: Run | None = None,
     ) -> HttpResponse:
         """The run's page: graph, time line, progress, credits, decisions waiting, the
-        control buttons and the event log (``runs.runpage``) above the run's fields."""
-        run = Run.objects.filter(pk=object_id).first() if _is_uuid(object_id) else None
-        context = dict(extra_context or {})
-        if run is not None and self.has_view_permission(request, run):
+        control buttons and the event log (``runs.runpage``) above the run's fields (the
+        run the change view has already read and checked)."""
+        if obj is not None:
+            run = obj
             before = request.GET.get("events_before", "")
             page = runpage.run_page(run)
             events, older = runpage.event_page(run, int(before) if before.isdigit() else None)
@@ -388,7 +381,7 @@ class RunAdmin(admin.ModelAdmin[Run]):
                 can_control=self.has_change_permission(request, run),
                 palette=svg.PALETTE,
             )
-        return super().change_view(request, object_id, form_url, context)
+        return super().render_change_form(request, context, add, change, form_url, obj)
 
     def live_view(self, request: HttpRequest, run_id: Any) -> JsonResponse:
         """What the run page polls every two seconds while the run is live."""
@@ -462,61 +455,34 @@ class RunAdmin(admin.ModelAdmin[Run]):
 
     @admin.action(description="Cancel selected runs")
     def cancel_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
-        actor = _actor(request)
-        self._apply(
-            request,
-            queryset,
-            "cancelled",
-            lambda run: services.run_cancel(
-                run_id=run.pk, reason=f"cancelled by {actor}", actor=actor
-            ),
-        )
+        self._control(request, queryset, "cancelled", "cancel")
 
     @admin.action(description="Pause selected runs")
     def pause_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
-        actor = _actor(request)
-        self._apply(
-            request, queryset, "paused", lambda run: services.run_pause(run_id=run.pk, actor=actor)
-        )
+        self._control(request, queryset, "paused", "pause")
 
     @admin.action(description="Resume selected runs")
     def resume_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
-        actor = _actor(request)
-        self._apply(
-            request,
-            queryset,
-            "resumed",
-            lambda run: services.run_resume(run_id=run.pk, actor=actor),
-        )
+        self._control(request, queryset, "resumed", "resume")
 
     @admin.action(description="Retry selected failed runs")
     def retry_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
-        actor = _actor(request)
-        self._apply(
-            request, queryset, "retried", lambda run: services.run_retry(run_id=run.pk, actor=actor)
-        )
+        self._control(request, queryset, "retried", "retry")
 
     @admin.action(description="Approve the steps waiting for approval in selected runs")
     def approve_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
-        self._decide(request, queryset, approve=True)
+        self._control(request, queryset, "approved", "approve")
 
     @admin.action(description="Reject the steps waiting for approval in selected runs")
     def reject_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
-        self._decide(request, queryset, approve=False)
+        self._control(request, queryset, "rejected", "reject")
 
-    def _decide(self, request: HttpRequest, queryset: QuerySet[Run], *, approve: bool) -> None:
-        """Approve or reject (``runs.approvals``, as the API does) every step waiting for
-        approval in each run; a run with none waiting is named, not counted."""
+    def _control(self, request: HttpRequest, queryset: QuerySet[Run], verb: str, name: str) -> None:
+        """One of the run page's controls on each selected run, with its defaults (no
+        comment; approve and reject: every step waiting, a run with none named)."""
         actor = _actor(request)
-        decide = approvals.run_approve if approve else approvals.run_reject
-
-        def operation(run: Run) -> Any:
-            result = decide(run_id=run.pk, comment=f"by {actor} in the admin", actor=actor)
-            if not result.changed:
-                raise approvals.NothingWaiting(f"no step of {run.pk} waits for approval")
-            return result
-
-        self._apply(request, queryset, "approved" if approve else "rejected", operation)
+        perform = CONTROLS[name].perform
+        self._apply(request, queryset, verb, lambda run: perform(run, actor, None, ""))
 
     @admin.action(description="Escalate selected running runs to people")
     def escalate_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:

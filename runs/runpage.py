@@ -262,7 +262,7 @@ def _edges(parents: Iterable[Node], edges: list[Edge]) -> None:
         _edges(parent.children, edges)
 
 
-def run_graph(run: Run) -> Graph:
+def run_graph(run: Run, step_count: int | None = None) -> Graph:
     """The current attempt laid out: agents side by side as their DAG orders them, each
     holding its tasks, each task its steps; the latest generation of each (a task's
     earlier generations are its retries, counted on its badge). Three queries."""
@@ -287,7 +287,8 @@ def run_graph(run: Run) -> Graph:
             node = Node("task", pk, name, status, position, attempts=retries,
                         dependents=list(dependents))  # fmt: skip
             tasks_of[agent_id].append(node)
-    step_count = Step.objects.filter(run=run, attempt_number=attempt).count()
+    if step_count is None:  # run_page knows it from the run's summary
+        step_count = Step.objects.filter(run=run, attempt_number=attempt).count()
     draw_steps = step_count <= GRAPH_MAX_STEPS
     steps_of: dict[int, list[Node]] = defaultdict(list)
     hidden: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -468,12 +469,18 @@ def _reload_token(run: Run, step_count: int, waiting: list[Waiting]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _step_count(summary: RunSummary) -> int:
+    """Every step of the current attempt, handlers included (the summary's counts)."""
+    return sum(summary.counts["steps"].values())
+
+
 def run_page(run: Run) -> RunPage:
-    graph = run_graph(run)
+    summary = run_summary(run)
+    graph = run_graph(run, _step_count(summary))
     waiting = waiting_steps(run)
     return RunPage(
         run=run,
-        summary=run_summary(run),
+        summary=summary,
         credits=run_credits(run),
         graph=graph,
         gantt=run_gantt(run),
@@ -496,12 +503,12 @@ def run_live(run: Run) -> dict[str, Any]:
         "id", "status", "retry_count"
     ):
         nodes[f"n-t{pk}"] = [status, retries]
-    steps = Step.objects.filter(run=run, attempt_number=attempt)
-    step_count = steps.count()
+    summary = run_summary(run)
+    step_count = _step_count(summary)
     if step_count <= GRAPH_MAX_STEPS:
+        steps = Step.objects.filter(run=run, attempt_number=attempt)
         for pk, status, attempts in steps.values_list("id", "status", "attempts"):
             nodes[f"n-s{pk}"] = [status, attempts]
-    summary = run_summary(run)
     credits = run_credits(run)
     waiting = waiting_steps(run)
     return {

@@ -21,6 +21,13 @@ def noop(*args: Any) -> None:
     return None
 
 
+@app.task(name="bench.sleep", ignore_result=False, queue=BENCH_QUEUE)
+def sleep(seconds: float) -> None:
+    """Sleep ``seconds``: the raw counterpart of the engine's ``sleep`` tool (a step that
+    takes time without using a CPU)."""
+    time.sleep(seconds)
+
+
 @app.task(name="bench.join", ignore_result=False, queue=BENCH_QUEUE)
 def join(results: list[Any]) -> int:
     """A chord body: receives every header result."""

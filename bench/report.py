@@ -19,6 +19,7 @@ EXTRAS = {
     "b_ratio": ("B ratio", "{:.2f}x"),
     "a_alone_s": ("A alone", "{:.1f} s"),
     "a_ratio": ("A beside B / alone", "{:.3f}x"),
+    "efficiency": ("efficiency", "{:.2f}"),
 }
 # Scenarios whose worker memory over the scenario itself is shown under the table (the
 # JSON has it for every scenario).
@@ -122,6 +123,9 @@ ROWS = (
     Row("many_runs", "many_chains", "many_chains (500x5)"),
     Row("fan_20000", "group_20000", "group_20000"),
     Row("fan_20000", "fan_2000", "engine fan_2000"),
+    Row("fan_sleep", "group_sleep", "group_sleep"),
+    Row("fan_2000_wide", "group_2000_wide", "group_2000_wide"),
+    Row("fan_2000_wide", "fan_2000", "engine fan_2000"),
 )
 
 HEADER = (
@@ -239,6 +243,12 @@ NOTES = (
     "parallel tasks of at most 5,000, the per-task limit) then a join; fan_plan(20000) "
     "itself is refused by the plan limits. Its fan_2000 row: ratio = fan_20000 ms/step / "
     "fan_2000 ms/step. Worker RSS: just before -> just after the scenario.",
+    "Wide fleet (fan_sleep, group_sleep, fan_2000_wide, group_2000_wide): a worker restarted "
+    "with BENCH_WIDE_WORKERS children (default 32). fan_sleep: 2,000 parallel steps of the "
+    "sleep tool (50 ms) and a join; group_sleep: a group of 2,000 tasks sleeping 50 ms; "
+    "efficiency = ideal wall (2,000 x 50 ms / children) / measured wall. fan_2000_wide and "
+    "group_2000_wide: fan_2000 and group_2000 on that worker; their fan_2000 row: ratio = "
+    "fan_2000_wide per step / fan_2000 per step (the default worker's).",
 )
 
 
@@ -364,6 +374,21 @@ def goals(figures: dict[str, Figure], rss: dict[str, int | None]) -> list[Goal]:
             "{:+.1%}"
             + (f" ({wide.rss_median(0)} -> {wide.rss_median(1)} KiB)" if wide is not None else ""),
             lambda v: v <= 0.10,
+        ),
+        _goal(
+            "sleep_efficiency",
+            "fan_sleep efficiency at least raw group_sleep's (one run over the wide fleet)",
+            ratio(extra("fan_sleep", "efficiency"), extra("group_sleep", "efficiency")),
+            "{:.2f}x"
+            + both(extra("fan_sleep", "efficiency"), extra("group_sleep", "efficiency"), "{:.2f}"),
+            lambda v: v >= 1.0,
+        ),
+        _goal(
+            "wide_fan_wall",
+            "fan_2000 on the wide fleet within 1.2x of its wall on the default worker",
+            ratio(get("fan_2000_wide", "wall_s"), get("fan_2000", "wall_s")),
+            "{:.2f}x" + both(get("fan_2000_wide", "wall_s"), get("fan_2000", "wall_s"), "{:.2f} s"),
+            lambda v: v <= 1.2,
         ),
         _goal(
             "noisy_neighbour_b",

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
@@ -36,6 +37,22 @@ if TYPE_CHECKING:
 SETTLE_S = 0.5  # pause between scenarios, so one's stragglers do not slow the next
 # Scenarios measured on a worker started with these settings (then restarted without).
 WORKER_ENV = {"noisy_neighbour_unfair": {"ENGINE_FAIR_DISPATCH": "0"}}
+# Scenarios measured on a worker of BENCH_WIDE_WORKERS children (default 32): one run's
+# spread over a wide fleet. Sleeping costs no CPU, so two cores hold 32 sleeping slots.
+WIDE = ("fan_sleep", "group_sleep", "fan_2000_wide", "group_2000_wide")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The worker a scenario is measured on: its children and its environment."""
+
+    children: int
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def setup_of(name: str, args: argparse.Namespace) -> Setup:
+    children = args.wide_workers if name in WIDE else args.workers
+    return Setup(children, tuple(sorted(WORKER_ENV.get(name, {}).items())))
 
 
 def _env_int(name: str, default: int) -> int:
@@ -46,6 +63,12 @@ def _env_int(name: str, default: int) -> int:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, default=_env_int("BENCH_WORKERS", 2))
+    parser.add_argument(
+        "--wide-workers",
+        type=int,
+        default=_env_int("BENCH_WIDE_WORKERS", 32),
+        help="children of the worker the wide scenarios run on (BENCH_WIDE_WORKERS, default 32)",
+    )
     parser.add_argument("--repeat", type=int, default=_env_int("BENCH_REPEAT", 1))
     parser.add_argument(
         "--timeout",
@@ -68,8 +91,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=os.environ.get("BENCH_NO_ANALYZE", "") == "1",
     )
     args = parser.parse_args(argv)
-    if args.workers < 1 or args.repeat < 1 or args.timeout <= 0:
-        parser.error("--workers and --repeat must be at least 1, --timeout positive")
+    if args.workers < 1 or args.wide_workers < 1 or args.repeat < 1 or args.timeout <= 0:
+        parser.error(
+            "--workers, --wide-workers and --repeat must be at least 1, --timeout positive"
+        )
     return args
 
 
@@ -81,6 +106,7 @@ def scenario_table() -> list[tuple[str, str, int, Callable[[Engine, Raw], Sample
     from .scenarios import (
         MANY_RUNS,
         MANY_STEPS,
+        SLEEP_WIDTH,
         WIDE_FAN_WIDTH,
         dag_plan,
         fan_plan,
@@ -107,23 +133,33 @@ def scenario_table() -> list[tuple[str, str, int, Callable[[Engine, Raw], Sample
         ("fan_20000", "engine", wide, lambda e, r: e.run(wide_fan_plan(WIDE_FAN_WIDTH), wide)),
         ("group_20000", "raw", 20_000, lambda e, r: r.group(20_000)),
         ("noisy_neighbour", "engine", wide, lambda e, r: e.noisy_neighbour()),
+        # The worker is restarted for the scenarios below (memory over the pass is
+        # measured before the first restart). On BENCH_WIDE_WORKERS children (WIDE): one
+        # run over a wide fleet.
+        ("fan_sleep", "engine", SLEEP_WIDTH + 1, lambda e, r: e.fan_sleep()),
+        ("group_sleep", "raw", SLEEP_WIDTH, lambda e, r: r.group_sleep()),
+        ("fan_2000_wide", "engine", 2001, lambda e, r: e.run(fan_plan(2000), 2001)),
+        ("group_2000_wide", "raw", 2000, lambda e, r: r.group(2000)),
         # The same with fair dispatch off (ENGINE_FAIR_DISPATCH=0, for this measurement
         # only): the worker is restarted with it for this scenario (WORKER_ENV).
         ("noisy_neighbour_unfair", "engine", wide, lambda e, r: e.noisy_neighbour()),
     ]
 
 
-def warm_up(engine: Engine, raw: Raw) -> list[str]:
-    """Small runs of every kind, so that each child has imported and connected."""
+def warm_up(engine: Engine, raw: Raw, children: int) -> list[str]:
+    """Small runs of every kind, and sleeps two per child, so that each child has
+    imported and connected."""
     from .scenarios import dag_plan, fan_plan, sequential_plan
 
     samples = {
         "engine seq_10": engine.run(sequential_plan(10), 10),
         "engine fan_20": engine.run(fan_plan(20), 21),
         "engine dag_20": engine.run(dag_plan(20), 20),
+        "engine sleeps": engine.fan_sleep(2 * children, 0.02),
         "raw chain_10": raw.chain(10),
         "raw group_20": raw.group(20),
         "raw chord_20": raw.chord(20),
+        "raw sleeps": raw.group_sleep(2 * children, 0.02),
         "raw start latency": raw.start_latency(3),
     }
     return [f"{name}: {sample.error}" for name, sample in samples.items() if sample.error]
@@ -192,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-"))
     worker = Worker(args.workers, workdir / "worker.log")
     figures = {name: Figure(name, kind, steps) for name, kind, steps, _ in selected}
+    # Worker memory over the pass: from after the warm-up until the end, or until the
+    # first restart (the last scenarios run on a worker restarted for them).
     rss: dict[str, int | None] = {"before_warm_up": None, "start": None, "end": None}
     warm_up_errors: list[str] = []
     aborted = ""
@@ -202,27 +240,35 @@ def main(argv: list[str] | None = None) -> int:
         worker.start()
         rss["before_warm_up"] = worker.rss_kib()
         engine, raw = Engine(args.timeout, worker.alive), Raw(args.timeout, worker.alive)
+        engine.slots = raw.slots = args.workers
         _say("==> warming up")
-        warm_up_errors = warm_up(engine, raw)
+        warm_up_errors = warm_up(engine, raw, args.workers)
         for problem in warm_up_errors:
             _say(f"    warm-up failed: {problem}")
         time.sleep(1)
         rss["start"] = worker.rss_kib()
+        current, restarted = Setup(args.workers), False
         for repeat in range(args.repeat):
             if args.repeat > 1:
                 _say(f"==> pass {repeat + 1} of {args.repeat}")
             for name, _kind, _steps, scenario in selected:
                 if not worker.alive():
                     raise WorkerFailed("the worker died")
+                setup = setup_of(name, args)
+                if setup != current:
+                    if not restarted:
+                        rss["end"] = worker.rss_kib()
+                    env = dict(setup.env)
+                    _say(f"    (restarting the worker: {setup.children} children {env})")
+                    worker.restart(setup.children, **env)
+                    engine.slots = raw.slots = setup.children
+                    for problem in warm_up(engine, raw, setup.children):
+                        _say(f"    warm-up failed: {problem}")
+                    current, restarted = setup, True
                 if not args.no_analyze:
                     analyze()
-                if name in WORKER_ENV:
-                    _say(f"    (restarting the worker with {WORKER_ENV[name]})")
-                    worker.restart(**WORKER_ENV[name])
                 rss_before = worker.rss_kib()
                 sample = scenario(engine, raw)
-                if name in WORKER_ENV:
-                    worker.restart()
                 figure = figures[name]
                 if sample.error is not None:
                     figure.errors.append(sample.error)
@@ -237,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(1)
         if not worker.alive():
             raise WorkerFailed("the worker died")
-        rss["end"] = worker.rss_kib()
+        if not restarted:
+            rss["end"] = worker.rss_kib()
         load["after"] = os.getloadavg()[0]
     except WorkerFailed as exc:
         aborted = str(exc)
@@ -250,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
 
     verdicts = goals(figures, rss)
     header = (
-        f"Engine vs raw Celery: 1 worker, prefork, {args.workers} children; {args.repeat} "
+        f"Engine vs raw Celery: 1 worker, prefork, {args.workers} children ({args.wide_workers} "
+        f"for {', '.join(WIDE)}); {args.repeat} "
         f"pass(es), medians; ANALYZE before each scenario: {'no' if args.no_analyze else 'yes'}; "
         f"{os.cpu_count()} CPUs, 1-min load average {load['before']:.2f} "
         f"before, {load['after']:.2f} after"
@@ -267,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             "started_at": started_at.isoformat(),
             "config": {
                 "workers": args.workers,
+                "wide_workers": args.wide_workers,
                 "pool": "prefork",
                 "repeat": args.repeat,
                 "analyze_before_each_scenario": not args.no_analyze,

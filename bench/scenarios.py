@@ -38,7 +38,7 @@ from runs import services
 from runs.models import Run, Step
 from runs.states import RUN_TERMINAL, RunStatus, StepStatus
 
-from .raw_tasks import BENCH_QUEUE, join, noop, stamp
+from .raw_tasks import BENCH_QUEUE, join, noop, sleep, stamp
 
 POLL_S = 0.01
 # many_runs: one COUNT over 500 ids per poll. Latencies come from completed_at, not from
@@ -60,6 +60,11 @@ NOISY_EVERY_S = 3.0
 NOISY_SMALL_STEPS = 5
 NOISY_IDLE_SAMPLES = 5
 NOISY_BESIDE_SAMPLES = 5
+# fan_sleep / group_sleep: this many steps (tasks) that each sleep this long, so that a
+# run's parallelism, not the engine's cost per step, is what is measured; efficiency =
+# the ideal wall (width x seconds / the fleet's worker slots) / the measured wall.
+SLEEP_WIDTH = 2_000
+SLEEP_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -153,6 +158,22 @@ def fan_plan(width: int) -> dict[str, Any]:
     }
 
 
+def sleep_fan_plan(width: int = SLEEP_WIDTH, seconds: float = SLEEP_S) -> dict[str, Any]:
+    """``fan_plan`` whose parallel steps each sleep ``seconds`` (the ``sleep`` tool)."""
+    plan = fan_plan(width)
+    plan["name"] = f"bench-fan-sleep-{width}"
+    plan["agents"][0]["tasks"][0]["steps"] = [
+        {"name": f"s{i}", "tool": "sleep", "params": {"seconds": seconds}} for i in range(width)
+    ]
+    return plan
+
+
+def efficiency(width: int, seconds: float, slots: int, wall: float) -> float:
+    """The ideal wall of ``width`` sleeps of ``seconds`` on ``slots`` worker slots, over
+    the measured one: 1.0 when every slot sleeps all the time."""
+    return width * seconds / slots / wall if wall > 0 else 0.0
+
+
 def wide_fan_plan(width: int, per_task: int = WIDE_FAN_PER_TASK) -> dict[str, Any]:
     """``width`` parallel no-op steps, all allowed at once, then one join step: the
     fan of ``fan_plan`` split into parallel tasks of at most ``per_task`` steps (the
@@ -207,9 +228,10 @@ class Engine:
     ``alive`` says whether the worker still runs: every wait gives up when it does not.
     """
 
-    def __init__(self, timeout: float, alive: Callable[[], bool]) -> None:
+    def __init__(self, timeout: float, alive: Callable[[], bool], slots: int = 1) -> None:
         self.timeout = timeout
         self.alive = alive
+        self.slots = slots  # the fleet's worker slots (prefork children): for efficiency
         self.organization: Organization = organization_create(name=f"bench-{uuid.uuid4().hex[:8]}")
         credits_grant(organization=self.organization, amount=10_000_000, reason="benchmark")
 
@@ -253,6 +275,15 @@ class Engine:
             return Sample(steps, wall_s=wall)
         except Exception as exc:  # noqa: BLE001 - a failure is a figure too
             return Sample(steps, error=_describe(exc))
+
+    def fan_sleep(self, width: int = SLEEP_WIDTH, seconds: float = SLEEP_S) -> Sample:
+        """``width`` parallel steps sleeping ``seconds`` each, and a join: how much of the
+        fleet one run uses (``efficiency``)."""
+        sample = self.run(sleep_fan_plan(width, seconds), width + 1)
+        if sample.wall_s is None:
+            return sample
+        extra = {"efficiency": efficiency(width, seconds, self.slots, sample.wall_s)}
+        return Sample(sample.steps, wall_s=sample.wall_s, extra=extra)
 
     def start_latency(self, samples: int = LATENCY_SAMPLES) -> Sample:
         """Median time from ``run_start`` to the first step's ``started_at`` (1-step runs).
@@ -459,9 +490,10 @@ def _analyze() -> None:
 class Raw:
     """Celery canvas on the ``bench`` queue, results through the Redis result backend."""
 
-    def __init__(self, timeout: float, alive: Callable[[], bool]) -> None:
+    def __init__(self, timeout: float, alive: Callable[[], bool], slots: int = 1) -> None:
         self.timeout = timeout
         self.alive = alive
+        self.slots = slots
 
     def _get(self, result: Any, deadline: float | None = None) -> Any:
         """``result.get()``, in slices of at most 2 s so that a dead worker is noticed.
@@ -509,6 +541,19 @@ class Raw:
         return self._timed(
             width, lambda: group(self._noops(width)), lambda value: len(value) == width
         )
+
+    def group_sleep(self, width: int = SLEEP_WIDTH, seconds: float = SLEEP_S) -> Sample:
+        """A group of ``width`` tasks sleeping ``seconds`` each (``fan_sleep``'s raw twin,
+        without a join: a group's own best case)."""
+        sample = self._timed(
+            width,
+            lambda: group(sleep.si(seconds) for _ in range(width)),
+            lambda value: len(value) == width,
+        )
+        if sample.wall_s is None:
+            return sample
+        extra = {"efficiency": efficiency(width, seconds, self.slots, sample.wall_s)}
+        return Sample(sample.steps, wall_s=sample.wall_s, extra=extra)
 
     def chord(self, width: int) -> Sample:
         return self._timed(

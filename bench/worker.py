@@ -80,10 +80,13 @@ class Worker:
             raise WorkerFailed("worker not started")
         return self.proc.pid
 
-    def restart(self, **env: str) -> None:
-        """Stop and start again with ``env`` on top of the environment (a scenario that
-        measures a setting: noisy_neighbour_unfair); no arguments: as it was first."""
+    def restart(self, concurrency: int | None = None, **env: str) -> None:
+        """Stop and start again with ``concurrency`` children (default: as now) and ``env``
+        on top of the environment (a scenario that measures a setting:
+        noisy_neighbour_unfair); no ``env``: the environment alone."""
         self.stop()
+        if concurrency is not None:
+            self.concurrency = concurrency
         self.env = env
         self.start()
 

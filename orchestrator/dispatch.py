@@ -35,6 +35,8 @@ from kombu.exceptions import OperationalError as BrokerError
 from redis.exceptions import RedisError
 
 from config.celery import QUEUE_RUNS_HIGH, QUEUE_RUNS_NORMAL, QUEUE_STEPS, app
+from orchestrator import metrics
+from orchestrator.metrics import queue_keys
 from runs.outbox import RunMessage, StepMessage
 from runs.runners import organization_channel, runner_channel
 
@@ -166,16 +168,43 @@ class CeleryTransport:
                 for run_id, (count, priority) in rings.items():
                     for _ in range(count):
                         self._send_doorbell(run_id, priority, producer)
+            if rings:
+                metrics.doorbells_rung("ready", sum(count for count, _ in rings.values()))
 
         _guarded(publish, "step messages")
 
-    def ring(self, runs: Mapping[str, int]) -> None:
-        """One doorbell for each run (id -> priority)."""
+    def call_for_help(self, run_id: str, priority: int) -> bool:
+        """One more doorbell for the run, if a worker is free to answer it at once: no
+        doorbell waits on the steps queue (a worker reserves a message only while one of
+        its slots is free: ``worker_prefetch_multiplier`` 1). True if it rang.
+
+        How one run spreads over the fleet (docs/engine.md): a server that claims a step
+        and sees more claimable calls for help, so servers double each round until the
+        fleet is busy (doorbells wait in the queue) or the run has nothing more ready.
+        """
+        try:
+            client = _redis(settings.CELERY_BROKER_URL)
+            with client.pipeline(transaction=False) as pipe:
+                for key in queue_keys(QUEUE_STEPS):
+                    pipe.llen(key)
+                waiting = sum(pipe.execute())
+        except BROKER_ERRORS as exc:
+            logger.warning("steps queue not read (%s); no help called for run %s", exc, run_id)
+            return False
+        if waiting:
+            return False
+        self.ring({run_id: priority}, "help")
+        return True
+
+    def ring(self, runs: Mapping[str, int], reason: str) -> None:
+        """One doorbell for each run (id -> priority); ``reason`` counts it
+        (``metrics.doorbells_rung``)."""
 
         def publish() -> None:
             with app.producer_or_acquire() as producer:
                 for run_id, priority in runs.items():
                     self._send_doorbell(run_id, priority, producer)
+            metrics.doorbells_rung(reason, len(runs))
 
         _guarded(publish, f"doorbells of {len(runs)} run(s)")
 
@@ -241,12 +270,12 @@ class CeleryTransport:
     def ring_to_replay(self, run_id: str, priority: int, replay: dict[str, Any]) -> None:
         """A doorbell of the run that first records an attempt whose recording failed
         (``executor.RecordFailed.replay``), a second later, then serves on."""
-        _guarded(
-            lambda: self._send_doorbell(
-                run_id, priority, None, kwargs={"replay": replay}, countdown=1
-            ),
-            f"replay of a recording of run {run_id}",
-        )
+
+        def publish() -> None:
+            self._send_doorbell(run_id, priority, None, kwargs={"replay": replay}, countdown=1)
+            metrics.doorbells_rung("replay")
+
+        _guarded(publish, f"replay of a recording of run {run_id}")
 
     @staticmethod
     def _send_step(message: StepMessage, producer: Any) -> None:
@@ -274,4 +303,4 @@ class CeleryTransport:
         # claimable steps waiting for the lost-message sweep: ring for each run again (a
         # run that has ended, cancelled say, is not served: the doorbell claims nothing).
         if settings.ENGINE_DOORBELLS:
-            self.ring(runs)
+            self.ring(runs, "revoke")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import signal
 import threading
@@ -55,9 +56,9 @@ from orchestrator.context import StepContext
 from orchestrator.dispatch import CeleryTransport, serving
 from orchestrator.heartbeat import heart
 from runs import callbacks, scheduling
-from runs.engine import control
+from runs.engine import control, hotpath
 from runs.engine.dispatch import step_from_row, step_timeout_s
-from runs.engine.outcomes import Outcome, record
+from runs.engine.outcomes import Outcome, record_and_claim
 from runs.models import Run, Step
 from runs.states import StepStatus
 from runs.transitions import claim_next_step, claim_step
@@ -108,7 +109,7 @@ def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
     with logcontext.bound(organization_id=organization_id, run_id=run_id, step_id=step_id):
         slot = scheduling.acquire_slot(organization_id, f"{worker}:{os.getpid()}:{task_id}")
         if slot is None:
-            CeleryTransport().ring({str(run_id): priority})
+            CeleryTransport().ring({str(run_id): priority}, "no_slot")
             return "no slot"
         heart.hold(slot)
         try:
@@ -119,7 +120,7 @@ def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
             logcontext.add(attempt=attempt)
             began = time.monotonic()
             outcome = run_attempt(step, attempt)
-            applied = _record(step, attempt, outcome)
+            applied, _ = _record(step, attempt, outcome)
             _measure(step, outcome, time.monotonic() - began, applied)
         finally:
             heart.hold(None)
@@ -155,10 +156,17 @@ def serve(run_id: str, priority: int, *, worker: str, task_id: str, hard_limits:
         return server.one_run(run_id, priority)
     finally:
         server.let_go()
+        metrics.doorbell_answered(server.served)
 
 
 class _Server:
-    """One doorbell's serving: the slot it holds, its budget, what it has served."""
+    """One doorbell's serving: the slot it holds, its budget, what it has served.
+
+    Serving a run costs one round trip to PostgreSQL per step where it can: the hot
+    path's recording claims the run's next step in the same call (``hotpath.Claim``),
+    and once the fair slice is over, it makes the fair choice there too and claims the
+    chosen run's next step instead (``hotpath.Choose``).
+    """
 
     def __init__(self, worker: str, task_id: str, hard_limits: bool) -> None:
         self.worker = worker
@@ -168,6 +176,14 @@ class _Server:
         self.served = 0
         self.slot: scheduling.Slot | None = None
         self.holder = f"{worker}:{task_id}"
+        self.helped = False  # it called for help once (a server calls once at most)
+        # A step claimed for it with the last recording: served next.
+        self.next: dict[str, Any] | None = None
+        # A fair choice made with the last recording (fairly() acts on it).
+        self.chosen: scheduling.Choice | None = None
+        # What the fair choice leaves out (fairly()'s, read by the recording's choice).
+        self.full: set[Any] = set()
+        self.skip: set[Any] = set()
 
     def let_go(self) -> None:
         if self.slot is not None:
@@ -184,18 +200,28 @@ class _Server:
         heart.hold(self.slot)
         return self.slot is not None
 
-    def step(self, run_id: Any, priority: int) -> bool | None:
-        """Claim, run and record ``run_id``'s next claimable step: None when it had none,
-        else whether the serving goes on (False: it rang again, or the result was
-        dropped)."""
-        values = claim_next_step(
-            run_id,
-            worker=self.worker,
-            task_id=self.task_id,
-            lease_seconds=float(settings.ENGINE_LEASE_SECONDS),
-        )
+    def step(self, run_id: Any, priority: int, *, until: float = math.inf) -> bool | None:
+        """Claim (unless claimed for it already), run and record ``run_id``'s next
+        claimable step: None when it had none, else whether the serving goes on (False:
+        it rang again, or the result was dropped). The recording claims the worker's
+        next step in the same call; from ``until`` (monotonic) on, after a fair choice
+        (``self.chosen``)."""
+        values, self.next = self.next, None
+        if values is None:
+            values = claim_next_step(
+                run_id,
+                worker=self.worker,
+                task_id=self.task_id,
+                lease_seconds=float(settings.ENGINE_LEASE_SECONDS),
+            )
         if values is None:
             return None
+        if values["more"] and not self.helped:
+            # More is ready than this server takes: a free worker may share it. Once per
+            # server: the one it wakes calls in turn, so servers multiply each round
+            # until the fleet is busy or the run has no more ready (docs/engine.md).
+            self.helped = True
+            CeleryTransport().call_for_help(str(run_id), priority)
         step = step_from_row(values)
         attempt = step.attempts
         organization = self.slot.organization_id if self.slot is not None else None
@@ -204,15 +230,29 @@ class _Server:
         ):
             began = time.monotonic()
             outcome = run_time_limited(step, attempt, hard_limits=self.hard_limits)
+            self.served += 1
+            now = time.monotonic()
+            spent = self.served >= settings.ENGINE_BURST_STEPS or now >= self.deadline
             with serving(str(run_id)):
-                applied = _record(step, attempt, outcome)
+                applied, after = _record(
+                    step, attempt, outcome, None if spent else self.claim(now >= until)
+                )
+            self.next, self.chosen = after.claimed, after.chosen
             _measure(step, outcome, time.monotonic() - began, applied)
-        self.served += 1
-        spent = self.served >= settings.ENGINE_BURST_STEPS or time.monotonic() >= self.deadline
         if not applied or spent:
-            CeleryTransport().ring({str(run_id): priority})
+            CeleryTransport().ring({str(run_id): priority}, "burst" if applied else "dropped")
             return False
         return True
+
+    def claim(self, choose: bool) -> hotpath.Claim:
+        """This server's claim with a recording; ``choose``: after a fair choice (with a
+        slot held: the recording's run is its organization's)."""
+        fair = None
+        if choose and self.slot is not None:
+            fair = hotpath.Choose(
+                self.holder, frozenset(self.full), frozenset(self.skip), self.slot.organization_id
+            )
+        return hotpath.Claim(self.worker, self.task_id, float(settings.ENGINE_LEASE_SECONDS), fair)
 
     def one_run(self, run_id: str, priority: int) -> int:
         """The doorbell's own run, as before fair dispatch."""
@@ -225,37 +265,58 @@ class _Server:
 
     def fairly(self) -> int:
         """Whatever is fairest, chosen again every slice."""
-        full: set[Any] = set()
-        skip: set[Any] = set()
         current: scheduling.Choice | None = None
         choose_at = 0.0
         slice_s = float(settings.ENGINE_FAIR_SLICE)
         while True:
-            if current is None or time.monotonic() >= choose_at:
+            choice: scheduling.Choice | None = None
+            if self.chosen is not None:
+                # Chosen with the last recording (its step claimed, when it could be).
+                choice, self.chosen = self.chosen, None
+                if choice.run_id is None:
+                    return self.served  # nothing ready that it may take
+            elif self.next is None and (current is None or time.monotonic() >= choose_at):
+                # With a slot held, the choice claims the chosen run's next step too
+                # when the run is of the slot's organization.
+                claim = None
+                if self.slot is not None:
+                    claim = scheduling.ClaimFor(
+                        self.slot, self.worker, self.task_id, float(settings.ENGINE_LEASE_SECONDS)
+                    )
                 choice = scheduling.next_run(
-                    me=self.holder, full=frozenset(full), skip=frozenset(skip)
+                    me=self.holder,
+                    full=frozenset(self.full),
+                    skip=frozenset(self.skip),
+                    claim=claim,
                 )
-                choose_at = time.monotonic() + slice_s
                 if choice is None:
                     return self.served  # nothing ready that it may take
+                self.next = choice.claimed
+            if choice is not None:
+                choose_at = time.monotonic() + slice_s
+                held = self.slot.organization_id if self.slot is not None else None
                 if not self.hold(choice.organization_id):
-                    full.add(choice.organization_id)
+                    self.full.add(choice.organization_id)
                     current = None
                     continue
-                scheduling.served(choice.organization_id)
+                if choice.organization_id != held:
+                    # Given a worker: its turn comes after the others' (an organization
+                    # the worker goes on serving keeps its place).
+                    scheduling.served(choice.organization_id)
                 if choice.pickup:
                     picked = control.pick_up(choice.run_id, actor=f"worker:{self.worker}")
                     if not picked and not _running(choice.run_id):
-                        skip.add(choice.run_id)  # waiting for a place, or someone's pick-up
+                        self.skip.add(choice.run_id)  # waiting for a place, or someone's pick-up
                     current = None
                     choose_at = 0.0  # its steps are ready now: choose again at once
                     continue
                 if current is not None and current.run_id != choice.run_id:
                     _ring_if_ready(current)  # what it left behind gets a doorbell
                 current = choice
-            went_on = self.step(current.run_id, current.priority)
+            assert current is not None  # chosen above, or still the run of self.next
+            went_on = self.step(current.run_id, current.priority, until=choose_at)
             if went_on is None:
-                skip.add(current.run_id)  # nothing claimable (or all being claimed): next
+                self.skip.add(current.run_id)  # nothing claimable (or all being claimed)
                 current = None
             elif not went_on:
                 return self.served
@@ -296,15 +357,20 @@ def _ring_if_ready(choice: scheduling.Choice) -> None:
     if Step.objects.filter(
         run_id=choice.run_id, status=StepStatus.PENDING, dispatched_at__isnull=False
     ).exists():
-        CeleryTransport().ring({str(choice.run_id): choice.priority})
+        CeleryTransport().ring({str(choice.run_id): choice.priority}, "left")
 
 
-def _record(step: Step, attempt: int, outcome: Outcome) -> bool:
-    """Record the attempt (``outcomes.record``; False: the result was dropped). A
-    database error becomes RecordFailed, so that the task replays the recording alone."""
+def _record(
+    step: Step, attempt: int, outcome: Outcome, claim: hotpath.Claim | None = None
+) -> tuple[bool, hotpath.Next]:
+    """Record the attempt (``outcomes.record_and_claim``: whether it was applied, False
+    when the result was dropped, and what ``claim`` asked the recording to claim and
+    choose). A database error becomes RecordFailed, so that the task replays the
+    recording alone (a step claimed with it is then left to its lease: the lease sweep
+    hands it on)."""
     discard_interrupted_connection()
     try:
-        return record(step.pk, step.run_id, attempt, outcome)
+        return record_and_claim(step.pk, step.run_id, attempt, outcome, claim)
     except (OperationalError, InterfaceError) as exc:
         raise RecordFailed(step.pk, step.run_id, attempt, outcome) from exc
 

@@ -50,6 +50,7 @@ DURATION = PREFIX + "step_duration"  # "tool|bucket index", "tool|sum", "tool|co
 QUEUE_WAIT = PREFIX + "step_queue_wait"  # the same
 SWEEPS = PREFIX + "sweeps"  # "sweep|action" -> count
 API = PREFIX + "api"  # "route|method|status" -> requests
+DOORBELLS = PREFIX + "doorbells"  # "rung|reason" -> sent; "answered|outcome" -> received
 # Seconds: a no-op step takes milliseconds, an LLM call or a runner's job minutes.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
 SEP = "|"
@@ -138,6 +139,24 @@ def flush() -> None:
     _add(sending)
 
 
+def doorbells_rung(reason: str, count: int = 1) -> None:
+    """Doorbells sent, by why (docs/engine.md: ready steps, a call for help, a burst's
+    end, a run left with work, a replay, a revoke): summed like a step's figures."""
+    _count(DOORBELLS, f"rung{SEP}{reason}", count)
+
+
+def doorbell_answered(served: int) -> None:
+    """A doorbell (or a pick-up serving as one) ended: it served steps, or it found
+    none (``idle``: a message that woke a worker for nothing)."""
+    _count(DOORBELLS, f"answered{SEP}{'served' if served else 'idle'}", 1)
+
+
+def _count(key: str, field: str, count: int) -> None:
+    with _lock:
+        _pending[(key, field)] += count
+    flush_if_due()
+
+
 def sweep_actions(sweep: str, counts: dict[str, int]) -> None:
     """What a sweep did (its task's result), by action."""
     _add((SWEEPS, f"{sweep}{SEP}{action}", int(n)) for action, n in counts.items() if n)
@@ -202,7 +221,7 @@ class OrchestratorCollector(Collector):
         client = _connection()
         try:
             pipe = client.pipeline(transaction=False)
-            for key in (STEPS, DURATION, QUEUE_WAIT, SWEEPS, API):
+            for key in (STEPS, DURATION, QUEUE_WAIT, SWEEPS, API, DOORBELLS):
                 pipe.hgetall(key)
             ask_queue_depths(pipe)
             results: list[Any] = pipe.execute()
@@ -210,7 +229,7 @@ class OrchestratorCollector(Collector):
             logger.warning("metrics from Redis unavailable: %s", exc)
             yield _redis_up(0)
             return
-        steps, duration, queue_wait, sweeps, api = results[:5]
+        steps, duration, queue_wait, sweeps, api, doorbells = results[:6]
         yield _redis_up(1)
 
         attempts = CounterMetricFamily(
@@ -245,10 +264,23 @@ class OrchestratorCollector(Collector):
         for parts, value in _fields(api):
             requests.add_metric(parts[:3], float(value))
         yield requests
+        rung = CounterMetricFamily(
+            "orchestrator_doorbells_rung",
+            "Doorbell messages sent to wake a worker for a run's ready steps, by reason.",
+            labels=["reason"],
+        )
+        answered = CounterMetricFamily(
+            "orchestrator_doorbells_answered",
+            "Doorbells a worker answered: served steps, or found none ready (idle).",
+            labels=["outcome"],
+        )
+        for parts, value in _fields(doorbells):
+            (rung if parts[0] == "rung" else answered).add_metric(parts[1:2], float(value))
+        yield from (rung, answered)
         depth = GaugeMetricFamily(
             "orchestrator_queue_depth", "Messages waiting in each Celery queue.", labels=["queue"]
         )
-        for queue, waiting in queue_depths_in(results[5:]).items():
+        for queue, waiting in queue_depths_in(results[6:]).items():
             depth.add_metric([queue], float(waiting))
         yield depth
 

@@ -146,7 +146,7 @@ def _serve_after_pick_up(run_id: str, priority: int, *, worker: str, task_id: st
         CeleryTransport().ring_to_replay(run_id, priority, exc.replay)
     except TRANSIENT as exc:
         logger.warning("run %s: serving after its pick-up failed (%s); ringing", run_id, exc)
-        CeleryTransport().ring({run_id: priority})
+        CeleryTransport().ring({run_id: priority}, "retry")
 
 
 def _step_work(task: Task[Any, Any], work: Callable[[], T]) -> T:

@@ -33,9 +33,11 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from billing.models import Organization
+from common.statements import Statement
 from runs.admission import HOLDS_A_PLACE, TOP, WAITING, OrgLimits, limits_of
 from runs.models import Run, StepSlot
 from runs.states import RunStatus
+from runs.transitions import CLAIMED_JSON, claim_next_sql, claimed_from_json
 
 _ACQUIRE_SQL = """
 WITH free AS (
@@ -140,16 +142,18 @@ def steps_executing(organization_id: Any) -> int:
 # --------------------------------------------------------------------------- next run
 @dataclass(frozen=True)
 class Choice:
-    """The run to serve next: its steps, or its pick-up (``pickup``)."""
+    """The run to serve next: its steps, or its pick-up (``pickup``); with its next step
+    claimed for the asking worker when it asked and could (``claimed``, the fields
+    ``transitions.claim_next_step`` returns)."""
 
     run_id: Any
     organization_id: Any
     priority: int
     pickup: bool
+    claimed: dict[str, Any] | None = None
 
 
-_NEXT_SQL = """
-WITH orgs AS (
+_NEXT_CTES = """WITH orgs AS (
     SELECT DISTINCT organization_id AS org FROM runs_run
     WHERE status IN ('pending', 'running')
 ), executing AS (
@@ -185,31 +189,87 @@ WITH orgs AS (
         LIMIT 1
     ) AS b
     WHERE orgs.org <> ALL (%(full)s::uuid[])
+), choice AS (
+    SELECT best.org, best.id, best.priority, best.pickup
+    FROM best
+    JOIN billing_organization AS o ON o.id = best.org
+    LEFT JOIN executing ON executing.org = best.org
+    LEFT JOIN runs_fairturn AS turn ON turn.organization_id = best.org
+    ORDER BY COALESCE(executing.n, 0)::float / GREATEST(o.share, 1), turn.served_at NULLS FIRST,
+             best.priority, best.created_at, best.id
+    LIMIT 1
+), """
+# The choice alone; or with the chosen run's next step claimed in the same statement for
+# a worker that holds a slot of its organization already (``held``), so that a worker
+# going from step to step of one run asks once, not twice.
+# The choice as a query of its own (org, id, priority, pickup), also run inside the hot
+# path's function (runs.engine.hotpath) for a worker that chooses with a recording.
+CHOICE_SQL = (
+    _NEXT_CTES[: _NEXT_CTES.rindex(",")]
+    + """
+SELECT org, id, priority, pickup FROM choice"""
 )
-SELECT best.org, best.id, best.priority, best.pickup
-FROM best
-JOIN billing_organization AS o ON o.id = best.org
-LEFT JOIN executing ON executing.org = best.org
-LEFT JOIN runs_fairturn AS turn ON turn.organization_id = best.org
-ORDER BY COALESCE(executing.n, 0)::float / GREATEST(o.share, 1), turn.served_at NULLS FIRST,
-         best.priority, best.created_at, best.id
-LIMIT 1
+_NEXT_SQL = Statement(
+    _NEXT_CTES[: _NEXT_CTES.rindex(",")]
+    + """
+SELECT org, id, priority, pickup, NULL::jsonb FROM choice
 """
+)
+_NEXT_AND_CLAIM_SQL = Statement(
+    claim_next_sql(
+        f"""SELECT choice.org, choice.id, choice.priority, choice.pickup, {CLAIMED_JSON}
+FROM choice LEFT JOIN claimed ON true""",  # noqa: S608 - this module's own text
+        run="(SELECT id FROM choice WHERE org = %(held)s AND NOT pickup)",
+        before=_NEXT_CTES[len("WITH ") :].lstrip(),
+    )
+)
+
+
+@dataclass(frozen=True)
+class ClaimFor:
+    """A worker that would claim the chosen run's next step with the choice: the slot
+    it holds (the step must be its organization's) and ``claim_next_step``'s terms."""
+
+    slot: Slot
+    worker: str
+    task_id: str
+    lease_seconds: float
 
 
 def next_run(
-    *, me: str = "", full: frozenset[Any] = frozenset(), skip: frozenset[Any] = frozenset()
+    *,
+    me: str = "",
+    full: frozenset[Any] = frozenset(),
+    skip: frozenset[Any] = frozenset(),
+    claim: ClaimFor | None = None,
 ) -> Choice | None:
     """The run a worker should serve next, fairly between organizations (see the module),
     or None when there is no work ready. ``me``: the holder name of the asking worker's
     slot; ``full``: organizations whose slots it found all held; ``skip``: runs it could
-    not serve just now."""
-    with connection.cursor() as cursor:
-        cursor.execute(_NEXT_SQL, {"me": me, "full": list(full), "skip": list(skip)})
-        row = cursor.fetchone()
-    if row is None:
+    not serve just now. With ``claim``, the chosen run's next step is claimed for that
+    worker in the same statement when the run is its slot's organization's and running
+    (``Choice.claimed``)."""
+    params: dict[str, Any] = {"me": me, "full": list(full), "skip": list(skip)}
+    sql = _NEXT_SQL
+    if claim is not None:
+        sql = _NEXT_AND_CLAIM_SQL
+        params.update(
+            held=claim.slot.organization_id,
+            worker=claim.worker,
+            task_id=claim.task_id,
+            lease=claim.lease_seconds,
+        )
+    rows = sql.rows(params)
+    if not rows:
         return None
-    return Choice(run_id=row[1], organization_id=row[0], priority=int(row[2]), pickup=bool(row[3]))
+    row = rows[0]
+    return Choice(
+        run_id=row[1],
+        organization_id=row[0],
+        priority=int(row[2]),
+        pickup=bool(row[3]),
+        claimed=None if row[4] is None else claimed_from_json(row[4]),
+    )
 
 
 def served(organization_id: Any, now: datetime | None = None) -> None:

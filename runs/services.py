@@ -19,6 +19,8 @@ from uuid import UUID
 
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
+from django.db.models import BooleanField
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from billing.models import Organization
@@ -60,7 +62,13 @@ from runs.states import (
     RunStatus,
     StepStatus,
 )
-from runs.transitions import record_event, transition, transition_locked, transition_many
+from runs.transitions import (
+    GATE_NAMESPACE,
+    record_event,
+    transition,
+    transition_locked,
+    transition_many,
+)
 
 RunId = UUID | str
 CHILD_MODES = ("sync", "async_poll", "async_callback")
@@ -87,40 +95,42 @@ def error_payload(code: str, message: str, **extra: Any) -> dict[str, Any]:
 # with the run). Read with one prepared-once statement, not a query the ORM builds per call.
 _HEAVY = {"plan", "variables", "timeouts", "last_error", "policy"}
 _LIGHT = [f.attname for f in Run._meta.concrete_fields if f.attname not in _HEAVY]
+# The gate first (a one-time filter, evaluated before any row is locked: the lock order
+# is gate, then rows), then the run's row.
 _LOCK_LIGHT_SQL = (
     f"SELECT {', '.join(connection.ops.quote_name(name) for name in _LIGHT)} "  # noqa: S608
-    "FROM runs_run WHERE id = %s FOR NO KEY UPDATE"
-)
-# The same, with the open children of a step's task and agent beside it (a LEFT JOIN: a
-# step that does not exist leaves them NULL). Only the run's row is locked.
-_LOCK_FOR_STEP_SQL = (
-    f"SELECT {', '.join('r.' + connection.ops.quote_name(name) for name in _LIGHT)}, "  # noqa: S608
-    "h.task_open, h.agent_open "
-    "FROM runs_run AS r LEFT JOIN LATERAL ("
-    " SELECT t.open_children AS task_open, a.open_children AS agent_open"
-    " FROM runs_step AS s JOIN runs_task AS t ON t.id = s.task_id"
-    " JOIN runs_agent AS a ON a.id = t.agent_id WHERE s.id = %s) AS h ON true "
-    "WHERE r.id = %s FOR NO KEY UPDATE OF r"
+    "FROM runs_run WHERE id = %s "
+    f"AND (SELECT 1 FROM pg_advisory_xact_lock({GATE_NAMESPACE}, hashtext(%s::text))) = 1 "
+    "FOR NO KEY UPDATE"
 )
 
 
 def lock_run(
     run_id: RunId, organization: Organization | None = None, *, light: bool = False
 ) -> Run:
-    """The run, locked for the rest of the transaction; scoped to ``organization``.
+    """The run, locked for the rest of the transaction; scoped to ``organization``. Its
+    gate is closed first (``transitions.lock_gate``): no recording of its steps is under
+    way until the transaction ends.
 
     ``light`` leaves out the plan and other large fields: the engine moves a run forward
     on every step without them.
     """
     if light and organization is None:
         return _lock_light(run_id)
-    query = Run.objects.select_for_update(no_key=True)
+    key = _run_key(run_id)
+    # The gate in the same statement, as in _LOCK_LIGHT_SQL (before the row's lock).
+    gate = RawSQL(
+        "(SELECT 1 FROM pg_advisory_xact_lock(%s, hashtext(%s::text))) = 1",
+        [GATE_NAMESPACE, str(key)],
+        output_field=BooleanField(),
+    )
+    query = Run.objects.select_for_update(no_key=True).filter(gate)
     if light:
         query = query.defer(*_HEAVY)
     if organization is not None:
         query = query.filter(organization=organization)
     try:
-        return query.get(pk=run_id)
+        return query.get(pk=key)
     except (Run.DoesNotExist, ValueError, ValidationError) as exc:  # a malformed id is absent
         raise RunNotFound(f"run {run_id} not found") from exc
 
@@ -134,30 +144,15 @@ def _run_key(run_id: RunId) -> UUID:
 
 
 def _lock_light(run_id: RunId) -> Run:
+    key = _run_key(run_id)
     with connection.cursor() as cursor:
-        cursor.execute(_LOCK_LIGHT_SQL, [_run_key(run_id)])
+        cursor.execute(_LOCK_LIGHT_SQL, [key, str(key)])
         row = cursor.fetchone()
     if row is None:
         raise RunNotFound(f"run {run_id} not found")
     # None of the light columns needs a converter (no JSON, no decimal): the row is the
     # instance's values as the ORM would have loaded them.
     return Run.from_db(connection.alias, _LIGHT, row)
-
-
-def lock_run_for_step(run_id: RunId, step_id: int) -> tuple[Run, int | None, int | None]:
-    """``lock_run(run_id, light=True)``, with the open children of ``step_id``'s task and
-    agent read in the same statement (None if there is no such step).
-
-    The counts are a hint for choosing how to record the step (``runs.engine.hotpath``),
-    never a basis for a write: they are read from the statement's snapshot, which may
-    predate a transaction that held the lock while this one waited for it.
-    """
-    with connection.cursor() as cursor:
-        cursor.execute(_LOCK_FOR_STEP_SQL, [step_id, _run_key(run_id)])
-        row = cursor.fetchone()
-    if row is None:
-        raise RunNotFound(f"run {run_id} not found")
-    return Run.from_db(connection.alias, _LIGHT, row[:-2]), row[-2], row[-1]
 
 
 def require_source(run: Run, source: str, target: str) -> bool:

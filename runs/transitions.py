@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
+from uuid import UUID
 
 from django.db import connection, models, transaction
 from django.utils import timezone
@@ -108,6 +109,30 @@ def _event(
     )
 
 
+# --------------------------------------------------------------------------- the gate
+# A run's gate: the lock that keeps the hot path's recordings apart from everything else
+# that changes the run (docs/engine.md, "Locks"). Recordings of the run's steps take it
+# shared, inside the hot path's function (runs.engine.hotpath), and so overlap; every
+# other change of the run takes it exclusively first (``lock_gate``: services.lock_run,
+# and transition() of a run), waits for the recordings under way and holds new ones
+# off until it commits. A transaction-scoped advisory lock, not the run's row lock in
+# share mode: PostgreSQL queues advisory lock requests in order, so a cancel waits for
+# the recordings already in, never for a stream of new ones, where share locks on the
+# row could keep a waiting writer out for as long as recordings overlapped. (The
+# hash of two runs may meet: they then share a gate, which costs waiting, never
+# correctness.)
+GATE_NAMESPACE = 0x6761_7465  # "gate"; admission's organization lock has its own
+
+
+def lock_gate(run_id: Any) -> None:
+    """Close the run's gate for the rest of the transaction (exclusive)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_advisory_xact_lock(%s, hashtext(%s::uuid::text))",
+            [GATE_NAMESPACE, str(run_id)],
+        )
+
+
 def transition(
     model: type[Entity],
     pk: Any,
@@ -131,6 +156,8 @@ def transition(
     # leaves through the block, and that spoils the caller's transaction either way.
     entity = entity_name(model)
     with transaction.atomic(savepoint=False):
+        if model is Run:
+            lock_gate(pk)  # a run changes with no recording of its steps under way
         obj = model.objects.select_for_update(no_key=True).filter(pk=pk).first()
         if obj is not None and (
             obj.status == to_status or is_allowed(entity, obj.status, to_status)
@@ -262,7 +289,7 @@ if not is_allowed("step", "pending", "running"):
     raise RuntimeError("runs.states no longer allows step pending -> running; fix claim_step")
 
 _CLAIM_TEMPLATE = """
-WITH {pick}claimed AS (
+WITH {before}{pick}claimed AS (
     UPDATE runs_step AS s
     SET status = 'running',
         attempts = s.attempts + 1,
@@ -272,13 +299,13 @@ WITH {pick}claimed AS (
         next_run_at = NULL,
         worker = %(worker)s,
         celery_task_id = %(task_id)s
-    FROM runs_run AS r
     WHERE s.id = {step}
       AND s.status = 'pending'
       AND s.dispatched_at IS NOT NULL
       AND (s.next_run_at IS NULL OR s.next_run_at <= now())
-      AND r.id = s.run_id
-      AND r.status = 'running'
+      -- The run by its key: as a join, a generic plan made while few runs were running
+      -- scanned every running run for it.
+      AND (SELECT r.status FROM runs_run AS r WHERE r.id = s.run_id) = 'running'
     RETURNING s.id, s.run_id, s.attempt_number, s.attempts, s.task_id, s.generation, s.name,
               s.tool, s.params, s."when", s.timeout_ms, s.handler_for_id, s.dispatched_at,
               s.status_changed_at
@@ -290,27 +317,77 @@ WITH {pick}claimed AS (
            %(worker)s, '', jsonb_build_object('attempt', attempts), now()
     FROM claimed
 )
-SELECT id, run_id, attempt_number, attempts, task_id, generation, name, tool, params, "when",
-       timeout_ms, handler_for_id, dispatched_at, status_changed_at
-FROM claimed
+{select}
 """
-_CLAIM_SQL = _CLAIM_TEMPLATE.format(pick="", step="%(step)s")
+_CLAIM_SELECT = """SELECT id, run_id, attempt_number, attempts, task_id, generation, name, tool,
+       params, "when", timeout_ms, handler_for_id, dispatched_at, status_changed_at,
+       {more} AS more
+FROM claimed"""
+_CLAIM_SQL = _CLAIM_TEMPLATE.format(
+    before="", pick="", step="%(step)s", select=_CLAIM_SELECT.format(more="false")
+)
 # The next claimable step of a run, in plan order, skipping the rows another worker is
 # claiming at this moment (a doorbell's claim: ``claim_next_step``). The partial index
 # ``step_claimable`` holds exactly these rows.
-_CLAIM_NEXT_SQL = _CLAIM_TEMPLATE.format(
-    pick="""next AS (
+_CLAIM_NEXT_PICK = {
+    "pick": """next AS (
     SELECT id FROM runs_step
     WHERE run_id = %(run)s
       AND status = 'pending'
       AND dispatched_at IS NOT NULL
       AND (next_run_at IS NULL OR next_run_at <= now())
-    ORDER BY id
+    -- The order of the partial index step_claimable (run, id): by id alone, a generic
+    -- plan read the run's pending steps by another index and sorted them all.
+    ORDER BY run_id, id
     LIMIT 1
     FOR NO KEY UPDATE SKIP LOCKED
 ), """,
-    step="(SELECT id FROM next)",
-)
+    # The run too: probed by its key and id in step_claimable, where a generic plan made
+    # for the id alone walked that index.
+    "step": "(SELECT id FROM next) AND s.run_id = %(run)s",
+    # Whether the run has another claimable step now (rows being claimed by others at
+    # this moment included): the server that claimed this one may call for help
+    # (``orchestrator.executor``). One probe of the same partial index.
+    "more": """EXISTS (
+        SELECT 1 FROM runs_step AS other
+        WHERE other.run_id = %(run)s
+          AND other.status = 'pending'
+          AND other.dispatched_at IS NOT NULL
+          AND (other.next_run_at IS NULL OR other.next_run_at <= now())
+          AND other.id <> claimed.id
+    )""",
+}
+
+
+def claim_next_sql(select: str, *, run: str = "%(run)s", before: str = "") -> str:
+    """The statement of ``claim_next_step``, for a caller that claims inside a statement
+    of its own (the hot path's function, ``scheduling.next_run``): the run's id given by
+    the expression ``run``, CTEs ``before`` it (ending with a comma), and ``select`` as
+    the final SELECT over ``claimed`` (``{more}`` in it: whether the run has more
+    claimable)."""
+    return _CLAIM_TEMPLATE.format(
+        before=before,
+        pick=_CLAIM_NEXT_PICK["pick"].replace("%(run)s", run),
+        step=_CLAIM_NEXT_PICK["step"].replace("%(run)s", run),
+        select=select.format(more=_CLAIM_NEXT_PICK["more"].replace("%(run)s", run)),
+    )
+
+
+_CLAIM_NEXT_SQL = claim_next_sql(_CLAIM_SELECT)
+# A claimed step's row as one JSON value (a caller whose final SELECT has other columns).
+CLAIMED_JSON = "to_jsonb(claimed) || jsonb_build_object('more', {more})"
+
+
+def claimed_from_json(value: Any) -> dict[str, Any]:
+    """A claimed step's row given as ``CLAIMED_JSON``, as ``claim_next_step`` returns it."""
+    row = json.loads(value) if isinstance(value, str) else dict(value)
+    row["run_id"] = UUID(row["run_id"])
+    for name in ("dispatched_at", "status_changed_at"):
+        if row.get(name):
+            row[name] = datetime.fromisoformat(row[name])
+    return row
+
+
 # What a step attempt needs to run, read in the same statement that claims it.
 _CLAIMED_FIELDS = (
     "id",
@@ -328,6 +405,8 @@ _CLAIMED_FIELDS = (
     # For the queue-wait metric (orchestrator.metrics): dispatched, then claimed.
     "dispatched_at",
     "status_changed_at",
+    # A doorbell's claim: the run has more claimable steps (always false for claim_step).
+    "more",
 )
 
 

@@ -88,7 +88,9 @@ class ToolContext:
             if left <= 0:
                 return
             time.sleep(min(left, CANCEL_CHECK_INTERVAL))
-            if self.stop_requested():
+            # After the last slice the step is over: a cancel that came meanwhile drops
+            # its result when it is recorded, without a query here.
+            if deadline > time.monotonic() and self.stop_requested():
                 raise ToolError("cancelled", "the step was cancelled while running", False)
 
 

@@ -146,11 +146,16 @@ def announce(run: Run, ready: list[Step], now: datetime, outbox: Outbox) -> None
         Run.objects.filter(pk=run.pk).update(
             waiting_approvals=F("waiting_approvals") + len(approvals)
         )
-    for step in ready:
-        if step.tool != "approval":
-            outbox.add(StepMessage(step.pk, str(run.pk), run.priority, step_timeout_s(step)))
+    announce_steps(str(run.pk), run.priority, [s for s in ready if s.tool != "approval"], outbox)
     if approvals:
         update_waiting_state(run)
+
+
+def announce_steps(run_id: str, priority: int, ready: list[Step], outbox: Outbox) -> None:
+    """Steps just marked dispatched, none of them an approval (the hot path's): each
+    gets its message (``announce`` without the approvals' part)."""
+    for step in ready:
+        outbox.add(StepMessage(step.pk, run_id, priority, step_timeout_s(step)))
 
 
 def update_waiting_state(run: Run) -> None:

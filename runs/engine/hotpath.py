@@ -33,7 +33,9 @@ and compares everything they leave behind.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -43,14 +45,15 @@ from typing import Any
 from billing.services import CHARGE_CTES, SETTLE_CTES, charge_key, settle_reason, to_credits
 from common.statements import Statement
 from runs.models import Run
-from runs.states import RunStatus, is_allowed
+from runs.scheduling import CHOICE_SQL, Choice
+from runs.states import is_allowed
+from runs.transitions import CLAIMED_JSON, GATE_NAMESPACE, claim_next_sql, claimed_from_json
 
 if not is_allowed("step", "running", "completed"):
     raise RuntimeError("runs.states no longer allows step running -> completed; fix the hot path")
 
 # The parts both statements share: the step completed as transition_locked() would
-# complete it, only if it is running this attempt and is no handler; the run's heartbeat;
-# the event insert.
+# complete it, only if it is running this attempt and is no handler; the event insert.
 _PARTS = {
     "step_completed": """status = 'completed',
         status_changed_at = %(now)s,
@@ -63,9 +66,6 @@ _PARTS = {
     "step_running": """s.id = %(step)s AND s.task_id = task.id AND s.status = 'running'
       AND s.attempts = %(attempt)s AND s.handler_for_id IS NULL
     RETURNING s.id, s.run_id, s.attempt_number, s.attempts, s.name, s.dependents""",
-    "beat": """beat AS (
-    UPDATE runs_run SET last_heartbeat = %(now)s
-    WHERE id = %(run)s AND %(beat)s AND EXISTS (SELECT 1 FROM done)""",
     # The step, read with its task: the same conditions as ``step_running``, so that the
     # charge (due only when the step will complete) and the update agree. The task's id
     # again as a value (an InitPlan), for the planner: joined on the step alone, a generic
@@ -133,23 +133,15 @@ _PARTS = {
 _IN_TASK = """
 WITH task AS (
     SELECT t.id, t.retry_count, t.max_concurrent_steps, t.active_children,
-           s.attempt_number AS step_attempt_number, s.name AS step_name
+           s.attempt_number AS step_attempt_number, s.name AS step_name,
+           s.dependents AS step_dependents
     FROM runs_task AS t JOIN runs_step AS s ON s.task_id = t.id
     WHERE {step_of_task} AND t.status = 'running' AND t.open_children > 1
-), {charge}
-    FROM task WHERE %(amount)s::numeric > 0
-), {charges}, done AS (
-    UPDATE runs_step AS s
-    SET {step_completed}
-    FROM task
-    WHERE {paid} AND {step_running}
-), event AS (
-    {insert_event}
-    SELECT run_id, attempt_number, 'step', id::text, 'transition', 'running', 'completed',
-           'system', '', jsonb_build_object('cost', %(cost_text)s::text), %(now)s
-    FROM done
 ), released AS (
-    SELECT jsonb_array_elements_text(done.dependents) AS name FROM done
+    -- Read with the task: what the step releases decides what is dispatched, and an
+    -- approval among that is the general path's (there the run may stop to wait for
+    -- it), so the charge and the step's completion depend on it.
+    SELECT jsonb_array_elements_text(task.step_dependents) AS name FROM task
 ), siblings AS (
     -- The successors this step releases (by name: the unique index of a task's steps)...
     SELECT st.id, st.position, st.status, st.dispatched_at, st.pending_dependencies AS pending,
@@ -180,6 +172,22 @@ WITH task AS (
       AND pending - released::int = 0
     ORDER BY position
     LIMIT (SELECT GREATEST(max_concurrent_steps - (active_children - 1), 0) FROM task)
+), plain AS (
+    SELECT 1 AS ok WHERE NOT EXISTS (
+        SELECT 1 FROM runs_step WHERE id IN (SELECT id FROM ready) AND tool = 'approval'
+    )
+), {charge}
+    FROM task WHERE %(amount)s::numeric > 0 AND EXISTS (SELECT 1 FROM plain)
+), {charges}, done AS (
+    UPDATE runs_step AS s
+    SET {step_completed}
+    FROM task
+    WHERE EXISTS (SELECT 1 FROM plain) AND {paid} AND {step_running}
+), event AS (
+    {insert_event}
+    SELECT run_id, attempt_number, 'step', id::text, 'transition', 'running', 'completed',
+           'system', '', jsonb_build_object('cost', %(cost_text)s::text), %(now)s
+    FROM done
 ), moved AS (
     -- The ids as the one index condition, never a join: joined on ``siblings``
     -- (estimated at a hundred rows: a set-returning function's default) it scanned the
@@ -193,6 +201,7 @@ WITH task AS (
                              ELSE st.dispatched_at END
     WHERE st.id = ANY (ARRAY(SELECT id FROM siblings
                              WHERE released OR id IN (SELECT id FROM ready)))
+      AND EXISTS (SELECT 1 FROM done)
     RETURNING st.id, st.tool, st.timeout_ms, st.run_id, st.attempt_number, st.status,
               st.position, st.id IN (SELECT id FROM ready) AS dispatched
 ), counted AS (
@@ -201,11 +210,10 @@ WITH task AS (
         active_children = t.active_children - 1 + (SELECT count(*) FROM ready)
     FROM done
     WHERE t.id = (SELECT id FROM task)
-), {beat}
 )
-SELECT done.id,
+SELECT 'in_task'::text, %(priority)s::smallint, done.id,
        moved.id, moved.tool, moved.timeout_ms, moved.run_id, moved.attempt_number,
-       moved.status
+       moved.status, NULL::jsonb
 FROM done LEFT JOIN moved ON moved.dispatched
 ORDER BY moved.position
 """
@@ -334,11 +342,10 @@ WITH task AS (
         FROM moved_tasks WHERE started
     ) AS e
     ORDER BY k, o
-), {beat}
 )
-SELECT done.id,
+SELECT 'last_in_task'::text, %(priority)s::smallint, done.id,
        moved.id, moved.tool, moved.timeout_ms, moved.run_id, moved.attempt_number,
-       moved.status
+       moved.status, NULL::jsonb
 FROM done
 LEFT JOIN (
     SELECT moved_steps.*, moved_tasks.position AS task_position
@@ -451,7 +458,10 @@ WITH task AS (
     ) AS e
     ORDER BY k
 )
-SELECT done.id, NULL, NULL, NULL, NULL, NULL, NULL FROM done
+SELECT 'last_in_run'::text, %(priority)s::smallint, done.id,
+       NULL::bigint, NULL::varchar, NULL::bigint, NULL::uuid, NULL::smallint, NULL::varchar,
+       NULL::jsonb
+FROM done
 """
 
 # The parts made of parts.
@@ -462,44 +472,273 @@ _LAST_IN_TASK_SQL = Statement(_LAST_IN_TASK.format(**_PARTS))
 _LAST_IN_RUN_SQL = Statement(_LAST_IN_RUN.format(**_PARTS))
 
 
+# --------------------------------------------------------------------------- the function
+# The recording runs inside PostgreSQL, as one function call in its own transaction: the
+# run's lock, the choice of shape from the counts read under it, the shape's statement
+# and the commit, with no round trip to the worker while the lock is held. Held across
+# round trips (lock, statement, commit: three), the lock's holder was often waiting for
+# a CPU between them: with 32 worker processes on two cores, the recordings of one run
+# queued 60 ms each for a lock whose statements took 1 ms (docs/engine.md).
+#
+# The function is generated from the statements above (``function_sql``): ``%(name)s``
+# becomes the PL/pgSQL variable ``a_name``. Its definition is frozen in a migration;
+# ``tests/runs/engine/test_hotpath_function.py`` fails when the statements change
+# without a migration that defines the function anew (``manage.py engine_function``
+# prints the definition to put in one).
+FUNCTION_NAME = "engine_step_completed"
+_FUNCTION_BODY = """
+DECLARE
+    a_organization uuid;
+    a_priority smallint;
+    a_charge_id uuid := gen_random_uuid();
+    a_settle_id uuid := gen_random_uuid();
+    a_charge_key text := 'charge:' || a_step || ':' || a_attempt;
+    a_settle_reason text;
+    a_beat boolean;
+    a_now timestamptz;
+    v_status text;
+    v_waiting integer;
+    v_attempt integer;
+    v_heartbeat timestamptz;
+    v_task bigint;
+    v_agent bigint;
+    v_open integer;
+    v_claim_run uuid;
+    v_chosen uuid;
+    v_chosen_org uuid;
+    v_chosen_priority smallint;
+    v_chosen_pickup boolean;
+    v_recorded boolean := false;
+BEGIN
+    -- The run's gate, shared: other recordings of the run go on beside this one;
+    -- anything else that changes the run holds it exclusively (runs.transitions).
+    PERFORM pg_advisory_xact_lock_shared({gate}, hashtext(a_run::text));
+    SELECT r.status, r.waiting_approvals, r.organization_id, r.attempt_number,
+           r.last_heartbeat, r.priority
+      INTO v_status, v_waiting, a_organization, v_attempt, v_heartbeat, a_priority
+      FROM runs_run AS r WHERE r.id = a_run;
+    IF NOT FOUND OR v_status <> 'running' OR v_waiting > 0 THEN
+        RETURN;
+    END IF;
+    -- The step, running this attempt (only an exclusive holder of the gate changes a
+    -- running step, and none is in), and no on_error handler.
+    SELECT s.task_id, t.agent_id INTO v_task, v_agent
+      FROM runs_step AS s JOIN runs_task AS t ON t.id = s.task_id
+     WHERE s.id = a_step AND s.run_id = a_run AND s.status = 'running'
+       AND s.attempts = a_attempt AND s.handler_for_id IS NULL;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    -- The worker's fair choice, when its slice is over (runs.scheduling), made before
+    -- any row lock is taken and returned whatever it is: the run whose next step is
+    -- claimed below, when it is of the worker's slot's organization and running; none
+    -- when it is another organization's or a pick-up (the worker goes there); this
+    -- run's when nothing was ready (what the recording makes ready may be).
+    IF a_claim THEN
+        v_claim_run := a_run;
+        IF a_choose THEN
+            SELECT c.org, c.id, c.priority, c.pickup
+              INTO v_chosen_org, v_chosen, v_chosen_priority, v_chosen_pickup
+              FROM ({choose}) AS c;
+            RETURN QUERY SELECT 'chosen'::text, v_chosen_priority, NULL::bigint,
+                NULL::bigint, NULL::varchar, NULL::bigint, v_chosen, NULL::smallint,
+                NULL::varchar,
+                jsonb_build_object('organization_id', v_chosen_org, 'pickup', v_chosen_pickup);
+            IF v_chosen IS NULL THEN
+                v_claim_run := a_run;
+            ELSIF v_chosen_pickup OR v_chosen_org IS DISTINCT FROM a_held THEN
+                v_claim_run := NULL;
+            ELSE
+                v_claim_run := v_chosen;
+            END IF;
+        END IF;
+    END IF;
+    a_settle_reason := 'settled run ' || a_run || ' attempt ' || v_attempt;
+    -- Each level's row locked before its counts are read and its statement runs (the
+    -- statement's snapshot then sees every earlier holder's commit): the task's, for
+    -- its counters and its steps' dependencies; the agent's when the task ends, for its
+    -- counters and its tasks'; the run's when the agent ends. Always in that order.
+    SELECT open_children INTO v_open FROM runs_task WHERE id = v_task FOR NO KEY UPDATE;
+    IF v_open > 1 THEN
+        a_now := clock_timestamp();  -- as the general path's, once its locks are held
+        RETURN QUERY {in_task};
+        v_recorded := FOUND;
+    ELSE
+        SELECT open_children INTO v_open FROM runs_agent WHERE id = v_agent
+           FOR NO KEY UPDATE;
+        IF v_open > 1 THEN
+            a_now := clock_timestamp();  -- as the general path's, once its locks are held
+            RETURN QUERY {last_in_task};
+            v_recorded := FOUND;
+        ELSE
+            SELECT open_children INTO v_open FROM runs_run WHERE id = a_run
+               FOR NO KEY UPDATE;
+            IF v_open = 1 THEN
+                a_now := clock_timestamp();  -- as the general path's, once its locks are held
+                a_beat := a_now - COALESCE(v_heartbeat, a_now) > interval '5 seconds';
+                RETURN QUERY {last_in_run};
+                RETURN;  -- the run's row is updated there, heartbeat included
+            END IF;
+        END IF;
+    END IF;
+    IF NOT v_recorded THEN
+        RETURN;
+    END IF;
+    -- The worker's next step, claimed in the same commit, after the recording (what it
+    -- made ready may be that step: the next of a sequence, a dag's next node) and under
+    -- the recording's row locks: claiming takes a row lock that may outlive a row its
+    -- recheck turned down (a step another worker's claim has just taken), and a claim
+    -- made before the task's lock was taken held such a step while its own worker,
+    -- recording it, waited behind that lock: a deadlock.
+    IF v_claim_run IS NOT NULL THEN
+        RETURN QUERY {claim};
+    END IF;
+    -- The run's heartbeat (when due: outcomes._beat_due), last: its row is locked only
+    -- from here to the commit.
+    IF a_now - COALESCE(v_heartbeat, a_now) > interval '5 seconds' THEN
+        UPDATE runs_run SET last_heartbeat = a_now WHERE id = a_run;
+    END IF;
+END
+"""
+# The variables the statements' placeholders become: the function's arguments, or what
+# it sets above.
+_ARGUMENTS = (
+    ("step", "bigint"),
+    ("attempt", "integer"),
+    ("run", "uuid"),
+    ("output", "text"),
+    ("cost", "numeric"),
+    ("cost_text", "text"),
+    ("amount", "numeric"),
+    # The next step claimed for the worker (``claim``), as claim_next_step claims it.
+    ("claim", "boolean"),
+    ("worker", "text"),
+    ("task_id", "text"),
+    ("lease", "float8"),
+    # The worker's fair choice, made first (``choose``), as scheduling.next_run makes it.
+    ("choose", "boolean"),
+    ("me", "text"),
+    ("full", "uuid[]"),
+    ("skip", "uuid[]"),
+    ("held", "uuid"),
+)
+_RESULT = (
+    "o_shape text, o_priority smallint, o_done bigint, o_id bigint, o_tool varchar, "
+    "o_timeout_ms bigint, o_run_id uuid, o_attempt_number smallint, o_status varchar, "
+    "o_claimed jsonb"
+)
+# The claimed step's row, as one JSON value in the function's last column.
+_CLAIMED_ROW = """SELECT 'claimed'::text, NULL::smallint, NULL::bigint, NULL::bigint,
+       NULL::varchar, NULL::bigint, NULL::uuid, NULL::smallint, NULL::varchar,
+       {claimed}
+FROM claimed"""
+
+
+def _as_plpgsql(statement: Statement) -> str:
+    return _as_plpgsql_text(statement.text)
+
+
+def _as_plpgsql_text(text: str) -> str:
+    """A statement's text with each ``%(name)s`` as the variable ``a_name``."""
+    return re.sub(r"%\((\w+)\)s", r"a_\1", text.strip())
+
+
+def function_body() -> str:
+    """The PL/pgSQL body of ``engine_step_completed``, from the statements above."""
+    return _FUNCTION_BODY.format(
+        gate=GATE_NAMESPACE,
+        # The claim's clock is the recording's (now() would be the transaction's start,
+        # before any wait for a lock): the step claimed starts as the last one ends.
+        claim=_as_plpgsql_text(
+            claim_next_sql(_CLAIMED_ROW.replace("{claimed}", CLAIMED_JSON), run="v_claim_run")
+        ).replace("now()", "a_now"),
+        choose=_as_plpgsql_text(CHOICE_SQL),
+        in_task=_as_plpgsql(_IN_TASK_SQL),
+        last_in_task=_as_plpgsql(_LAST_IN_TASK_SQL),
+        last_in_run=_as_plpgsql(_LAST_IN_RUN_SQL),
+    )
+
+
+def function_sql() -> list[str]:
+    """The statements that define ``engine_step_completed`` anew (for a migration)."""
+    arguments = ", ".join(f"a_{name} {kind}" for name, kind in _ARGUMENTS)
+    return [
+        f"DROP FUNCTION IF EXISTS {FUNCTION_NAME}",
+        f"CREATE FUNCTION {FUNCTION_NAME}({arguments})\n"
+        f"RETURNS TABLE ({_RESULT})\n"
+        f"LANGUAGE plpgsql VOLATILE AS $engine${function_body()}$engine$",
+    ]
+
+
+_CALL = Statement(
+    f"SELECT * FROM {FUNCTION_NAME}("  # noqa: S608 - names of this module, no input
+    + ", ".join(f"%({name})s::{kind}" for name, kind in _ARGUMENTS)
+    + ")"
+)
+
+
 @dataclass(frozen=True)
 class Completed:
-    """What the statement did: the steps it dispatched, as the columns
-    ``dispatch.step_from_row`` takes."""
+    """What the recording did: the steps it dispatched, as the columns
+    ``dispatch.step_from_row`` takes, and the run's priority to announce them with."""
 
     dispatched: list[dict[str, Any]]
-    # The statement completed the run itself (its last step).
+    priority: int
+    # It completed the run itself (its last step).
     run_finished: bool = False
 
 
-def eligible(run: Run, error: object, skipped: bool, cost: Decimal) -> bool:
-    """Whether the outcome may take the hot path at all (the statement checks the rest).
+@dataclass(frozen=True)
+class Choose:
+    """A worker's fair choice made with the recording (``scheduling.next_run``'s terms:
+    its slot's holder name, the organizations and runs it leaves out, the organization
+    of the slot it holds)."""
+
+    me: str
+    full: frozenset[Any]
+    skip: frozenset[Any]
+    held: Any
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Who claims the next step with the recording (``claim_next_step``'s terms): the
+    run's, or with ``choose`` that of the run its fair choice gives."""
+
+    worker: str
+    task_id: str
+    lease_seconds: float
+    choose: Choose | None = None
+
+
+@dataclass(frozen=True)
+class Next:
+    """What the recording claimed for the worker (``claim_next_step``'s fields), and the
+    choice it made when asked to (None: not asked; a Choice whose run is None: nothing
+    ready that the worker may take)."""
+
+    claimed: dict[str, Any] | None = None
+    chosen: Choice | None = None
+
+
+def eligible(error: object, skipped: bool, cost: Decimal) -> bool:
+    """Whether the outcome may take the hot path at all (the function checks the rest:
+    the run RUNNING with no approval waiting, the step running this attempt, and so on).
     A negative cost is left to the general path, where credits_charge refuses it."""
-    return (
-        error is None
-        and not skipped
-        and cost >= 0
-        and run.status == RunStatus.RUNNING
-        and run.waiting_approvals == 0
-    )
+    return error is None and not skipped and cost >= 0
 
 
 def _params(
     run: Run, step_id: int, attempt: int, *, output: Any, cost: Decimal, now: datetime, beat: bool
 ) -> dict[str, Any]:
-    """The parameters every shape takes."""
+    """Every parameter of the statements, for running one of them alone (the tests'
+    EXPLAIN); the function sets most of them itself."""
     return {
-        "step": step_id,
-        "attempt": attempt,
-        "run": run.pk,
+        **_arguments(run.pk, step_id, attempt, output=output, cost=cost),
         "now": now,
-        # None is SQL NULL, as the ORM stores it, not a JSON null.
-        "output": None if output is None else json.dumps(output),
-        "cost": cost,
-        "cost_text": str(cost),
+        "priority": run.priority,
         "charge_id": uuid.uuid4(),
         "organization": run.organization_id,
-        "amount": to_credits(cost),
         "charge_key": charge_key(step_id, attempt),
         "beat": beat,
         "settle_id": uuid.uuid4(),
@@ -507,47 +746,82 @@ def _params(
     }
 
 
+def _arguments(
+    run_id: Any, step_id: int, attempt: int, *, output: Any, cost: Decimal
+) -> dict[str, Any]:
+    return {
+        "step": step_id,
+        "attempt": attempt,
+        "run": run_id,
+        # None is SQL NULL, as the ORM stores it, not a JSON null.
+        "output": None if output is None else json.dumps(output),
+        "cost": cost,
+        "cost_text": str(cost),
+        "amount": to_credits(cost),
+    }
+
+
 def complete(
-    run: Run,
+    run_id: Any,
     step_id: int,
     attempt: int,
     *,
     output: Any,
     cost: Decimal,
-    now: datetime,
-    beat: bool,
-    task_open: int | None,
-    agent_open: int | None,
-) -> Completed | None:
-    """Complete ``step_id``'s ``attempt`` and advance its task in one statement; None when
-    the step is not this plain case (or not running this attempt): nothing was written.
+    claim: Claim | None = None,
+) -> tuple[Completed | None, Next]:
+    """Complete ``step_id``'s ``attempt`` and advance its task, in one call of
+    ``engine_step_completed`` (in the caller's transaction, or its own).
 
-    ``task_open`` and ``agent_open`` (the open children of the step's task and agent, as
-    read with the run's lock: ``services.lock_run_for_step``) choose which shape to try;
-    each statement checks its own conditions, so a stale count costs a statement that
-    writes nothing, never a wrong write. None: unknown, try."""
-    params = _params(run, step_id, attempt, output=output, cost=cost, now=now, beat=beat)
-    # Most steps have siblings still open; a one-step task (a dag node) ends with its
-    # step; the last task of an agent is the general path's. A stale count (a sibling
-    # finished while this waited for the lock) leaves the next shape to try, or the
-    # general path: slower, never wrong.
-    shapes = []
-    if task_open is None or task_open > 1:
-        shapes.append(_IN_TASK_SQL)
-    if agent_open is None or agent_open > 1:
-        shapes.append(_LAST_IN_TASK_SQL)
-    elif run.open_children == 1 and task_open in (None, 1):
-        shapes.append(_LAST_IN_RUN_SQL)
-    rows: list[Any] = []
-    for statement in shapes:
-        rows = statement.rows(params)
-        if rows:
-            break
-    if not rows:
-        return None
+    Returns what it recorded, None when the step is not the plain case or not running
+    this attempt (nothing was written: the general path decides), and, with ``claim``,
+    what it claimed and chose for that worker (``Next``; nothing when the step was no
+    longer running this attempt)."""
+    choose = claim.choose if claim is not None else None
+    arguments = _arguments(run_id, step_id, attempt, output=output, cost=cost)
+    arguments.update(
+        claim=claim is not None,
+        worker=claim.worker if claim else "",
+        task_id=claim.task_id if claim else "",
+        lease=claim.lease_seconds if claim else 0.0,
+        choose=choose is not None,
+        me=choose.me if choose else "",
+        full=list(choose.full) if choose else [],
+        skip=list(choose.skip) if choose else [],
+        held=choose.held if choose else None,
+    )
+    rows = _CALL.rows(arguments)
+    claimed, chosen, recorded = None, None, []
+    for row in rows:
+        if row[0] == "claimed":
+            claimed = claimed_from_json(row[9])
+        elif row[0] == "chosen":
+            extra = json.loads(row[9]) if isinstance(row[9], str) else row[9]
+            organization = extra["organization_id"]
+            chosen = Choice(
+                run_id=row[6],
+                organization_id=uuid.UUID(organization) if organization else None,
+                priority=int(row[1] or 0),
+                pickup=bool(extra["pickup"]),
+                claimed=claimed,
+            )
+        else:
+            recorded.append(row)
+    if chosen is not None and claimed is not None:
+        # Claimed from the chosen run, or (nothing claimable before the recording) from
+        # this one after it: then the worker goes on with this run, and chooses again
+        # after its next step.
+        if claimed["run_id"] == chosen.run_id:
+            chosen = dataclasses.replace(chosen, claimed=claimed)
+        else:
+            chosen = None
+    after = Next(claimed, chosen)
+    if not recorded:
+        return None, after
     columns = ("id", "tool", "timeout_ms", "run_id", "attempt_number", "status")
-    dispatched = [dict(zip(columns, row[1:], strict=True)) for row in rows if row[1] is not None]
-    return Completed(dispatched, run_finished=statement is _LAST_IN_RUN_SQL)
+    dispatched = [dict(zip(columns, row[3:9], strict=True)) for row in recorded if row[3]]
+    shape = recorded[0][0]
+    return Completed(dispatched, int(recorded[0][1]), shape == "last_in_run"), after
 
 
 # --------------------------------------------------------------------------- the start

@@ -16,7 +16,7 @@ from billing.services import BudgetExhausted, credits_charge
 from common.tools.base import ToolError
 from runs import admission, services
 from runs.engine import hotpath, policy
-from runs.engine.dispatch import announce, step_from_row, step_timeout_s, update_waiting_state
+from runs.engine.dispatch import announce_steps, step_from_row, step_timeout_s, update_waiting_state
 from runs.engine.failure import Failure, child_failed, end_child
 from runs.engine.handlers import handler_finished, start_handlers
 from runs.engine.propagation import child_done
@@ -112,42 +112,51 @@ def step_failed(run: Run, step: Step, failure: Failure, outbox: Outbox) -> None:
 
 
 def record(step_id: int, run_id: Any, attempt: int, outcome: Outcome) -> bool:
-    """Record the attempt and advance the run, in one transaction under the run's lock.
+    """Record the attempt and advance the run (``record_and_claim`` without a claim)."""
+    return record_and_claim(step_id, run_id, attempt, outcome)[0]
 
-    False when the result was dropped: the step no longer runs this attempt (cancelled,
-    failed by a sweep or reclaimed meanwhile)."""
+
+def record_and_claim(
+    step_id: int, run_id: Any, attempt: int, outcome: Outcome, claim: hotpath.Claim | None = None
+) -> tuple[bool, hotpath.Next]:
+    """Record the attempt and advance the run, under the run's gate or lock.
+
+    The plainest outcome (completed, nothing above its agent changes) is recorded by one
+    call of the hot path's function inside PostgreSQL (``hotpath.complete``), which may
+    also claim the run's next step for the worker (``claim``); anything else, or what
+    the function declines, by the general path in one transaction under the run's lock.
+
+    Returns whether it was applied (False: the result was dropped, the step no longer
+    runs this attempt: cancelled, failed by a sweep or reclaimed meanwhile) and what was
+    claimed and chosen for the worker (``hotpath.Next``: nothing on the general path)."""
+    claimed = hotpath.Next()
+    if outcome.wait is None and hotpath.eligible(outcome.error, outcome.skipped, outcome.cost):
+        done, claimed = hotpath.complete(
+            run_id, step_id, attempt, output=outcome.output, cost=outcome.cost, claim=claim
+        )
+        if done is not None:
+            _announce(run_id, done)
+            return True, claimed
     with transaction.atomic():
-        run, task_open, agent_open = services.lock_run_for_step(run_id, step_id)
-        now = timezone.now()
-        if outcome.wait is None and hotpath.eligible(
-            run, outcome.error, outcome.skipped, outcome.cost
-        ):
-            done = hotpath.complete(
-                run,
-                step_id,
-                attempt,
-                output=outcome.output,
-                cost=outcome.cost,
-                now=now,
-                beat=_beat_due(run, now),
-                task_open=task_open,
-                agent_open=agent_open,
-            )
-            if done is not None:
-                if done.dispatched:
-                    ready = [step_from_row(row) for row in done.dispatched]
-                    announce(run, ready, now, Outbox())
-                if done.run_finished:
-                    # What services.run_complete does beyond the statement's writes: a
-                    # child's parent told (runs.children), the runs of the organization
-                    # waiting for its place looked at again (runs.admission).
-                    if run.parent_run_id is not None:
-                        enqueue_run_message(RunMessage.CHILD_ENDED, run.pk, run.priority)
-                    admission.released(run)
-                return True
+        run = services.lock_run(run_id, light=True)
         # Anything else, or the hot path wrote nothing (a charge beyond the reservation
         # included: here it fails the step with budget_exhausted).
-        return _record(run, step_id, attempt, outcome, now)
+        return _record(run, step_id, attempt, outcome, timezone.now()), claimed
+
+
+def _announce(run_id: Any, done: hotpath.Completed) -> None:
+    """What the hot path's commit asks for: the steps it dispatched published; when it
+    ended the run, what ``services.run_complete`` does beyond its writes (a child's
+    parent told, ``runs.children``; the runs of the organization waiting for its place
+    looked at again, ``runs.admission``)."""
+    if done.dispatched:
+        ready = [step_from_row(row) for row in done.dispatched]
+        announce_steps(str(run_id), done.priority, ready, Outbox())
+    if done.run_finished:
+        run = Run.objects.only("organization_id", "priority", "parent_run_id").get(pk=run_id)
+        if run.parent_run_id is not None:
+            enqueue_run_message(RunMessage.CHILD_ENDED, run.pk, run.priority)
+        admission.released(run)
 
 
 def _beat_due(run: Run, now: datetime) -> bool:

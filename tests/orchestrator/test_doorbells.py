@@ -28,8 +28,8 @@ from orchestrator.dispatch import (
 )
 from orchestrator.tasks import doorbell_task, pick_up_run_task
 from runs import services
-from runs.engine import control
-from runs.engine.outcomes import record
+from runs.engine import control, hotpath
+from runs.engine.outcomes import record_and_claim
 from runs.models import Run, Step
 from runs.outbox import Outbox, StepMessage
 from tests import factories
@@ -46,7 +46,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def rings(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, int]]:
     """What the doorbell rang again for (nothing leaves the process)."""
     rung: list[dict[str, int]] = []
-    monkeypatch.setattr(CeleryTransport, "ring", lambda self, runs: rung.append(dict(runs)))
+    monkeypatch.setattr(CeleryTransport, "ring", lambda self, runs, reason: rung.append(dict(runs)))
     return rung
 
 
@@ -159,13 +159,13 @@ def first_recording_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     """The database goes away while the next attempt is recorded (once)."""
     failing = iter([OperationalError("server closed the connection unexpectedly")])
 
-    def record_once_failing(*args: Any) -> bool:
+    def record_once_failing(*args: Any) -> tuple[bool, hotpath.Next]:
         error = next(failing, None)
         if error is not None:
             raise error
-        return record(*args)
+        return record_and_claim(*args)
 
-    monkeypatch.setattr(executor, "record", record_once_failing)
+    monkeypatch.setattr(executor, "record_and_claim", record_once_failing)
 
 
 def test_a_recording_that_failed_is_replayed_before_the_doorbell_serves_on(
@@ -225,6 +225,9 @@ def sent(monkeypatch: pytest.MonkeyPatch, settings: SettingsWrapper) -> list[Sen
 
     monkeypatch.setattr(app, "send_task", send_task)
     monkeypatch.setattr(app.control, "revoke", lambda *a, **k: calls.append(("revoke", a[0], None)))
+    # Nothing reaches the queue here, which would look idle to a call for help
+    # (tested on its own below).
+    monkeypatch.setattr(CeleryTransport, "call_for_help", lambda self, run_id, priority: False)
     return calls
 
 

@@ -63,6 +63,14 @@ logger = logging.getLogger(__name__)
 BROKER_ERRORS = (BrokerError, RedisError, ConnectionError, OSError)
 
 
+# How long a run whose recordings queued for their locks gets no more servers.
+CROWDED_FOR_S = 2.0
+
+
+def _crowded_key(run_id: str) -> str:
+    return f"orchestrator:crowded:{run_id}"
+
+
 def run_queue(priority: int) -> str:
     return QUEUE_RUNS_HIGH if priority <= settings.ENGINE_HIGH_PRIORITY_MAX else QUEUE_RUNS_NORMAL
 
@@ -174,27 +182,42 @@ class CeleryTransport:
         _guarded(publish, "step messages")
 
     def call_for_help(self, run_id: str, priority: int) -> bool:
-        """One more doorbell for the run, if a worker is free to answer it at once: no
-        doorbell waits on the steps queue (a worker reserves a message only while one of
-        its slots is free: ``worker_prefetch_multiplier`` 1). True if it rang.
+        """One more doorbell for the run, if a worker is free to answer it at once (no
+        doorbell waits on the steps queue: a worker reserves a message only while one of
+        its slots is free, ``worker_prefetch_multiplier`` 1) and the run's recordings
+        are not crowded (``crowded``). True if it rang.
 
         How one run spreads over the fleet (docs/engine.md): a server that claims a step
         and sees more claimable calls for help, so servers double each round until the
-        fleet is busy (doorbells wait in the queue) or the run has nothing more ready.
+        fleet is busy, the run has nothing more ready, or its recordings queue for
+        their locks.
         """
         try:
             client = _redis(settings.CELERY_BROKER_URL)
             with client.pipeline(transaction=False) as pipe:
+                pipe.exists(_crowded_key(run_id))
                 for key in queue_keys(QUEUE_STEPS):
                     pipe.llen(key)
-                waiting = sum(pipe.execute())
+                crowded, *waiting = pipe.execute()
         except BROKER_ERRORS as exc:
             logger.warning("steps queue not read (%s); no help called for run %s", exc, run_id)
             return False
-        if waiting:
+        if crowded or sum(waiting):
             return False
         self.ring({run_id: priority}, "help")
         return True
+
+    def crowded(self, run_id: str) -> None:
+        """The run's recordings queue for their locks: no call for help is answered for
+        a while (CROWDED_FOR_S). A mark in the broker's Redis, shared by every worker;
+        lost with Redis, it costs a few servers too many for a moment."""
+
+        def mark() -> None:
+            _redis(settings.CELERY_BROKER_URL).set(
+                _crowded_key(run_id), b"1", px=int(CROWDED_FOR_S * 1000)
+            )
+
+        _guarded(mark, f"crowded mark of run {run_id}")
 
     def ring(self, runs: Mapping[str, int], reason: str) -> None:
         """One doorbell for each run (id -> priority); ``reason`` counts it

@@ -39,10 +39,15 @@ from runs.models import Run, StepSlot
 from runs.states import RunStatus
 from runs.transitions import CLAIMED_JSON, claim_next_sql, claimed_from_json
 
+# The organization's limit as it stands (its own, or the setting's default: as
+# admission.limits_of reads it), read by the statements themselves: a changed limit
+# applies at the next slot taken, without a query of its own per slot.
+_LIMIT = """(SELECT COALESCE(NULLIF(o.max_running_steps, 0), %(default)s)
+             FROM billing_organization AS o WHERE o.id = %(organization)s)"""
 _ACQUIRE_SQL = """
 WITH free AS (
     SELECT id FROM runs_stepslot
-    WHERE organization_id = %(organization)s AND slot < %(limit)s
+    WHERE organization_id = %(organization)s AND slot < {limit}
       AND (holder = '' OR expires_at IS NULL OR expires_at < now())
     ORDER BY slot
     LIMIT 1
@@ -52,7 +57,7 @@ UPDATE runs_stepslot AS s
 SET holder = %(holder)s, expires_at = now() + make_interval(secs => %(lease)s)
 FROM free WHERE s.id = free.id
 RETURNING s.id, s.slot
-"""
+""".replace("{limit}", _LIMIT)
 # One more slot, when every existing one below the limit is held: the next number. Two
 # workers adding the same number meet at the unique constraint; one of them gets it.
 _ADD_SQL = """
@@ -62,10 +67,10 @@ FROM (
     SELECT COALESCE(MAX(slot) + 1, 0) AS slot FROM runs_stepslot
     WHERE organization_id = %(organization)s
 ) AS next
-WHERE next.slot < %(limit)s
+WHERE next.slot < {limit}
 ON CONFLICT (organization_id, slot) DO NOTHING
 RETURNING id, slot
-"""
+""".replace("{limit}", _LIMIT)
 
 
 @dataclass(frozen=True)
@@ -83,7 +88,7 @@ def acquire_slot(organization_id: Any, holder: str) -> Slot | None:
     when they are all held."""
     params = {
         "organization": organization_id,
-        "limit": limits_of(organization_id).max_running_steps,
+        "default": settings.ORG_MAX_RUNNING_STEPS,
         "holder": holder,
         "lease": float(settings.ENGINE_LEASE_SECONDS),
     }
@@ -103,11 +108,11 @@ def acquire_slot(organization_id: Any, holder: str) -> Slot | None:
 
 def _below_limit(cursor: Any, params: dict[str, Any]) -> bool:
     cursor.execute(
-        "SELECT count(*) FROM runs_stepslot WHERE organization_id = %(organization)s "
-        "AND slot < %(limit)s",
+        f"SELECT count(*) < {_LIMIT} FROM runs_stepslot "  # noqa: S608 - this module's text
+        f"WHERE organization_id = %(organization)s AND slot < {_LIMIT}",
         params,
     )
-    return int(cursor.fetchone()[0]) < int(params["limit"])
+    return bool(cursor.fetchone()[0])
 
 
 def renew_slot(slot: Slot) -> bool:

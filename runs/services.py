@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.db.models import BooleanField
@@ -50,8 +52,9 @@ from runs.models import (
     Task,
 )
 from runs.outbox import RunMessage, enqueue_run_message, revoke_running_steps
-from runs.plan import Plan, PlanError, PlanInvalid, parse_plan
+from runs.plan import Limits, Plan, PlanError, PlanInvalid, parse_plan
 from runs.plan.fields import CONCURRENCY_KEY_MAX_LENGTH
+from runs.plan.model import read_plan
 from runs.reservation import plan_reservation
 from runs.states import (
     NODE_OPEN,
@@ -292,30 +295,65 @@ def concurrency_of(plan: Plan) -> tuple[str, int]:
 
 
 # --------------------------------------------------------------------------- start, pick up
+# What begins a run in its start's own transaction (the engine's pick-up work:
+# ``runs.engine.control.begin``). The services sit below the engine, so the runs app
+# registers it at start-up (``runs.apps``); none registered: every run waits for a
+# worker's pick-up.
+Begin = Callable[[Run, Plan, str, RunAttempt], Run]
+_begin: Begin | None = None
+
+
+def use_beginning(begin: Begin | None) -> None:
+    global _begin
+    _begin = begin
+
+
+# The states a run's start leads to, short of a terminal one: starting it again there
+# answers the run as it is (a client retrying its start never sees a conflict because
+# the first start was fast).
+STARTED = frozenset(
+    {
+        RunStatus.PENDING,
+        RunStatus.RUNNING,
+        RunStatus.WAITING_APPROVAL,
+        RunStatus.PAUSED,
+        RunStatus.RESUMING,
+        RunStatus.RETRYING,
+        RunStatus.ESCALATED,
+    }
+)
+
+
 @transaction.atomic
 def run_start(
     *, run_id: RunId, organization: Organization | None = None, actor: str = "system"
 ) -> Run:
-    """CREATED -> PENDING: open attempt 1 and reserve its credits.
+    """CREATED -> PENDING: open attempt 1 and reserve its credits; then, when admission
+    lets it in at once and its plan has at most ENGINE_START_AT_ONCE_STEPS steps,
+    PENDING -> RUNNING in the same transaction (its first steps claimable at commit, their
+    doorbells rung after it). Otherwise a worker picks it up (the message is sent after
+    commit).
 
-    Already PENDING: returned unchanged. Too little available: InsufficientCredits, and
-    the whole transaction rolls back, so the run stays CREATED.
+    Started already (pending, running or any state its start led to, short of a terminal
+    one): returned unchanged. Too little available: InsufficientCredits, and the whole
+    transaction rolls back, so the run stays CREATED.
     """
     run = lock_run(run_id, organization)
     if run.deleted_at is not None:
         raise RunDeleted(f"run {run.pk} was deleted")
     if run.status != RunStatus.CREATED:
-        # Same-state request (or the run has moved on): idempotent, unless it is a state
-        # start() can never lead to, which the table refuses explicitly.
-        if run.status == RunStatus.PENDING:
+        if run.status in STARTED:
             return run
+        # A terminal state start() can never lead to: the table refuses it explicitly.
         return transition(Run, run.pk, RunStatus.PENDING, actor=actor).obj
-    amount = plan_reservation(plan_of(run))
+    plan = stored_plan(run)
+    amount = plan_reservation(plan)
     # Refused with 429 beyond the organization's pending runs; admitted at once when a
     # place is free and nobody waits for one (runs.admission). Its lock on the
     # organization is held until commit: taken after the plan is read, not before.
     admitted_at = timezone.now() if admission.on_start(run) else None
-    if not _start_at_once(run, amount, actor, admitted_at):
+    attempt = _start_in_one_statement(run, amount, actor, admitted_at)
+    if attempt is None:
         run = transition(
             Run,
             run.pk,
@@ -323,9 +361,34 @@ def run_start(
             actor=actor,
             updates={"attempt_number": 1, "admitted_at": admitted_at},
         ).obj
-        _open_attempt(run, actor, amount)
+        attempt = _open_attempt(run, actor, amount)
+    if (
+        admitted_at is not None
+        and _begin is not None
+        and plan.step_count <= settings.ENGINE_START_AT_ONCE_STEPS
+    ):
+        # Checked in full first, as a pick-up checks it: a plan the validator has grown
+        # stricter for since its creation is left to the pick-up, which fails the run.
+        try:
+            checked = plan_of(run)
+        except PlanInvalid:
+            checked = None
+        if checked is not None:
+            return _begin(run, checked, actor, attempt)
     enqueue_run_message(RunMessage.PICK_UP, run.pk, run.priority)
     return run
+
+
+def stored_plan(run: Run) -> Plan:
+    """The typed plan of a stored run, for what its start reads of it (the steps, the
+    credits to reserve). The plan passed every check when the run was created: its shape
+    is read again (the typed plan is built from it), not its whole-plan checks
+    (dependencies, cycles, templates), which the pick-up makes before it writes; a plan
+    whose shape no longer reads is refused in full, as at creation."""
+    plan, problems = read_plan(run.plan, Limits.from_settings())
+    if problems or plan is None:
+        return plan_of(run)  # raises PlanInvalid with every problem
+    return plan
 
 
 # run_start's writes in one statement, for the run locked and found CREATED: the credits
@@ -366,19 +429,19 @@ WITH {reserve_drawn}, run AS (
     ) AS e (n, kind, from_status, to_status, message, payload)
     ORDER BY e.n
 )
-SELECT run.status_changed_at, run.started_at, run.updated_at FROM run
+SELECT run.status_changed_at, run.started_at, run.updated_at, (SELECT id FROM attempt) FROM run
 """
 _START_RUN_SQL = _START_RUN.format(reserve_drawn=RESERVE_DRAWN, reserve_written=RESERVE_WRITTEN)
 
 
-def _start_at_once(
+def _start_in_one_statement(
     run: Run, reservation: Decimal, actor: str, admitted_at: datetime | None
-) -> bool:
-    """CREATED -> PENDING with attempt 1 and its reservation, in one statement; False
-    (nothing written) when the organization has too little available."""
+) -> RunAttempt | None:
+    """CREATED -> PENDING with attempt 1 and its reservation, in one statement; the
+    attempt, or None (nothing written) when the organization has too little available."""
     amount = to_credits(reservation)
     if amount <= 0:
-        return False  # credits_reserve refuses it, on the general path
+        return None  # credits_reserve refuses it, on the general path
     now = timezone.now()
     with connection.cursor() as cursor:
         cursor.execute(
@@ -398,10 +461,12 @@ def _start_at_once(
         )
         row = cursor.fetchone()
     if row is None:
-        return False
+        return None
     run.status, run.attempt_number, run.admitted_at = RunStatus.PENDING, 1, admitted_at
-    run.status_changed_at, run.started_at, run.updated_at = row
-    return True
+    run.status_changed_at, run.started_at, run.updated_at, attempt_id = row
+    return RunAttempt.from_db(
+        connection.alias, ["id", "run_id", "attempt_number"], [attempt_id, run.pk, 1]
+    )
 
 
 def _open_attempt(run: Run, actor: str, amount: Decimal | None = None) -> RunAttempt:
@@ -441,12 +506,15 @@ def run_pick_up(*, run_id: RunId, actor: str = "worker") -> tuple[Run, bool]:
     return run_pick_up_locked(run, plan_of(run), actor=actor), True
 
 
-def run_pick_up_locked(run: Run, plan: Plan, *, actor: str = "worker") -> Run:
+def run_pick_up_locked(
+    run: Run, plan: Plan, *, actor: str = "worker", attempt: RunAttempt | None = None
+) -> Run:
     """``run_pick_up`` for a PENDING run already locked (with its plan) in the caller's
     transaction, its plan parsed: the worker's pick-up parses the plan before it writes
     anything, so that a plan which no longer validates fails the run without a
-    savepoint to roll back to."""
-    attempt = current_attempt(run)
+    savepoint to roll back to. ``attempt``: the current one, when the caller has it
+    (a start that begins the run opened it)."""
+    attempt = attempt or current_attempt(run)
     agents = materialize(run, attempt, plan)
     now = timezone.now()
     return transition_locked(

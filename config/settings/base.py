@@ -486,6 +486,17 @@ ENGINE_BURST_SECONDS = env.number(
     "ENGINE_BURST_SECONDS", 1.0, "seconds a doorbell serves its run before ringing again"
 )
 # Runs with a priority at or below this number go to runs.high_priority.
+# A run admitted at its start whose plan has at most this many steps begins in the
+# start's own transaction (RUNNING, its first steps claimable at commit) instead of
+# waiting for a worker's pick-up; a bigger plan is materialised by a worker, so that a
+# web process and the organization's admission lock are not held for long. 0: every run
+# is picked up by a worker.
+ENGINE_START_AT_ONCE_STEPS = env.integer(
+    "ENGINE_START_AT_ONCE_STEPS",
+    200,
+    "steps a plan may have to begin in its start's own transaction",
+    minimum=0,
+)
 ENGINE_HIGH_PRIORITY_MAX = env.integer(
     "ENGINE_HIGH_PRIORITY_MAX", 2, "priorities 0..N use runs.high_priority", minimum=0, maximum=9
 )

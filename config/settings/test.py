@@ -24,6 +24,14 @@ LOGGING["root"]["level"] = env.string("LOG_LEVEL", "WARNING", "root log level") 
 ENGINE_HEARTBEAT_SECONDS = env.number("ENGINE_HEARTBEAT_SECONDS", 0.5, "lease renewal period")
 ENGINE_LEASE_SECONDS = env.number("ENGINE_LEASE_SECONDS", 3, "lease length")
 
+# Most tests drive a run step by step: started (PENDING), then picked up by the test as
+# a worker would. Runs that begin in their start's own transaction are tested where
+# they are meant to be (tests/runs/test_start_at_once.py and the integration tests that
+# turn this on).
+ENGINE_START_AT_ONCE_STEPS = env.integer(
+    "ENGINE_START_AT_ONCE_STEPS", 0, "steps a plan may have to begin at its start", minimum=0
+)
+
 # Artifacts of the tests' runs: one directory every process of the suite shares (the
 # worker, the web server, the test process), outside the checkout. Keys are unique, so
 # suites running side by side do not meet in it.

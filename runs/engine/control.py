@@ -21,9 +21,9 @@ from runs.engine.dispatch import (
     update_waiting_state,
 )
 from runs.engine.propagation import finish_if_done
-from runs.models import Agent, Run, Step, Task
+from runs.models import Agent, Run, RunAttempt, Step, Task
 from runs.outbox import Outbox, StepMessage
-from runs.plan import PlanInvalid
+from runs.plan import Plan, PlanInvalid
 from runs.states import NodeStatus, RunStatus, StepStatus
 from runs.transitions import transition_many
 
@@ -53,16 +53,27 @@ def pick_up(run_id: Any, actor: str = "worker") -> bool:
                 run_id=run_id, code="invalid_plan", message=str(exc)[:2000], actor=actor
             )
             return False
-        run = services.run_pick_up_locked(run, plan, actor=actor)
-        now = timezone.now()
-        started = hotpath.start(run, now)
-        if started is None:
-            dispatch_agents(run, Outbox())
-        else:
-            run.active_children += started.agents
-            announce(run, [step_from_row(row) for row in started.dispatched], now, Outbox())
-        finish_if_done(run)
+        begin(run, plan, actor)
         return True
+
+
+def begin(run: Run, plan: Plan, actor: str, attempt: RunAttempt | None = None) -> Run:
+    """PENDING -> RUNNING for a run locked in the caller's transaction, its plan parsed:
+    its attempt materialised, its ready agents, tasks and steps started (the steps'
+    doorbells rung after commit). The pick-up's work, and ``services.run_start``'s for a
+    run admitted at once whose plan is small (registered there by ``runs.apps``)."""
+    run = services.run_pick_up_locked(run, plan, actor=actor, attempt=attempt)
+    now = timezone.now()
+    started = hotpath.start(run, now)
+    if started is None:
+        dispatch_agents(run, Outbox())
+    else:
+        run.active_children += started.agents
+        announce(run, [step_from_row(row) for row in started.dispatched], now, Outbox())
+    finish_if_done(run)
+    if run.open_children == 0:
+        run.refresh_from_db()  # nothing to do: completed as it started
+    return run
 
 
 def resume(run_id: Any, actor: str = "worker") -> bool:

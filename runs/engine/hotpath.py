@@ -509,6 +509,7 @@ DECLARE
     v_chosen_priority smallint;
     v_chosen_pickup boolean;
     v_recorded boolean := false;
+    v_locking timestamptz;
 BEGIN
     -- The run's gate, shared: other recordings of the run go on beside this one;
     -- anything else that changes the run holds it exclusively (runs.transitions).
@@ -558,6 +559,7 @@ BEGIN
     -- statement's snapshot then sees every earlier holder's commit): the task's, for
     -- its counters and its steps' dependencies; the agent's when the task ends, for its
     -- counters and its tasks'; the run's when the agent ends. Always in that order.
+    v_locking := clock_timestamp();  -- the wait for the locks goes back to the worker
     SELECT open_children INTO v_open FROM runs_task WHERE id = v_task FOR NO KEY UPDATE;
     IF v_open > 1 THEN
         a_now := clock_timestamp();  -- as the general path's, once its locks are held
@@ -628,9 +630,11 @@ _RESULT = (
     "o_claimed jsonb"
 )
 # The claimed step's row, as one JSON value in the function's last column.
+# With the seconds the recording waited for its locks (``waited``): how crowded the run's
+# recordings are (orchestrator.executor: a server that waits more than it works leaves).
 _CLAIMED_ROW = """SELECT 'claimed'::text, NULL::smallint, NULL::bigint, NULL::bigint,
        NULL::varchar, NULL::bigint, NULL::uuid, NULL::smallint, NULL::varchar,
-       {claimed}
+       {claimed} || jsonb_build_object('waited', EXTRACT(EPOCH FROM a_now - v_locking))
 FROM claimed"""
 
 

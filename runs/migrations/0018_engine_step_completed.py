@@ -31,6 +31,7 @@ DECLARE
     v_chosen_priority smallint;
     v_chosen_pickup boolean;
     v_recorded boolean := false;
+    v_locking timestamptz;
 BEGIN
     -- The run's gate, shared: other recordings of the run go on beside this one;
     -- anything else that changes the run holds it exclusively (runs.transitions).
@@ -126,6 +127,7 @@ SELECT org, id, priority, pickup FROM choice) AS c;
     -- statement's snapshot then sees every earlier holder's commit): the task's, for
     -- its counters and its steps' dependencies; the agent's when the task ends, for its
     -- counters and its tasks'; the run's when the agent ends. Always in that order.
+    v_locking := clock_timestamp();  -- the wait for the locks goes back to the worker
     SELECT open_children INTO v_open FROM runs_task WHERE id = v_task FOR NO KEY UPDATE;
     IF v_open > 1 THEN
         a_now := clock_timestamp();  -- as the general path's, once its locks are held
@@ -706,7 +708,7 @@ SELECT 'claimed'::text, NULL::smallint, NULL::bigint, NULL::bigint,
           AND other.dispatched_at IS NOT NULL
           AND (other.next_run_at IS NULL OR other.next_run_at <= a_now)
           AND other.id <> claimed.id
-    ))
+    )) || jsonb_build_object('waited', EXTRACT(EPOCH FROM a_now - v_locking))
 FROM claimed;
     END IF;
     -- The run's heartbeat (when due: outcomes._beat_due), last: its row is locked only

@@ -14,7 +14,7 @@ from api.views import EXAMPLE_CREATE
 from billing.models import LedgerEntry
 from runs import services
 from runs.engine import control
-from runs.models import Run, Step
+from runs.models import Run, RunEvent, Step
 from tests import factories
 from tests.api import states
 from tests.api.conftest import Tenant
@@ -293,6 +293,31 @@ def test_start_reserves_and_a_second_start_changes_nothing(tenant: Tenant) -> No
     assert (first.status_code, second.status_code) == (200, 200)
     assert first.json()["status"] == second.json()["status"] == "pending"
     assert LedgerEntry.objects.filter(run=run, type="reserve").count() == 1
+
+
+def test_a_start_that_begins_the_run_answers_running_and_a_second_changes_nothing(
+    tenant: Tenant, settings: Any
+) -> None:
+    settings.ENGINE_START_AT_ONCE_STEPS = 200  # a small run admitted at once begins at once
+    run = states.created(tenant.organization)
+
+    first = tenant.post(f"{RUNS}/{run.pk}/start")
+    events = RunEvent.objects.filter(run=run).count()
+    second = tenant.post(f"{RUNS}/{run.pk}/start")
+
+    assert (first.status_code, second.status_code) == (200, 200)
+    assert first.json()["status"] == second.json()["status"] == "running"
+    assert RunEvent.objects.filter(run=run).count() == events
+    assert LedgerEntry.objects.filter(run=run, type="reserve").count() == 1
+
+
+def test_create_with_start_may_answer_a_running_run(tenant: Tenant, settings: Any) -> None:
+    settings.ENGINE_START_AT_ONCE_STEPS = 200
+
+    body = create(tenant, start=True, steps=3).json()
+
+    assert body["status"] == "running"
+    assert body["attempt_number"] == 1
 
 
 def test_start_without_enough_credits_is_402_and_the_run_stays_created(new_tenant: Any) -> None:

@@ -53,4 +53,4 @@ def assert_books_balanced(run: Run, check_invariants: bool = True) -> None:
     if not check_invariants:
         return
     violations = {name: found for name, found in check_all().items() if found}
-    assert violations == {}
+    assert violations == {}, violations

@@ -30,6 +30,36 @@ def test_a_sequential_run_completes_in_order(celery_worker: str) -> None:
     assert_books_balanced(run)
 
 
+def test_runs_begun_at_their_start_complete_on_a_worker(celery_worker: str, settings: Any) -> None:
+    # A small run admitted at its start is RUNNING when run_start returns; its first
+    # steps' doorbells reach the worker after the start's commit (SPEC section 4).
+    settings.ENGINE_START_AT_ONCE_STEPS = 200
+    wide = plan(steps=0) | {
+        "agents": [
+            {
+                "name": "a",
+                "tasks": [
+                    {
+                        "name": "fan",
+                        "mode": "parallel",
+                        "max_concurrent_steps": 20,
+                        "steps": [step(f"s{i}") for i in range(20)],
+                    },
+                    {"name": "join", "steps": [step("j")]},
+                ],
+            }
+        ],
+    }
+    runs = [submit(plan(steps=5)), submit(wide)]
+
+    assert [run.status for run in runs] == ["running", "running"]
+    finished = [wait_for(run) for run in runs]
+    for done in finished:
+        assert done.status == "completed", done.last_error
+        assert done.picked_up_at is not None
+        assert_books_balanced(done)
+
+
 def _max_overlap(intervals: list[tuple[Any, Any]]) -> int:
     points = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
     # An end and a start at the same instant do not overlap: ends sort first (-1 < 1).

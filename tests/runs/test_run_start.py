@@ -3,7 +3,7 @@ pick-up that follows parses the plan before writing anything.
 
 The run is locked and checked as before; then one statement draws the credits, moves the
 run to PENDING, opens attempt 1 and writes its reservation, its ledger entry and the two
-events (``runs.services._start_at_once``). Each case here starts twin runs, one each way,
+events (``runs.services._start_in_one_statement``). Each case here starts twin runs, one each way,
 and compares every row they leave: the run, its attempt, its reservation, its ledger
 entry, its events, the organization's balance and the message sent.
 """
@@ -46,7 +46,7 @@ def at_once(django_capture_on_commit_callbacks: Any) -> Starter:
 def general(at_once: Starter, monkeypatch: pytest.MonkeyPatch) -> Starter:
     def start(run: Run) -> Run:
         with monkeypatch.context() as off:
-            off.setattr(services, "_start_at_once", lambda *args: False)
+            off.setattr(services, "_start_in_one_statement", lambda *args: None)
             return at_once(run)
 
     return start

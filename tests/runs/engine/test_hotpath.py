@@ -292,7 +292,7 @@ def test_the_hot_path_leaves_exactly_what_the_general_path_leaves(
     with monkeypatch.context() as off:
         off.setattr(hotpath, "eligible", lambda *args: False)
         off.setattr(hotpath, "start", lambda *args: None)
-        off.setattr(services, "_start_at_once", lambda *args: False)
+        off.setattr(services, "_start_in_one_statement", lambda *args: None)
         general = start(spec)
         play(general, script)
     general_sent = general.sent()

@@ -15,9 +15,15 @@
 #                     server connections (installed from Debian when missing; its
 #                     1.18 keeps no prepared statements, so they are turned off)
 #
+#   BENCH_WIDE_WORKERS=32 children of the worker the wide scenarios run on (fan_sleep,
+#                     group_sleep, fan_2000_wide, group_2000_wide)
+#
 # Extra arguments go to `python -m bench.run` (e.g. --only seq_100,chain_100);
 # `scripts/bench.sh profile [--steps N]` (`make profile`) runs `python -m bench.profile`
 # instead: one step's cost in the engine, in process, under cProfile.
+# `scripts/bench.sh scale [--json path]` runs `python -m bench.scale`: one run over fleets
+# of several sizes, each worker a `celery worker` process of its own hostname
+# (SCALE_SET="1x4 2x4 4x4 8x4 12x4", processes x children; SCALE_JSON=path).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -63,6 +69,9 @@ python manage.py migrate --verbosity 0
 if [ "${1:-}" = profile ]; then
   shift
   python -m bench.profile "$@"   # `make profile`: the engine's cost per step, in process
+elif [ "${1:-}" = scale ]; then
+  shift
+  python -m bench.scale "$@"     # one run over fleets of several sizes
 else
   python -m bench.run "$@"
 fi

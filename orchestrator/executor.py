@@ -326,7 +326,7 @@ class _Server:
                     return self.served  # nothing ready that it may take
                 self.next = choice.claimed
             if choice is not None:
-                choose_at = time.monotonic() + slice_s
+                choose_at = time.monotonic() + slice_s * (choice.busy + 1)
                 held = self.slot.organization_id if self.slot is not None else None
                 if not self.hold(choice.organization_id):
                     self.full.add(choice.organization_id)

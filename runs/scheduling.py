@@ -156,6 +156,10 @@ class Choice:
     priority: int
     pickup: bool
     claimed: dict[str, Any] | None = None
+    # Other workers executing the organization's steps: each worker of a busy
+    # organization looks again every ENGINE_FAIR_SLICE x (busy + 1), so that the fleet
+    # as a whole looks again about once a slice, whatever its size.
+    busy: int = 0
 
 
 _NEXT_CTES = """WITH orgs AS (
@@ -195,7 +199,9 @@ _NEXT_CTES = """WITH orgs AS (
     ) AS b
     WHERE orgs.org <> ALL (%(full)s::uuid[])
 ), choice AS (
-    SELECT best.org, best.id, best.priority, best.pickup
+    -- busy: the other workers executing the chosen organization's steps (a worker
+    -- serving it looks again less often the more they are: ``Choice.busy``)
+    SELECT best.org, best.id, best.priority, best.pickup, COALESCE(executing.n, 0) AS busy
     FROM best
     JOIN billing_organization AS o ON o.id = best.org
     LEFT JOIN executing ON executing.org = best.org
@@ -212,17 +218,18 @@ _NEXT_CTES = """WITH orgs AS (
 CHOICE_SQL = (
     _NEXT_CTES[: _NEXT_CTES.rindex(",")]
     + """
-SELECT org, id, priority, pickup FROM choice"""
+SELECT org, id, priority, pickup, busy FROM choice"""
 )
 _NEXT_SQL = Statement(
     _NEXT_CTES[: _NEXT_CTES.rindex(",")]
     + """
-SELECT org, id, priority, pickup, NULL::jsonb FROM choice
+SELECT org, id, priority, pickup, busy, NULL::jsonb FROM choice
 """
 )
 _NEXT_AND_CLAIM_SQL = Statement(
     claim_next_sql(
-        f"""SELECT choice.org, choice.id, choice.priority, choice.pickup, {CLAIMED_JSON}
+        f"""SELECT choice.org, choice.id, choice.priority, choice.pickup, choice.busy,
+       {CLAIMED_JSON}
 FROM choice LEFT JOIN claimed ON true""",  # noqa: S608 - this module's own text
         run="(SELECT id FROM choice WHERE org = %(held)s AND NOT pickup)",
         before=_NEXT_CTES[len("WITH ") :].lstrip(),
@@ -273,7 +280,8 @@ def next_run(
         organization_id=row[0],
         priority=int(row[2]),
         pickup=bool(row[3]),
-        claimed=None if row[4] is None else claimed_from_json(row[4]),
+        busy=int(row[4] or 0),
+        claimed=None if row[5] is None else claimed_from_json(row[5]),
     )
 
 

@@ -508,6 +508,7 @@ DECLARE
     v_chosen_org uuid;
     v_chosen_priority smallint;
     v_chosen_pickup boolean;
+    v_chosen_busy bigint;
     v_recorded boolean := false;
     v_locking timestamptz;
 BEGIN
@@ -538,13 +539,14 @@ BEGIN
     IF a_claim THEN
         v_claim_run := a_run;
         IF a_choose THEN
-            SELECT c.org, c.id, c.priority, c.pickup
-              INTO v_chosen_org, v_chosen, v_chosen_priority, v_chosen_pickup
+            SELECT c.org, c.id, c.priority, c.pickup, c.busy
+              INTO v_chosen_org, v_chosen, v_chosen_priority, v_chosen_pickup, v_chosen_busy
               FROM ({choose}) AS c;
             RETURN QUERY SELECT 'chosen'::text, v_chosen_priority, NULL::bigint,
                 NULL::bigint, NULL::varchar, NULL::bigint, v_chosen, NULL::smallint,
                 NULL::varchar,
-                jsonb_build_object('organization_id', v_chosen_org, 'pickup', v_chosen_pickup);
+                jsonb_build_object('organization_id', v_chosen_org, 'pickup', v_chosen_pickup,
+                                   'busy', v_chosen_busy);
             IF v_chosen IS NULL THEN
                 v_claim_run := a_run;
             ELSIF v_chosen_pickup OR v_chosen_org IS DISTINCT FROM a_held THEN
@@ -807,6 +809,7 @@ def complete(
                 organization_id=uuid.UUID(organization) if organization else None,
                 priority=int(row[1] or 0),
                 pickup=bool(extra["pickup"]),
+                busy=int(extra.get("busy") or 0),
                 claimed=claimed,
             )
         else:

@@ -30,6 +30,7 @@ DECLARE
     v_chosen_org uuid;
     v_chosen_priority smallint;
     v_chosen_pickup boolean;
+    v_chosen_busy bigint;
     v_recorded boolean := false;
     v_locking timestamptz;
 BEGIN
@@ -60,8 +61,8 @@ BEGIN
     IF a_claim THEN
         v_claim_run := a_run;
         IF a_choose THEN
-            SELECT c.org, c.id, c.priority, c.pickup
-              INTO v_chosen_org, v_chosen, v_chosen_priority, v_chosen_pickup
+            SELECT c.org, c.id, c.priority, c.pickup, c.busy
+              INTO v_chosen_org, v_chosen, v_chosen_priority, v_chosen_pickup, v_chosen_busy
               FROM (WITH orgs AS (
     SELECT DISTINCT organization_id AS org FROM runs_run
     WHERE status IN ('pending', 'running')
@@ -99,7 +100,9 @@ BEGIN
     ) AS b
     WHERE orgs.org <> ALL (a_full::uuid[])
 ), choice AS (
-    SELECT best.org, best.id, best.priority, best.pickup
+    -- busy: the other workers executing the chosen organization's steps (a worker
+    -- serving it looks again less often the more they are: ``Choice.busy``)
+    SELECT best.org, best.id, best.priority, best.pickup, COALESCE(executing.n, 0) AS busy
     FROM best
     JOIN billing_organization AS o ON o.id = best.org
     LEFT JOIN executing ON executing.org = best.org
@@ -108,11 +111,12 @@ BEGIN
              best.priority, best.created_at, best.id
     LIMIT 1
 )
-SELECT org, id, priority, pickup FROM choice) AS c;
+SELECT org, id, priority, pickup, busy FROM choice) AS c;
             RETURN QUERY SELECT 'chosen'::text, v_chosen_priority, NULL::bigint,
                 NULL::bigint, NULL::varchar, NULL::bigint, v_chosen, NULL::smallint,
                 NULL::varchar,
-                jsonb_build_object('organization_id', v_chosen_org, 'pickup', v_chosen_pickup);
+                jsonb_build_object('organization_id', v_chosen_org, 'pickup', v_chosen_pickup,
+                                   'busy', v_chosen_busy);
             IF v_chosen IS NULL THEN
                 v_claim_run := a_run;
             ELSIF v_chosen_pickup OR v_chosen_org IS DISTINCT FROM a_held THEN

@@ -27,8 +27,9 @@ from api.errors import LIST_ERRORS, WRITE_ERRORS, error_responses
 from api.idempotency import idempotent
 from api.pagination import PageQuery, paginated
 from api.serializers import EmptyInput, InputSerializer, StrictCharField
-from api.views import ApiView, page_response, validated
-from runs import runners
+from api.views import ApiView, list_schema, page_response, validated
+from runs import runners, selectors
+from runs.filters import RunnerJobFilter
 from runs.models import Runner, RunnerJob
 
 TAG_RUNNERS = "runners"
@@ -350,6 +351,28 @@ class RunnersApi(ApiView):
             "hostname", "project_dir", "executor_type"
         )
         return page_response(request, rows, self.query, RunnerOutput)
+
+
+JobPage = paginated(JobOutput, "PaginatedJobList")
+
+
+class RunnerJobsApi(ApiView):
+    queries: ClassVar[dict[str, type[serializers.Serializer[Any]]]] = {"get": PageQuery}
+    filterset = RunnerJobFilter
+
+    @list_schema(
+        "List the organization's runner jobs",
+        PageQuery,
+        RunnerJobFilter,
+        JobPage,
+        "runner_jobs_list",
+        tag=TAG_RUNNERS,
+    )
+    def get(self, request: Request) -> Response:
+        """Newest first. A run's `runner` steps name their current job (`job`); this list
+        finds every attempt's, by run, step, status or runner."""
+        jobs = selectors.runner_job_list(organization=organization_of(request), query=self.filters)
+        return page_response(request, jobs, self.query, JobOutput)
 
 
 class RunnerJobApi(ApiView):

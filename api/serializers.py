@@ -176,25 +176,33 @@ class ChildRunOutput(serializers.Serializer[Any]):
 class RunDetailOutput(RunOutput):
     """A run with its plan and the current attempt's counts and progress."""
 
-    plan = serializers.JSONField(help_text="The plan exactly as submitted.")
+    # plan, outputs and outputs_truncated are left out by `?exclude=` (RunDetailQuery):
+    # not required in the schema, so generated clients accept their absence.
+    plan = serializers.JSONField(
+        required=False, help_text="The plan exactly as submitted (left out by `exclude=plan`)."
+    )
     variables = serializers.JSONField()
     counts = CountsOutput(help_text="The current attempt's agents, tasks and steps by status.")
     progress = ProgressOutput()
     children = ChildRunOutput(many=True, help_text="The runs its `run` steps started.")
     outputs = serializers.DictField(
         child=serializers.JSONField(),
+        required=False,
         help_text='`{"agent.task.step": output}` of the current attempt\'s completed steps, '
-        "in plan order, up to 1 MB of JSON.",
+        "in plan order, up to 1 MB of JSON (left out, with `outputs_truncated`, by "
+        "`exclude=outputs`).",
     )
     outputs_truncated = serializers.BooleanField(
-        help_text="Some completed steps' outputs were left out of `outputs` (1 MB)."
+        required=False,
+        help_text="Some completed steps' outputs were left out of `outputs` (1 MB).",
     )
 
     def to_representation(self, instance: Any) -> Any:
         assert isinstance(instance, RunDetail)
         run, summary = instance.run, instance.summary
         data = RunOutput(run).data
-        data["plan"] = run.plan
+        if "plan" not in instance.excluded:
+            data["plan"] = run.plan
         data["variables"] = run.variables
         data["counts"] = summary.counts
         data["progress"] = {
@@ -203,8 +211,9 @@ class RunDetailOutput(RunOutput):
             "percent": summary.percent,
         }
         data["children"] = ChildRunOutput(instance.children, many=True).data
-        data["outputs"] = instance.outputs.values
-        data["outputs_truncated"] = instance.outputs.truncated
+        if instance.outputs is not None:
+            data["outputs"] = instance.outputs.values
+            data["outputs_truncated"] = instance.outputs.truncated
         return data
 
 
@@ -283,6 +292,17 @@ class StepOutput(serializers.Serializer[Any]):
     started_at = serializers.DateTimeField(allow_null=True)
     completed_at = serializers.DateTimeField(allow_null=True)
     duration_ms = serializers.IntegerField(allow_null=True)
+    job = serializers.UUIDField(
+        allow_null=True,
+        help_text="A `runner` step: its current attempt's runner job "
+        "(`GET /runner-jobs/{id}`, `POST /runner-jobs/{id}/stop`), from the moment the "
+        "attempt creates it; null for other tools and before.",
+    )
+    child_run = serializers.UUIDField(
+        allow_null=True,
+        help_text="A `run` step: the child run its current attempt started, from the moment "
+        "it exists; null for other tools and before.",
+    )
 
 
 class EventOutput(serializers.Serializer[Any]):
@@ -290,8 +310,11 @@ class EventOutput(serializers.Serializer[Any]):
     attempt_number = serializers.IntegerField()
     entity = serializers.CharField(help_text="run, agent, task or step.")
     entity_id = serializers.CharField()
+    # read_only: every answer carries it (the default fills in a row read without its
+    # annotation), so the schema lists it as required, as clients may rely on.
     path = serializers.CharField(
         default="",
+        read_only=True,
         help_text="Where the entity is in the plan, as people read it: `agent.task.step`, "
         "`agent.task` or `agent`; empty for the run itself.",
     )

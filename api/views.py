@@ -269,17 +269,58 @@ class RunsApi(ApiView):
         return response
 
 
+class CommaSeparatedChoices(serializers.ListField):
+    """``?exclude=outputs,plan`` (OpenAPI's form style, not exploded), or the parameter
+    repeated: each value one of ``choices``, every one named by the error otherwise."""
+
+    def __init__(self, choices: tuple[str, ...], **kwargs: Any) -> None:
+        self.choices = choices
+        super().__init__(child=serializers.CharField(), **kwargs)
+
+    def to_internal_value(self, data: Any) -> list[str]:
+        values = [part.strip() for value in data for part in str(value).split(",")]
+        wrong = [value for value in values if value not in self.choices]
+        if wrong:
+            named = ", ".join(repr(value) for value in wrong)
+            raise serializers.ValidationError(f"{named}: not one of {', '.join(self.choices)}.")
+        return values
+
+
+class RunDetailQuery(serializers.Serializer[Any]):
+    exclude = CommaSeparatedChoices(selectors.DETAIL_EXCLUDABLE, required=False)
+
+
+EXCLUDE_PARAMETER = OpenApiParameter(
+    name="exclude",
+    type={"type": "array", "items": {"type": "string", "enum": list(selectors.DETAIL_EXCLUDABLE)}},
+    location=OpenApiParameter.QUERY,
+    style="form",
+    explode=False,
+    required=False,
+    description="Parts of the run to leave out, comma-separated: `plan`, and `outputs` "
+    "(with `outputs_truncated`). A status poll of `?exclude=outputs,plan` stays a few KB "
+    "whatever the size of the run.",
+)
+
+
 class RunApi(ApiView):
+    queries = {"get": RunDetailQuery}
+
     @extend_schema(
         tags=[TAG_RUNS],
         operation_id="runs_retrieve",
-        parameters=[RETRY_AFTER_PARAMETER],
+        parameters=[EXCLUDE_PARAMETER, RETRY_AFTER_PARAMETER],
         summary="Get a run",
         responses={200: RunDetailOutput, **error_responses(404, *READ_ERRORS)},
     )
     def get(self, request: Request, run_id: UUID) -> Response:
-        """One run: attempt, counts and progress of the current attempt, credits, last error."""
-        return detail_response(request, run_id)
+        """One run: attempt, counts and progress of the current attempt, credits, last error,
+        its plan and its steps' outputs (unless `exclude` leaves them out)."""
+        exclude = self.query.get("exclude", ())
+        detail = selectors.run_detail(
+            organization=organization_of(request), run_id=run_id, exclude=exclude
+        )
+        return Response(RunDetailOutput(detail).data)
 
     @extend_schema(
         tags=[TAG_RUNS],
@@ -438,9 +479,10 @@ def list_schema(
     filterset: type[StrictFilterSet],
     page: Any,
     operation_id: str,
+    tag: str = TAG_RUNS,
 ) -> Callable[[Handler], Handler]:
     return extend_schema(
-        tags=[TAG_RUNS],
+        tags=[tag],
         summary=summary,
         operation_id=operation_id,
         parameters=[query, *filter_parameters(filterset), RETRY_AFTER_PARAMETER],

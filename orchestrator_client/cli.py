@@ -43,11 +43,13 @@ from orchestrator_client._version import __version__
 from orchestrator_client.client import Client, api_root
 from orchestrator_client.errors import OrchestratorError
 from orchestrator_client.plans import PlanFile, PlanFileError
-from orchestrator_client.types import Event, RunDetail
+from orchestrator_client.types import STATUS_ONLY, Event, RunDetail, RunnerJob, Step
 from orchestrator_client.types import Run as RunSummary
 from orchestrator_client.watch import StepAttempts, WatchUpdate
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+# How many runner steps and `run` steps `orch runs show` lists (their jobs, child runs).
+SHOWN_WORK = 20
 
 # Boxed, coloured help and usage errors for a person at a terminal; plain click text in
 # pipes and logs, where a box only wraps the message at 80 columns.
@@ -67,6 +69,12 @@ runs_app = typer.Typer(
     rich_markup_mode=MARKUP,
 )
 app.add_typer(runs_app, name="runs")
+jobs_app = typer.Typer(
+    help="Runner jobs: the attempts of `runner` steps, list, show and stop them.",
+    no_args_is_help=True,
+    rich_markup_mode=MARKUP,
+)
+app.add_typer(jobs_app, name="jobs")
 
 JsonOption = Annotated[
     bool, typer.Option("--json", help="Print JSON (for scripts) instead of text.")
@@ -490,7 +498,7 @@ def runs_watch(
     """Follow a run until it ends (exit 0 completed, 1 failed or cancelled)."""
     out = Output(as_json)
     with client() as api:
-        watch_run(api, out, api.get_run(run_id), interval)
+        watch_run(api, out, api.get_run(run_id, exclude=STATUS_ONLY), interval)
 
 
 @runs_app.command("ls")
@@ -528,13 +536,17 @@ def runs_ls(
 @runs_app.command("show")
 @guarded
 def runs_show(run_id: RunArgument, as_json: JsonOption = False) -> None:
-    """One run: status, progress, credits, last error and failed steps."""
+    """One run: status, progress, credits, last error, failed steps, and the runner jobs
+    and child runs its steps started."""
     out = Output(as_json)
     with client() as api:
         run = api.get_run(run_id)
         failed = (
             list(api.steps(run_id, status="failed")) if run["counts"]["steps"].get("failed") else []
         )
+        # The current attempt's work elsewhere, a page of each at most.
+        jobs = list(api.steps(run_id, tool="runner", page_size=SHOWN_WORK, limit=SHOWN_WORK))
+        children = list(api.steps(run_id, tool="run", page_size=SHOWN_WORK, limit=SHOWN_WORK))
     if as_json:
         out.json(run)
         return
@@ -542,11 +554,20 @@ def runs_show(run_id: RunArgument, as_json: JsonOption = False) -> None:
         out.line(line)
     for step in failed:
         error = step["error"] or {}
-        path = f"{step['agent_name']}.{step['task_name']}.{step['name']}"
         out.line(
-            f"failed    {path} (step {step['id']}, attempt {step['attempts']}): "
+            f"failed    {_step_path(step)} (step {step['id']}, attempt {step['attempts']}): "
             f"{error.get('code', 'error')}: {error.get('message', '')}"
         )
+    for step in jobs:
+        job = f"job {step['job']}" if step["job"] else "no job yet"
+        out.line(f"runner    {_step_path(step)} (step {step['id']}, {step['status']}): {job}")
+    for step in children:
+        child = f"child run {step['child_run']}" if step["child_run"] else "no child run yet"
+        out.line(f"child     {_step_path(step)} (step {step['id']}, {step['status']}): {child}")
+
+
+def _step_path(step: Step) -> str:
+    return f"{step['agent_name']}.{step['task_name']}.{step['name']}"
 
 
 @runs_app.command("events")
@@ -721,6 +742,101 @@ def ledger(
             escape(entry["reason"]),
         )
     out.console.print(table) if entries else out.line("no entries")
+
+
+# --------------------------------------------------------------------------- runner jobs
+def _job_lines(job: RunnerJob) -> list[str]:
+    lines = [
+        f"job       {job['id']}  {job['type']}",
+        f"status    {job['status']}",
+        f"run       {job['run']} (step {job['step']}, attempt {job['attempt']})",
+        f"runner    {job['runner_id'] or 'none yet'}",
+        f"created   {_when(job['created_at'])}",
+    ]
+    if job["started_at"]:
+        lines.append(f"started   {_when(job['started_at'])}")
+    if job["stop_requested_at"]:
+        lines.append(f"stopping  since {_when(job['stop_requested_at'])}")
+    if job["completed_at"]:
+        lines.append(f"ended     {_when(job['completed_at'])}")
+    if job["error"]:
+        lines.append(f"error     {job['error']}")
+    return lines
+
+
+@jobs_app.command("ls")
+@guarded
+def jobs_ls(
+    run: Annotated[str | None, typer.Option("--run", help="One run's jobs.")] = None,
+    step: Annotated[int | None, typer.Option("--step", help="One step's jobs.")] = None,
+    status: Annotated[
+        list[str] | None, typer.Option("--status", help="Only these statuses (repeatable).")
+    ] = None,
+    runner: Annotated[str | None, typer.Option("--runner", help="One runner's jobs.")] = None,
+    limit: LimitOption = 20,
+    as_json: JsonOption = False,
+) -> None:
+    """Your runner jobs, newest first."""
+    out = Output(as_json)
+    with client() as api:
+        jobs = list(
+            api.runner_jobs(
+                run=run,
+                step=step,
+                status=status or None,
+                runner_id=runner,
+                page_size=_page(limit),
+                limit=limit or None,
+            )
+        )
+    if as_json:
+        out.json(jobs)
+        return
+    table = _table("ID", "STATUS", "RUN", "STEP", "ATTEMPT", "RUNNER", "CREATED")
+    for job in jobs:
+        table.add_row(
+            job["id"],
+            job["status"],
+            job["run"],
+            str(job["step"]),
+            str(job["attempt"]),
+            escape(job["runner_id"] or ""),
+            _when(job["created_at"]),
+        )
+    out.console.print(table) if jobs else out.line("no jobs")
+
+
+JobArgument = Annotated[
+    str, typer.Argument(help="The job's id.", metavar="JOB_ID", show_default=False)
+]
+
+
+@jobs_app.command("show")
+@guarded
+def jobs_show(job_id: JobArgument, as_json: JsonOption = False) -> None:
+    """One runner job: its status, run and step, runner and times."""
+    out = Output(as_json)
+    with client() as api:
+        job = api.get_runner_job(job_id)
+    if as_json:
+        out.json(job)
+        return
+    for line in _job_lines(job):
+        out.line(line)
+
+
+@jobs_app.command("stop")
+@guarded
+def jobs_stop(job_id: JobArgument, as_json: JsonOption = False) -> None:
+    """Stop a claimed or running job: its runner is told at once (the API answers 409
+    for a job that is not running)."""
+    out = Output(as_json)
+    with client() as api:
+        job = api.stop_runner_job(job_id)
+    if as_json:
+        out.json(job)
+    else:
+        out.line(f"job {job['id']}: {job['status']}")
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ import email.utils
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Literal, cast
@@ -43,6 +43,7 @@ from orchestrator_client.errors import ApiError, TransportError, error_class
 from orchestrator_client.pagination import Paginator
 from orchestrator_client.plans import PlanFile, json_body, yaml_body
 from orchestrator_client.types import (
+    STATUS_ONLY,
     TERMINAL_STATUSES,
     Agent,
     Artifact,
@@ -395,8 +396,14 @@ class Client:
             plan.text, format=plan.format, start=start, idempotency_key=idempotency_key
         )
 
-    def get_run(self, run_id: str) -> RunDetail:
-        return cast(RunDetail, self._get(f"runs/{_id(run_id)}"))
+    def get_run(self, run_id: str, *, exclude: Iterable[str] = ()) -> RunDetail:
+        """One run. ``exclude`` leaves parts out: ``"plan"``, ``"outputs"`` (with
+        ``outputs_truncated``); ``STATUS_ONLY`` both, for a poll that stays a few KB
+        whatever the size of the run."""
+        parts = ",".join(exclude)
+        return cast(
+            RunDetail, self._get(f"runs/{_id(run_id)}", {"exclude": parts} if parts else None)
+        )
 
     def delete_run(self, run_id: str) -> None:
         """Soft delete (CREATED runs only; 409 otherwise)."""
@@ -485,10 +492,19 @@ class Client:
         attempt: int | None = None,
         task: int | None = None,
         status: str | None = None,
+        tool: str | None = None,
         page_size: int | None = None,
         limit: int | None = None,
     ) -> Paginator[Step]:
-        params = {"attempt": attempt, "task": task, "status": status, "page_size": page_size}
+        """The steps of one attempt (the current one unless ``attempt`` says); each names
+        the runner ``job`` or the ``child_run`` its current attempt started."""
+        params = {
+            "attempt": attempt,
+            "task": task,
+            "status": status,
+            "tool": tool,
+            "page_size": page_size,
+        }
         return cast(Paginator[Step], self._pages(f"runs/{_id(run_id)}/steps", params, limit))
 
     def events(
@@ -523,7 +539,7 @@ class Client:
         """
         last = after
         while True:
-            ended = self.get_run(run_id)["status"] in TERMINAL_STATUSES
+            ended = self.get_run(run_id, exclude=STATUS_ONLY)["status"] in TERMINAL_STATUSES
             for event in self.events(run_id, after=last, attempt=attempt, kind=kind, page_size=500):
                 last = event["id"]
                 yield event
@@ -538,9 +554,9 @@ class Client:
         ``TimeoutError`` after ``timeout`` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            run = self.get_run(run_id)
+            run = self.get_run(run_id, exclude=STATUS_ONLY)
             if run["status"] in TERMINAL_STATUSES:
-                return run
+                return self.get_run(run_id)  # the whole run, outputs and all, once
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"run {run_id} is still {run['status']} after {timeout} s")
             self._sleep(interval)
@@ -590,6 +606,27 @@ class Client:
         self, *, page_size: int | None = None, limit: int | None = None
     ) -> Paginator[Runner]:
         return cast(Paginator[Runner], self._pages("runners", {"page_size": page_size}, limit))
+
+    def runner_jobs(
+        self,
+        *,
+        run: str | None = None,
+        step: int | None = None,
+        status: str | Sequence[str] | None = None,
+        runner_id: str | None = None,
+        page_size: int | None = None,
+        limit: int | None = None,
+    ) -> Paginator[RunnerJob]:
+        """Your runner jobs, newest first: one run's, one step's (every attempt), in some
+        states (``status``: one or several), or one runner's."""
+        params = {
+            "run": run,
+            "step": step,
+            "status": status,
+            "runner_id": runner_id,
+            "page_size": page_size,
+        }
+        return cast(Paginator[RunnerJob], self._pages("runner-jobs", params, limit))
 
     def get_runner_job(self, job_id: str) -> RunnerJob:
         return cast(RunnerJob, self._get(f"runner-jobs/{_id(job_id)}"))

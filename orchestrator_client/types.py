@@ -8,7 +8,7 @@ The shapes follow the OpenAPI schema served at ``/api/schema/`` (docs/api.md).
 
 from __future__ import annotations
 
-from typing import Any, Generic, Literal, TypedDict, TypeVar
+from typing import Any, Generic, Literal, NotRequired, TypedDict, TypeVar
 
 RunStatus = Literal[
     "created",
@@ -25,6 +25,9 @@ RunStatus = Literal[
 ]
 TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 STEP_TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "skipped", "cancelled"})
+# What a status poll leaves out of a run (``Client.get_run(exclude=...)``): the parts that
+# grow with the run, so that the poll of a 20,000-step run stays a few KB.
+STATUS_ONLY: tuple[str, ...] = ("outputs", "plan")
 
 Item = TypeVar("Item")
 
@@ -102,15 +105,16 @@ class ChildRun(TypedDict):
 
 
 class RunDetail(Run):
-    """One run: its plan and the current attempt's counts, progress and outputs."""
+    """One run: its plan and the current attempt's counts, progress and outputs (``plan``
+    and ``outputs`` with ``outputs_truncated`` are absent when the read excluded them)."""
 
-    plan: dict[str, Any]
+    plan: NotRequired[dict[str, Any]]
     variables: dict[str, Any]
     counts: Counts
     progress: Progress
     children: list[ChildRun]
-    outputs: dict[str, Any]
-    outputs_truncated: bool
+    outputs: NotRequired[dict[str, Any]]
+    outputs_truncated: NotRequired[bool]
 
 
 class Decision(TypedDict):
@@ -186,6 +190,8 @@ class Step(TypedDict):
     started_at: str | None
     completed_at: str | None
     duration_ms: int | None
+    job: str | None  # a `runner` step: its current attempt's runner job
+    child_run: str | None  # a `run` step: the child run its current attempt started
 
 
 class Event(TypedDict):

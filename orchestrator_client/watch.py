@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator_client.types import (
+    STATUS_ONLY,
     STEP_TERMINAL_STATUSES,
     TERMINAL_STATUSES,
     Event,
@@ -130,7 +131,7 @@ class RunWatcher:
         self._step_attempts = StepAttempts()
 
     def poll(self) -> WatchUpdate:
-        run = self.client.get_run(self.run_id)
+        run = self.client.get_run(self.run_id, exclude=STATUS_ONLY)
         self._follow_attempt(run["attempt_number"])
         self._read_totals(run)
         events = list(self.client.events(self.run_id, after=self._last_event, page_size=500))

@@ -19,7 +19,16 @@ from common.filters import (
     StrictFilterSet,
     UtcDateTimeFilter,
 )
-from runs.models import Agent, EventKind, Run, RunEvent, Step, Task
+from runs.models import (
+    Agent,
+    EventKind,
+    Run,
+    RunEvent,
+    RunnerJob,
+    RunnerJobStatus,
+    Step,
+    Task,
+)
 from runs.states import NodeStatus, RunStatus, StepStatus
 
 MAX_ATTEMPT = 32767  # attempt_number is a PositiveSmallIntegerField
@@ -104,6 +113,9 @@ class TaskFilter(AttemptFilter):
 class StepFilter(AttemptFilter):
     task = IntegerFilter(field_name="task_id", min_value=1, max_value=MAX_BIGINT)
     status = django_filters.ChoiceFilter(choices=StepStatus.choices)
+    tool = django_filters.CharFilter(
+        max_length=64, help_text="Only the steps of this tool (`runner`, `run`...)."
+    )
 
     class Meta:
         model = Step
@@ -128,4 +140,26 @@ class EventFilter(StrictFilterSet):
 
     class Meta:
         model = RunEvent
+        fields: ClassVar[list[str]] = []
+
+
+class RunnerJobFilter(StrictFilterSet):
+    """An organization's runner jobs (``GET /runner-jobs``): a client finds the job of a
+    run's `runner` step to read or stop it."""
+
+    run = django_filters.UUIDFilter(field_name="run_id", help_text="Only this run's jobs.")
+    step = IntegerFilter(
+        field_name="step_id", min_value=1, max_value=MAX_BIGINT, help_text="Only this step's jobs."
+    )
+    status = django_filters.MultipleChoiceFilter(
+        choices=RunnerJobStatus.choices,
+        distinct=False,
+        help_text="Only jobs in these states (repeat the parameter for several).",
+    )
+    runner_id = django_filters.CharFilter(
+        field_name="runner_id", max_length=40, help_text="Only the jobs this runner claimed."
+    )
+
+    class Meta:
+        model = RunnerJob
         fields: ClassVar[list[str]] = []

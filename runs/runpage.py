@@ -22,7 +22,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from runs.models import Agent, Run, RunEvent, Step, Task
-from runs.selectors import RunSummary, run_summary, with_credits, with_paths
+from runs.selectors import RunSummary, run_summary, with_credits, with_paths, with_work
 from runs.states import RUN_TERMINAL, StepStatus
 
 # Past this many steps in the current attempt the graph draws agents and tasks with their
@@ -130,6 +130,18 @@ class Waiting:
     since: datetime
 
 
+@dataclass(frozen=True)
+class Work:
+    """A step whose work runs elsewhere: a runner's job, or a child run."""
+
+    step_id: int
+    path: str
+    tool: str
+    status: str
+    job: Any  # UUID or None
+    child_run: Any  # UUID or None
+
+
 @dataclass
 class RunPage:
     run: Run
@@ -138,6 +150,7 @@ class RunPage:
     graph: Graph
     gantt: Gantt
     waiting: list[Waiting]
+    work: list[Work]
     live: bool
     reload_token: str
 
@@ -462,6 +475,31 @@ def waiting_steps(run: Run) -> list[Waiting]:
     return [Waiting(pk, f"{a}.{t}.{s}", since) for pk, a, t, s, since in rows[:100]]
 
 
+WORK_SHOWN = 100
+
+
+def work_elsewhere(run: Run) -> list[Work]:
+    """The current attempt's `runner` and `run` steps, in plan order, with the job or the
+    child run each one's current attempt started (``selectors.with_work``)."""
+    steps = Step.objects.filter(
+        run=run, attempt_number=run.attempt_number, tool__in=("runner", "run")
+    ).select_related("task__agent")
+    rows = with_work(steps).order_by(
+        "task__agent__position", "task__position", "generation", "position"
+    )[:WORK_SHOWN]
+    return [
+        Work(
+            step.pk,
+            f"{step.task.agent.name}.{step.task.name}.{step.name}",
+            step.tool,
+            step.status,
+            step.job,  # type: ignore[attr-defined]
+            step.child_run,  # type: ignore[attr-defined]
+        )
+        for step in rows
+    ]
+
+
 def _reload_token(run: Run, step_count: int, waiting: list[Waiting]) -> str:
     """Changes when the page must be drawn again rather than patched: the run's status or
     attempt, the steps it holds (a re-plan, a handler), the steps waiting for people."""
@@ -485,6 +523,7 @@ def run_page(run: Run) -> RunPage:
         graph=graph,
         gantt=run_gantt(run),
         waiting=waiting,
+        work=work_elsewhere(run),
         live=run.status not in RUN_TERMINAL,
         reload_token=_reload_token(run, graph.step_count, waiting),
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -31,6 +32,7 @@ from django.db.models import (
     QuerySet,
     Subquery,
     Sum,
+    UUIDField,
     Value,
     When,
 )
@@ -38,8 +40,15 @@ from django.db.models.functions import Cast, Coalesce, Concat
 
 from billing.models import Organization, Reservation
 from common.filters import QueryData
-from runs.filters import AgentFilter, EventFilter, RunFilter, StepFilter, TaskFilter
-from runs.models import Agent, Run, RunEvent, Step, Task
+from runs.filters import (
+    AgentFilter,
+    EventFilter,
+    RunFilter,
+    RunnerJobFilter,
+    StepFilter,
+    TaskFilter,
+)
+from runs.models import Agent, Run, RunEvent, RunnerJob, Step, Task
 from runs.services import RunNotFound
 from runs.states import STEP_TERMINAL, RunStatus, StepStatus
 
@@ -159,9 +168,10 @@ def task_list(*, run: Run, query: QueryData | None = None) -> QuerySet[Task]:
 
 
 def step_list(*, run: Run, query: QueryData | None = None) -> QuerySet[Step]:
-    """The run's steps of one attempt (``StepFilter``), each with its task and agent."""
+    """The run's steps of one attempt (``StepFilter``), each with its task and agent, and
+    the work it started (``with_work``)."""
     steps = StepFilter(query or {}, queryset=Step.objects.filter(run=run)).filtered()
-    return steps.select_related("task__agent").order_by(
+    return with_work(steps.select_related("task__agent")).order_by(
         "task__agent__position",
         "task__generation",
         "task__position",
@@ -169,6 +179,32 @@ def step_list(*, run: Run, query: QueryData | None = None) -> QuerySet[Step]:
         "position",
         "id",
     )
+
+
+def with_work(steps: QuerySet[Step]) -> QuerySet[Step]:
+    """Each step with ``job``, the id of its latest attempt's runner job (a `runner`
+    step), and ``child_run``, the child run its latest attempt started (a `run` step);
+    None for other tools and until the attempt creates them. The latest attempt is the
+    current one: a step's attempts only grow. Each is one index probe per row
+    (runnerjob_one_per_attempt, run_one_child_per_step_attempt), and only for its tool."""
+    job = RunnerJob.objects.filter(step=OuterRef("pk")).order_by("-attempt").values("id")[:1]
+    child = (
+        Run.objects.filter(parent_step=OuterRef("pk"))
+        .order_by("-parent_step_attempt")
+        .values("id")[:1]
+    )
+    return steps.annotate(
+        job=Case(When(tool="runner", then=Subquery(job)), output_field=UUIDField()),
+        child_run=Case(When(tool="run", then=Subquery(child)), output_field=UUIDField()),
+    )
+
+
+def runner_job_list(
+    *, organization: Organization, query: QueryData | None = None
+) -> QuerySet[RunnerJob]:
+    """The organization's runner jobs (``RunnerJobFilter``), newest first."""
+    jobs = RunnerJob.objects.filter(organization=organization)
+    return RunnerJobFilter(query or {}, queryset=jobs).filtered().order_by("-created_at", "-id")
 
 
 def event_list(*, run: Run, query: QueryData | None = None) -> QuerySet[RunEvent]:
@@ -220,18 +256,32 @@ class RunDetail:
     run: Run
     summary: RunSummary
     children: list[Any]
-    outputs: RunOutputs
+    outputs: RunOutputs | None  # None when excluded
+    excluded: frozenset[str] = frozenset()
 
 
-def run_detail(*, organization: Organization, run_id: UUID | str) -> RunDetail:
-    """A run with its credits, counts, progress, child runs and outputs: six queries."""
+# What a client may leave out of a run's detail (`GET /runs/{id}?exclude=`): the parts
+# that grow with the run, so that a status poll stays small whatever its size.
+DETAIL_EXCLUDABLE = ("outputs", "plan")
+
+
+def run_detail(
+    *, organization: Organization, run_id: UUID | str, exclude: Collection[str] = ()
+) -> RunDetail:
+    """A run with its credits, counts, progress, child runs and outputs: six queries (five
+    when its outputs are excluded)."""
+    excluded = frozenset(exclude)
+    unknown = excluded.difference(DETAIL_EXCLUDABLE)
+    if unknown:
+        raise ValueError(f"cannot exclude {sorted(unknown)}")
     run = run_get(organization=organization, run_id=run_id)
     children = list(
         Run.objects.filter(parent_run=run)
         .order_by("created_at")
         .values("id", "status", "parent_mode", "parent_step_id", "created_at")
     )
-    return RunDetail(run, run_summary(run), children, run_outputs(run))
+    outputs = None if "outputs" in excluded else run_outputs(run)
+    return RunDetail(run, run_summary(run), children, outputs, excluded)
 
 
 # The most of a run's outputs that its detail, or a sync parent step, carries: the step

@@ -10,6 +10,7 @@ from typing import Any
 from artifacts import services as artifact_services
 from artifacts.models import Artifact
 from billing.models import Organization
+from orchestrator.tools.asynchronous import child_run as run_tool
 from orchestrator.tools.builtin import runner as runner_tool
 from runs import escalations, runners, services
 from runs.engine import control
@@ -95,6 +96,21 @@ def runner_job(organization: Organization, holder: Runner | None = None) -> Runn
         assert polled.job.pk == job.pk
         job.refresh_from_db()
     return job
+
+
+def child_step(organization: Organization) -> tuple[Step, Run]:
+    """A sync `run` step waiting for the child run it started: the step and the child."""
+    spec = factories.plan(name="parent")
+    params = {"plan": factories.plan(name="child"), "execution_mode": "sync"}
+    spec["agents"][0]["tasks"][0]["steps"] = [factories.step("delegate", "run", params=params)]
+    run = running_plan(organization, spec)
+    step = Step.objects.get(run=run, name="delegate")
+    claimed = claim_step(step.pk, worker="test", task_id="test", lease_seconds=60)
+    assert claimed is not None
+    wait = run_tool(params, None).wait  # type: ignore[arg-type]
+    record(step.pk, run.pk, claimed["attempts"], Outcome(wait=wait))
+    step.refresh_from_db()
+    return step, Run.objects.get(parent_step=step)
 
 
 def running_plan(organization: Organization, spec: dict[str, Any]) -> Run:

@@ -133,6 +133,7 @@ def test_lists_and_totals_show_nothing_of_another_organization(
     for make in (states.running, states.created, states.failed, states.waiting_approval):
         make(tenant.organization)
     states.runner(tenant.organization)
+    states.runner_job(tenant.organization)
     states.escalation(tenant.organization)
     secret_put(organization=tenant.organization, name="OWN", value="y")
 

@@ -14,6 +14,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
 from django.utils import timezone
 
 from runs import runpage, services
@@ -21,6 +22,7 @@ from runs.materialize import add_handler_rows
 from runs.models import Run, RunEvent, Step
 from runs.transitions import transition
 from tests import factories
+from tests.api import states
 from tests.factories import step
 
 pytestmark = pytest.mark.django_db
@@ -377,3 +379,16 @@ def test_unknown_actions_and_runs_are_404_and_staff_only(operator: Client, clien
     before = Run.objects.get(pk=run.pk).status
     client.post(f"/admin/runs/run/{run.pk}/control/cancel/")
     assert Run.objects.get(pk=run.pk).status == before
+
+
+def test_the_page_links_each_steps_runner_job_and_child_run(operator: Client) -> None:
+    organization = factories.org()
+    job = states.runner_job(organization)
+    step, child = states.child_step(organization)
+
+    with_job = page_of(operator, Run.objects.get(pk=job.run_id))
+    with_child = page_of(operator, Run.objects.get(pk=step.run_id))
+
+    assert reverse("admin:runs_runnerjob_change", args=[job.pk]) in with_job
+    assert reverse("admin:runs_run_change", args=[child.pk]) in with_child
+    assert "Work elsewhere" not in page_of(operator, started(factories.plan()))

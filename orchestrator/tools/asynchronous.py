@@ -17,6 +17,8 @@ from common.tools.base import ToolContext, ToolError, ToolResult, has_template
 from common.tools.registry import register
 from orchestrator.tools.builtin import (
     Problems,
+    _duration,
+    _duration_seconds,
     _http_request,
     _number,
     _object,
@@ -24,7 +26,7 @@ from orchestrator.tools.builtin import (
     http,
     validate_http,
 )
-from runs.plan import PlanInvalid, parse_plan
+from runs.plan import PlanInvalid, parse_plan, seconds_ms
 
 # --------------------------------------------------------------------------- run
 RUN_MODES = ("sync", "async_poll", "async_callback")
@@ -124,21 +126,26 @@ def validate_run(params: dict[str, Any]) -> Problems:
 CALLBACK_PARAMS = {"request", "timeout"}
 
 
+def _wait_timeout_ms() -> tuple[int, int]:
+    """The bounds of a callback's or a poll's `timeout`: a millisecond to
+    CALLBACK_MAX_TIMEOUT (read when checked: tests change it)."""
+    return 1, seconds_ms(settings.CALLBACK_MAX_TIMEOUT)
+
+
 def callback(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
     """Open a single-use callback URL (``${callback.url}``), send the request that hands
     it out if there is one, and wait for a post to the URL.
 
     The URL is open before the request leaves: a service that answers at once finds it.
     """
-    timeout = params.get("timeout", ctx.timeout_s or settings.ENGINE_DEFAULT_STEP_TIMEOUT)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        raise ToolError("invalid_input", "timeout must be a positive number of seconds", False)
+    default = ctx.timeout_s or settings.ENGINE_DEFAULT_STEP_TIMEOUT
+    timeout = _duration_seconds(params, "timeout", default, *_wait_timeout_ms())
     request = params.get("request")
     if request is not None and not isinstance(request, dict):
         raise ToolError("invalid_input", "request must be an object (an http request)", False)
     if request is not None:
         _http_request(request)  # refused before the URL is opened
-    opened = ctx.open_callback(min(float(timeout), settings.CALLBACK_MAX_TIMEOUT))
+    opened = ctx.open_callback(min(timeout, settings.CALLBACK_MAX_TIMEOUT))
     sent = http(request, ctx).output if request is not None else None
     return ToolResult(wait={"kind": "callback", **opened, "request": sent})
 
@@ -148,7 +155,7 @@ def validate_callback(params: dict[str, Any]) -> Problems:
         (key, "is not a parameter of the callback tool")
         for key in sorted(set(params) - CALLBACK_PARAMS)
     ]
-    problems += _number(params, "timeout", 0.001, settings.CALLBACK_MAX_TIMEOUT, required=False)
+    problems += _duration(params, "timeout", *_wait_timeout_ms())
     request = params.get("request")
     if request is not None and not has_template(request):
         if not isinstance(request, dict):
@@ -171,6 +178,12 @@ POLL_PARAMS = {
 }
 POLL_CONDITIONS = ("done_when", "failed_when")
 RESPONSE_FIELDS = ("status", "body", "headers", "error")
+POLL_MAX_INTERVAL_MS = 86_400_000
+
+
+def _poll_interval_ms() -> tuple[int, int]:
+    """The bounds of a poll's `interval`: POLL_MIN_INTERVAL to a day."""
+    return seconds_ms(settings.POLL_MIN_INTERVAL), POLL_MAX_INTERVAL_MS
 
 
 def poll_verbatim(params: dict[str, Any]) -> frozenset[str]:
@@ -184,9 +197,11 @@ def poll(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
     problems = validate_poll(params, rendered=True)
     if problems:
         raise ToolError("invalid_input", "; ".join(f"{k} {m}" for k, m in problems), False)
-    interval = float(params.get("interval", 5))
+    # Durations in seconds from here on: the wait's poll schedule reads them so.
+    interval = _duration_seconds(params, "interval", 5, *_poll_interval_ms())
     max_attempts = int(params.get("max_attempts", 60))
     default_timeout = interval * max_attempts + (ctx.timeout_s or 0)
+    timeout = _duration_seconds(params, "timeout", default_timeout, *_wait_timeout_ms())
     wait = {
         "kind": "poll",
         "url": params["url"],
@@ -194,7 +209,7 @@ def poll(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
         "query": params.get("query") or {},
         "interval": interval,
         "max_attempts": max_attempts,
-        "timeout": float(params.get("timeout", default_timeout)),
+        "timeout": timeout,
         "done_when": params["done_when"],
         "failed_when": params.get("failed_when") or "",
     }
@@ -217,9 +232,9 @@ def validate_poll(params: dict[str, Any], rendered: bool = False) -> Problems:
         problems += _object(params, key)
         if rendered and key in params and not isinstance(params[key], dict):
             problems.append((key, "must be an object"))
-    problems += _number(params, "interval", settings.POLL_MIN_INTERVAL, 86_400, required=False)
+    problems += _duration(params, "interval", *_poll_interval_ms())
     problems += _number(params, "max_attempts", 1, 100_000, required=False)
-    problems += _number(params, "timeout", 0.001, settings.CALLBACK_MAX_TIMEOUT, required=False)
+    problems += _duration(params, "timeout", *_wait_timeout_ms())
     if "done_when" not in params:
         problems.append(("done_when", "is required"))
     for key in POLL_CONDITIONS:

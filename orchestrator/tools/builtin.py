@@ -4,6 +4,12 @@ worker executes). Each validates its parameters for the plan validator, where it
 
 Rendered templates can turn a parameter into anything, so the tools check again at run
 time and fail with `invalid_input` (never retried) rather than crash.
+
+A parameter that is a duration (`http`'s and `llm`'s `timeout`, `runner`'s
+`match_timeout`, the waiting tools' `timeout` and `interval`) takes the plan's own forms
+(`"250ms"`, `"30s"`, `"5m"`, `"1.5h"`, `"7d"` or seconds) and is refused in its words:
+one reading, ``runs.plan.durations``, for both. One whose name carries its unit
+(`sleep`'s `seconds`) is a number.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from common.tools.base import (
 )
 from common.tools.registry import register
 from orchestrator.netguard import AddressNotAllowed, guarded_client
+from runs.plan import DurationRefused, read_duration_ms
 
 Problems = list[tuple[str, str]]
 
@@ -42,6 +49,32 @@ def _number(params: dict[str, Any], key: str, low: float, high: float, required:
     if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
         return [(key, f"must be a number from {low} to {high}")]
     return []
+
+
+def _duration(params: dict[str, Any], key: str, minimum_ms: int, maximum_ms: int) -> Problems:
+    """An optional duration parameter, checked as the plan's own durations are."""
+    if key not in params or has_template(params[key]):
+        return []
+    try:
+        read_duration_ms(params[key], minimum_ms=minimum_ms, maximum_ms=maximum_ms)
+    except DurationRefused as exc:
+        return [(key, str(exc))]
+    return []
+
+
+def _duration_seconds(
+    params: dict[str, Any], key: str, default: float, minimum_ms: int, maximum_ms: int
+) -> float:
+    """A rendered duration parameter in seconds (``default`` when absent), or
+    ToolError('invalid_input') with the plan check's words: a template may have rendered
+    to anything."""
+    if key not in params:
+        return default
+    try:
+        ms = read_duration_ms(params[key], minimum_ms=minimum_ms, maximum_ms=maximum_ms)
+    except DurationRefused as exc:
+        raise ToolError("invalid_input", f"{key} {exc}", False) from None
+    return ms / 1000
 
 
 def _string(params: dict[str, Any], key: str, required: bool = True) -> Problems:
@@ -59,7 +92,8 @@ def _object(params: dict[str, Any], key: str) -> Problems:
 
 
 def _seconds(params: dict[str, Any], key: str, default: float) -> float:
-    """A rendered duration parameter, or ToolError('invalid_input')."""
+    """A rendered number of seconds (a parameter named for its unit, not a duration), or
+    ToolError('invalid_input')."""
     value = params.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise ToolError("invalid_input", f"{key} must be a number of seconds", False)
@@ -110,6 +144,8 @@ def validate_sleep(params: dict[str, Any]) -> Problems:
 # --------------------------------------------------------------------------- runner
 RUNNER_JOB_TYPES = ("start_session", "resume_session")
 RUNNER_DEMANDS = ("hostname", "project_dir", "executor_type")
+# How long a job may wait for a matching runner: a second to a day.
+RUNNER_MATCH_TIMEOUT_MS = (1_000, 86_400_000)
 
 
 def runner(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
@@ -126,7 +162,12 @@ def runner(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
         "agent_name": params.get("agent_name") or "",
         "project_dir": params.get("project_dir") or "",
         "demands": params.get("demands") or {},
-        "match_timeout": params.get("match_timeout"),
+        # In seconds, as the job's creation reads it; None: RUNNER_MATCH_TIMEOUT.
+        "match_timeout": (
+            _duration_seconds(params, "match_timeout", 0, *RUNNER_MATCH_TIMEOUT_MS)
+            if "match_timeout" in params
+            else None
+        ),
     }
     return ToolResult(wait=wait)
 
@@ -152,7 +193,7 @@ def validate_runner(params: dict[str, Any], rendered: bool = False) -> Problems:
             problems.append((key, "must be a string"))
     if kind == "resume_session" and not params.get("session_id"):
         problems.append(("session_id", "is required to resume a session"))
-    problems += _number(params, "match_timeout", 1, 86_400, required=False)
+    problems += _duration(params, "match_timeout", *RUNNER_MATCH_TIMEOUT_MS)
     demands = params.get("demands")
     if demands is not None and not later("demands"):
         if not isinstance(demands, dict):
@@ -220,6 +261,8 @@ HTTP_RETRYABLE = {
 HTTP_NON_RETRYABLE = {401: "auth_error", 403: "permission_denied", 404: "not_found"}
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD")
 HTTP_MAX_REDIRECTS = 5
+# The bounds of `timeout` (also the llm tool's): a millisecond to an hour.
+HTTP_TIMEOUT_MS = (1, 3_600_000)
 # How much of an error response's body its ToolError message quotes.
 HTTP_ERROR_EXCERPT = 300
 
@@ -274,7 +317,7 @@ def _exchange(params: dict[str, Any], ctx: ToolContext, spool: Any) -> ToolResul
     each network wait and the whole download.
     """
     method, url, request = _http_request(params)
-    timeout = _seconds(params, "timeout", ctx.timeout_s or 30)
+    timeout = _duration_seconds(params, "timeout", ctx.timeout_s or 30, *HTTP_TIMEOUT_MS)
     follow = params.get("follow_redirects", False)
     if not isinstance(follow, bool):
         raise ToolError("invalid_input", "follow_redirects must be true or false", False)
@@ -373,7 +416,7 @@ def validate_http(params: dict[str, Any]) -> Problems:
     method = params.get("method", "GET")
     if not has_template(method) and str(method).upper() not in HTTP_METHODS:
         problems.append(("method", f"must be one of {', '.join(HTTP_METHODS)}"))
-    problems += _number(params, "timeout", 0.001, 3600, required=False)
+    problems += _duration(params, "timeout", *HTTP_TIMEOUT_MS)
     problems += _object(params, "headers")
     problems += _object(params, "query")
     if params.get("body") is not None and not isinstance(params["body"], str):
@@ -455,7 +498,9 @@ def llm(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
     if not isinstance(messages, list):
         raise ToolError("invalid_input", "messages must be a list of {role, content}", False)
     extra = {key: params[key] for key in ("max_tokens", "temperature") if key in params}
-    timeout = _seconds(params, "timeout", ctx.timeout_s or settings.LLM_TIMEOUT)
+    timeout = _duration_seconds(
+        params, "timeout", ctx.timeout_s or settings.LLM_TIMEOUT, *HTTP_TIMEOUT_MS
+    )
     reply = chat_completion(messages, model=params.get("model"), timeout=timeout, **extra)
     return ToolResult(
         output={"content": reply.content, "usage": reply.usage, "model": reply.model},
@@ -534,7 +579,7 @@ def validate_llm(params: dict[str, Any]) -> Problems:
                     problems.append((f"messages[{i}]", "must be an object with role and content"))
     problems += _number(params, "max_tokens", 1, 1_000_000, required=False)
     problems += _number(params, "temperature", 0, 2, required=False)
-    problems += _number(params, "timeout", 0.001, 3600, required=False)
+    problems += _duration(params, "timeout", *HTTP_TIMEOUT_MS)
     return problems
 
 

@@ -30,7 +30,8 @@ modules of this package are its parts:
 - ``graph``: dependency cycles, and what is guaranteed to have finished before a child.
 - ``guard``: the limits, and what is refused before the plan is read (depth, size, text
   PostgreSQL cannot store, NaN).
-- ``durations``: ``"30s"`` and friends, in milliseconds.
+- ``durations``: ``"30s"`` and friends, in milliseconds: the one reading of every
+  duration a plan holds, its own fields' and its tools' duration parameters alike.
 - ``errors``: a problem with its path, and the phrases messages are built from.
 """
 
@@ -39,7 +40,13 @@ from __future__ import annotations
 from typing import Any
 
 from runs.plan.checks import check_plan
-from runs.plan.durations import format_duration_ms, parse_duration_ms
+from runs.plan.durations import (
+    DurationRefused,
+    format_duration_ms,
+    parse_duration_ms,
+    read_duration_ms,
+    seconds_ms,
+)
 from runs.plan.errors import PlanError, PlanInvalid, errors_as_dicts
 from runs.plan.guard import Limits, json_depth, json_size, refused_whole
 from runs.plan.model import (
@@ -57,6 +64,7 @@ from runs.plan.model import (
 
 __all__ = [
     "AgentPlan",
+    "DurationRefused",
     "EscalationPolicy",
     "HandlerPlan",
     "Limits",
@@ -74,6 +82,8 @@ __all__ = [
     "json_size",
     "parse_duration_ms",
     "parse_plan",
+    "read_duration_ms",
+    "seconds_ms",
 ]
 
 

@@ -23,7 +23,13 @@ from pydantic_core import CoreSchema, PydanticCustomError, PydanticOmit, core_sc
 
 from common.errors import ERROR_CODES, RETRYABLE_CODES
 from common.tools.registry import tool_names
-from runs.plan.durations import DURATION_RE, MAX_DURATION_MS, format_duration_ms, parse_duration_ms
+from runs.plan.durations import (
+    DURATION_HELP,
+    DURATION_RE,
+    MAX_DURATION_MS,
+    DurationRefused,
+    read_duration_ms,
+)
 from runs.plan.errors import a, listing, show, suggest
 from runs.plan.guard import Limits, json_size
 
@@ -40,7 +46,6 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 CREDITS_RE = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 MAX_CREDITS = Decimal(10**12)
 CREDITS_QUANTUM = Decimal("0.000001")
-DURATION_HELP = "A duration such as `250ms`, `30s`, `5m`, `1.5h`, `7d`, or seconds."
 
 
 def refused(message: str) -> PydanticCustomError:
@@ -442,18 +447,13 @@ class Duration:
         maximum = self.maximum
 
         def validate(value: Any, info: ValidationInfo) -> int:
-            ms = parse_duration_ms(value)
-            if ms is None:
-                raise refused(
-                    "must be a duration of at least 1ms such as '250ms', '30s', '5m', '1.5h', "
-                    f"'7d' or a number of seconds, got {show(value)}"
-                )
             limit = MAX_DURATION_MS
             if maximum is not None:
                 limit = min(limit, int(getattr(limits_of(info), maximum)))
-            if ms > limit:
-                raise refused(f"must be at most {format_duration_ms(limit)}, got {show(value)}")
-            return ms
+            try:
+                return read_duration_ms(value, maximum_ms=limit)
+            except DurationRefused as exc:
+                raise refused(str(exc)) from None
 
         written = core_schema.union_schema(
             [

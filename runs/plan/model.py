@@ -148,7 +148,10 @@ class StepPlan(PlanModel):
     name: Annotated[str, NodeName()]
     tool: Annotated[str, ToolName()]
     params: Annotated[dict[str, Any], JsonObject()] = Field(default_factory=dict)
-    """The tool's parameters; strings may hold `${...}` templates."""
+    """The tool's parameters; strings may hold `${...}` templates. Those that are
+    durations (`timeout` of `http`, `llm`, `callback` and `poll`, `interval` of `poll`,
+    `match_timeout` of `runner`) take the forms of `timeout`: `250ms`, `30s`, `5m`,
+    `1.5h`, `7d`, or seconds."""
     when: Annotated[str, Condition()] = ""
     """A condition; the step is skipped when it is false."""
     retry: RetryPolicy = RetryPolicy()

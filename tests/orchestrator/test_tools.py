@@ -17,6 +17,7 @@ from pytest_django.fixtures import Settings
 from billing.pricing import llm_cost
 from common.tools import registry
 from common.tools.base import ToolContext, ToolError, ToolResult
+from orchestrator.tools.asynchronous import callback, poll, validate_callback, validate_poll
 from orchestrator.tools.builtin import (
     echo,
     fail,
@@ -24,13 +25,16 @@ from orchestrator.tools.builtin import (
     llm,
     noop,
     python,
+    runner,
     sleep,
     validate_fail,
     validate_http,
     validate_llm,
     validate_python,
+    validate_runner,
     validate_sleep,
 )
+from runs.plan.durations import DURATION_FORMS
 from tests.support import free_port
 
 if TYPE_CHECKING:
@@ -669,7 +673,7 @@ def test_validate_sleep_requires_seconds() -> None:
     assert validate_sleep({}) == [("seconds", "is required")]
 
 
-@pytest.mark.parametrize("seconds", [-1, 86_401, "10", True, None])
+@pytest.mark.parametrize("seconds", [-1, 86_401, "10", "3s", True, None])
 def test_validate_sleep_reports_seconds_out_of_range_or_not_a_number(seconds: Any) -> None:
     assert validate_sleep({"seconds": seconds}) == [("seconds", "must be a number from 0 to 86400")]
 
@@ -731,7 +735,11 @@ def test_validate_http_accepts_good_params_and_templates(params: dict[str, Any])
             {"url": "http://x/", "method": "BREW"},
             [("method", "must be one of GET, POST, PUT, PATCH, DELETE, HEAD")],
         ),
-        ({"url": "http://x/", "timeout": 0}, [("timeout", "must be a number from 0.001 to 3600")]),
+        (
+            {"url": "http://x/", "timeout": 0},
+            [("timeout", f"must be a duration of at least 1ms such as {DURATION_FORMS}, got 0")],
+        ),
+        ({"url": "http://x/", "timeout": "2h"}, [("timeout", "must be at most 1h, got '2h'")]),
         ({"url": "http://x/", "headers": ["A: b"]}, [("headers", "must be an object")]),
         ({"url": "http://x/", "query": "q=1"}, [("query", "must be an object")]),
         (
@@ -826,3 +834,106 @@ def test_validate_llm_reports_every_problem_at_once() -> None:
         ("max_tokens", "must be a number from 1 to 1000000"),
         ("temperature", "must be a number from 0 to 2"),
     ]
+
+
+# --------------------------------------------------------------------------- durations
+# Every tool parameter that is a duration: its validator, parameters it needs besides,
+# and its name. Each takes the plan's own forms, refused in the plan's own words.
+POLL_PARAMS = {"url": "https://status.example/1", "done_when": "${response.status} == 200"}
+DURATION_PARAMS: dict[str, tuple[Callable[[dict[str, Any]], Any], dict[str, Any], str]] = {
+    "http.timeout": (validate_http, {"url": "https://example.com/"}, "timeout"),
+    "llm.timeout": (validate_llm, {"prompt": "hi"}, "timeout"),
+    "runner.match_timeout": (validate_runner, {"prompt": "hi"}, "match_timeout"),
+    "callback.timeout": (validate_callback, {}, "timeout"),
+    "poll.interval": (validate_poll, POLL_PARAMS, "interval"),
+    "poll.timeout": (validate_poll, POLL_PARAMS, "timeout"),
+}
+
+
+@pytest.mark.parametrize("value", ["3s", "2m", " 1.5m ", 5, 2.5, "${variables.wait}"], ids=repr)
+@pytest.mark.parametrize("where", list(DURATION_PARAMS))
+def test_a_duration_param_takes_the_plans_forms(where: str, value: Any) -> None:
+    validate, params, key = DURATION_PARAMS[where]
+    assert validate({**params, key: value}) == []
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ("3 parsecs", "'3 parsecs'"),
+        ("30", "'30'"),
+        (0, "0"),
+        (-5, "-5"),
+        (True, "true"),
+        (None, "null"),
+    ],
+    ids=repr,
+)
+@pytest.mark.parametrize("where", list(DURATION_PARAMS))
+def test_a_duration_param_that_is_no_duration_is_refused_in_the_plans_words(
+    where: str, value: Any, shown: str
+) -> None:
+    validate, params, key = DURATION_PARAMS[where]
+    message = f"must be a duration of at least 1ms such as {DURATION_FORMS}, got {shown}"
+    assert validate({**params, key: value}) == [(key, message)]
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "message"),
+    [
+        ("runner.match_timeout", "500ms", "must be at least 1s, got '500ms'"),
+        ("runner.match_timeout", "2d", "must be at most 1d, got '2d'"),
+        ("runner.match_timeout", 86_401, "must be at most 1d, got 86401"),
+        ("http.timeout", "61m", "must be at most 1h, got '61m'"),
+        ("llm.timeout", 3601, "must be at most 1h, got 3601"),
+        ("poll.interval", "10ms", "must be at least 50ms, got '10ms'"),
+        ("poll.timeout", "31d", "must be at most 30d, got '31d'"),
+        ("callback.timeout", "366d", "must be at most 30d, got '366d'"),
+    ],
+)
+def test_a_duration_param_out_of_its_bounds_is_refused_with_them(
+    where: str, value: Any, message: str
+) -> None:
+    validate, params, key = DURATION_PARAMS[where]
+    assert validate({**params, key: value}) == [(key, message)]
+
+
+def test_the_runner_tool_hands_its_match_timeout_on_in_seconds() -> None:
+    assert runner({"prompt": "hi", "match_timeout": "2m"}, context()).wait["match_timeout"] == 120
+    assert runner({"prompt": "hi", "match_timeout": 90}, context()).wait["match_timeout"] == 90
+    assert runner({"prompt": "hi"}, context()).wait["match_timeout"] is None
+
+
+def test_the_poll_tool_hands_its_interval_and_timeout_on_in_seconds() -> None:
+    wait = poll({**POLL_PARAMS, "interval": "250ms", "timeout": "2m"}, context()).wait
+    assert wait is not None
+    assert (wait["interval"], wait["timeout"]) == (0.25, 120)
+
+
+def test_the_callback_tool_opens_its_url_for_its_timeout() -> None:
+    opened: list[float] = []
+
+    def open_callback(seconds: float) -> dict[str, str]:
+        opened.append(seconds)
+        return {"wait": "w", "url": "https://x.invalid/api/v1/callbacks/t"}
+
+    ctx = context()
+    ctx.open_callback = open_callback
+    callback({"timeout": "1.5h"}, ctx)
+    assert opened == [5400]
+
+
+def test_a_duration_that_renders_to_no_duration_fails_the_step_as_invalid_input() -> None:
+    error = failure(http, {"url": "https://example.com/", "timeout": "3 parsecs"})
+    assert (error.code, error.retryable) == ("invalid_input", False)
+    assert error.message == (
+        f"timeout must be a duration of at least 1ms such as {DURATION_FORMS}, got '3 parsecs'"
+    )
+
+
+def test_http_takes_its_timeout_as_a_duration(http_server: HttpServer) -> None:
+    http_server.respond("/slow", json={}, delay=10)
+    started = time.monotonic()
+    error = failure(http, {"url": f"{http_server.url}/slow", "timeout": "200ms"})
+    assert (error.code, error.retryable) == ("timeout", True)
+    assert time.monotonic() - started < 5

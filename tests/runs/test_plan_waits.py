@@ -110,7 +110,7 @@ def test_async_callback_needs_on_callback_and_only_it_has_them() -> None:
         ),
         (
             {"name": "s", "tool": "callback", "params": {"timeout": -1}},
-            "params.timeout: must be a number",
+            "params.timeout: must be a duration of at least 1ms",
         ),
         (
             {"name": "s", "tool": "callback", "params": {"request": {"url": "ftp://x"}}},
@@ -141,7 +141,9 @@ POLL = {"url": "https://status.example/1", "done_when": "${response.body.state} 
         ({**POLL, "done_when": "${steps.a.output} == 1"}, "a poll condition reads only response"),
         ({**POLL, "failed_when": "${response.nope} == 1"}, "a poll condition reads only response"),
         ({**POLL, "done_when": "${response.status} =="}, "bad condition"),
-        ({**POLL, "interval": 0}, "params.interval: must be a number"),
+        ({**POLL, "interval": 0}, "params.interval: must be a duration of at least 1ms"),
+        ({**POLL, "interval": "10ms"}, "params.interval: must be at least 50ms, got '10ms'"),
+        ({**POLL, "timeout": "31d"}, "params.timeout: must be at most 30d, got '31d'"),
         ({**POLL, "headers": {"Authorization": "${secrets.TOKEN}"}}, "cannot carry secrets"),
         ({**POLL, "url": "file:///etc"}, "params.url: must be an http(s) URL"),
     ],

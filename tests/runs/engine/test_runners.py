@@ -98,6 +98,19 @@ def test_a_runner_step_parks_without_a_lease_and_its_job_waits_for_a_runner(
     assert engine.transport.woken[-1] == (str(engine.run.organization_id), [])
 
 
+def test_a_match_timeout_written_as_a_duration_bounds_the_wait_for_a_runner(
+    engine_run: Start,
+) -> None:
+    engine = engine_run(runner_plan({"prompt": "hi", "match_timeout": "2m"}))
+    before = timezone.now()
+
+    job = park(engine)
+
+    assert (
+        before + timedelta(seconds=120) <= job.timeout_at <= timezone.now() + timedelta(seconds=120)
+    )
+
+
 def test_a_claimed_job_completes_its_step_with_the_result_and_is_charged_once(
     engine_run: Start,
 ) -> None:

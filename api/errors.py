@@ -2,8 +2,10 @@
 
 ``api_exception_handler`` (REST_FRAMEWORK["EXCEPTION_HANDLER"]) turns DRF's own
 exceptions, Django's ``Http404`` and the domain exceptions of the services into that
-shape; ``not_found`` and ``server_error`` do the same for the requests Django answers
-before DRF sees them (unknown URLs, crashes outside a view) under ``/api/``.
+shape (a route without the method asked: ``405 method_not_allowed``); ``unknown_route``,
+the last route under ``/api/``, answers what no route matches with ``404 not_found``,
+whatever DEBUG says; ``not_found`` and ``server_error`` do the same for what Django
+answers itself (crashes outside a view) under ``/api/``.
 """
 
 from __future__ import annotations
@@ -13,15 +15,26 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import InterfaceError, OperationalError
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponsePermanentRedirect,
+    JsonResponse,
+)
+from django.urls import Resolver404, resolve
 from django.views import defaults
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import exceptions, serializers
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import set_rollback
+from rest_framework.views import APIView, set_rollback
 
 from artifacts.selectors import ArtifactNotFound
 from artifacts.services import (
@@ -227,8 +240,54 @@ def _view_name(context: dict[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------- outside DRF
+# The name of the catch-all route under /api/ (config/urls.py): metrics count what it
+# answers as "unmatched", as they did when Django answered it.
+UNKNOWN_ROUTE = "api-unknown-route"
+
+
+@csrf_exempt  # a POST to an unknown route is a 404, not a CSRF failure page
+def unknown_route(request: HttpRequest) -> HttpResponse:
+    """What no route under /api/ matches: ``404 not_found``, whatever the method.
+
+    A route, not handler404: with DEBUG on, Django answers a URL no route matches with its
+    technical 404 page (listing every route) and never calls handler404. Being last, it
+    also makes every path under /api/ "valid" to CommonMiddleware, which then no longer
+    appends a slash by itself: a GET of a page that exists with one (``/api/docs``) is
+    sent there here, as before; an API route never ends with one, so none is redirected.
+    """
+    if (
+        request.method in ("GET", "HEAD")
+        and settings.APPEND_SLASH
+        and not request.path_info.endswith("/")
+    ):
+        try:
+            match = resolve(f"{request.path_info}/", getattr(request, "urlconf", None))
+        except Resolver404:
+            match = None
+        if match is not None and match.url_name != UNKNOWN_ROUTE:
+            return HttpResponsePermanentRedirect(request.get_full_path(force_append_slash=True))
+    return JsonResponse(error_body("not_found", "not found"), status=404)
+
+
+class JsonErrors(APIView):
+    """Mixed into a DRF view under /api/ whose own answers are not JSON (the OpenAPI
+    document, the docs pages): its errors (a 405, a 406) are, in the envelope, whatever
+    renderer it negotiated; they would otherwise be YAML or an HTML page."""
+
+    def finalize_response(
+        self, request: Request, response: Response, *args: Any, **kwargs: Any
+    ) -> Response:
+        response = super().finalize_response(request, response, *args, **kwargs)
+        # Only DRF's own Responses are rendered late enough to change their renderer.
+        if isinstance(response, Response) and response.status_code >= 400:
+            response.accepted_renderer = JSONRenderer()
+            response.accepted_media_type = JSONRenderer.media_type
+        return response
+
+
 def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
-    """handler404: JSON under /api/ (unknown routes, malformed ids), Django's page elsewhere."""
+    """handler404: JSON under /api/ (an Http404 raised outside DRF, with DEBUG off),
+    Django's page elsewhere."""
     if request.path.startswith(API_PREFIX):
         return JsonResponse(error_body("not_found", "not found"), status=404)
     return defaults.page_not_found(request, exception)

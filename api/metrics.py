@@ -12,6 +12,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, HttpResponseNotFound
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from api.errors import UNKNOWN_ROUTE
 from orchestrator import metrics
 
 
@@ -40,6 +41,9 @@ class RequestMetrics:
         response = self.get_response(request)
         if request.path.startswith("/api/"):
             match = getattr(request, "resolver_match", None)
-            route = f"/{match.route}" if match is not None and match.route else "unmatched"
+            if match is None or not match.route or match.url_name == UNKNOWN_ROUTE:
+                route = "unmatched"
+            else:
+                route = f"/{match.route}"
             metrics.api_request(route, request.method or "", response.status_code)
         return response

@@ -1,13 +1,29 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
+from api.errors import UNKNOWN_ROUTE, JsonErrors, unknown_route
 from api.metrics import metrics_view
 from orchestrator.dashboard import dashboard_view
 from orchestrator.health import healthz
 
 # The admin's index links to the operators' dashboard (its template extends Django's).
 admin.site.index_template = "admin/orchestrator_index.html"
+
+
+# The schema and its pages answer YAML and HTML; their errors, like every answer of the
+# API's that is an error, are JSON.
+class SchemaView(JsonErrors, SpectacularAPIView):
+    pass
+
+
+class SwaggerView(JsonErrors, SpectacularSwaggerView):
+    pass
+
+
+class RedocView(JsonErrors, SpectacularRedocView):
+    pass
+
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
@@ -16,12 +32,15 @@ urlpatterns = [
     path("admin/dashboard/", admin.site.admin_view(dashboard_view), name="admin-dashboard"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("api.urls")),
-    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
-    path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="redoc"),
+    path("api/schema/", SchemaView.as_view(), name="schema"),
+    path("api/docs/", SwaggerView.as_view(url_name="schema"), name="docs"),
+    path("api/redoc/", RedocView.as_view(url_name="schema"), name="redoc"),
+    # Last: whatever no route above matches under /api/ is a JSON 404, DEBUG or not (a
+    # plain view, so not in the OpenAPI schema).
+    re_path(r"^api/", unknown_route, name=UNKNOWN_ROUTE),
 ]
 
-# JSON errors under /api/ for what Django answers itself (unknown routes, malformed ids,
-# crashes outside a view); Django's own pages elsewhere.
+# JSON errors under /api/ for what Django answers itself (an Http404 or a crash outside
+# a view); Django's own pages elsewhere.
 handler404 = "api.errors.not_found"
 handler500 = "api.errors.server_error"

@@ -6,6 +6,10 @@ declared in ``runs.plan.model``), so the two cannot drift: it never refuses a pl
 of range, unknown or missing (tests/api/test_plan_schema.py holds them to it). It is
 looser only where JSON Schema cannot say what the whole-plan checks do: dependency
 graphs, templates, names, total sizes.
+
+The document is OpenAPI 3.0.3 (docs/api.md says why): pydantic writes JSON Schema 2020-12,
+so ``_openapi`` translates what has a 3.0 equivalent and refuses what has none, and
+tests/api/test_openapi_document.py validates the whole document served.
 """
 
 from __future__ import annotations
@@ -22,6 +26,20 @@ from runs.plan import Plan
 # Keywords whose values are schemas (the rest are copied as they are).
 _SUBSCHEMA_LISTS = ("anyOf", "allOf", "oneOf")
 _SUBSCHEMAS = ("items", "additionalProperties", "not")
+# OpenAPI 3.0's Schema Object, whole: anything else (`prefixItems`, `$defs` below the
+# root, `if`, `patternProperties`, ...) has no 3.0 equivalent, and a document carrying it
+# is refused by validators and misread by generators.
+_OPENAPI_30_KEYWORDS = frozenset(
+    {
+        "$ref", "title", "description", "default", "example", "deprecated", "readOnly",
+        "writeOnly", "nullable", "discriminator", "xml", "externalDocs", "type", "format",
+        "enum", "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
+        "maxLength", "minLength", "pattern", "maxItems", "minItems", "uniqueItems",
+        "maxProperties", "minProperties", "required", "properties", "additionalProperties",
+        "items", "allOf", "anyOf", "oneOf", "not",
+    }
+)  # fmt: skip
+_NULL = {"type": "null"}
 # The plan's enums that are the same choice sets as the outputs' `mode` and
 # `failure_mode`: marked as such, drf-spectacular makes one enum component of each.
 _ENUM_IDS = {tuple(choices.values): list_hash(choices.choices) for choices in (Mode, FailureMode)}
@@ -41,7 +59,11 @@ def _component_name(model: str) -> str:
 
 
 def _openapi(schema: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
-    """A JSON Schema (2020-12, as pydantic writes it) in OpenAPI 3.0's dialect."""
+    """A JSON Schema (2020-12, as pydantic writes it) in OpenAPI 3.0's dialect.
+
+    Raises ``ValueError`` for a keyword 3.0 cannot express, naming it: the model should
+    say it differently, or this function learn its translation."""
+    schema = _without_null(schema)
     result: dict[str, Any] = {}
     for key, value in schema.items():
         if key == "title" or (
@@ -61,12 +83,44 @@ def _openapi(schema: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
             result[key] = [_openapi(part, names) for part in value]
         elif key in _SUBSCHEMAS and isinstance(value, dict):
             result[key] = _openapi(value, names)
-        else:
+        elif key == "const":
+            result["enum"] = [value]
+        elif key == "examples":
+            result["example"] = value[0]
+        elif key in _OPENAPI_30_KEYWORDS or key.startswith("x-"):
             result[key] = value
+        else:
+            raise ValueError(f"the plan's JSON Schema uses {key!r}, which OpenAPI 3.0 lacks")
     enum_id = _ENUM_IDS.get(tuple(result.get("enum", ())))
     if enum_id:
         result["x-spec-enum-id"] = enum_id
     return result
+
+
+def _without_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with JSON Schema's null type (``X | None`` is ``anyOf: [X, {type:
+    null}]``) said as 3.0 says it: ``nullable: true``. 3.0 ignores the siblings of a
+    ``$ref``, so a nullable reference is ``allOf: [{$ref}]`` beside it, as drf-spectacular
+    writes its own nullable references and as generators read them (``X | None``)."""
+    for key in ("anyOf", "oneOf"):
+        branches = schema.get(key)
+        if not isinstance(branches, list) or _NULL not in branches:
+            continue
+        rest = [branch for branch in branches if branch != _NULL]
+        schema = {k: v for k, v in schema.items() if k != key}
+        if len(rest) != 1:
+            schema[key] = rest
+        elif "$ref" in rest[0]:
+            schema["allOf"] = rest
+        else:
+            schema = {**rest[0], **schema}
+        return {**schema, "nullable": True}
+    if isinstance(schema.get("type"), list) and "null" in schema["type"]:
+        types = [kind for kind in schema["type"] if kind != "null"]
+        if len(types) != 1:
+            raise ValueError(f"OpenAPI 3.0 has no type that is one of {types}")
+        return {**schema, "type": types[0], "nullable": True}
+    return schema
 
 
 class PlanField(serializers.JSONField):

@@ -35,6 +35,7 @@ Item = TypeVar("Item")
 class Page(TypedDict, Generic[Item]):
     """One page of a list. ``count`` is absent from cursor pages (a run's events)."""
 
+    count: NotRequired[int]
     next: str | None
     previous: str | None
     results: list[Item]

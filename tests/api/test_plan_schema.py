@@ -2,8 +2,9 @@
 
 The schema is taken as clients see it: the `Plan` component of the document
 drf-spectacular generates, validated with `jsonschema` (Draft 4: OpenAPI 3.0's boolean
-`exclusiveMinimum`, and no float counts as an integer). Three properties over generated
-plans:
+`exclusiveMinimum`, and no float counts as an integer; 3.0's `nullable: true`, which
+Draft 4 does not know, read as null being one more choice). Three properties over
+generated plans:
 
 - every well-formed plan (sequential, parallel and dag levels, retry policies, handlers,
   conditions, timeouts, variables, credits...) is accepted by both;
@@ -106,11 +107,29 @@ RANGES: dict[tuple[str, str], tuple[float, float]] = {
 UNKNOWN_KEYS = ["colour", "prioirty", "timeout_ms", "timeouts_ms", "Name", "x-extra"]
 
 
+def json_schema(schema: Any) -> Any:
+    """An OpenAPI 3.0 schema in JSON Schema's words: ``nullable: true`` (``X | None``)
+    becomes ``anyOf: [X, {type: null}]``, as OpenAPI 3.1 and schemathesis say it; every
+    other keyword the plan uses means the same in both."""
+    if isinstance(schema, list):
+        return [json_schema(part) for part in schema]
+    if not isinstance(schema, dict):
+        return schema
+    # A bool: a property *named* "nullable" would have a schema as its value.
+    result = {
+        key: json_schema(value)
+        for key, value in schema.items()
+        if not (key == "nullable" and isinstance(value, bool))
+    }
+    return {"anyOf": [result, {"type": "null"}]} if schema.get("nullable") is True else result
+
+
 @pytest.fixture(scope="module")
 def plan_schema() -> Draft4Validator:
     """The `Plan` component as the generated OpenAPI document has it."""
     document = SchemaGenerator().get_schema(request=None, public=True)
-    components = document["components"]
+    components = {**document["components"]}
+    components["schemas"] = json_schema(components["schemas"])
     for schema in components["schemas"].values():
         Draft4Validator.check_schema(schema)
     return Draft4Validator({"$ref": "#/components/schemas/Plan", "components": components})
@@ -382,3 +401,20 @@ def test_whatever_parse_plan_accepts_the_schema_accepts(
 ) -> None:
     if accepted(data):
         assert not list(plan_schema.iter_errors(data))
+
+
+def test_a_nullable_field_takes_null_and_its_object_in_both(plan_schema: Draft4Validator) -> None:
+    # `concurrency` is `ConcurrencyPolicy | None`: JSON Schema's null branch, which OpenAPI
+    # 3.0 lacks, is `nullable: true` in the document (api/schema.py).
+    plan = {"name": "n", "agents": [{"name": "a", "tasks": [{"name": "t", "steps": [
+        {"name": "s", "tool": "noop"}]}]}]}  # fmt: skip
+    valid: list[Any] = [None, {"key": "customer-1", "max_runs": 2}]
+    for concurrency in valid:
+        data = {**plan, "concurrency": concurrency}
+        assert accepted(data), concurrency
+        assert not list(plan_schema.iter_errors(data)), concurrency
+    invalid: list[Any] = ["customer-1", {"max_runs": 2}, {"key": "k", "max_runs": 0}]
+    for concurrency in invalid:
+        data = {**plan, "concurrency": concurrency}
+        assert not accepted(data), concurrency
+        assert list(plan_schema.iter_errors(data)), concurrency

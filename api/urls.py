@@ -8,7 +8,7 @@ from api import artifacts as artifact_api
 from api import callbacks as callback_api
 from api import escalations as escalation_api
 from api import runners as runner_api
-from api import views
+from api import streams, views
 from api.billing import BalanceApi, LedgerApi, OrganizationApi, SecretApi, SecretsApi
 
 app_name = "api"
@@ -27,6 +27,11 @@ urlpatterns = [
     path("runs/<uuid:run_id>/tasks", views.RunTasksApi.as_view(), name="run-tasks"),
     path("runs/<uuid:run_id>/steps", views.RunStepsApi.as_view(), name="run-steps"),
     path("runs/<uuid:run_id>/events", views.RunEventsApi.as_view(), name="run-events"),
+    path(
+        "runs/<uuid:run_id>/events/stream",
+        streams.RunEventsStreamApi.as_view(),
+        name="run-events-stream",
+    ),
     path(
         "runs/<uuid:run_id>/artifacts", artifact_api.RunArtifactsApi.as_view(), name="run-artifacts"
     ),

@@ -40,6 +40,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from common import eventstreams
 from config.celery import ALL_QUEUES
 
 logger = logging.getLogger(__name__)
@@ -224,7 +225,12 @@ class OrchestratorCollector(Collector):
             for key in (STEPS, DURATION, QUEUE_WAIT, SWEEPS, API, DOORBELLS):
                 pipe.hgetall(key)
             ask_queue_depths(pipe)
+            pipe.zrangebyscore(eventstreams.WATCHED, time.time(), "+inf")
             results: list[Any] = pipe.execute()
+            watched = [member.decode() for member in results[-1]]
+            # Every open stream subscribes to its run's channel (api/streams.py).
+            channels = [eventstreams.channel(run_id) for run_id in watched]
+            subscribers = client.pubsub_numsub(*channels) if channels else []
         except (redis.RedisError, OSError) as exc:
             logger.warning("metrics from Redis unavailable: %s", exc)
             yield _redis_up(0)
@@ -280,9 +286,18 @@ class OrchestratorCollector(Collector):
         depth = GaugeMetricFamily(
             "orchestrator_queue_depth", "Messages waiting in each Celery queue.", labels=["queue"]
         )
-        for queue, waiting in queue_depths_in(results[6:]).items():
+        for queue, waiting in queue_depths_in(results[6:-1]).items():
             depth.add_metric([queue], float(waiting))
         yield depth
+        streams = GaugeMetricFamily(
+            "orchestrator_event_streams", "Runs' event streams open, every web process's."
+        )
+        streams.add_metric([], float(sum(count for _, count in subscribers)))
+        runs = GaugeMetricFamily(
+            "orchestrator_event_streams_watched_runs", "Runs that event streams follow."
+        )
+        runs.add_metric([], float(len(watched)))
+        yield from (streams, runs)
 
 
 def _redis_up(value: int) -> GaugeMetricFamily:

@@ -580,17 +580,23 @@ def runs_events(
     kind: Annotated[str | None, typer.Option("--kind", help="Only events of this kind.")] = None,
     attempt: Annotated[int | None, typer.Option("--attempt", help="One attempt's.")] = None,
     after: Annotated[int | None, typer.Option("--after", help="Events after this id.")] = None,
-    interval: IntervalOption = 1.0,
+    # Accepted for the scripts that pass it: --follow no longer polls (it streams).
+    interval: Annotated[float, typer.Option("--interval", min=0.05, hidden=True)] = 1.0,
     as_json: JsonOption = False,
 ) -> None:
     """The run's history, oldest first, each event named by its plan path and attempt.
+    With --follow, the events as they happen (the server's event stream, resumed where it
+    left off if the connection drops) until the run ends.
     With --json: a JSON array, or with --follow one JSON object per line."""
     out = Output(as_json)
     with client() as api:
         events: Iterable[Event]
         if follow:
-            events = api.follow_events(
-                run_id, after=after, kind=kind, attempt=attempt, interval=interval
+            events = (
+                event
+                for event in api.stream_events(run_id, last_event_id=after)
+                if (kind is None or event["kind"] == kind)
+                and (attempt is None or event["attempt_number"] == attempt)
             )
         else:
             events = api.events(run_id, after=after, kind=kind, attempt=attempt, page_size=500)

@@ -26,6 +26,7 @@ pyproject.toml keeps it so): it needs httpx only.
 from __future__ import annotations
 
 import email.utils
+import json
 import random
 import time
 import uuid
@@ -37,7 +38,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
 
-from orchestrator_client import config
+from orchestrator_client import config, sse
 from orchestrator_client._version import __version__
 from orchestrator_client.errors import ApiError, TransportError, error_class
 from orchestrator_client.pagination import Paginator
@@ -73,6 +74,10 @@ RETRY_STATUSES = frozenset({429, 502, 503, 504})
 # answers say for sure that nothing was done.
 UNKEYED_RETRY_STATUSES = frozenset({429, 503})
 IN_USE = "idempotency_key_in_use"
+
+# A run's event stream sends a comment every 15 s (the server's API_STREAM_HEARTBEAT_S):
+# a read that waits this long means the connection is gone, and the stream is resumed.
+STREAM_READ_TIMEOUT = 60.0
 
 # How a call may be retried: "keyed" (GET, PUT, DELETE and POSTs with an
 # Idempotency-Key: a repeat does nothing new), "unkeyed" (a POST without one).
@@ -546,6 +551,67 @@ class Client:
             if ended:
                 return
             self._sleep(interval)
+
+    def stream_events(self, run_id: str, last_event_id: int | None = None) -> Iterator[Event]:
+        """Every event of the run after ``last_event_id`` (all without it) as it happens,
+        from the server's event stream (``GET .../events/stream``), until the run has
+        ended: the events list's events, in its order.
+
+        A connection that drops (or goes silent for ``STREAM_READ_TIMEOUT``) is opened
+        again with ``Last-Event-ID``, the last event's id: no event is missed or repeated.
+        Failures in a row, with no connection made between them, are retried as a call
+        is (``retries``, backoff; 429 and 5xx answers after their ``Retry-After``); an
+        API error (404 for a run you cannot see) is raised. The server ends the stream
+        once the run has ended and every event is sent; a stream that ends while the run
+        has not (a proxy closed it) is resumed. After a stream's end, the run's status is
+        read and, once it has ended, the events after the last one received (normally
+        none): what a proxy may have cut short."""
+        last = last_event_id
+        failures = 0
+        timeout = self._http.timeout
+        read = max(timeout.read or 0.0, STREAM_READ_TIMEOUT)
+        stream_timeout = httpx.Timeout(
+            timeout.connect, read=read, write=timeout.write, pool=timeout.pool
+        )
+        while True:
+            headers = {"Accept": "text/event-stream"}
+            if last is not None:
+                headers["Last-Event-ID"] = str(last)
+            try:
+                with self._http.stream(
+                    "GET",
+                    f"runs/{_id(run_id)}/events/stream",
+                    headers=headers,
+                    timeout=stream_timeout,
+                ) as response:
+                    if not response.is_success:
+                        response.read()
+                        error = _error_from(response)
+                        wait = error.retry_after
+                        if (
+                            response.status_code not in RETRY_STATUSES
+                            or failures >= self.retries
+                            or (wait is not None and wait > self.max_retry_after)
+                        ):
+                            raise error
+                        self._sleep(wait if wait is not None else self._delay(failures))
+                        failures += 1
+                        continue
+                    failures = 0  # connected: a later drop starts a new count
+                    for message in sse.messages(response.iter_lines()):
+                        event = cast(Event, json.loads(message.data))
+                        last = event["id"]
+                        yield event
+            except httpx.TransportError as exc:
+                if failures >= self.retries:
+                    raise TransportError(f"the event stream of run {run_id}: {exc}") from exc
+                self._sleep(self._delay(failures))
+                failures += 1
+                continue
+            if self.get_run(run_id, exclude=STATUS_ONLY)["status"] in TERMINAL_STATUSES:
+                yield from self.events(run_id, after=last, page_size=500)
+                return
+            self._sleep(self._delay(0))  # cut short by something else: resume, gently
 
     def wait(
         self, run_id: str, *, interval: float = 1.0, timeout: float | None = None

@@ -34,6 +34,7 @@ from billing.services import (
     reserve_reason,
     to_credits,
 )
+from common import eventstreams
 from common.templates import Reference, UnresolvedReference, render_value, resolve_in
 from common.text import storable_text
 from runs import admission
@@ -462,6 +463,7 @@ def _start_in_one_statement(
         row = cursor.fetchone()
     if row is None:
         return None
+    eventstreams.events_written(run.pk)  # the statement wrote the start's events
     run.status, run.attempt_number, run.admitted_at = RunStatus.PENDING, 1, admitted_at
     run.status_changed_at, run.started_at, run.updated_at, attempt_id = row
     return RunAttempt.from_db(

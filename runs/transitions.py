@@ -13,6 +13,9 @@ and waiting for a step deadlocks with a step transition waiting to insert its ev
 
 ``transition_many()`` is the same for a set of rows at once (cascades such as cancelling
 every pending step of a run): rows not in one of the given source states are left alone.
+
+Every event written here (and by the claims below) tells ``common.eventstreams``, which
+wakes the run's live event streams after commit when it has any.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from uuid import UUID
 from django.db import connection, models, transaction
 from django.utils import timezone
 
+from common import eventstreams
 from runs.models import Agent, EventKind, Run, RunEvent, Step, Task
 from runs.states import TERMINAL, InvalidTransition, check_transition, is_allowed
 
@@ -201,9 +205,11 @@ def transition_locked(
         setattr(obj, name, value)
         fields.append(name)
     obj.save(update_fields=fields)
-    _event(
+    event = _event(
         obj, entity, from_status, to_status, actor=actor, message=message, payload=payload
-    ).save()
+    )
+    event.save()
+    eventstreams.events_written(event.run_id)  # its live streams woken after commit
     return Transition(obj, True, from_status)
 
 
@@ -255,6 +261,8 @@ def transition_many(
             )
         model.objects.bulk_update(locked, sorted(fields), batch_size=500)
         RunEvent.objects.bulk_create(events, batch_size=500)
+        for run_id in {event.run_id for event in events}:
+            eventstreams.events_written(run_id)
         return locked
 
 
@@ -269,7 +277,7 @@ def record_event(
     entity_id: str | None = None,
 ) -> RunEvent:
     """Append a non-transition event (a charge, an approval, an operator note...)."""
-    return RunEvent.objects.create(
+    event = RunEvent.objects.create(
         run=run,
         attempt_number=run.attempt_number,
         entity=entity,
@@ -279,6 +287,8 @@ def record_event(
         message=message,
         payload=dict(payload or {}),
     )
+    eventstreams.events_written(run.pk)
+    return event
 
 
 # --------------------------------------------------------------------------- the claim
@@ -444,6 +454,7 @@ def _claim(sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
     if row is None:
         return None
     values = dict(zip(_CLAIMED_FIELDS, row, strict=True))
+    eventstreams.events_written(values["run_id"])  # the claim wrote the step's event
     if isinstance(values["params"], str):  # a driver that hands jsonb back as text
         values["params"] = json.loads(values["params"])
     return values

@@ -716,6 +716,14 @@ API_PAGE_SIZE = env.integer("API_PAGE_SIZE", 50, "default page size", minimum=1)
 API_MAX_PAGE_SIZE = env.integer(
     "API_MAX_PAGE_SIZE", 500, "largest page size a client may ask", minimum=1
 )
+# A run's event stream (api/streams.py) sends a comment this often, in seconds, so that
+# proxies and clients see a live connection, and reads PostgreSQL again each time (a
+# wake-up lost with Redis is then late by this much at most).
+API_STREAM_HEARTBEAT_S = env.number(
+    "API_STREAM_HEARTBEAT_S", 15, "seconds between an event stream's keep-alive comments"
+)
+if not 0 < API_STREAM_HEARTBEAT_S <= 300:
+    env.errors.append(f"API_STREAM_HEARTBEAT_S must be in (0, 300], got {API_STREAM_HEARTBEAT_S}")
 IDEMPOTENCY_TTL_HOURS = env.integer(
     "IDEMPOTENCY_TTL_HOURS", 24, "hours an Idempotency-Key response is kept", minimum=1
 )

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from billing.pricing import tool_price
 from billing.services import BudgetExhausted, credits_charge
+from common import eventstreams
 from common.tools.base import ToolError
 from runs import admission, services
 from runs.engine import hotpath, policy
@@ -134,7 +135,12 @@ def record_and_claim(
         done, claimed = hotpath.complete(
             run_id, step_id, attempt, output=outcome.output, cost=outcome.cost, claim=claim
         )
+        # The function's events bypass runs.transitions: their live streams are told here
+        # (a set lookup for a run nobody streams; docs/api.md, "A run's event stream").
+        if claimed.claimed is not None:
+            eventstreams.events_written(claimed.claimed["run_id"])
         if done is not None:
+            eventstreams.events_written(run_id)
             _announce(run_id, done)
             return True, claimed
     with transaction.atomic():

@@ -1,0 +1,46 @@
+"""The web process as production runs it, for integration tests: gunicorn with the real
+config/gunicorn.py (gevent workers, the pooled database connections) on a free loopback
+port, against the test database and Redis."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from tests.support import Child, child_env, free_port, python_cmd, wait_until
+
+
+@contextmanager
+def gunicorn(log: Path, *, workers: int = 1, **env: str) -> Iterator[str]:
+    """Serve the API with gunicorn until the block ends; yields its URL. ``env`` is added
+    to the server's environment (settings such as ``API_STREAM_HEARTBEAT_S``)."""
+    port = free_port()
+    server = Child(
+        python_cmd(
+            "-m", "gunicorn", "config.wsgi:application",
+            "--config", "config/gunicorn.py",
+            "--bind", f"127.0.0.1:{port}",
+            "--workers", str(workers),
+        ),
+        child_env(**env),
+        log,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        if not server.alive():
+            raise AssertionError(f"gunicorn exited:\n{server.output()}")
+        try:
+            return httpx.get(f"{url}/api/schema/", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_until(up, timeout=60, what="gunicorn to serve the API")
+        yield url
+    finally:
+        server.stop(timeout=10)
+        server.kill_group()

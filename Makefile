@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 export VENV
 
-.PHONY: install run test bench profile chaos load lint format typecheck clean
+.PHONY: install run test bench profile profile-api chaos load lint format typecheck clean
 
 install:
 	@scripts/bootstrap.sh
@@ -21,6 +21,9 @@ bench: install  ## engine vs raw Celery on throwaway servers (BENCH_JSON=path fo
 
 profile: install  ## one step's cost in the engine, in process, under cProfile (PROFILE_ARGS="--steps 500")
 	@scripts/bench.sh profile $(PROFILE_ARGS)
+
+profile-api: install  ## an API request's cost by layer, in process, on throwaway servers (PROFILE_API_ARGS="--requests 100 --route create")
+	@scripts/bench.sh profile-api $(PROFILE_API_ARGS)
 
 chaos: install  ## faults injected under a mixed workload; exit 1 if anything is lost (CHAOS_JSON=path)
 	@scripts/chaos.sh $(CHAOS_ARGS)

@@ -4,19 +4,32 @@
    each with credits, one API key per simulated user (the throttle is per key, so the
    default `API_THROTTLE_RATE` stays as it is), a read-only key and a revoked key; then
    gunicorn, two Celery workers and beat (``reliability.stack``).
-2. Run locust headless in a child process (``reliability.load_users``: gevent's
-   monkey-patching stays out of this process, which uses Django's ORM): LOAD_USERS
-   clients (50) for LOAD_SECONDS (60) after they are all up, creating runs with
-   Idempotency-Keys (replaying some), starting, polling, listing, cancelling and deleting
-   them, plus a share of bad requests (``reliability.load_mix.BAD_KINDS``).
-3. Wait (bounded) until every run in the database is terminal, then the checks of
+   The web process alone serves ``reliability.floor`` as its URLconf
+   (``reliability.load_settings``): the public routes and the floor's.
+2. Unless LOAD_FLOOR_SECONDS is 0: create runs through the API (SEED_RUNS_PER_ORG per
+   organization) and wait until they end; then two phases of LOAD_USERS clients for
+   LOAD_FLOOR_SECONDS (20) each, with no think time: the *floor* (``GET
+   /api/v1/load-floor``: one row read by primary key through authentication and DRF,
+   nothing of the API's own logic) and the *reads* (a run, and runs by status, of those
+   runs). They measure what the server can answer, for the mix to be read against.
+3. The *mix*: LOAD_USERS clients (50) for LOAD_SECONDS (60) after they are all up,
+   creating runs with Idempotency-Keys (replaying some), starting, polling, listing,
+   cancelling and deleting them, plus a share of bad requests
+   (``reliability.load_mix.BAD_KINDS``).
+   Each phase runs locust headless in a child process of its own
+   (``reliability.load_users``: gevent's monkey-patching stays out of this process,
+   which uses Django's ORM).
+4. Wait (bounded) until every run in the database is terminal, then the checks of
    `make chaos` (``reliability.checks``): ledgers settle, nothing charged twice,
-   invariants clean; and the runs the clients saw created are exactly the runs stored,
-   no refused request stored one, no key acted on another organization's run.
+   invariants clean; and the runs the clients saw created are exactly the runs stored
+   (besides the seeded ones), no refused request stored one, no key acted on another
+   organization's run.
 
-Prints a markdown report (requests per second, p50/p95/p99 by endpoint, statuses, bad
-requests by kind, consistency); LOAD_JSON=path also writes it as JSON. Exits 1 on any
-5xx, any unexpected answer and any inconsistency.
+Prints a markdown report (the floor, the reads and the mix side by side with the ratios
+of their requests/s and the goals for them; requests per second, p50/p95/p99 by
+endpoint, statuses, bad requests by kind, consistency); LOAD_JSON=path also writes it as
+JSON. Exits 1 on any 5xx (in any phase), any unexpected answer and any inconsistency;
+the capacity goals are informational.
 """
 
 from __future__ import annotations
@@ -24,11 +37,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -37,17 +52,33 @@ from pathlib import Path
 from typing import Any
 
 from reliability.checks import detail_lines
-from reliability.load_mix import API, BAD_KINDS
+from reliability.load_mix import (
+    API,
+    BAD_KINDS,
+    PHASES,
+    RUNS,
+    SEED_CANCEL_EVERY,
+    SEED_RUNS_PER_ORG,
+    THINK_TIME_S,
+    good_plan,
+)
 from reliability.stack import ROOT, Stack
 
 # Names of runs that refused requests carry: none of them may ever be stored.
 REFUSED_NAMES = ("load-refused", "load-bad", "load-changed-body", "too-big")
+# The web process's settings: the stack's, with the floor's URLconf.
+LOAD_SETTINGS_MODULE = "reliability.load_settings"
+# Requests/s of the reads and of the whole mix as a fraction of the floor's: the goals of
+# the API capacity round. Informational, like `make bench`'s: reported, never asserted.
+CAPACITY_GOALS = {"reads": 0.6, "mix": 0.35}
 
 
 @dataclass(frozen=True)
 class Config:
     users: int = 50
     seconds: float = 60.0
+    # Each of the floor and reads phases; 0 skips both (and the runs seeded for them).
+    floor_seconds: float = 20.0
     orgs: int = 5
     seed: int = 1
     spawn_rate: float = 25.0
@@ -92,26 +123,29 @@ def create_organizations(stack: Stack, config: Config) -> list[dict[str, Any]]:
     return orgs
 
 
-def run_users(stack: Stack, config: Config, orgs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The locust phase, in a child process; its statistics."""
+def run_users(
+    stack: Stack, config: Config, orgs: list[dict[str, Any]], phase: str, seconds: float
+) -> dict[str, Any]:
+    """One locust phase (``PHASES``), in a child process; its statistics."""
     directory = stack.directory
-    config_path = directory / "load-config.json"
-    out_path = directory / "load-stats.json"
+    config_path = directory / f"load-config-{phase}.json"
+    out_path = directory / f"load-stats-{phase}.json"
     config_path.write_text(
         json.dumps(
             {
+                "phase": phase,
                 "host": stack.base_url,
                 "orgs": orgs,
                 "users": config.users,
-                "seconds": config.seconds,
+                "seconds": seconds,
                 "spawn_rate": config.spawn_rate,
                 "stop_timeout": config.stop_timeout_s,
                 "seed": config.seed,
             }
         )
     )
-    log_path = directory / "load-users.log"
-    budget = config.users / config.spawn_rate + config.seconds + config.stop_timeout_s + 120
+    log_path = directory / f"load-users-{phase}.log"
+    budget = config.users / config.spawn_rate + seconds + config.stop_timeout_s + 120
     with log_path.open("wb") as log:
         result = subprocess.run(
             [sys.executable, "-m", "reliability.load_users", "--config", str(config_path),
@@ -121,7 +155,7 @@ def run_users(stack: Stack, config: Config, orgs: list[dict[str, Any]]) -> dict[
         )  # fmt: skip
     if result.returncode != 0 or not out_path.exists():
         tail = log_path.read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"the locust phase exited with {result.returncode}:\n{tail}")
+        raise RuntimeError(f"the {phase} phase exited with {result.returncode}:\n{tail}")
     stats: dict[str, Any] = json.loads(out_path.read_text())
     return stats
 
@@ -140,6 +174,39 @@ def warm_up(stack: Stack, orgs: list[dict[str, Any]]) -> None:
     keys = [org["keys"][0] for org in orgs]
     with ThreadPoolExecutor(max_workers=stack.web_workers * 2) as pool:
         list(pool.map(one, [keys[i % len(keys)] for i in range(stack.web_workers * 2)]))
+
+
+def seed_runs(stack: Stack, orgs: list[dict[str, Any]], seed: int) -> list[str]:
+    """Runs for the reads phase, created through the API with each organization's first
+    key: most start (and complete), every SEED_CANCEL_EVERY-th is cancelled before it
+    starts. Each organization's ids go in its ``runs``; returns them all."""
+    import httpx
+
+    def create(org: dict[str, Any]) -> list[str]:
+        rng = random.Random(f"{seed}-{org['name']}")
+        auth = {"Authorization": f"Bearer {org['keys'][0]}"}
+        ids = []
+        with httpx.Client(base_url=stack.base_url, trust_env=False, timeout=30) as client:
+
+            def post(path: str, body: dict[str, Any]) -> Any:
+                headers = {**auth, "Idempotency-Key": uuid.uuid4().hex}
+                answer = client.post(path, json=body, headers=headers)
+                answer.raise_for_status()  # the harness cannot go on without its runs
+                return answer.json()
+
+            for n in range(SEED_RUNS_PER_ORG):
+                cancel = n % SEED_CANCEL_EVERY == SEED_CANCEL_EVERY - 1
+                plan = good_plan(rng, f"load-seed-{org['name']}-{n}")
+                run_id = str(post(RUNS, {"plan": plan, "start": not cancel})["id"])
+                if cancel:
+                    post(f"{RUNS}/{run_id}/cancel", {"reason": "seeded"})
+                ids.append(run_id)
+        return ids
+
+    with ThreadPoolExecutor(max_workers=len(orgs)) as pool:
+        for org, ids in zip(orgs, pool.map(create, orgs), strict=True):
+            org["runs"] = ids
+    return [run_id for org in orgs for run_id in org["runs"]]
 
 
 # --------------------------------------------------------------------------- checks
@@ -179,8 +246,11 @@ def cross_tenant_events() -> list[str]:
     ]
 
 
-def consistency_report(stats: dict[str, Any], settle_timeout: float) -> dict[str, Any]:
-    """Wait for the runs to end, then every check (Django set up)."""
+def consistency_report(
+    stats: dict[str, Any], settle_timeout: float, seeded: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """Wait for the runs to end, then every check (Django set up). ``seeded``: the runs
+    the harness created for the reads phase, checked like the others but no client's."""
     from django.db import close_old_connections
 
     from reliability.checks import check_runs
@@ -192,10 +262,11 @@ def consistency_report(stats: dict[str, Any], settle_timeout: float) -> dict[str
     close_old_connections()
     consistency = check_runs(sorted(stored))
     return {
+        "runs_seeded": len(seeded),
         "runs_seen_by_clients": len(seen),
         "runs_in_database": len(stored),
         "runs_missing_from_database": sorted(seen - stored),
-        "runs_unseen_by_clients": sorted(stored - seen),
+        "runs_unseen_by_clients": sorted(stored - seen - seeded),
         "refused_but_stored": Run.objects.filter(name__in=REFUSED_NAMES).count(),
         "cross_tenant_events": cross_tenant_events(),
         "settle_s": settle_s,
@@ -232,10 +303,28 @@ def bad_request_rows(bad: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
     ]
 
 
+def phase_problems(phase: str, stats: dict[str, Any]) -> list[str]:
+    """Why the floor or the reads phase fails the run: what fails the mix, but for its
+    own bookkeeping (no runs, no replays)."""
+    found = []
+    errors_5xx = server_errors(stats["statuses"])
+    if errors_5xx:
+        found.append(f"{phase}: {errors_5xx} answers with a 5xx status")
+    if stats["unexpected"]:
+        found.append(f"{phase}: {stats['unexpected']} unexpected answers")
+    if stats["user_exceptions"]:
+        found.append(f"{phase}: {len(stats['user_exceptions'])} kinds of exceptions in the users")
+    if stats.get("peak_users", 0) < stats["users"]:
+        found.append(f"{phase}: only {stats.get('peak_users', 0)} users ran at once")
+    return found
+
+
 def problems(report: dict[str, Any]) -> list[str]:
     """Why the run fails; empty when it passes."""
     load = report["load"]
     found = []
+    for phase, stats in report.get("phases", {}).items():
+        found += phase_problems(phase, stats)
     errors_5xx = server_errors(load["statuses"])
     if errors_5xx:
         found.append(f"{errors_5xx} answers with a 5xx status")
@@ -264,8 +353,120 @@ def problems(report: dict[str, Any]) -> list[str]:
     return found
 
 
+# --------------------------------------------------------------------------- capacity
+def phase_row(phase: str, stats: dict[str, Any]) -> dict[str, Any]:
+    """A phase's whole figures (locust's aggregate row), its think time and its 5xx."""
+    total = stats["total"]
+    return {
+        "phase": phase,
+        "users": stats.get("peak_users", 0),
+        "think_s": list(THINK_TIME_S[phase]),
+        **{k: total[k] for k in ("requests", "rps", "p50_ms", "p95_ms", "p99_ms", "max_ms")},
+        "server_errors": server_errors(stats["statuses"]),
+    }
+
+
+def capacity(report: dict[str, Any]) -> dict[str, Any] | None:
+    """The floor, the reads and the mix side by side, each one's requests/s as a fraction
+    of the floor's, and the goals for those fractions (``CAPACITY_GOALS``); None when the
+    floor and the reads were skipped."""
+    measured = {**report.get("phases", {}), "mix": report["load"]}
+    if "floor" not in measured:
+        return None
+    rows = [phase_row(phase, measured[phase]) for phase in PHASES if phase in measured]
+    floor_rps = rows[0]["rps"]
+    for row in rows:
+        row["of_floor"] = row["rps"] / floor_rps if floor_rps else None
+    of_floor = {row["phase"]: row["of_floor"] for row in rows}
+    goals = [
+        {
+            "phase": phase,
+            "goal": goal,
+            "ratio": of_floor.get(phase),
+            "met": (of_floor.get(phase) or 0.0) >= goal,
+        }
+        for phase, goal in CAPACITY_GOALS.items()
+    ]
+    ratios = {f"{phase}/floor": of_floor.get(phase) for phase in CAPACITY_GOALS}
+    # Each mix user waits between requests: even answers in no time would give it no more
+    # than users / mean think time, which bounds the mix's ratio whatever the server does.
+    mix = rows[-1]
+    mean_think = sum(mix["think_s"]) / 2
+    ceiling = mix["users"] / mean_think if mean_think else None
+    return {
+        "phases": rows,
+        "ratios": ratios,
+        "goals": goals,
+        "mix_think_ceiling_rps": ceiling,
+        "mix_think_ceiling_of_floor": ceiling / floor_rps if ceiling and floor_rps else None,
+    }
+
+
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _think(seconds: list[float]) -> str:
+    low, high = seconds
+    return "none" if high == 0 else f"{low:g}-{high:g} s"
+
+
+GOAL_NAMES = {"reads": "reads", "mix": "whole mix"}
+
+
+def format_capacity(report: dict[str, Any]) -> list[str]:
+    """The floor, the reads and the mix side by side (the phases' endpoints under them,
+    but the mix's, which have their own table), then the goals."""
+    figures = report.get("capacity")
+    if not figures:
+        return ["", "capacity: the floor and the reads were skipped (--floor-seconds 0)"]
+    config = report["config"]
+    lines = [
+        "",
+        f"capacity: each phase {config['users']} users against the same gunicorn "
+        f"({config['web_workers']} workers); requests/s over the whole phase, ramp "
+        f"included; the floor is GET /load-floor, one row read through authentication "
+        f"and DRF",
+        "",
+        "| phase | think time | requests | req/s | p50 ms | p95 ms | p99 ms | 5xx | "
+        "req/s / floor's |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    phases = report.get("phases", {})
+    for row in figures["phases"]:
+        lines.append(
+            f"| {row['phase']} | {_think(row['think_s'])} | {row['requests']} | "
+            f"{row['rps']:.1f} | {_ms(row['p50_ms'])} | {_ms(row['p95_ms'])} | "
+            f"{_ms(row['p99_ms'])} | {row['server_errors']} | {_ratio(row['of_floor'])} |"
+        )
+        stats = phases.get(row["phase"])
+        for endpoint in stats["endpoints"] if stats else []:
+            label = f"{endpoint['method']} {endpoint['name']}"
+            errors = server_errors({label: stats["statuses"].get(label, {})})
+            lines.append(
+                f"| {row['phase']}: {label} | | {endpoint['requests']} | "
+                f"{endpoint['rps']:.1f} | {_ms(endpoint['p50_ms'])} | "
+                f"{_ms(endpoint['p95_ms'])} | {_ms(endpoint['p99_ms'])} | {errors} | |"
+            )
+    lines += ["", "| goal (informational) | ratio | result |", "|---|---:|---|"]
+    for goal in figures["goals"]:
+        lines.append(
+            f"| {GOAL_NAMES[goal['phase']]} >= {goal['goal']:g}x the floor's requests/s | "
+            f"{_ratio(goal['ratio'])} | {'met' if goal['met'] else 'NOT met'} |"
+        )
+    ceiling = figures.get("mix_think_ceiling_rps")
+    if ceiling:
+        lines += [
+            "",
+            f"the mix's think time ({_think(figures['phases'][-1]['think_s'])}) caps it at "
+            f"{ceiling:.0f} requests/s with {figures['phases'][-1]['users']} users, however "
+            f"fast the answers: {_ratio(figures['mix_think_ceiling_of_floor'])} of the floor's",
+        ]
+    return lines
 
 
 def _statuses(by_status: dict[str, int]) -> str:
@@ -302,6 +503,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"{_ms(total['p95_ms'])} | {_ms(total['p99_ms'])} | {_ms(total['max_ms'])} | "
         f"{_statuses(status_totals(statuses))} |"
     )
+    lines += format_capacity(report)
     lines += ["", "| bad request | sent | expected | got |", "|---|---|---|---|"]
     for row in bad_request_rows(load["bad_requests"]):
         mark = "" if row["ok"] else " **UNEXPECTED**"
@@ -318,6 +520,8 @@ def format_report(report: dict[str, Any]) -> str:
          f"{replays.get('ok', 0)} of {sum(replays.values())}"),
         ("runs created (seen by clients / in the database)",
          f"{runs['runs_seen_by_clients']} / {runs['runs_in_database']}"),
+        ("runs seeded for the reads (in the database, no client's)",
+         runs.get("runs_seeded", 0)),
         ("runs by final status", _statuses(checks["runs_by_status"])),
         ("after the load, every run terminal within", f"{runs['settle_s']:.1f} s"),
         ("runs stuck (not terminal)", len(checks["runs_stuck"])),
@@ -358,7 +562,9 @@ def format_report(report: dict[str, Any]) -> str:
 def run_load(config: Config, directory: Path, log: Any = print) -> dict[str, Any]:
     from reliability.chaos import LOG_PROBLEM, log_problems
 
-    stack = Stack(directory, web_workers=config.web_workers)
+    stack = Stack(
+        directory, web_workers=config.web_workers, web_settings_module=LOAD_SETTINGS_MODULE
+    )
     try:
         log(f"==> servers in {directory}")
         stack.start_servers()
@@ -372,15 +578,28 @@ def run_load(config: Config, directory: Path, log: Any = print) -> dict[str, Any
         stack.start_processes()
         warm_up(stack, orgs)
         started = time.time()
-        log(f"==> {config.users} users for {config.seconds:g}s (locust, headless)")
-        stats = run_users(stack, config, orgs)
+        phases: dict[str, dict[str, Any]] = {}
+        seeded: list[str] = []
+        if config.floor_seconds > 0:
+            seeded = seed_runs(stack, orgs, config.seed)
+            # The workers idle again before the clock starts: the floor and the reads
+            # measure the web server, not the web server beside the engine.
+            log(f"==> {len(seeded)} runs created for the reads; waiting for them to end")
+            wait_terminal(seeded, config.settle_timeout_s)
+            for phase in ("floor", "reads"):
+                log(f"==> {phase}: {config.users} users for {config.floor_seconds:g}s")
+                phase_stats = run_users(stack, config, orgs, phase, config.floor_seconds)
+                phases[phase] = {k: v for k, v in phase_stats.items() if k != "runs"}
+        log(f"==> mix: {config.users} users for {config.seconds:g}s (locust, headless)")
+        stats = run_users(stack, config, orgs, "mix", config.seconds)
         log(f"==> load done; waiting (at most {config.settle_timeout_s:g}s) for every run")
-        runs = consistency_report(stats, config.settle_timeout_s)
+        runs = consistency_report(stats, config.settle_timeout_s, frozenset(seeded))
         report: dict[str, Any] = {
             "config": asdict(config),
             "started_at": datetime.fromtimestamp(started, UTC).isoformat(),
             "directory": str(directory),
             "load": {k: v for k, v in stats.items() if k != "runs"},
+            "phases": phases,
             "bad_requests": bad_request_rows(stats["bad_requests"]),
             "status_totals": status_totals(stats["statuses"]),
             "server_errors": server_errors(stats["statuses"]),
@@ -393,6 +612,7 @@ def run_load(config: Config, directory: Path, log: Any = print) -> dict[str, Any
                 if LOG_PROBLEM.search(line)
             ][:50],
         }
+        report["capacity"] = capacity(report)
         report["problems"] = problems(report)
         report["ok"] = not report["problems"]
         return report
@@ -408,6 +628,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--seconds", type=float, default=float(os.environ.get("LOAD_SECONDS") or 60)
     )
+    parser.add_argument(
+        "--floor-seconds",
+        type=float,
+        default=float(os.environ.get("LOAD_FLOOR_SECONDS") or Config.floor_seconds),
+        help="seconds of each of the floor and reads phases before the mix (0: neither)",
+    )
     parser.add_argument("--orgs", type=int, default=5)
     parser.add_argument("--seed", type=int, default=int(os.environ.get("LOAD_SEED") or 1))
     parser.add_argument("--web-workers", type=int, default=Config.web_workers)
@@ -415,11 +641,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=os.environ.get("LOAD_JSON", ""))
     parser.add_argument("--keep", action="store_true", help="keep the directory (logs, data)")
     args = parser.parse_args(argv)
-    if args.users < 1 or args.orgs < 2 or args.seconds <= 0:
-        parser.error("need at least 1 user, 2 organizations and a positive duration")
+    if args.users < 1 or args.orgs < 2 or args.seconds <= 0 or args.floor_seconds < 0:
+        parser.error(
+            "need at least 1 user, 2 organizations, a positive duration and a floor's of 0 or more"
+        )
     config = Config(
         users=args.users,
         seconds=args.seconds,
+        floor_seconds=args.floor_seconds,
         orgs=args.orgs,
         seed=args.seed,
         spawn_rate=min(25.0, float(args.users)),

@@ -23,6 +23,31 @@ from typing import Any
 API = "/api/v1"
 RUNS = f"{API}/runs"
 
+# The floor's route: served only by the load stack's URLconf (reliability/floor.py).
+FLOOR = f"{API}/load-floor"
+
+# The phases of `make load`, in order. The floor and the reads send each request as soon
+# as the last one answered (no think time): they measure how many requests/s the server
+# can answer. The mix keeps the think time it always had, so that its figures stay
+# comparable from round to round; that think time alone caps it at users / 0.5 s (100
+# requests/s for 50 users) however fast the server answers, a ceiling the report shows.
+PHASES = ("floor", "reads", "mix")
+THINK_TIME_S: dict[str, tuple[float, float]] = {
+    "floor": (0.0, 0.0),
+    "reads": (0.0, 0.0),
+    "mix": (0.1, 0.9),
+}
+# Runs each organization creates through the API before the floor, for the reads phase
+# to read: every tenth is cancelled before it starts, the others complete.
+SEED_RUNS_PER_ORG = 50
+SEED_CANCEL_EVERY = 10
+# What the reads phase lists: the statuses the seeded runs end in, so every page is full.
+READ_STATUSES: tuple[tuple[str, ...], ...] = (
+    ("completed",),
+    ("cancelled",),
+    ("completed", "cancelled"),
+)
+
 # How many unexpected answers the report quotes (all of them are counted).
 UNEXPECTED_SAMPLES = 50
 

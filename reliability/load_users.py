@@ -7,12 +7,20 @@ stack and checks the database, and only this child imports locust. It reads the 
 and the API keys from ``--config``, runs the users headless for the configured time, and
 writes locust's statistics and what every answer was to ``--out``.
 
-Each simulated user has its own API key (the throttle is per key, so the default rate of
-`API_THROTTLE_RATE` holds unchanged) and loops over a weighted mix of tasks: create runs
-with an Idempotency-Key (sometimes replaying it), start, poll, list, cancel and delete
-them, read the balance, and now and then send a bad request of a kind from
-``reliability.load_mix.BAD_KINDS``. Expected 4xx answers count as successes in locust;
-any other status is a failure and is kept as a sample.
+The config's ``phase`` picks the users (``reliability.load_mix.PHASES``), one phase per
+child process. Each simulated user has its own API key (the throttle is per key, so the
+default rate of `API_THROTTLE_RATE` holds unchanged):
+
+- ``floor``: ``GET /api/v1/load-floor`` over and over (reliability/floor.py): one row
+  read through authentication and DRF, nothing of the API's own logic;
+- ``reads``: ``GET /runs/{id}`` and ``GET /runs?status=...`` of the runs the harness
+  created for the user's organization before the phases;
+- ``mix``: a weighted mix of tasks: create runs with an Idempotency-Key (sometimes
+  replaying it), start, poll, list, cancel and delete them, read the balance, and now and
+  then send a bad request of a kind from ``reliability.load_mix.BAD_KINDS``.
+
+Expected 4xx answers count as successes in locust; any other status is a failure and is
+kept as a sample.
 """
 
 from __future__ import annotations
@@ -31,14 +39,17 @@ from urllib.parse import urlencode
 
 import gevent
 import gevent.event
-from locust import FastHttpUser, between, task
+from locust import FastHttpUser, User, between, task
 from locust.env import Environment
 from locust.stats import StatsEntry
 
 from reliability.load_mix import (
     API,
     BAD_KINDS,
+    FLOOR,
+    READ_STATUSES,
     RUNS,
+    THINK_TIME_S,
     Recorder,
     good_plan,
     invalid_plan,
@@ -69,9 +80,10 @@ def _parse(text: str | None) -> Any:
 
 
 class ApiUser(FastHttpUser):
-    """One API client of one organization, with its own key."""
+    """One API client of one organization, with its own key; the phases' users add their
+    tasks."""
 
-    wait_time = between(0.1, 0.9)
+    abstract = True
     network_timeout = 30.0
     connection_timeout = 10.0
 
@@ -82,9 +94,6 @@ class ApiUser(FastHttpUser):
         keys = self.org["keys"]
         self.key: str = keys[(self.number // len(orgs)) % len(keys)]
         self.rng = random.Random(CONFIG["seed"] * 10_000 + self.number)
-        self.mine: list[str] = []  # this user's recent runs, newest last
-        self.sequence = 0
-        self.last_create: tuple[str, dict[str, Any]] | None = None
 
     # ------------------------------------------------------------------ plumbing
     def call(
@@ -131,6 +140,45 @@ class ApiUser(FastHttpUser):
         if got != code:
             RECORDER.problem(f"{what}: {answer.status} with code {got!r}, expected {code!r}")
 
+
+class FloorUser(ApiUser):
+    """The floor: one authenticated read of one row, as fast as the server answers."""
+
+    wait_time = between(*THINK_TIME_S["floor"])
+
+    @task
+    def floor(self) -> None:
+        self.call("GET", FLOOR, "/load-floor", frozenset({200}))
+
+
+class ReadsUser(ApiUser):
+    """The reads: a run, and runs by status, of the runs seeded for this organization;
+    polls and lists weighted as in the mix."""
+
+    wait_time = between(*THINK_TIME_S["reads"])
+
+    @task(10)
+    def poll(self) -> None:
+        run_id = self.rng.choice(self.org["runs"])
+        self.call("GET", f"{RUNS}/{run_id}", "/runs/{id}", frozenset({200}))
+
+    @task(6)
+    def list_runs(self) -> None:
+        query = urlencode({"status": self.rng.choice(READ_STATUSES)}, doseq=True)
+        self.call("GET", f"{RUNS}?{query}", "/runs", frozenset({200}))
+
+
+class MixUser(ApiUser):
+    """The mix: every kind of request a client sends, bad ones included."""
+
+    wait_time = between(*THINK_TIME_S["mix"])
+
+    def on_start(self) -> None:
+        super().on_start()
+        self.mine: list[str] = []  # this user's recent runs, newest last
+        self.sequence = 0
+        self.last_create: tuple[str, dict[str, Any]] | None = None
+
     def _recent(self) -> str | None:
         return self.rng.choice(self.mine) if self.mine else None
 
@@ -168,7 +216,7 @@ class ApiUser(FastHttpUser):
             RECORDER.replay("wrong answer")
             RECORDER.problem(f"replay of {run_id}: header {replayed}, same run {same}")
 
-    # ------------------------------------------------------------------ the mix
+    # ------------------------------------------------------------------ the tasks
     @task(6)
     def create(self) -> None:
         start_now = self.rng.random() < 0.75
@@ -299,10 +347,13 @@ def entry(stats: StatsEntry, seconds: float) -> dict[str, Any]:
     }
 
 
+USERS: dict[str, type[User]] = {"floor": FloorUser, "reads": ReadsUser, "mix": MixUser}
+
+
 def run(config: dict[str, Any]) -> dict[str, Any]:
     CONFIG.update(config)
     environment = Environment(
-        user_classes=[ApiUser],
+        user_classes=[USERS[config["phase"]]],
         host=config["host"],
         stop_timeout=float(config["stop_timeout"]),
         catch_exceptions=True,
@@ -332,6 +383,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         for e in runner.exceptions.values()
     ]
     report = {
+        "phase": config["phase"],
         "users": config["users"],
         "peak_users": max(peak, default=0),
         "ramp_s": all_in - started,

@@ -30,6 +30,9 @@ from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+# The settings of every process of the stack, unless ``Stack.web_settings_module`` says
+# otherwise for the web process.
+SETTINGS_MODULE = "config.settings.local"
 
 
 def _services() -> ModuleType:
@@ -146,6 +149,9 @@ class Stack:
     worker_concurrency: int = 2
     web_workers: int = 2
     settings_env: dict[str, str] = field(default_factory=dict)
+    # DJANGO_SETTINGS_MODULE of the web process alone, when set (`make load`'s floor
+    # URLconf, reliability/load_settings.py); the other processes keep SETTINGS_MODULE.
+    web_settings_module: str = ""
     pg_port: int = 0
     redis_port: int = 0
     web_port: int = 0
@@ -183,7 +189,7 @@ class Stack:
         env = dict(os.environ)
         env.update(
             {
-                "DJANGO_SETTINGS_MODULE": "config.settings.local",
+                "DJANGO_SETTINGS_MODULE": SETTINGS_MODULE,
                 "DATABASE_URL": self.database_url,
                 "CELERY_BROKER_URL": self.broker_url,
                 "DJANGO_DEBUG": "false",
@@ -215,8 +221,17 @@ class Stack:
         self.manage("setup_periodic_tasks")
 
     # ------------------------------------------------------------------ processes
-    def _process(self, name: str, args: list[str]) -> Process:
-        process = Process(name, args, self.env, self.directory / f"{name}.log")
+    @property
+    def web_env(self) -> dict[str, str]:
+        """The web process's environment: the stack's, but ``web_settings_module``."""
+        env = self.env
+        if self.web_settings_module:
+            env["DJANGO_SETTINGS_MODULE"] = self.web_settings_module
+        return env
+
+    def _process(self, name: str, args: list[str], env: Mapping[str, str] | None = None) -> Process:
+        log_path = self.directory / f"{name}.log"
+        process = Process(name, args, self.env if env is None else env, log_path)
         self.processes[name] = process
         return process
 
@@ -241,6 +256,7 @@ class Stack:
                 "--graceful-timeout",
                 "5",
             ],
+            self.web_env,
         ).start()
         for index in range(self.workers):
             letter = "abcdefghij"[index]

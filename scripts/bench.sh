@@ -21,6 +21,9 @@
 # Extra arguments go to `python -m bench.run` (e.g. --only seq_100,chain_100);
 # `scripts/bench.sh profile [--steps N]` (`make profile`) runs `python -m bench.profile`
 # instead: one step's cost in the engine, in process, under cProfile.
+# `scripts/bench.sh profile-api [--requests N]` (`make profile-api`) runs `python -m
+# bench.profile_api`: the API's routes through Django's WSGI handler in process, the time
+# per request split by layer (authentication, throttle, idempotency, ..., middleware).
 # `scripts/bench.sh scale [--json path]` runs `python -m bench.scale`: one run over fleets
 # of several sizes, each worker a `celery worker` process of its own hostname
 # (SCALE_SET="1x4 2x4 4x4 8x4 12x4", processes x children; SCALE_JSON=path).
@@ -69,6 +72,9 @@ python manage.py migrate --verbosity 0
 if [ "${1:-}" = profile ]; then
   shift
   python -m bench.profile "$@"   # `make profile`: the engine's cost per step, in process
+elif [ "${1:-}" = profile-api ]; then
+  shift
+  python -m bench.profile_api "$@"   # `make profile-api`: an API request's cost by layer
 elif [ "${1:-}" = scale ]; then
   shift
   python -m bench.scale "$@"     # one run over fleets of several sizes

@@ -8,6 +8,7 @@ import json
 import random
 import re
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -162,3 +163,172 @@ def test_an_error_in_the_web_servers_log_fails_the_run() -> None:
     report["web_log_errors"] = ["2026-11-23 06:39:11 ERROR django.request Internal Server Error"]
 
     assert load.problems(report) == ["1 error lines in the web server's log"]
+
+
+# --------------------------------------------------------------------------- capacity
+def _phase(phase: str, requests: int, seconds: float, **statuses: dict[str, int]) -> dict[str, Any]:
+    rows = [_row("GET", name.replace("_", " "), sum(s.values())) for name, s in statuses.items()]
+    total = _row("", "Aggregated", requests)
+    total["rps"] = requests / seconds
+    return {
+        "phase": phase, "users": 50, "peak_users": 50, "endpoints": rows, "total": total,
+        "statuses": {f"GET {name.replace('_', ' ')}": s for name, s in statuses.items()},
+        "unexpected": 0, "unexpected_samples": [], "user_exceptions": [],
+    }  # fmt: skip
+
+
+def _with_phases(floor_rps: float, reads_rps: float, mix_rps: float) -> dict[str, Any]:
+    report = _report()
+    report["load"]["total"]["rps"] = mix_rps
+    report["phases"] = {
+        "floor": _phase("floor", int(floor_rps * 20), 20, _load_floor={"200": 1}),
+        "reads": _phase("reads", int(reads_rps * 20), 20, _runs={"200": 1}),
+    }
+    report["capacity"] = load.capacity(report)
+    report["problems"] = load.problems(report)
+    report["ok"] = not report["problems"]
+    return report
+
+
+def test_the_reads_and_the_mix_are_measured_as_fractions_of_the_floor() -> None:
+    report = _with_phases(floor_rps=200.0, reads_rps=130.0, mix_rps=50.0)
+
+    figures = report["capacity"]
+
+    assert [row["phase"] for row in figures["phases"]] == ["floor", "reads", "mix"]
+    assert figures["ratios"] == {"reads/floor": 0.65, "mix/floor": 0.25}
+    assert [(g["phase"], g["goal"], g["met"]) for g in figures["goals"]] == [
+        ("reads", 0.6, True),
+        ("mix", 0.35, False),
+    ]
+    # 50 users waiting 0.5 s on average between requests: 100 requests/s at most.
+    assert figures["mix_think_ceiling_rps"] == 100.0
+    assert figures["mix_think_ceiling_of_floor"] == 0.5
+
+
+def test_the_report_shows_the_phases_side_by_side_and_the_goals_met_or_not() -> None:
+    text = load.format_report(_with_phases(floor_rps=200.0, reads_rps=100.0, mix_rps=80.0))
+
+    assert "| floor | none | 4000 | 200.0 | 12 | 80 | 150 | 0 | 1.00 |" in text
+    assert "| reads | none | 2000 | 100.0 | 12 | 80 | 150 | 0 | 0.50 |" in text
+    assert "| mix | 0.1-0.9 s | 105 | 80.0 | 12 | 80 | 150 | 0 | 0.40 |" in text
+    assert "| reads >= 0.6x the floor's requests/s | 0.50 | NOT met |" in text
+    assert "| whole mix >= 0.35x the floor's requests/s | 0.40 | met |" in text
+    assert "caps it at 100 requests/s with 50 users, however fast the answers: 0.50 of" in text
+
+
+def test_capacity_goals_not_met_do_not_fail_the_run() -> None:
+    report = _with_phases(floor_rps=200.0, reads_rps=10.0, mix_rps=10.0)
+
+    assert report["ok"]
+    assert "| verdict | PASS |" in load.format_report(report)
+
+
+def test_a_server_error_in_the_floor_or_the_reads_fails_the_run() -> None:
+    report = _with_phases(floor_rps=200.0, reads_rps=130.0, mix_rps=50.0)
+    report["phases"]["floor"]["statuses"]["GET /load floor"] = {"200": 10, "502": 2}
+    report["phases"]["reads"]["unexpected"] = 1
+
+    assert load.problems(report) == [
+        "floor: 2 answers with a 5xx status",
+        "reads: 1 unexpected answers",
+    ]
+
+
+def test_without_the_floor_the_report_says_the_phases_were_skipped() -> None:
+    report = _report()
+    report["capacity"] = load.capacity(report)
+
+    assert report["capacity"] is None
+    assert "the floor and the reads were skipped (--floor-seconds 0)" in load.format_report(report)
+
+
+def test_floor_seconds_come_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    seen: list[load.Config] = []
+
+    def fake_run_load(config: load.Config, directory: Path, log: Any) -> dict[str, Any]:
+        seen.append(config)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setenv("LOAD_FLOOR_SECONDS", "0")
+    monkeypatch.setattr(load, "run_load", fake_run_load)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where main() makes its own
+
+    assert load.main([]) == 1
+    assert seen[0].floor_seconds == 0
+    assert load.main(["--floor-seconds", "5"]) == 1
+    assert seen[1].floor_seconds == 5
+
+
+# --------------------------------------------------------------------------- the floor
+def test_the_floor_is_routed_by_the_load_urlconf_and_not_by_the_public_one() -> None:
+    from django.urls import resolve
+
+    from api.errors import UNKNOWN_ROUTE
+    from reliability.floor import FLOOR_NAME, FloorApi
+    from reliability.load_mix import FLOOR
+
+    assert resolve(FLOOR, urlconf="reliability.floor").func.view_class is FloorApi  # type: ignore[attr-defined]
+    assert resolve(FLOOR, urlconf="reliability.floor").url_name == FLOOR_NAME
+    assert resolve(FLOOR, urlconf="config.urls").url_name == UNKNOWN_ROUTE
+    # Every public route stays as it was under the load URLconf.
+    assert resolve("/api/v1/runs", urlconf="reliability.floor").url_name == "runs"
+
+
+@pytest.mark.django_db
+def test_the_public_api_answers_404_for_the_floor_even_with_a_key() -> None:
+    from reliability.load_mix import FLOOR
+    from tests.api.conftest import make_tenant
+
+    answer = make_tenant().get(FLOOR)
+
+    assert answer.status_code == 404
+    assert answer.json()["code"] == "not_found"
+
+
+@pytest.mark.django_db
+def test_the_floor_reads_the_callers_organization_through_the_apis_authentication(
+    settings: Any,
+) -> None:
+    from reliability.load_mix import FLOOR
+    from tests.api.conftest import make_tenant
+
+    settings.ROOT_URLCONF = "reliability.floor"
+    tenant = make_tenant()
+
+    answer = tenant.get(FLOOR)
+    tenant.client.credentials()
+    refused = tenant.get(FLOOR)
+
+    assert answer.status_code == 200
+    assert answer.json() == {"id": str(tenant.organization.pk), "name": tenant.organization.name}
+    assert refused.status_code == 401
+    assert refused.json()["code"] == "not_authenticated"
+
+
+def test_the_load_settings_are_the_stacks_but_for_the_urlconf() -> None:
+    import importlib
+
+    from reliability.stack import SETTINGS_MODULE
+
+    stack_settings = vars(importlib.import_module(SETTINGS_MODULE))
+    load_settings = vars(importlib.import_module(load.LOAD_SETTINGS_MODULE))
+    names = {name for name in {*stack_settings, *load_settings} if name.isupper()}
+
+    differ = {n for n in names if stack_settings.get(n) is not load_settings.get(n)}
+
+    assert differ == {"ROOT_URLCONF"}
+    assert load_settings["ROOT_URLCONF"] == "reliability.floor"
+
+
+def test_only_the_web_process_gets_the_load_settings(tmp_path: Path) -> None:
+    from reliability.stack import SETTINGS_MODULE, Stack
+
+    stack = Stack(tmp_path, web_settings_module=load.LOAD_SETTINGS_MODULE)
+
+    assert stack.env["DJANGO_SETTINGS_MODULE"] == SETTINGS_MODULE
+    assert stack.web_env["DJANGO_SETTINGS_MODULE"] == load.LOAD_SETTINGS_MODULE
+    # Without it (make chaos), the web process has the stack's settings like the others.
+    assert Stack(tmp_path).web_env == Stack(tmp_path).env

@@ -226,7 +226,11 @@ class RunsApi(ApiView):
         """Your organization's runs, newest first unless `ordering` says otherwise;
         deleted runs are not listed."""
         runs = selectors.run_list(organization=organization_of(request), query=self.filters)
-        return page_response(request, runs, self.query, RunOutput)
+        envelope, page = paginate(
+            request, runs, page=self.query.get("page"), page_size=self.query.get("page_size")
+        )
+        rows = selectors.attach_credits(list(page))
+        return Response({**envelope, "results": RunOutput(rows, many=True).data})
 
     @extend_schema(
         tags=[TAG_RUNS],

@@ -11,21 +11,18 @@ a task or step come in through ``select_related``.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
+from django.db import connection
 from django.db.models import (
     BigIntegerField,
-    BooleanField,
     Case,
     CharField,
-    Count,
     DecimalField,
-    ExpressionWrapper,
     F,
     OuterRef,
     Q,
@@ -84,10 +81,33 @@ def with_credits(runs: QuerySet[Run]) -> QuerySet[Run]:
 
 def run_list(*, organization: Organization, query: QueryData | None = None) -> QuerySet[Run]:
     """The organization's runs as ``query`` filters and orders them (``RunFilter``; newest
-    first by default), soft-deleted ones hidden; the plan itself is not loaded."""
+    first by default), soft-deleted ones hidden; the plan itself is not loaded. Their
+    credits are set on the page's rows (``attach_credits``), not computed per row here."""
     runs = Run.objects.filter(organization=organization, deleted_at__isnull=True)
-    filtered = RunFilter(query or {}, queryset=runs.defer("plan", "variables")).filtered()
-    return with_credits(filtered)
+    return RunFilter(query or {}, queryset=runs.defer("plan", "variables")).filtered()
+
+
+_PAGE_CREDITS_SQL = """
+SELECT run_id, sum(reserved), sum(charged), sum(refunded),
+       COALESCE(sum(reserved - charged - refunded) FILTER (WHERE settled_at IS NULL), 0)
+FROM billing_reservation WHERE run_id = ANY(%(runs)s) GROUP BY run_id
+"""
+
+
+def attach_credits(runs: list[Run]) -> list[Run]:
+    """Set each run's credits as ``with_credits`` annotates them, for a page of runs
+    already read: one grouped statement over the page's ids instead of four correlated
+    subqueries per row in the page's own query (and their SQL to compile)."""
+    sums: dict[Any, tuple[Decimal, Decimal, Decimal, Decimal]] = {}
+    if runs:
+        with connection.cursor() as cursor:
+            cursor.execute(_PAGE_CREDITS_SQL, {"runs": [run.pk for run in runs]})
+            sums = {run_id: tuple(rest) for run_id, *rest in cursor.fetchall()}
+    for run in runs:
+        reserved, charged, refunded, held = sums.get(run.pk, (ZERO, ZERO, ZERO, ZERO))
+        run.credits_reserved, run.credits_charged = reserved, charged  # type: ignore[attr-defined]
+        run.credits_refunded, run.credits_held = refunded, held  # type: ignore[attr-defined]
+    return runs
 
 
 def run_get(*, organization: Organization, run_id: UUID | str, credits: bool = True) -> Run:
@@ -118,34 +138,50 @@ class RunSummary:
         return round(100 * self.steps_finished / self.steps_total, 1)
 
 
-def run_summary(run: Run) -> RunSummary:
-    """Three grouped queries, whatever the size of the run."""
-    attempt = run.attempt_number
-    counts: dict[str, dict[str, int]] = {}
-    nodes: dict[str, QuerySet[Any]] = {
-        "agents": Agent.objects.filter(run=run, attempt_number=attempt),
-        "tasks": Task.objects.filter(run=run, attempt_number=attempt),
-    }
-    for label, rows in nodes.items():
-        by_status = rows.values("status").annotate(n=Count("*")).order_by()
-        counts[label] = {row["status"]: row["n"] for row in by_status}
-    steps: dict[str, int] = defaultdict(int)
+# The current attempt's agents, tasks and steps counted by status, and with
+# %(credits)s the run's credits over all its attempts (``with_credits``'s sums): one
+# statement, one round trip, no ORM to compile. A status poll reads this on every call.
+_COUNTS_SQL = """
+SELECT 'agents', status, false, count(*)::numeric, NULL::numeric, NULL::numeric, NULL::numeric
+FROM runs_agent WHERE run_id = %(run)s AND attempt_number = %(attempt)s GROUP BY status
+UNION ALL
+SELECT 'tasks', status, false, count(*), NULL, NULL, NULL
+FROM runs_task WHERE run_id = %(run)s AND attempt_number = %(attempt)s GROUP BY status
+UNION ALL
+SELECT 'steps', status, handler_for_id IS NOT NULL, count(*), NULL, NULL, NULL
+FROM runs_step WHERE run_id = %(run)s AND attempt_number = %(attempt)s GROUP BY 2, 3
+"""
+_CREDITS_SQL = """
+UNION ALL
+SELECT 'credits', '', false, COALESCE(sum(reserved), 0), COALESCE(sum(charged), 0),
+       COALESCE(sum(refunded), 0),
+       COALESCE(sum(reserved - charged - refunded) FILTER (WHERE settled_at IS NULL), 0)
+FROM billing_reservation WHERE run_id = %(run)s
+"""
+
+
+def run_summary(run: Run, *, credits: bool = False) -> RunSummary:
+    """The current attempt's counts and progress: one statement whatever the size of the
+    run. With ``credits``, the same statement also sets the run's credits, as
+    ``with_credits`` annotates them (``credits_reserved``, ``_charged``, ``_refunded``,
+    ``_held``)."""
+    counts: dict[str, dict[str, int]] = {"agents": {}, "tasks": {}, "steps": {}}
     total = finished = 0
-    step_rows = (
-        Step.objects.filter(run=run, attempt_number=attempt)
-        .values(
-            "status",
-            handler=ExpressionWrapper(Q(handler_for__isnull=False), output_field=BooleanField()),
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _COUNTS_SQL + (_CREDITS_SQL if credits else ""),
+            {"run": run.pk, "attempt": run.attempt_number},
         )
-        .annotate(n=Count("*"))
-        .order_by()
-    )
-    for row in step_rows:
-        steps[row["status"]] += row["n"]
-        if not row["handler"]:  # on_error handlers run only on failure: not progress
-            total += row["n"]
-            finished += row["n"] if row["status"] in STEP_TERMINAL else 0
-    counts["steps"] = dict(steps)
+        for kind, status, handler, n, charged, refunded, held in cursor.fetchall():
+            if kind == "credits":
+                run.credits_reserved, run.credits_charged = n, charged  # type: ignore[attr-defined]
+                run.credits_refunded, run.credits_held = refunded, held  # type: ignore[attr-defined]
+                continue
+            by_status = counts[kind]
+            by_status[status] = by_status.get(status, 0) + int(n)
+            if kind == "steps" and not handler:  # on_error handlers run only on failure
+                total += int(n)
+                finished += int(n) if status in STEP_TERMINAL else 0
     return RunSummary(
         counts=counts,
         steps_total=total,
@@ -268,20 +304,21 @@ DETAIL_EXCLUDABLE = ("outputs", "plan")
 def run_detail(
     *, organization: Organization, run_id: UUID | str, exclude: Collection[str] = ()
 ) -> RunDetail:
-    """A run with its credits, counts, progress, child runs and outputs: six queries (five
-    when its outputs are excluded)."""
+    """A run with its credits, counts, progress, child runs and outputs: four queries
+    (three when its outputs are excluded)."""
     excluded = frozenset(exclude)
     unknown = excluded.difference(DETAIL_EXCLUDABLE)
     if unknown:
         raise ValueError(f"cannot exclude {sorted(unknown)}")
-    run = run_get(organization=organization, run_id=run_id)
+    run = run_get(organization=organization, run_id=run_id, credits=False)
+    summary = run_summary(run, credits=True)  # the credits in the same round trip
     children = list(
         Run.objects.filter(parent_run=run)
         .order_by("created_at")
         .values("id", "status", "parent_mode", "parent_step_id", "created_at")
     )
     outputs = None if "outputs" in excluded else run_outputs(run)
-    return RunDetail(run, run_summary(run), children, outputs, excluded)
+    return RunDetail(run, summary, children, outputs, excluded)
 
 
 # The most of a run's outputs that its detail, or a sync parent step, carries: the step

@@ -61,6 +61,22 @@ def plan(
     }
 
 
+def sleeper_plan(seconds: float) -> dict[str, Any]:
+    """One step of the `sleep` tool: a run that stays RUNNING for ``seconds``."""
+    spec = plan(name="sleeper", steps=0)
+    spec["agents"][0]["tasks"][0]["steps"] = [
+        {"name": "nap", "tool": "sleep", "params": {"seconds": seconds}}
+    ]
+    return spec
+
+
+def approval_plan() -> dict[str, Any]:
+    """An echo step, then one waiting for approval."""
+    spec = plan(name="sign-off", steps=1, tool="echo")
+    spec["agents"][0]["tasks"][0]["steps"].append(step("gate", "approval"))
+    return spec
+
+
 def run(organization: Organization | None = None, **plan_options: Any) -> Run:
     return run_create(organization=organization or org(), plan=plan(**plan_options))
 

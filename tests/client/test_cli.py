@@ -48,20 +48,6 @@ agents:
 """
 
 
-def sleeper(seconds: float) -> dict[str, Any]:
-    plan = factories.plan(name="sleeper", steps=0)
-    plan["agents"][0]["tasks"][0]["steps"] = [
-        {"name": "nap", "tool": "sleep", "params": {"seconds": seconds}}
-    ]
-    return plan
-
-
-def approval_plan() -> dict[str, Any]:
-    plan = factories.plan(name="sign-off", steps=1, tool="echo")
-    plan["agents"][0]["tasks"][0]["steps"].append(factories.step("gate", "approval"))
-    return plan
-
-
 def write(path: Path, content: str | dict[str, Any]) -> str:
     path.write_text(content if isinstance(content, str) else json.dumps(content))
     return str(path)
@@ -212,7 +198,7 @@ def test_a_failing_plan_exits_1_and_prints_the_failure_as_it_happens(
 
 @pytest.mark.usefixtures("celery_worker")
 def test_a_cancelled_run_exits_1(orch: Orch, tmp_path: Path) -> None:
-    plan = write(tmp_path / "sleeper.json", sleeper(30))
+    plan = write(tmp_path / "sleeper.json", factories.sleeper_plan(30))
     watching = orch.start("runs", "submit", plan, "--watch", "--interval", "0.2")
     try:
         run_id = read_until(watching, r"run (\S+) \(sleeper\) created")[1]
@@ -233,7 +219,7 @@ def test_a_cancelled_run_exits_1(orch: Orch, tmp_path: Path) -> None:
 def test_a_step_waiting_for_approval_is_approved_or_rejected(
     orch: Orch, client: Client, tmp_path: Path
 ) -> None:
-    plan = write(tmp_path / "sign-off.json", approval_plan())
+    plan = write(tmp_path / "sign-off.json", factories.approval_plan())
     watching = orch.start("runs", "submit", plan, "--watch", "--interval", "0.2")
     try:
         run_id = read_until(watching, r"run (\S+) \(sign-off\) created")[1]
@@ -243,7 +229,7 @@ def test_a_step_waiting_for_approval_is_approved_or_rejected(
     finally:
         watching.kill()
         watching.communicate()
-    rejected_run = client.submit(approval_plan())
+    rejected_run = client.submit(factories.approval_plan())
     reaches(client, rejected_run["id"], "waiting_approval")
     rejected = orch.json("runs", "reject", rejected_run["id"], "--comment", "no")
     after = orch.run("runs", "watch", rejected_run["id"], "--interval", "0.2")
@@ -259,7 +245,7 @@ def test_a_step_waiting_for_approval_is_approved_or_rejected(
 def test_events_follow_until_the_run_ends_named_by_path_and_attempt(
     orch: Orch, client: Client
 ) -> None:
-    run = client.submit(sleeper(0.5))
+    run = client.submit(factories.sleeper_plan(0.5))
 
     followed = orch.run("runs", "events", run["id"], "--follow", "--json", "--interval", "0.2")
     text = orch.run("runs", "events", run["id"])
@@ -278,7 +264,7 @@ def test_events_follow_until_the_run_ends_named_by_path_and_attempt(
 
 @pytest.mark.usefixtures("celery_worker")
 def test_every_command_prints_json_for_scripts(orch: Orch, client: Client, tmp_path: Path) -> None:
-    run = client.submit(sleeper(30))
+    run = client.submit(factories.sleeper_plan(30))
     reaches(client, run["id"], "running")
 
     paused = orch.json("runs", "pause", run["id"])

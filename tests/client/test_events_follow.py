@@ -21,20 +21,6 @@ from tests.http_fixture import HttpServer
 from tests.support import wait_until
 
 
-def sleeper(seconds: float) -> dict[str, Any]:
-    plan = factories.plan(name="sleeper", steps=0)
-    plan["agents"][0]["tasks"][0]["steps"] = [
-        {"name": "nap", "tool": "sleep", "params": {"seconds": seconds}}
-    ]
-    return plan
-
-
-def approval_plan() -> dict[str, Any]:
-    plan = factories.plan(name="sign-off", steps=1, tool="echo")
-    plan["agents"][0]["tasks"][0]["steps"].append(factories.step("gate", "approval"))
-    return plan
-
-
 def json_lines(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines()]
 
@@ -46,7 +32,7 @@ def json_lines(text: str) -> list[dict[str, Any]]:
 def test_follow_prints_every_event_as_listed_and_exits_when_the_run_ends(
     orch: Orch, client: Client
 ) -> None:
-    run = client.submit(sleeper(0.3))
+    run = client.submit(factories.sleeper_plan(0.3))
 
     followed = orch.run("runs", "events", run["id"], "--follow", "--json")
     text = orch.run("runs", "events", run["id"], "--follow")
@@ -177,7 +163,7 @@ def proxy(tenant: Tenant) -> Iterator[CuttingProxy]:
 def test_follow_resumes_a_cut_stream_by_last_event_id_with_no_gap_or_repeat(
     orch: Orch, client: Client, tenant: Tenant, proxy: CuttingProxy
 ) -> None:
-    run = client.submit(approval_plan())
+    run = client.submit(factories.approval_plan())
     through = Orch(orch_env(orch.cwd, ORCH_URL=proxy.url, ORCH_API_KEY=tenant.key), orch.cwd)
 
     following = through.start("runs", "events", run["id"], "--follow", "--json")

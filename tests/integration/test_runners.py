@@ -24,7 +24,8 @@ from runs import runners, services
 from runs.models import RunEvent, Runner, RunnerJob
 from tests import factories
 from tests.integration.engine_support import assert_books_balanced, steps_of, submit, wait_for
-from tests.support import Child, child_env, free_port, python_cmd, wait_until
+from tests.integration.web_support import gunicorn
+from tests.support import Child, child_env, python_cmd, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker")]
 
@@ -32,34 +33,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 @pytest.fixture(scope="module")
 def web(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """gunicorn on a free loopback port, against the test database; yields its URL."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("web") / "web.log"
-    server = Child(
-        python_cmd(
-            "-m", "gunicorn", "config.wsgi:application",
-            "--config", "config/gunicorn.py",
-            "--bind", f"127.0.0.1:{port}",
-            "--workers", "1",
-        ),
-        child_env(),
-        log,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        if not server.alive():
-            raise AssertionError(f"gunicorn exited:\n{server.output()}")
-        try:
-            return httpx.get(f"{url}/api/schema/", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    try:
-        wait_until(up, timeout=60, what="gunicorn to serve the API")
+    with gunicorn(tmp_path_factory.mktemp("web") / "web.log") as url:
         yield url
-    finally:
-        server.stop(timeout=10)
-        server.kill_group()
 
 
 class RunnerProcess:

@@ -268,7 +268,10 @@ class RunsApi(ApiView):
                 services.run_start(
                     run_id=run.pk, organization=client.organization, actor=client.actor
                 )
-        response = detail_response(request, run.pk, status=201)
+        if data["start"]:
+            response = detail_response(request, run.pk, status=201)
+        else:  # just created: its detail is the row in hand (no re-read, make profile-api)
+            response = Response(RunDetailOutput(selectors.created_run_detail(run)).data, 201)
         response["Location"] = reverse("api:run", kwargs={"run_id": run.pk})
         return response
 

@@ -321,6 +321,25 @@ def run_detail(
     return RunDetail(run, summary, children, outputs, excluded)
 
 
+def created_run_detail(run: Run) -> RunDetail:
+    """The detail of a run ``run_create`` has just written and returned, without reading
+    it again: a CREATED run has no attempt, agents, tasks, steps, children, credits or
+    outputs yet, so its detail is its row (the row the INSERT returned, database
+    defaults included) and nothing else. Equal to ``run_detail``'s (a test holds them to
+    it)."""
+    if run.status != RunStatus.CREATED:
+        raise ValueError(f"run {run.pk} is {run.status}, not created: read its detail")
+    run.credits_reserved = run.credits_charged = ZERO  # type: ignore[attr-defined]
+    run.credits_refunded = run.credits_held = ZERO  # type: ignore[attr-defined]
+    summary = RunSummary(
+        counts={"agents": {}, "tasks": {}, "steps": {}},
+        steps_total=0,
+        steps_finished=0,
+        completed=False,
+    )
+    return RunDetail(run, summary, [], RunOutputs({}, truncated=False))
+
+
 # The most of a run's outputs that its detail, or a sync parent step, carries: the step
 # output limit (orchestrator.executor.MAX_OUTPUT_BYTES) of JSON.
 OUTPUTS_MAX_BYTES = 1_000_000

@@ -67,6 +67,23 @@ def checked_query(
     return dict(serializer.validated_data), filter_query
 
 
+class CommaSeparatedChoices(serializers.ListField):
+    """``?exclude=outputs,plan`` (OpenAPI's form style, not exploded), or the parameter
+    repeated: each value one of ``choices``, every one named by the error otherwise."""
+
+    def __init__(self, choices: tuple[str, ...], **kwargs: Any) -> None:
+        self.choices = choices
+        super().__init__(child=serializers.CharField(), **kwargs)
+
+    def to_internal_value(self, data: Any) -> list[str]:
+        values = [part.strip() for value in data for part in str(value).split(",")]
+        wrong = [value for value in values if value not in self.choices]
+        if wrong:
+            named = ", ".join(repr(value) for value in wrong)
+            raise serializers.ValidationError(f"{named}: not one of {', '.join(self.choices)}.")
+        return values
+
+
 # --------------------------------------------------------------------------- OpenAPI
 def _choices(filter_: django_filters.Filter) -> list[tuple[str, Any]]:
     return [(str(value), label) for value, label in filter_.extra["choices"]]

@@ -49,7 +49,7 @@ from api.parsers import (
     plan_size_hint,
     refuse_if_too_large,
 )
-from api.query import NoQuery, checked_query, filter_parameters
+from api.query import CommaSeparatedChoices, NoQuery, checked_query, filter_parameters
 from api.schema import PlanField
 from api.serializers import (
     AgentOutput,
@@ -274,23 +274,6 @@ class RunsApi(ApiView):
             response = Response(RunDetailOutput(selectors.created_run_detail(run)).data, 201)
         response["Location"] = reverse("api:run", kwargs={"run_id": run.pk})
         return response
-
-
-class CommaSeparatedChoices(serializers.ListField):
-    """``?exclude=outputs,plan`` (OpenAPI's form style, not exploded), or the parameter
-    repeated: each value one of ``choices``, every one named by the error otherwise."""
-
-    def __init__(self, choices: tuple[str, ...], **kwargs: Any) -> None:
-        self.choices = choices
-        super().__init__(child=serializers.CharField(), **kwargs)
-
-    def to_internal_value(self, data: Any) -> list[str]:
-        values = [part.strip() for value in data for part in str(value).split(",")]
-        wrong = [value for value in values if value not in self.choices]
-        if wrong:
-            named = ", ".join(repr(value) for value in wrong)
-            raise serializers.ValidationError(f"{named}: not one of {', '.join(self.choices)}.")
-        return values
 
 
 class RunDetailQuery(serializers.Serializer[Any]):

@@ -113,6 +113,24 @@ def _record(step_name: str) -> Any:
     return record
 
 
+def _record_and_claim(step_name: str) -> Any:
+    """``_record``, with the worker's next step of the run claimed in the same call."""
+
+    def record(run_id: str) -> bool:
+        from decimal import Decimal
+
+        from runs.engine import hotpath
+        from runs.engine.outcomes import Outcome, record_and_claim
+        from runs.models import Step
+
+        step = Step.objects.get(run_id=run_id, name=step_name)
+        claim = hotpath.Claim(worker=f"w-{step_name}", task_id=step_name, lease_seconds=600)
+        outcome = Outcome({"by": step_name}, Decimal("0.01"))
+        return record_and_claim(step.pk, run_id, step.attempts, outcome, claim)[0]
+
+    return record
+
+
 def _pause(run_id: str) -> None:
     from runs import services
 
@@ -122,6 +140,8 @@ def _pause(run_id: str) -> None:
 OPERATIONS = {
     "record_a": _record("a"),
     "record_b": _record("b"),
+    "record_a_claiming": _record_and_claim("a"),
+    "record_b_claiming": _record_and_claim("b"),
     "pause": _pause,
     "complete": _complete,
     "fail": _fail,

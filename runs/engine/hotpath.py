@@ -467,6 +467,46 @@ FROM done
 # The parts made of parts.
 for _level in ("task_finished", "agent_finished"):
     _PARTS[_level] = _PARTS[_level].format(node_completed=_PARTS["node_completed"])
+# A leaf of a task whose steps all run at once: the step has no dependents, and the
+# task's limit is at least its step count, so no sibling waits for a slot (every step
+# was dispatched when the task started). Its completion releases and dispatches nothing:
+# only the task's two counters change. So the function records it, and claims the
+# worker's next step, before it locks the task's row, and takes that lock last, for the
+# counters and the charge alone (docs/engine.md, "A wide task's leaves"): the
+# recordings of a fan-out's leaves overlap instead of queueing behind one row for their
+# whole statement. ``{into}`` is where the function reads the result into a variable.
+_LEAF = """
+WITH task AS (
+    SELECT t.id
+    FROM runs_task AS t JOIN runs_step AS s ON s.task_id = t.id
+    WHERE {step_of_task} AND t.status = 'running' AND t.open_children > 1
+      AND s.dependents = '[]'::jsonb AND t.max_concurrent_steps >= t.step_count
+), done AS (
+    UPDATE runs_step AS s
+    SET {step_completed}
+    FROM task
+    WHERE {step_running}
+), event AS (
+    {insert_event}
+    SELECT run_id, attempt_number, 'step', id::text, 'transition', 'running', 'completed',
+           'system', '', jsonb_build_object('cost', %(cost_text)s::text), %(now)s
+    FROM done
+)
+SELECT done.id {{into}}FROM done
+"""
+# The leaf's charge, after its task's counters (the order of every other recording:
+# the task's row, then the reservation's), as ``_IN_TASK``'s ``charge`` writes it.
+_LEAF_CHARGE = """
+WITH task AS (
+    SELECT s.attempt_number AS step_attempt_number, s.name AS step_name
+    FROM runs_step AS s WHERE s.id = %(step)s
+), {charge}
+    FROM task WHERE %(amount)s::numeric > 0
+), {charges}
+SELECT count(*) {{into}}FROM charge_drawn
+"""
+_LEAF_SQL = Statement(_LEAF.format(**_PARTS).format(into=""))
+_LEAF_CHARGE_SQL = Statement(_LEAF_CHARGE.format(**_PARTS).format(into=""))
 _IN_TASK_SQL = Statement(_IN_TASK.format(**_PARTS))
 _LAST_IN_TASK_SQL = Statement(_LAST_IN_TASK.format(**_PARTS))
 _LAST_IN_RUN_SQL = Statement(_LAST_IN_RUN.format(**_PARTS))
@@ -511,6 +551,11 @@ DECLARE
     v_chosen_busy bigint;
     v_recorded boolean := false;
     v_locking timestamptz;
+    v_leaf boolean;
+    v_done bigint;
+    v_claimed jsonb;
+    v_drawn bigint;
+    v_locked timestamptz;
 BEGIN
     -- The run's gate, shared: other recordings of the run go on beside this one;
     -- anything else that changes the run holds it exclusively (runs.transitions).
@@ -523,11 +568,19 @@ BEGIN
         RETURN;
     END IF;
     -- The step, running this attempt (only an exclusive holder of the gate changes a
-    -- running step, and none is in), and no on_error handler.
-    SELECT s.task_id, t.agent_id INTO v_task, v_agent
+    -- running step, and none is in), and no on_error handler; whether it is a leaf of a
+    -- task whose steps all run at once (_LEAF). Its row is locked first, before any
+    -- other: a claim may hold it (a lock that outlived the claim's recheck), and such a
+    -- claim may be waiting for a task's row; so no recording waits for its own step
+    -- while it holds one.
+    SELECT s.task_id, t.agent_id,
+           s.dependents = '[]'::jsonb AND t.max_concurrent_steps >= t.step_count
+           AND t.open_children > 1
+      INTO v_task, v_agent, v_leaf
       FROM runs_step AS s JOIN runs_task AS t ON t.id = s.task_id
      WHERE s.id = a_step AND s.run_id = a_run AND s.status = 'running'
-       AND s.attempts = a_attempt AND s.handler_for_id IS NULL;
+       AND s.attempts = a_attempt AND s.handler_for_id IS NULL
+       FOR NO KEY UPDATE OF s;
     IF NOT FOUND THEN
         RETURN;
     END IF;
@@ -557,6 +610,54 @@ BEGIN
         END IF;
     END IF;
     a_settle_reason := 'settled run ' || a_run || ' attempt ' || v_attempt;
+    -- A leaf (_LEAF): the step completed and the next one claimed first, then the task's
+    -- row locked for its counters alone, then the charge. The task's last leaf finds one
+    -- child open there: the block is rolled back, its writes and row locks with it, and
+    -- the shapes below record the step; so is a charge the reservation cannot pay.
+    IF v_leaf THEN
+        a_now := clock_timestamp();
+        BEGIN
+            {leaf};
+            IF v_done IS NOT NULL THEN
+                IF v_claim_run IS NOT NULL THEN
+                    {leaf_claim};
+                END IF;
+                v_locking := clock_timestamp();
+                UPDATE runs_task
+                   SET open_children = open_children - 1, active_children = active_children - 1
+                 WHERE id = v_task AND status = 'running' AND open_children > 1;
+                IF NOT FOUND THEN
+                    RAISE EXCEPTION USING ERRCODE = 'OEL01';
+                END IF;
+                v_locked := clock_timestamp();
+                IF a_amount > 0 THEN
+                    {leaf_charge};
+                    IF v_drawn = 0 THEN
+                        RAISE EXCEPTION USING ERRCODE = 'OEL01';
+                    END IF;
+                END IF;
+            END IF;
+        EXCEPTION WHEN SQLSTATE 'OEL01' THEN
+            v_done := NULL;
+            v_claimed := NULL;
+        END;
+        IF v_done IS NOT NULL THEN
+            RETURN QUERY SELECT 'in_task'::text, a_priority, v_done, NULL::bigint,
+                NULL::varchar, NULL::bigint, NULL::uuid, NULL::smallint, NULL::varchar,
+                NULL::jsonb;
+            IF v_claimed IS NOT NULL THEN
+                RETURN QUERY SELECT 'claimed'::text, NULL::smallint, NULL::bigint,
+                    NULL::bigint, NULL::varchar, NULL::bigint, NULL::uuid, NULL::smallint,
+                    NULL::varchar,
+                    v_claimed || jsonb_build_object('waited',
+                                                    EXTRACT(EPOCH FROM v_locked - v_locking));
+            END IF;
+            IF a_now - COALESCE(v_heartbeat, a_now) > interval '5 seconds' THEN
+                UPDATE runs_run SET last_heartbeat = a_now WHERE id = a_run;
+            END IF;
+            RETURN;
+        END IF;
+    END IF;
     -- Each level's row locked before its counts are read and its statement runs (the
     -- statement's snapshot then sees every earlier holder's commit): the task's, for
     -- its counters and its steps' dependencies; the agent's when the task ends, for its
@@ -640,6 +741,11 @@ _CLAIMED_ROW = """SELECT 'claimed'::text, NULL::smallint, NULL::bigint, NULL::bi
 FROM claimed"""
 
 
+# The leaf's claim, read into a variable: its row is returned after the task's lock,
+# with the time the recording waited for it.
+_CLAIMED_INTO = "SELECT {claimed} INTO v_claimed FROM claimed"
+
+
 def _as_plpgsql(statement: Statement) -> str:
     return _as_plpgsql_text(statement.text)
 
@@ -659,6 +765,11 @@ def function_body() -> str:
             claim_next_sql(_CLAIMED_ROW.replace("{claimed}", CLAIMED_JSON), run="v_claim_run")
         ).replace("now()", "a_now"),
         choose=_as_plpgsql_text(CHOICE_SQL),
+        leaf=_as_plpgsql_text(_LEAF.format(**_PARTS).format(into="INTO v_done ")),
+        leaf_claim=_as_plpgsql_text(
+            claim_next_sql(_CLAIMED_INTO.replace("{claimed}", CLAIMED_JSON), run="v_claim_run")
+        ).replace("now()", "a_now"),
+        leaf_charge=_as_plpgsql_text(_LEAF_CHARGE.format(**_PARTS).format(into="INTO v_drawn ")),
         in_task=_as_plpgsql(_IN_TASK_SQL),
         last_in_task=_as_plpgsql(_LAST_IN_TASK_SQL),
         last_in_run=_as_plpgsql(_LAST_IN_RUN_SQL),

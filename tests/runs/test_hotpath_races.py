@@ -108,6 +108,55 @@ def test_a_tasks_last_two_steps_ending_together_complete_it_once() -> None:
     assert_consistent()
 
 
+def test_leaves_of_a_wide_task_ending_together_each_count_off_and_claim_once() -> None:
+    # Leaves of a task whose steps all run at once are recorded, and the next steps
+    # claimed, before the task's row is locked; that lock, taken last, must still count
+    # off both, and the claims (taken without it) must take different steps.
+    spec = one_task(*(step(name) for name in "abcd"), mode="parallel")
+    run_ids = running(spec, "a", "b")
+
+    outcomes = race("record_a_claiming", "record_b_claiming", run_ids)
+
+    assert set(outcomes["record_a_claiming"]) == set(outcomes["record_b_claiming"]) == {"won"}
+    for run_id in run_ids:
+        task = Task.objects.get(run_id=run_id)
+        assert (task.status, task.open_children, task.active_children) == ("running", 2, 2)
+        found = {s.name: (s.status, s.worker) for s in Step.objects.filter(run_id=run_id)}
+        assert found["a"][0] == found["b"][0] == "completed", (run_id, found)
+        # c and d claimed, one by each worker (which one is the race's).
+        assert {found["c"], found["d"]} == {("running", "w-a"), ("running", "w-b")}, found
+    assert_consistent()
+
+
+def test_a_wide_tasks_last_two_leaves_ending_together_complete_it_once() -> None:
+    # Both leaves try the leaf's way; the one that finds its task's last child open
+    # there rolls it back and completes the task the general way, claiming the next
+    # task's step.
+    spec = {
+        "name": "race",
+        "agents": [
+            {
+                "name": "g",
+                "tasks": [
+                    {"name": "fan", "mode": "parallel", "steps": [step("a"), step("b")]},
+                    {"name": "after", "steps": [step("next")]},
+                ],
+            }
+        ],
+    }
+    run_ids = running(spec, "a", "b")
+
+    race("record_a_claiming", "record_b_claiming", run_ids)
+
+    for run_id in run_ids:
+        tasks = {t.name: t for t in Task.objects.filter(run_id=run_id)}
+        assert tasks["fan"].status == "completed", f"{run_id}: the task never completed"
+        assert (tasks["fan"].open_children, tasks["fan"].active_children) == (0, 0)
+        after = Step.objects.get(run_id=run_id, name="next")
+        assert (after.status, after.attempts) == ("running", 1), run_id
+    assert_consistent()
+
+
 def test_two_tasks_of_a_dag_ending_together_start_their_dependent_once() -> None:
     spec = {
         "name": "race",

@@ -24,7 +24,7 @@ def test_the_migrated_function_is_the_one_the_statements_make() -> None:
     assert len(rows) == 1, f"{FUNCTION_NAME} is defined {len(rows)} times"
     assert rows[0][0] == function_body(), (
         "runs/engine/hotpath.py changed without a migration defining the function anew "
-        "(python manage.py engine_function prints it; see runs/migrations/0018)"
+        "(python manage.py engine_function prints it; see runs/migrations/0019)"
     )
 
 

@@ -28,6 +28,7 @@ from api.idempotency import idempotent
 from api.pagination import PageQuery, paginated
 from api.serializers import EmptyInput, InputSerializer, StrictCharField
 from api.views import ApiView, list_schema, page_response, validated
+from common.stores import broker_redis
 from runs import runners, selectors
 from runs.filters import RunnerJobFilter
 from runs.models import Runner, RunnerJob
@@ -208,9 +209,7 @@ def held_poll(organization: Any, runner_id: str, wait: float) -> runners.Poll:
     first = runners.poll(organization=organization, runner_id=runner_id)
     if not first.empty or wait <= 0:
         return first
-    client = redis.Redis.from_url(
-        settings.CELERY_BROKER_URL, socket_connect_timeout=2, socket_timeout=RECHECK_S + 5
-    )
+    client = broker_redis(socket_connect_timeout=2, socket_timeout=RECHECK_S + 5)
     pubsub = client.pubsub(ignore_subscribe_messages=True)
     listening = _subscribe(
         pubsub, runners.runner_channel(runner_id), runners.organization_channel(organization.pk)

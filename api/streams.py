@@ -56,6 +56,7 @@ from api.serializers import EventOutput
 from api.views import ApiView
 from common import eventstreams
 from common.filters import MAX_BIGINT
+from common.stores import broker_redis
 from runs import selectors
 from runs.models import Run
 from runs.states import RUN_TERMINAL
@@ -160,9 +161,7 @@ class Wakeups:
     def __init__(self, run_id: UUID, heartbeat_s: float) -> None:
         self.run_id = run_id
         self.ttl_s = 2 * heartbeat_s + 10  # two heartbeats may be late before it lapses
-        self.client = redis.Redis.from_url(
-            settings.CELERY_BROKER_URL, socket_connect_timeout=2, socket_timeout=5
-        )
+        self.client = broker_redis(socket_connect_timeout=2, socket_timeout=5)
         self.pubsub: Any = None
         self.listening = False
         self._outage = False  # logged once per outage

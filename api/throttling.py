@@ -21,6 +21,7 @@ from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
 from billing.models import ApiKey
+from common.stores import broker_redis
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ def parse_rate(rate: str) -> tuple[int, int]:
 
 @functools.lru_cache(maxsize=4)
 def _script(url: str) -> Any:
-    client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+    client = broker_redis(url=url, socket_timeout=1, socket_connect_timeout=1)
     return client.register_script(GCRA)
 
 

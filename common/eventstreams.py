@@ -39,6 +39,8 @@ import redis
 from django.conf import settings
 from django.db import connection, transaction
 
+from common.stores import broker_redis
+
 logger = logging.getLogger(__name__)
 
 PREFIX = "orchestrator:events:"
@@ -59,8 +61,8 @@ def channel(run_id: object) -> str:
 
 @functools.lru_cache(maxsize=2)
 def _redis(url: str) -> redis.Redis[bytes]:
-    return redis.Redis.from_url(
-        url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
+    return broker_redis(
+        url=url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
     )
 
 

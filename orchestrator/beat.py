@@ -12,8 +12,9 @@ import time
 from typing import Any
 
 import redis
-from django.conf import settings
 from django_celery_beat.schedulers import DatabaseScheduler
+
+from common.stores import broker_redis
 
 logger = logging.getLogger(__name__)
 
@@ -21,9 +22,7 @@ BEAT_TICK_KEY = "orchestrator:beat:last_tick"
 
 
 def beat_client() -> redis.Redis[bytes]:
-    return redis.Redis.from_url(
-        settings.CELERY_BROKER_URL, socket_timeout=2, socket_connect_timeout=2
-    )
+    return broker_redis(socket_timeout=2, socket_connect_timeout=2)
 
 
 def beat_last_tick() -> float | None:

@@ -34,6 +34,7 @@ from django.conf import settings
 from kombu.exceptions import OperationalError as BrokerError
 from redis.exceptions import RedisError
 
+from common.stores import broker_redis
 from config.celery import QUEUE_RUNS_HIGH, QUEUE_RUNS_NORMAL, QUEUE_STEPS, app
 from orchestrator import metrics
 from orchestrator.metrics import queue_keys
@@ -122,7 +123,7 @@ def pick_up_limits() -> tuple[int, int]:
 
 @functools.lru_cache(maxsize=2)
 def _redis(url: str) -> redis.Redis[bytes]:
-    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    return broker_redis(url=url, socket_timeout=2, socket_connect_timeout=2)
 
 
 def _guarded(publish: Callable[[], None], what: str) -> None:

@@ -41,6 +41,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from common import eventstreams
+from common.stores import broker_redis
 from config.celery import ALL_QUEUES
 
 logger = logging.getLogger(__name__)
@@ -59,9 +60,7 @@ SEP = "|"
 
 def new_client() -> redis.Redis[bytes]:
     """A client of the broker's Redis with short timeouts (metrics are never worth a wait)."""
-    return redis.Redis.from_url(
-        settings.CELERY_BROKER_URL, socket_timeout=1, socket_connect_timeout=1
-    )
+    return broker_redis(socket_timeout=1, socket_connect_timeout=1)
 
 
 _client: redis.Redis[bytes] | None = None

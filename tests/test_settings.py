@@ -164,3 +164,48 @@ def test_the_default_settings_pass_the_cross_checks() -> None:
     result = run_manage({"DJANGO_SETTINGS_MODULE": "config.settings.local"}, "check")
 
     assert result.returncode == 0, result.stderr
+
+
+def test_production_reaches_redis_through_sentinels_and_postgresql_at_several_hosts() -> None:
+    env = {
+        **PRODUCTION_ENV,
+        "CELERY_BROKER_URL": "sentinel://s1.internal:26379/0;sentinel://s2.internal:26379/0",
+        "REDIS_SENTINEL_MASTER": "orchestrator",
+        "DATABASE_URL": "postgres://app:secret@db1.internal:5432,db2.internal:5432/orchestrator"
+        "?target_session_attrs=read-write",
+    }
+    shown = (
+        "from django.conf import settings as s; d = s.DATABASES['default'];"
+        "print(s.CELERY_BROKER_TRANSPORT_OPTIONS['master_name'],"
+        " s.CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS['master_name'],"
+        " d['HOST'], d['PORT'], d['OPTIONS']['target_session_attrs'])"
+    )
+
+    result = run_manage(env, "shell", "-c", shown)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1].split() == [
+        "orchestrator",
+        "orchestrator",
+        "db1.internal,db2.internal",
+        "5432,5432",
+        "read-write",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("CELERY_BROKER_URL", "sentinel://s1:26379/0;redis://r:6379/0", "not a sentinel://"),
+        ("DATABASE_URL", "postgres://app@db1:x,db2:5432/orchestrator", "is not a number"),
+    ],
+)
+def test_production_refuses_a_malformed_store_url_saying_why(
+    variable: str, value: str, message: str
+) -> None:
+    env = {**PRODUCTION_ENV, "CELERY_BROKER_URL": "sentinel://s1:26379/0", variable: value}
+
+    result = run_manage(env, "check")
+
+    assert result.returncode != 0
+    assert message in result.stderr

@@ -18,6 +18,7 @@ import dj_database_url
 import django_stubs_ext
 from cryptography.fernet import Fernet
 
+from common.stores import celery_sentinel_options, is_sentinel, parse_sentinel, postgres_hosts
 from config.env import Env
 
 # Lets classes such as admin.ModelAdmin[Run] be subscripted at run time, as typed.
@@ -101,19 +102,45 @@ DATABASE_URL = env.url(
 
 
 def database_config(url: str) -> dict[str, Any]:
+    # Several hosts (libpq's multi-host form, common.stores): parsed with the first host
+    # alone, then libpq gets them all, in order.
+    try:
+        hosts = postgres_hosts(url)
+    except ValueError as exc:
+        env.errors.append(str(exc))
+        hosts, url = None, ""  # refused above; parsed as a placeholder, never used
     config: dict[str, Any] = dict(
         dj_database_url.parse(
-            url or "postgres://invalid/invalid",
+            (hosts.single_url if hosts else url) or "postgres://invalid/invalid",
             conn_max_age=env.integer(
                 "DATABASE_CONN_MAX_AGE", 60, "seconds a connection is reused", minimum=0
             ),
             conn_health_checks=True,
         )
     )
+    if hosts:
+        config["HOST"], config["PORT"] = hosts.host, hosts.port
+    # A host that dies without closing its connections (its link down, its machine
+    # gone) is noticed in seconds, not after TCP's retransmissions (about 15 minutes):
+    # keepalives for an idle connection, tcp_user_timeout for one whose data goes
+    # unacknowledged. The URL's own parameters (target_session_attrs, sslmode, ...) win.
     config["OPTIONS"] = {
         "connect_timeout": env.integer(
             "DATABASE_CONNECT_TIMEOUT", 5, "seconds to wait for PostgreSQL", minimum=1
-        )
+        ),
+        "keepalives": 1,
+        "keepalives_idle": env.integer(
+            "DATABASE_KEEPALIVE_IDLE_S", 10, "idle seconds before TCP keepalives", minimum=1
+        ),
+        "keepalives_interval": 3,
+        "keepalives_count": 3,
+        "tcp_user_timeout": env.integer(
+            "DATABASE_TCP_USER_TIMEOUT_MS",
+            15000,
+            "ms data may go unacknowledged before the connection is dropped (0: the OS's)",
+            minimum=0,
+        ),
+        **config.get("OPTIONS", {}),
     }
     # A pool of connections per process (Django's psycopg pool), for the web process:
     # its gevent greenlets each need a connection for the length of a request, and
@@ -226,18 +253,40 @@ LOGGING: dict[str, Any] = {
 # Reliability settings (SPEC section 5): a message is acknowledged only after its task
 # finished, is handed back if the worker process dies, and each process holds at most
 # one unacknowledged message, so a crash loses nothing and a long task blocks nobody.
+redis_schemes = ("redis", "rediss", "sentinel")
+
+
+def check_redis_urls(broker: str, results: str, master: str) -> None:
+    """A sentinel:// URL must name its Sentinels well, and the group needs a name."""
+    for name, url in (("CELERY_BROKER_URL", broker), ("CELERY_RESULT_BACKEND", results)):
+        if url and is_sentinel(url):
+            try:
+                parse_sentinel(url)
+            except ValueError as exc:
+                env.errors.append(f"{name}: {exc}")
+            if not master:
+                env.errors.append(f"REDIS_SENTINEL_MASTER must be set for {name}'s Sentinels")
+
+
 CELERY_BROKER_URL = env.url(
     "CELERY_BROKER_URL",
     "redis://127.0.0.1:56379/0",
-    "Redis URL of the Celery broker",
-    schemes=("redis", "rediss"),
+    "Redis URL of the Celery broker and of every Redis client: redis://, rediss://, or "
+    "sentinel://host:port/db;sentinel://host:port/db... (with REDIS_SENTINEL_MASTER)",
+    schemes=redis_schemes,
 )
 CELERY_RESULT_BACKEND = env.url(
     "CELERY_RESULT_BACKEND",
     CELERY_BROKER_URL,
     "Redis URL for Celery results (chord joins); defaults to the broker",
-    schemes=("redis", "rediss"),
+    schemes=redis_schemes,
 )
+REDIS_SENTINEL_MASTER = env.string(
+    "REDIS_SENTINEL_MASTER",
+    "orchestrator",
+    "the Sentinels' name of the Redis group, for sentinel:// URLs",
+)
+check_redis_urls(CELERY_BROKER_URL, CELERY_RESULT_BACKEND, REDIS_SENTINEL_MASTER)
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_ENABLE_UTC = True
 CELERY_TASK_SERIALIZER = "json"
@@ -292,6 +341,14 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "socket_connect_timeout": 5,
 }
 CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_VISIBILITY_TIMEOUT}
+# Through Sentinel, kombu (the broker) and Celery (results) find the primary themselves,
+# given the group's name: common.stores, docs/architecture.md "Across hosts".
+if is_sentinel(CELERY_BROKER_URL):
+    CELERY_BROKER_TRANSPORT_OPTIONS.update(celery_sentinel_options(REDIS_SENTINEL_MASTER, 10))
+if is_sentinel(CELERY_RESULT_BACKEND):
+    CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS.update(
+        celery_sentinel_options(REDIS_SENTINEL_MASTER, 10)
+    )
 CELERY_TASK_DEFAULT_PRIORITY = 5
 CELERY_WORKER_SEND_TASK_EVENTS = env.boolean(
     "CELERY_WORKER_SEND_TASK_EVENTS", True, "emit task events for Flower"

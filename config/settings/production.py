@@ -8,7 +8,13 @@ from config.env import REQUIRED
 from config.settings.checks import check_consistency
 
 from .base import *  # noqa: F403
-from .base import database_config, env, secrets_encryption_keys
+from .base import (
+    check_redis_urls,
+    database_config,
+    env,
+    redis_schemes,
+    secrets_encryption_keys,
+)
 
 DEBUG = False
 SECRET_KEY = env.string("SECRET_KEY", REQUIRED, "Django secret key (>= 50 random characters)")
@@ -23,14 +29,15 @@ DATABASE_URL = env.url(
 )
 DATABASES = {"default": database_config(DATABASE_URL)}
 CELERY_BROKER_URL = env.url(
-    "CELERY_BROKER_URL", REQUIRED, "Redis URL of the Celery broker", schemes=("redis", "rediss")
+    "CELERY_BROKER_URL", REQUIRED, "Redis URL of the Celery broker", schemes=redis_schemes
 )
 CELERY_RESULT_BACKEND = env.url(
     "CELERY_RESULT_BACKEND",
     CELERY_BROKER_URL,
     "Redis URL for Celery results (chord joins); defaults to the broker",
-    schemes=("redis", "rediss"),
+    schemes=redis_schemes,
 )
+check_redis_urls(CELERY_BROKER_URL, CELERY_RESULT_BACKEND, REDIS_SENTINEL_MASTER)  # noqa: F405
 FLOWER_BASIC_AUTH = env.string(
     "FLOWER_BASIC_AUTH", REQUIRED, "user:password Flower requires (comma-separate several)"
 )

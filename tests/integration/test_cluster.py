@@ -1,0 +1,104 @@
+"""`make cluster`: the stack as fourteen hosts in network namespaces (reliability.cluster),
+started, proved by a run through each web host (one with a job on the runner host),
+then removed without a trace; and its preflight refusing what would break its isolation.
+Root only (namespaces, a bridge); every address is in 198.18.0.0/24, on a bridge attached
+to no physical interface, so no test traffic leaves the machine."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+from reliability import cluster
+from tests.support import ROOT, python_cmd
+
+
+def _namespaces_work() -> bool:
+    """Root, iproute2, and a network namespace can be made here (not in every container)."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        return False
+    made = subprocess.run(["ip", "netns", "add", "orch-probe-test"], capture_output=True)
+    subprocess.run(["ip", "netns", "del", "orch-probe-test"], capture_output=True)
+    return made.returncode == 0
+
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not _namespaces_work(), reason="needs root and network namespaces"),
+]
+
+
+def _cluster(*args: str, directory: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        python_cmd("scripts/cluster.py", *args, "--dir", str(directory)),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+
+
+def _leftovers() -> list[str]:
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    found = [line.split()[0] for line in namespaces.splitlines() if line.startswith("orch-")]
+    bridge = subprocess.run(["ip", "link", "show", cluster.BRIDGE], capture_output=True)
+    return found + ([cluster.BRIDGE] if bridge.returncode == 0 else [])
+
+
+def test_the_cluster_comes_up_runs_work_through_each_web_host_and_goes() -> None:
+    # Not under pytest's tmp_path: PostgreSQL's account must reach its data directory,
+    # and pytest's base directory is its owner's alone.
+    directory = Path(tempfile.gettempdir()) / f"orchestrator-cluster-test-{uuid.uuid4().hex[:8]}"
+    try:
+        result = _cluster("up", "--check", directory=directory)
+    finally:
+        _cluster("down", directory=directory)  # whatever happened, nothing stays
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "target_session_attrs=read-write" in out
+    assert "db1 198.18.0.11" in out
+    assert "sentinel://198.18.0.31:26379/0;sentinel://198.18.0.32:26379/0" in out
+    assert "through web1: completed" in out
+    assert "through web2: completed" in out
+    assert "output of the runner host's job: {'ran': True}" in out
+    assert "cluster removed" in out
+    assert _leftovers() == []
+    assert not directory.exists()
+
+
+def test_the_preflight_refuses_an_address_of_the_range_already_in_use(tmp_path: Path) -> None:
+    # A bridge left down, with no ports (no traffic), holding an address of
+    # 198.18.0.0/15: the cluster would not be alone in its range, so it must not start,
+    # and must leave that link alone.
+    subprocess.run(["ip", "link", "add", "orchtest0", "type", "bridge"], check=True)
+    try:
+        subprocess.run(["ip", "addr", "add", "198.19.7.7/32", "dev", "orchtest0"], check=True)
+        result = _cluster("up", directory=tmp_path / "cluster")
+        still = subprocess.run(["ip", "-4", "addr", "show", "orchtest0"], capture_output=True)
+    finally:
+        subprocess.run(["ip", "link", "del", "orchtest0"], check=False)
+
+    assert result.returncode == 1
+    assert "198.18.0.0/15 is already in use on this machine" in result.stderr
+    assert b"198.19.7.7" in still.stdout
+    assert _leftovers() == []
+
+
+def test_the_preflight_refuses_while_an_earlier_cluster_is_there(tmp_path: Path) -> None:
+    subprocess.run(["ip", "netns", "add", "orch-leftover"], check=True)
+    try:
+        result = _cluster("up", directory=tmp_path / "cluster")
+        kept = "orch-leftover" in _leftovers()
+    finally:
+        subprocess.run(["ip", "netns", "del", "orch-leftover"], check=False)
+
+    assert result.returncode == 1
+    assert "make cluster-down first" in result.stderr
+    assert kept  # refused, and nothing of the earlier cluster was touched

@@ -50,7 +50,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -365,6 +367,22 @@ class Cluster:
             "db2 streaming synchronously",
         )
 
+    def lose_db_primary(self) -> None:
+        """db1's host lost (its link down, its PostgreSQL killed at once), then db2
+        promoted, as a failover manager would: the clients' multi-host URL finds it.
+        db2 runs alone afterwards (no standby: it had no synchronous_standby_names)."""
+        _ip("-n", namespace("db1"), "link", "set", "eth0", "down")
+        entry = self._state()["processes"]["db1"]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(int(entry["pid"]), signal.SIGKILL)
+        subprocess.run(
+            ["ip", "netns", "exec", namespace("db2"), *self._as_pg(
+                [services.pg_bin("pg_ctl"), "-D", str(self._pg_data("db2")), "-w", "promote"]
+            )],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+
     def _psql(self, host: str, sql: str) -> str:
         return subprocess.run(
             [services.pg_bin("psql"), "-h", address(host), "-p", str(PG_PORT),
@@ -480,14 +498,30 @@ class Cluster:
 
 # --------------------------------------------------------------------------- proof
 def _api(host: str, key: str, method: str, path: str, body: Any = None) -> Any:
-    request = urllib.request.Request(
-        f"http://{address(host)}:{WEB_PORT}/api/v1{path}",
-        data=None if body is None else json.dumps(body).encode(),
-        method=method,
-        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - our hosts
-        return json.loads(response.read() or b"null")
+    """One API call as a careful client makes it: a 502/503/504 or a refused connection
+    (a store failing over behind the web host) is tried again for up to a minute, under
+    the same Idempotency-Key, so a POST applies once."""
+    headers = {
+        "Authorization": f"Bearer {key}",
+        "Content-Type": "application/json",
+        "Idempotency-Key": str(uuid.uuid4()),
+    }
+    data = None if body is None else json.dumps(body).encode()
+    deadline = time.monotonic() + 60
+    while True:
+        request = urllib.request.Request(
+            f"http://{address(host)}:{WEB_PORT}/api/v1{path}", data, headers, method=method
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310
+                return json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            if exc.code not in (502, 503, 504) or time.monotonic() > deadline:
+                raise
+        except (urllib.error.URLError, TimeoutError, ConnectionError):
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.5)  # a client's backoff between tries, not a synchronisation
 
 
 def _finished(host: str, key: str, run_id: str) -> dict[str, Any] | None:

@@ -6,10 +6,12 @@ to no physical interface, so no test traffic leaves the machine."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -102,3 +104,23 @@ def test_the_preflight_refuses_while_an_earlier_cluster_is_there(tmp_path: Path)
     assert result.returncode == 1
     assert "make cluster-down first" in result.stderr
     assert kept  # refused, and nothing of the earlier cluster was touched
+
+
+def test_the_cluster_goes_on_after_its_postgresql_primary_is_lost() -> None:
+    """db1's host is lost (link down, PostgreSQL killed) and db2 promoted: every process
+    reaches db2 through the same DATABASE_URL, and runs through both web hosts complete."""
+    directory = Path(tempfile.gettempdir()) / f"orchestrator-cluster-test-{uuid.uuid4().hex[:8]}"
+    try:
+        cluster.up(directory)
+        org = json.loads((directory / "organization.json").read_text())
+        started = time.monotonic()
+        cluster.Cluster(directory).lose_db_primary()
+        lines = cluster.smoke(org, timeout=120)
+        recovered_s = time.monotonic() - started
+    finally:
+        cluster.down(directory)
+
+    assert [line.split(": ")[1].split(" in ")[0] for line in lines] == ["completed"] * 2
+    assert recovered_s < 120
+    print(f"runs through both web hosts completed {recovered_s:.1f} s after db1 was lost")
+    assert _leftovers() == []

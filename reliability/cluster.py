@@ -53,13 +53,12 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from reliability.stack import ROOT, services  # scripts/services.py: PostgreSQL's account
+from reliability.stack import ROOT, services, wait_for  # services: scripts/services.py
 
 NET = "198.18.0"
 GUARD_NET = "198.18.0.0/15"
@@ -111,18 +110,6 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def _wait(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll another process's observable state until it holds (never a fixed sleep)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise ClusterError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.1)
 
 
 def _answers(host: str, port: int) -> bool:
@@ -332,7 +319,7 @@ class Cluster:
             hba.write(f"host all all {NET}.0/24 trust\nhost replication all {NET}.0/24 trust\n")
         env = dict(os.environ)
         self.start("db1", "db1", self._postgres_args("db1"), env)
-        _wait(lambda: _answers("db1", PG_PORT), 60, "PostgreSQL on db1")
+        wait_for(lambda: _answers("db1", PG_PORT), 60, "PostgreSQL on db1")
         subprocess.run(
             [services.pg_bin("psql"), "-h", address("db1"), "-U", services.PG_USER,
              "-d", "postgres", "-qc", f'CREATE DATABASE "{DB_NAME}"'],
@@ -355,11 +342,11 @@ class Cluster:
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
         self.start("db2", "db2", self._postgres_args("db2"), env)
-        _wait(lambda: _answers("db2", PG_PORT), 60, "PostgreSQL on db2")
+        wait_for(lambda: _answers("db2", PG_PORT), 60, "PostgreSQL on db2")
         # Synchronous from now on: a commit is acknowledged once db2 has it.
         self._psql("db1", "ALTER SYSTEM SET synchronous_standby_names = '*'")
         self._psql("db1", "SELECT pg_reload_conf()")
-        _wait(
+        wait_for(
             lambda: self._psql(
                 "db1", "SELECT sync_state FROM pg_stat_replication WHERE sync_state = 'sync'"
             ).strip(),
@@ -402,7 +389,7 @@ class Cluster:
             if host == "redis2":
                 args += ["--replicaof", address("redis1"), str(REDIS_PORT)]
             self.start(host, host, args, env)
-            _wait(partial(_answers, host, REDIS_PORT), 30, f"Redis on {host}")
+            wait_for(partial(_answers, host, REDIS_PORT), 30, f"Redis on {host}")
         for host in ("sentinel1", "sentinel2", "sentinel3"):
             conf = self.directory / f"{host}.conf"
             conf.write_text(
@@ -414,7 +401,7 @@ class Cluster:
                 f"sentinel parallel-syncs {MASTER} 1\n"
             )
             self.start(host, host, [server, str(conf), "--sentinel"], env)
-            _wait(partial(_answers, host, SENTINEL_PORT), 30, f"Sentinel on {host}")
+            wait_for(partial(_answers, host, SENTINEL_PORT), 30, f"Sentinel on {host}")
 
     # ------------------------------------------------------------------ the app
     def app_env(self) -> dict[str, str]:
@@ -482,7 +469,7 @@ class Cluster:
         self.start("beat", "beat", [py, "-m", "celery", "-A", "config", "beat",
                                     "--loglevel", "WARNING", "--pidfile="], env)  # fmt: skip
         for host in ("web1", "web2"):
-            _wait(partial(_answers, host, WEB_PORT), 90, f"gunicorn on {host}")
+            wait_for(partial(_answers, host, WEB_PORT), 90, f"gunicorn on {host}")
         runner_key = json.loads(self.manage("create_api_key", "cluster", "--scope", "runner"))
         self.start(
             "runner",
@@ -548,7 +535,7 @@ def smoke(org: dict[str, str], timeout: float = 120.0) -> list[str]:
                 "agents": [{"name": "g", "tasks": [{"name": "t", "steps": steps}]}]}  # fmt: skip
         started = time.monotonic()
         run = _api(host, key, "POST", "/runs", {"plan": plan, "start": True})
-        done = _wait(
+        done = wait_for(
             partial(_finished, host, key, run["id"]),
             timeout,
             f"the run through {host}",

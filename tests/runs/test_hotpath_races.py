@@ -55,6 +55,22 @@ def one_task(*steps: dict[str, Any], **task: Any) -> dict[str, Any]:
     }
 
 
+def fan_then_after() -> dict[str, Any]:
+    """A parallel task of two steps, a and b, then a task of one step, next."""
+    return {
+        "name": "race",
+        "agents": [
+            {
+                "name": "g",
+                "tasks": [
+                    {"name": "fan", "mode": "parallel", "steps": [step("a"), step("b")]},
+                    {"name": "after", "steps": [step("next")]},
+                ],
+            }
+        ],
+    }
+
+
 def statuses(run_id: str) -> dict[str, str]:
     return dict(Step.objects.filter(run_id=run_id).values_list("name", "status"))
 
@@ -83,18 +99,7 @@ def test_two_dependencies_ending_together_release_their_join_once() -> None:
 
 
 def test_a_tasks_last_two_steps_ending_together_complete_it_once() -> None:
-    spec = {
-        "name": "race",
-        "agents": [
-            {
-                "name": "g",
-                "tasks": [
-                    {"name": "fan", "mode": "parallel", "steps": [step("a"), step("b")]},
-                    {"name": "after", "steps": [step("next")]},
-                ],
-            }
-        ],
-    }
+    spec = fan_then_after()
     run_ids = running(spec, "a", "b")
 
     race("record_a", "record_b", run_ids)
@@ -132,18 +137,7 @@ def test_a_wide_tasks_last_two_leaves_ending_together_complete_it_once() -> None
     # Both leaves try the leaf's way; the one that finds its task's last child open
     # there rolls it back and completes the task the general way, claiming the next
     # task's step.
-    spec = {
-        "name": "race",
-        "agents": [
-            {
-                "name": "g",
-                "tasks": [
-                    {"name": "fan", "mode": "parallel", "steps": [step("a"), step("b")]},
-                    {"name": "after", "steps": [step("next")]},
-                ],
-            }
-        ],
-    }
+    spec = fan_then_after()
     run_ids = running(spec, "a", "b")
 
     race("record_a_claiming", "record_b_claiming", run_ids)

@@ -18,6 +18,7 @@ connection opened after a promotion reaches the new primary.
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -26,6 +27,17 @@ import redis
 from redis.sentinel import Sentinel
 
 SENTINEL_SCHEME = "sentinel"
+
+# TCP keepalives on every Redis connection: a consumer blocked on a primary whose host
+# vanished (no reset ever comes) notices within about 11 s, not after TCP's own timers
+# (a worker's consumer sat on one for 110 s in make cluster's Redis failover); and data
+# left unacknowledged for 10 s drops the connection.
+KEEPALIVE_OPTIONS: dict[int, int] = {
+    socket.TCP_KEEPIDLE: 5,
+    socket.TCP_KEEPINTVL: 2,
+    socket.TCP_KEEPCNT: 3,
+    socket.TCP_USER_TIMEOUT: 10_000,
+}
 
 
 @dataclass(frozen=True)
@@ -84,16 +96,16 @@ def redis_client(
     Sentinel the group ``master``'s current primary, looked up again whenever a
     connection is opened (a failover breaks the old ones: the next command reconnects
     to the new primary). Nothing connects until the first command."""
-    if not is_sentinel(url):
-        return redis.Redis.from_url(
-            url, socket_timeout=socket_timeout, socket_connect_timeout=socket_connect_timeout
-        )
-    target = parse_sentinel(url)
-    # The Sentinels are asked with the same short timeouts: a dead one is skipped fast.
     timeouts: dict[str, Any] = {
         "socket_timeout": socket_timeout,
         "socket_connect_timeout": socket_connect_timeout,
+        "socket_keepalive": True,
+        "socket_keepalive_options": KEEPALIVE_OPTIONS,
     }
+    if not is_sentinel(url):
+        return redis.Redis.from_url(url, **timeouts)
+    target = parse_sentinel(url)
+    # The Sentinels are asked with the same short timeouts: a dead one is skipped fast.
     sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=dict(timeouts), **timeouts)
     client: redis.Redis[bytes] = sentinel.master_for(
         master, db=target.db, username=target.username, password=target.password, **timeouts
@@ -108,6 +120,11 @@ def celery_sentinel_options(master: str, socket_timeout: float) -> dict[str, Any
         "master_name": master,
         "sentinel_kwargs": {"socket_timeout": socket_timeout, "socket_connect_timeout": 2},
     }
+
+
+def keepalive_options() -> dict[str, Any]:
+    """kombu's and Celery's Redis transport options for ``KEEPALIVE_OPTIONS``."""
+    return {"socket_keepalive": True, "socket_keepalive_options": dict(KEEPALIVE_OPTIONS)}
 
 
 # --------------------------------------------------------------------------- PostgreSQL

@@ -265,7 +265,11 @@ class Cluster:
     @property
     def database_url(self) -> str:
         hosts = ",".join(f"{address(h)}:{PG_PORT}" for h in ("db1", "db2"))
-        return f"postgres://{services.PG_USER}@{hosts}/{DB_NAME}?target_session_attrs=read-write"
+        # connect_timeout is per host: a lost db1 costs a new connection 2 s, then db2.
+        return (
+            f"postgres://{services.PG_USER}@{hosts}/{DB_NAME}"
+            "?target_session_attrs=read-write&connect_timeout=2"
+        )
 
     @property
     def broker_url(self) -> str:
@@ -325,43 +329,60 @@ class Cluster:
              "-d", "postgres", "-qc", f'CREATE DATABASE "{DB_NAME}"'],
             check=True,
         )  # fmt: skip
-        # db2: a streaming replica made from db1 (inside its own namespace).
-        replica = self._pg_data("db2")
-        replica.parent.mkdir(parents=True)
-        os.chmod(replica.parent, 0o755)  # noqa: S103
-        replica.mkdir()
-        services.chown_for_server(replica)
-        os.chmod(replica, 0o700)
+        self.make_replica("db2", "db1")
+
+    def make_replica(self, host: str, primary: str) -> None:
+        """``host``'s PostgreSQL made anew as a streaming replica of ``primary`` (from a
+        base backup taken inside ``host``'s namespace), then ``primary`` synchronous: a
+        commit is acknowledged once the replica has it."""
+        data = self._pg_data(host)
+        if data.exists():
+            shutil.rmtree(data)  # an old primary's data: rebuilt, never rejoined as is
+        data.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(data.parent, 0o755)  # noqa: S103 - PostgreSQL's account must reach it
+        data.mkdir()
+        services.chown_for_server(data)
+        os.chmod(data, 0o700)
         subprocess.run(
-            ["ip", "netns", "exec", namespace("db2"), *self._as_pg(
-                [services.pg_bin("pg_basebackup"), "-h", address("db1"), "-p", str(PG_PORT),
-                 "-U", services.PG_USER, "-D", str(replica), "-R", "-X", "stream",
-                 "-c", "fast"]
+            ["ip", "netns", "exec", namespace(host), *self._as_pg(
+                [services.pg_bin("pg_basebackup"), "-h", address(primary), "-p", str(PG_PORT),
+                 "-U", services.PG_USER, "-D", str(data), "-R", "-X", "stream", "-c", "fast"]
             )],
             check=True,
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
-        self.start("db2", "db2", self._postgres_args("db2"), env)
-        wait_for(lambda: _answers("db2", PG_PORT), 60, "PostgreSQL on db2")
-        # Synchronous from now on: a commit is acknowledged once db2 has it.
-        self._psql("db1", "ALTER SYSTEM SET synchronous_standby_names = '*'")
-        self._psql("db1", "SELECT pg_reload_conf()")
+        self.start(host, host, self._postgres_args(host), dict(os.environ))
+        wait_for(lambda: _answers(host, PG_PORT), 60, f"PostgreSQL on {host}")
+        self._psql(primary, "ALTER SYSTEM SET synchronous_standby_names = '*'")
+        self._psql(primary, "SELECT pg_reload_conf()")
         wait_for(
-            lambda: self._psql(
-                "db1", "SELECT sync_state FROM pg_stat_replication WHERE sync_state = 'sync'"
-            ).strip(),
+            lambda: (
+                self._psql(
+                    primary,
+                    "SELECT host(client_addr) FROM pg_stat_replication WHERE sync_state = 'sync'",
+                ).strip()
+                == address(host)
+            ),
             60,
-            "db2 streaming synchronously",
+            f"{host} streaming synchronously from {primary}",
         )
+
+    def lose_host(self, host: str) -> None:
+        """``host`` gone at once: its link down, every process it ran SIGKILLed."""
+        _ip("-n", namespace(host), "link", "set", "eth0", "down")
+        for entry in self._state()["processes"].values():
+            if entry["host"] == host:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(int(entry["pid"]), signal.SIGKILL)
+
+    def restore_link(self, host: str) -> None:
+        _ip("-n", namespace(host), "link", "set", "eth0", "up")
 
     def lose_db_primary(self) -> None:
         """db1's host lost (its link down, its PostgreSQL killed at once), then db2
         promoted, as a failover manager would: the clients' multi-host URL finds it.
         db2 runs alone afterwards (no standby: it had no synchronous_standby_names)."""
-        _ip("-n", namespace("db1"), "link", "set", "eth0", "down")
-        entry = self._state()["processes"]["db1"]
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(int(entry["pid"]), signal.SIGKILL)
+        self.lose_host("db1")
         subprocess.run(
             ["ip", "netns", "exec", namespace("db2"), *self._as_pg(
                 [services.pg_bin("pg_ctl"), "-D", str(self._pg_data("db2")), "-w", "promote"]

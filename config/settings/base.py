@@ -18,7 +18,13 @@ import dj_database_url
 import django_stubs_ext
 from cryptography.fernet import Fernet
 
-from common.stores import celery_sentinel_options, is_sentinel, parse_sentinel, postgres_hosts
+from common.stores import (
+    celery_sentinel_options,
+    is_sentinel,
+    keepalive_options,
+    parse_sentinel,
+    postgres_hosts,
+)
 from config.env import Env
 
 # Lets classes such as admin.ModelAdmin[Run] be subscripted at run time, as typed.
@@ -339,8 +345,13 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "queue_order_strategy": "priority",
     "socket_timeout": 10,
     "socket_connect_timeout": 5,
+    # A consumer blocked on a host that vanished notices within seconds (common.stores).
+    **keepalive_options(),
 }
-CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_VISIBILITY_TIMEOUT}
+CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {
+    "visibility_timeout": CELERY_VISIBILITY_TIMEOUT,
+    **keepalive_options(),
+}
 # Through Sentinel, kombu (the broker) and Celery (results) find the primary themselves,
 # given the group's name: common.stores, docs/architecture.md "Across hosts".
 if is_sentinel(CELERY_BROKER_URL):

@@ -348,10 +348,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     # A consumer blocked on a host that vanished notices within seconds (common.stores).
     **keepalive_options(),
 }
-CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {
-    "visibility_timeout": CELERY_VISIBILITY_TIMEOUT,
-    **keepalive_options(),
-}
+CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_VISIBILITY_TIMEOUT}
+CELERY_REDIS_SOCKET_KEEPALIVE = True  # the result backend's (it takes no keepalive timers)
 # Through Sentinel, kombu (the broker) and Celery (results) find the primary themselves,
 # given the group's name: common.stores, docs/architecture.md "Across hosts".
 if is_sentinel(CELERY_BROKER_URL):

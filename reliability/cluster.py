@@ -61,7 +61,6 @@ from typing import Any
 from reliability.stack import ROOT, services, wait_for  # services: scripts/services.py
 
 NET = "198.18.0"
-GUARD_NET = "198.18.0.0/15"
 BRIDGE = "orchbr0"
 PREFIX = "orch-"
 HARNESS = f"{NET}.1"

@@ -153,3 +153,33 @@ def test_the_cluster_goes_on_after_each_stores_primary_is_lost() -> None:
         f"and {redis_recovered_s:.1f} s after redis1 was lost"
     )
     assert _leftovers() == []
+
+
+def test_a_partition_cuts_two_hosts_off_both_ways_and_heals() -> None:
+    """The network alone (no processes): ``partition`` puts a blackhole route to each
+    side in the other's namespace, ``heal`` takes both away, and nothing else moves."""
+    cluster.preflight()
+    try:
+        cluster.make_network()
+
+        def routes(host: str) -> str:
+            found = subprocess.run(
+                ["ip", "-n", cluster.namespace(host), "route", "show"],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            return found.stdout
+
+        cluster.partition("worker1", "db1", "db2")
+        assert "blackhole 198.18.0.11" in routes("worker1")
+        assert "blackhole 198.18.0.12" in routes("worker1")
+        assert "blackhole 198.18.0.51" in routes("db1")
+        assert "blackhole" not in routes("worker2")  # only the partitioned hosts
+        cluster.check_network()  # still no default route anywhere
+
+        cluster.heal("worker1", "db1", "db2")
+        assert "blackhole" not in routes("worker1") + routes("db1") + routes("db2")
+    finally:
+        cluster.remove_network()
+    assert _leftovers() == []

@@ -131,6 +131,15 @@ def _guarded(publish: Callable[[], None], what: str) -> None:
         publish()
     except BROKER_ERRORS as exc:
         logger.warning("%s not published (%s); the lost-message sweep will resend", what, exc)
+    except Exception:
+        # A pooled producer left broken by a broker restart (kombu's channel closed under
+        # it by another greenlet: AttributeError, in make chaos). A publish after commit
+        # is repaired by the lost-message sweep; it must never fail the request that
+        # committed. The pools are emptied so that the next publish connects afresh.
+        logger.exception("%s not published; the lost-message sweep will resend", what)
+        pools: list[Any] = [app.amqp.producer_pool, app.pool]  # kombu Resources (untyped)
+        for pool in pools:
+            pool.force_close_all(close_pool=False)
 
 
 class CeleryTransport:

@@ -40,6 +40,30 @@ def test_a_run_message_the_broker_refuses_is_logged_not_raised(
     assert "lost-message sweep" in caplog.text
 
 
+def test_a_publish_that_breaks_otherwise_fails_no_request_and_resets_the_pools(
+    monkeypatch: pytest.MonkeyPatch, settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # What kombu raised in make chaos when a Redis restart closed a pooled producer's
+    # channel under it: not a broker error, and it came out of the after-commit hook.
+    settings.ORCHESTRATOR_DISPATCH_ENABLED = True
+    closed: list[str] = []
+
+    def broken(name: str, *args: Any, **kwargs: Any) -> None:
+        raise AttributeError("'NoneType' object has no attribute 'client'")
+
+    monkeypatch.setattr(app, "send_task", broken)
+    monkeypatch.setattr(
+        app.amqp.producer_pool, "force_close_all", lambda **kw: closed.append("producers")
+    )
+    monkeypatch.setattr(app.pool, "force_close_all", lambda **kw: closed.append("connections"))
+
+    with transaction.atomic():
+        enqueue_run_message(RunMessage.PICK_UP, "00000000-0000-4000-8000-000000000001", 5)
+
+    assert "not published; the lost-message sweep will resend" in caplog.text
+    assert closed == ["producers", "connections"]
+
+
 def test_step_messages_the_broker_refuses_are_logged_not_raised(
     broker_down: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -32,11 +32,16 @@ SENTINEL_SCHEME = "sentinel"
 # vanished (no reset ever comes) notices within about 11 s, not after TCP's own timers
 # (a worker's consumer sat on one for 110 s in make cluster's Redis failover); and data
 # left unacknowledged for 10 s drops the connection.
+# (Linux's names; a platform without one of them goes without that timer.)
 KEEPALIVE_OPTIONS: dict[int, int] = {
-    socket.TCP_KEEPIDLE: 5,
-    socket.TCP_KEEPINTVL: 2,
-    socket.TCP_KEEPCNT: 3,
-    socket.TCP_USER_TIMEOUT: 10_000,
+    getattr(socket, name): value
+    for name, value in (
+        ("TCP_KEEPIDLE", 5),
+        ("TCP_KEEPINTVL", 2),
+        ("TCP_KEEPCNT", 3),
+        ("TCP_USER_TIMEOUT", 10_000),
+    )
+    if hasattr(socket, name)
 }
 
 

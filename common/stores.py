@@ -104,8 +104,7 @@ def redis_client(
     timeouts: dict[str, Any] = {
         "socket_timeout": socket_timeout,
         "socket_connect_timeout": socket_connect_timeout,
-        "socket_keepalive": True,
-        "socket_keepalive_options": KEEPALIVE_OPTIONS,
+        **keepalive_options(),
     }
     if not is_sentinel(url):
         return redis.Redis.from_url(url, **timeouts)

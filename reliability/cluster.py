@@ -594,7 +594,8 @@ def up(directory: Path) -> list[str]:
 
 
 def down(directory: Path) -> None:
-    Cluster(directory).stop_all() if (directory / "state.json").exists() else None
+    if (directory / "state.json").exists():
+        Cluster(directory).stop_all()
     remove_network()
     if directory.exists():
         shutil.rmtree(directory, ignore_errors=True)

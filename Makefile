@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 export VENV
 
-.PHONY: install run test bench profile profile-api chaos load cluster cluster-down lint format typecheck clean
+.PHONY: install run test bench profile profile-api chaos chaos-net load cluster cluster-down lint format typecheck clean
 
 install:
 	@scripts/bootstrap.sh
@@ -30,6 +30,9 @@ chaos: install  ## faults injected under a mixed workload; exit 1 if anything is
 
 load: install  ## locust against gunicorn, then every run checked; exit 1 on a 5xx or inconsistency (LOAD_JSON=path)
 	@scripts/load.sh $(LOAD_ARGS)
+
+chaos-net: install  ## root only: make chaos's workload on make cluster's hosts while hosts are partitioned, lost and failed over (CHAOS_NET_JSON=path)
+	@scripts/chaos_net.sh $(CHAOS_NET_ARGS)
 
 cluster: install  ## root only: the stack as 14 hosts in network namespaces, proved by runs through each web host (CLUSTER_ARGS=--check: then removed)
 	@$(VENV)/bin/python scripts/cluster.py up $(CLUSTER_ARGS)

@@ -33,10 +33,11 @@ import threading
 import time
 import traceback
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from reliability.checks import detail_lines, with_descendants
 from reliability.client import Client, GaveUp, Tally
@@ -61,11 +62,22 @@ CHAOS_SETTINGS = {
 
 
 @dataclass(frozen=True)
-class Config:
+class Workload:
+    """What the clients do: shared by `make chaos` and `make chaos-net`."""
+
     runs: int = 200
     seed: int = 1
     window_s: float = 150.0  # faults are injected during this window
     clients: int = 6
+    cancel_share: float = 0.1
+    pause_share: float = 0.12
+    settle_timeout_s: float = 360.0
+    kinds: tuple[str, ...] = KINDS  # the plans' shapes, in turn (reliability.workload)
+    submit_share: float = 0.6  # runs are submitted over this share of the window
+
+
+@dataclass(frozen=True)
+class Config(Workload):
     child_kills: int = 60
     worker_kills: int = 2
     redis_restarts: int = 2  # the last one loses Redis's data
@@ -74,9 +86,6 @@ class Config:
     runner_kills: int = 2
     duplicate_bursts: int = 8
     second_beat: bool = True
-    cancel_share: float = 0.1
-    pause_share: float = 0.12
-    settle_timeout_s: float = 360.0
 
     @classmethod
     def short(cls, seed: int) -> Config:
@@ -105,6 +114,8 @@ class Fault:
     kind: str
     happened_at: float = 0.0  # unix time it was injected
     result: str = ""
+    # What was measured around it (make chaos-net: seconds until progress, ...).
+    measured: dict[str, float] = field(default_factory=dict)
 
 
 def fault_schedule(config: Config, rng: random.Random) -> list[Fault]:
@@ -164,11 +175,12 @@ def publish_duplicates(run_ids: list[str], rng: random.Random) -> str:
 
 
 class Injector(threading.Thread):
-    def __init__(
-        self, stack: Stack, schedule: list[Fault], rng: random.Random, runs: RunBook
-    ) -> None:
+    """Injects ``schedule``'s faults at their times (or, when the one before took longer,
+    as soon as it is done): one at a time, each reported in its ``result``."""
+
+    def __init__(self, schedule: list[Fault], rng: random.Random, runs: RunBook) -> None:
         super().__init__(name="fault-injector", daemon=True)
-        self.stack, self.schedule, self.rng, self.runs = stack, schedule, rng, runs
+        self.schedule, self.rng, self.runs = schedule, rng, runs
         self.started_at = 0.0
 
     def run(self) -> None:
@@ -179,12 +191,25 @@ class Injector(threading.Thread):
                 time.sleep(delay)  # the schedule itself: faults happen at set times
             fault.happened_at = time.time()
             try:
-                fault.result = self.inject(fault.kind)
+                fault.result = self.inject(fault)
             except Exception as exc:  # noqa: BLE001 - a fault that could not be injected is reported
                 fault.result = f"not injected: {type(exc).__name__}: {exc}"
 
-    def inject(self, kind: str) -> str:
-        stack = self.stack
+    def inject(self, fault: Fault) -> str:
+        raise NotImplementedError
+
+
+class StackInjector(Injector):
+    """`make chaos`'s faults, on the one-host stack."""
+
+    def __init__(
+        self, stack: Stack, schedule: list[Fault], rng: random.Random, runs: RunBook
+    ) -> None:
+        super().__init__(schedule, rng, runs)
+        self.stack = stack
+
+    def inject(self, fault: Fault) -> str:
+        stack, kind = self.stack, fault.kind
         if kind == "kill_worker_child":
             return stack.kill_worker_child(self.rng)
         if kind == "kill_worker":
@@ -311,13 +336,11 @@ def approver(client: Client, stop: threading.Event) -> None:
 LOG_PROBLEM = re.compile(r"\b(ERROR|CRITICAL)\b|Traceback")
 
 
-def log_problems(stack: Stack) -> dict[str, Any]:
-    """ERROR/CRITICAL lines of the workers and beats, grouped by their gist."""
+def log_problems(outputs: Iterable[tuple[str, str]]) -> dict[str, Any]:
+    """ERROR/CRITICAL lines of (process name, its output), grouped by their gist."""
     gists: Counter[str] = Counter()
-    for name, process in stack.processes.items():
-        if name == "web":
-            continue
-        for line in process.output().splitlines():
+    for name, output in outputs:
+        for line in output.splitlines():
             if LOG_PROBLEM.search(line):
                 gist = re.sub(r"[0-9a-f]{8}-[0-9a-f-]{27}|\d+", "N", line.split("] ", 1)[-1])
                 gists[f"{name.split('-')[0]}: {gist[:160]}"] += 1
@@ -347,12 +370,28 @@ def effect_problems(book: RunBook, effects: Counter[tuple[int, int]]) -> dict[st
         for pk, n in completed_once
         if effects.get((pk, n), 0) == 0
     )
+    # The effect endpoint answers with the attempt it saw: a completed step whose
+    # recorded answer is another attempt's took a stale worker's outcome (what the
+    # attempt number fences out).
+    answers = Step.objects.filter(
+        run_id__in=with_descendants(book.ids()), tool="http", status="completed"
+    ).values_list("pk", "attempts", "output__body__attempt")
+    stale = sorted(
+        f"step {pk} is on attempt {n} but recorded attempt {seen}'s answer"
+        for pk, n, seen in answers
+        if seen is not None and int(seen) != n
+    )
+    # Effects whose attempt lost its lease before it could record (a worker killed or
+    # cut off): each ran again under a new attempt, the old outcome never recorded.
+    superseded = sum(1 for (s, a) in effects if a < attempts.get(s, 0))
     return {
         "executions": sum(effects.values()),
         "step_attempts": len(effects),
         "executed_twice": twice,
         "phantom_attempts": phantom,
         "completed_without_effect": missing,
+        "recorded_from_another_attempt": stale,
+        "effects_of_superseded_attempts": superseded,
     }
 
 
@@ -497,8 +536,8 @@ def outcome_problems(book: RunBook) -> list[str]:
     return problems
 
 
-def format_report(report: dict[str, Any]) -> str:
-    lines = ["", f"chaos: seed {report['seed']}, {report['runs_requested']} runs", ""]
+def format_report(report: dict[str, Any], title: str = "chaos") -> str:
+    lines = ["", f"{title}: seed {report['seed']}, {report['runs_requested']} runs", ""]
     lines.append("| check | result |")
     lines.append("|---|---|")
     consistency = report["consistency"]
@@ -530,6 +569,10 @@ def format_report(report: dict[str, Any]) -> str:
         ("side effects executed twice for one attempt", len(effects["executed_twice"])),
         ("side effects for attempts the database never had", len(effects["phantom_attempts"])),
         ("completed effect steps, effect unseen", len(effects["completed_without_effect"])),
+        ("effect steps that recorded another attempt's answer (fencing)",
+         len(effects["recorded_from_another_attempt"])),
+        ("effects of attempts superseded after a lost lease (run again)",
+         effects["effects_of_superseded_attempts"]),
         ("step attempts charged twice", len(consistency["step_attempts_charged_twice"])),
         ("runs whose ledger does not settle", len(consistency["ledgers_unsettled"])),
         ("check_invariants", "clean" if consistency["invariants"]["clean"] else "VIOLATED"),
@@ -558,6 +601,7 @@ def format_report(report: dict[str, Any]) -> str:
             ("effects twice", effects["executed_twice"]),
             ("phantom effects", effects["phantom_attempts"]),
             ("effects missing", effects["completed_without_effect"]),
+            ("outcomes recorded from another attempt", effects["recorded_from_another_attempt"]),
             ("API 5xx", report["api"]["server_errors"]),
             ("processes that exited by themselves", report["unexpected_exits"]),
             ("submission errors", report["submission_errors"]),
@@ -598,7 +642,15 @@ def run_chaos(config: Config, directory: Path, log: Any = print) -> dict[str, An
         script = directory / "runner_job.py"
         script.write_text(RUNNER_COMMAND)
         stack.start_runner(org["api_key"], script, effects.url)
-        report = _storm(config, rng, stack, effects, org["api_key"], log)
+        report = storm(
+            config,
+            rng,
+            StackTarget(stack),
+            effects,
+            org["api_key"],
+            lambda book, draw: StackInjector(stack, fault_schedule(config, draw), draw, book),
+            log,
+        )
         report["directory"] = str(directory)
         return report
     finally:
@@ -606,14 +658,56 @@ def run_chaos(config: Config, directory: Path, log: Any = print) -> dict[str, An
         stack.close()
 
 
-def _storm(
-    config: Config,
+class Target(Protocol):
+    """What the storm needs of the system under test (one host, or `make chaos-net`'s
+    cluster)."""
+
+    @property
+    def base_urls(self) -> list[str]:
+        """The web hosts' URLs: clients spread over them and fail over between them."""
+        ...
+
+    @property
+    def unexpected_exits(self) -> list[str]: ...
+
+    def supervise(self, stop: threading.Event) -> None:
+        """Restart what exits by itself, remembering it, until ``stop``."""
+
+    def outputs(self) -> Iterable[tuple[str, str]]:
+        """(process name, its log) of the workers and beats, for ``log_problems``."""
+        ...
+
+
+@dataclass
+class StackTarget:
+    stack: Stack
+
+    @property
+    def base_urls(self) -> list[str]:
+        return [self.stack.base_url]
+
+    @property
+    def unexpected_exits(self) -> list[str]:
+        return self.stack.unexpected_exits
+
+    def supervise(self, stop: threading.Event) -> None:
+        self.stack.supervise(stop)
+
+    def outputs(self) -> Iterable[tuple[str, str]]:
+        return ((n, p.output()) for n, p in self.stack.processes.items() if n != "web")
+
+
+def storm(
+    config: Workload,
     rng: random.Random,
-    stack: Stack,
+    target: Target,
     effects: EffectServer,
     key: str,
+    injector_for: Callable[[RunBook, random.Random], Injector],
     log: Any,
 ) -> dict[str, Any]:
+    """Submit ``config``'s runs through ``target``'s web hosts while ``injector_for``'s
+    faults strike, wait for every run to end, and check everything (the report)."""
     from django.db import OperationalError, close_old_connections
 
     from reliability.checks import check_runs, non_terminal
@@ -623,7 +717,7 @@ def _storm(
     book = RunBook()
     work: queue.Queue[tuple[Submitted, dict[str, Any], random.Random]] = queue.Queue()
     for index in range(config.runs):
-        kind = KINDS[index % len(KINDS)]
+        kind = config.kinds[index % len(config.kinds)]
         draw = rng.random()
         control = (
             "cancel"
@@ -635,13 +729,16 @@ def _storm(
         item = Submitted(index, kind, control)
         book.add(item)
         work.put((item, plan_for(kind, index, effects.url, rng), random.Random(rng.random())))
-    schedule = fault_schedule(config, rng)
-    injector = Injector(stack, schedule, random.Random(rng.random()), book)
-    submit_span = config.window_s * 0.6
+    injector = injector_for(book, random.Random(rng.random()))
+    schedule = injector.schedule
+    submit_span = config.window_s * config.submit_share
     pace = submit_span * config.clients / max(config.runs, 1)
 
-    def client_loop() -> None:
-        client = Client(stack.base_url, key, tally)
+    urls = target.base_urls
+
+    def client_loop(n: int) -> None:
+        # Each client starts on a web host of its own and fails over to the next.
+        client = Client(urls[n % len(urls)], key, tally, fallbacks=urls)
         try:
             while True:
                 try:
@@ -661,13 +758,15 @@ def _storm(
     log(f"==> {config.runs} runs from {config.clients} clients; {len(schedule)} faults over "
         f"{config.window_s:g}s (seed {config.seed})")  # fmt: skip
     stop_approving = threading.Event()
-    approval_client = Client(stack.base_url, key, tally)
+    approval_client = Client(urls[0], key, tally, fallbacks=urls)
     approving = threading.Thread(
         target=approver, args=(approval_client, stop_approving), daemon=True
     )
-    clients = [threading.Thread(target=client_loop, daemon=True) for _ in range(config.clients)]
+    clients = [
+        threading.Thread(target=client_loop, args=(n,), daemon=True) for n in range(config.clients)
+    ]
     stop_supervising = threading.Event()
-    supervisor = threading.Thread(target=stack.supervise, args=(stop_supervising,), daemon=True)
+    supervisor = threading.Thread(target=target.supervise, args=(stop_supervising,), daemon=True)
     supervisor.start()
     started = time.time()
     injector.start()
@@ -738,8 +837,8 @@ def _storm(
         "recovery_s": recovery,
         "pick_up_latency": pick_up_latency(book),
         "recovered_by_sweeps": sweep_recoveries(book),
-        "worker_log_errors": log_problems(stack),
-        "unexpected_exits": list(stack.unexpected_exits),
+        "worker_log_errors": log_problems(target.outputs()),
+        "unexpected_exits": list(target.unexpected_exits),
     }
     report["ok"] = bool(
         consistency.ok
@@ -750,8 +849,9 @@ def _storm(
         and not effect_report["executed_twice"]
         and not effect_report["phantom_attempts"]
         and not effect_report["completed_without_effect"]
+        and not effect_report["recorded_from_another_attempt"]
         and not tally.server_errors
-        and not stack.unexpected_exits
+        and not target.unexpected_exits
         and not report["limits"]["keys_over_their_limit"]
         and not report["limits"]["over_the_organization_limit"]
     )

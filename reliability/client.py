@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,20 +44,39 @@ class GaveUp(Exception):
 
 
 class Client:
-    def __init__(self, base_url: str, key: str, tally: Tally, deadline_s: float = 180.0) -> None:
-        self.base_url = base_url
+    """``fallbacks``: every web host's URL; a connection error moves the client to the
+    next one, as a load balancer in front of several web hosts would."""
+
+    def __init__(
+        self,
+        base_url: str,
+        key: str,
+        tally: Tally,
+        deadline_s: float = 180.0,
+        fallbacks: Sequence[str] = (),
+    ) -> None:
         self.key = key
         self.tally = tally
         self.deadline_s = deadline_s
-        self.http = httpx.Client(
-            base_url=base_url,
-            headers={"Authorization": f"Bearer {key}"},
-            timeout=httpx.Timeout(30.0, connect=3.0),
-            trust_env=False,
-        )
+        urls = [base_url, *(url for url in fallbacks if url != base_url)]
+        self.hosts = [
+            httpx.Client(
+                base_url=url,
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=httpx.Timeout(30.0, connect=3.0),
+                trust_env=False,
+            )
+            for url in urls
+        ]
+        self.current = 0
+
+    @property
+    def http(self) -> httpx.Client:
+        return self.hosts[self.current]
 
     def close(self) -> None:
-        self.http.close()
+        for host in self.hosts:
+            host.close()
 
     def request(
         self,
@@ -82,6 +102,7 @@ class Client:
                 with self.tally.lock:
                     self.tally.connection_errors += 1
                 last = f"{type(exc).__name__}: {exc}"
+                self.current = (self.current + 1) % len(self.hosts)
             else:
                 self.tally.saw(method, path, response.status_code, response.text)
                 if not self._worth_retrying(response):

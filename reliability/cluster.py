@@ -10,7 +10,8 @@ hosts and nothing else:
     redis1 .21 (Redis primary)     redis2 .22 (its replica)
     sentinel1-3 .31-.33 (Redis Sentinels, quorum 2)
     web1-2 .41-.42 (gunicorn)      worker1-3 .51-.53 (Celery)
-    beat .61                       runner .71 (the reference runner)
+    beat .61 (beat, and a worker for the sweeps alone)
+    runner .71 (the reference runner)
 
 The harness itself is the bridge's address, 198.18.0.1, in the machine's own namespace:
 it migrates, creates the organization and talks to the web hosts as a client would.
@@ -53,10 +54,12 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
+
+import redis
 
 from reliability.stack import ROOT, services, wait_for  # services: scripts/services.py
 
@@ -109,6 +112,13 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        return " Z " not in Path(f"/proc/{pid}/stat").read_text().split(")", 1)[1][:4]
+    except OSError:
+        return False
 
 
 def _answers(host: str, port: int) -> bool:
@@ -211,6 +221,15 @@ def partition(host: str, *others: str) -> None:
         _ip("-n", namespace(other), "route", "replace", "blackhole", f"{address(host)}/32")
 
 
+def cut(host: str) -> None:
+    """``host`` cut off from everything (its link down); its processes go on."""
+    _ip("-n", namespace(host), "link", "set", "eth0", "down")
+
+
+def uncut(host: str) -> None:
+    _ip("-n", namespace(host), "link", "set", "eth0", "up")
+
+
 def heal(host: str, *others: str) -> None:
     for other in others:
         _ip("-n", namespace(host), "route", "del", "blackhole", f"{address(other)}/32", check=False)
@@ -221,6 +240,11 @@ def heal(host: str, *others: str) -> None:
 @dataclass
 class Cluster:
     directory: Path
+    # Settings every app process gets on top of app_env's (make chaos-net's short leases).
+    settings_env: dict[str, str] = field(default_factory=dict)
+    # name -> (host, args, env) of what this object started, so a lost host's processes
+    # can be started again as they were.
+    launched: dict[str, tuple[str, list[str], dict[str, str]]] = field(default_factory=dict)
 
     @property
     def state_file(self) -> Path:
@@ -250,7 +274,17 @@ class Cluster:
         state = self._state()
         state["processes"][name] = {"pid": process.pid, "host": host}
         self._save(state)
+        self.launched[name] = (host, args, env)
         return process.pid
+
+    def restart(self, name: str, *extra: str) -> int:
+        """``name`` started again on its host as it was first started (plus ``extra``)."""
+        host, args, env = self.launched[name]
+        return self.start(name, host, [*args, *extra], env)
+
+    def alive(self, name: str) -> bool:
+        pid = self._state()["processes"].get(name, {}).get("pid")
+        return pid is not None and Path(f"/proc/{pid}").exists() and _not_zombie(int(pid))
 
     def stop_all(self) -> None:
         state = self._state()
@@ -366,29 +400,96 @@ class Cluster:
             f"{host} streaming synchronously from {primary}",
         )
 
+    def processes_on(self, host: str) -> list[str]:
+        return [n for n, entry in self._state()["processes"].items() if entry["host"] == host]
+
     def lose_host(self, host: str) -> None:
-        """``host`` gone at once: its link down, every process it ran SIGKILLed."""
-        _ip("-n", namespace(host), "link", "set", "eth0", "down")
-        for entry in self._state()["processes"].values():
-            if entry["host"] == host:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(int(entry["pid"]), signal.SIGKILL)
+        """``host`` gone at once: its link down, every process in its namespace SIGKILLed
+        (a runner's jobs too, which live in sessions of their own)."""
+        cut(host)
+        for name in self.processes_on(host):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(self._state()["processes"][name]["pid"]), signal.SIGKILL)
+        for pid in _ip("netns", "pids", namespace(host)).stdout.split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
 
     def restore_link(self, host: str) -> None:
-        _ip("-n", namespace(host), "link", "set", "eth0", "up")
+        uncut(host)
 
-    def lose_db_primary(self) -> None:
-        """db1's host lost (its link down, its PostgreSQL killed at once), then db2
-        promoted, as a failover manager would: the clients' multi-host URL finds it.
-        db2 runs alone afterwards (no standby: it had no synchronous_standby_names)."""
-        self.lose_host("db1")
+    def bring_back(self, host: str) -> list[str]:
+        """A lost app host back (a machine rebooted): its link up, its processes started
+        again as they were. Not for the stores' hosts, which come back as replicas."""
+        self.restore_link(host)
+        names = self.processes_on(host)
+        for name in names:
+            self.restart(name)
+        return names
+
+    @property
+    def db_primary(self) -> str:
+        return str(self._state().get("db_primary", "db1"))
+
+    def lose_db_primary(self) -> tuple[str, str]:
+        """The primary's host lost (its link down, its PostgreSQL killed at once), then
+        the replica promoted, as a failover manager would: the clients' multi-host URL
+        finds it. The new primary runs alone until ``rebuild_db`` (its configuration has
+        no synchronous standby). Returns (lost, promoted)."""
+        lost = self.db_primary
+        promoted = "db2" if lost == "db1" else "db1"
+        self.lose_host(lost)
         subprocess.run(
-            ["ip", "netns", "exec", namespace("db2"), *self._as_pg(
-                [services.pg_bin("pg_ctl"), "-D", str(self._pg_data("db2")), "-w", "promote"]
+            ["ip", "netns", "exec", namespace(promoted), *self._as_pg(
+                [services.pg_bin("pg_ctl"), "-D", str(self._pg_data(promoted)), "-w", "promote"]
             )],
             check=True,
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
+        state = self._state()
+        state["db_primary"] = promoted
+        self._save(state)
+        return lost, promoted
+
+    def rebuild_db(self, host: str) -> None:
+        """A lost primary's host back as the new primary's synchronous replica (its old
+        data thrown away: it may hold commits the promoted replica never had)."""
+        self.restore_link(host)
+        self.make_replica(host, self.db_primary)
+
+    def redis_primary(self) -> str:
+        """The host the Sentinels name as the primary now ("" while none answers)."""
+        for sentinel in ("sentinel1", "sentinel2", "sentinel3"):
+            try:
+                client = redis.Redis(host=address(sentinel), port=SENTINEL_PORT, socket_timeout=1)
+                found = str(client.info("sentinel")["master0"]["address"]).split(":")[0]
+            except (redis.RedisError, KeyError, OSError):
+                continue
+            return next((h for h in ("redis1", "redis2") if address(h) == found), "")
+        return ""
+
+    def lose_redis_primary(self) -> str:
+        """The Redis primary's host lost; returns it (``redis_promoted`` waits for the
+        Sentinels to name another)."""
+        lost = self.redis_primary()
+        self.lose_host(lost)
+        return lost
+
+    def redis_promoted(self, lost: str, timeout: float = 60.0) -> str:
+        promoted = wait_for(
+            lambda: found if (found := self.redis_primary()) not in ("", lost) else None,
+            timeout,
+            f"the Sentinels replacing {lost}",
+        )
+        return str(promoted)
+
+    def rejoin_redis(self, host: str) -> None:
+        """A lost Redis primary's host back as the new primary's replica (the Sentinels
+        would reconfigure it too; saying so at start leaves no moment as a second
+        primary)."""
+        self.restore_link(host)
+        primary = self.redis_primary()
+        self.restart(host, "--replicaof", address(primary), str(REDIS_PORT))
+        wait_for(partial(_answers, host, REDIS_PORT), 30, f"Redis on {host}")
 
     def _psql(self, host: str, sql: str) -> str:
         return subprocess.run(
@@ -425,6 +526,11 @@ class Cluster:
 
     # ------------------------------------------------------------------ the app
     def app_env(self) -> dict[str, str]:
+        env = self._base_env()
+        env.update(self.settings_env)
+        return env
+
+    def _base_env(self) -> dict[str, str]:
         venv_bin = Path(sys.executable).parent
         env = {key: value for key, value in os.environ.items() if not key.startswith("CELERY_")}
         env.update(
@@ -457,14 +563,11 @@ class Cluster:
             raise ClusterError(f"manage.py {' '.join(args)} failed:\n{result.stderr}")
         return result.stdout
 
-    def start_app(self) -> dict[str, str]:
-        """Migrate, then web, workers and beat on their hosts; the organization the
-        smoke runs use, and the runner host with its key. Returns the organization."""
+    def start_app(self) -> None:
+        """Migrate, then web, workers and beat on their hosts (the runner apart:
+        ``start_runner``)."""
         self.manage("migrate", "--noinput", "-v", "0")
         self.manage("setup_periodic_tasks")
-        org: dict[str, str] = json.loads(
-            self.manage("create_org", "cluster", "--credits", "100000")
-        )
         env, py = self.app_env(), sys.executable
         venv_bin = Path(py).parent
         for host in ("web1", "web2"):
@@ -488,19 +591,37 @@ class Cluster:
             )  # fmt: skip
         self.start("beat", "beat", [py, "-m", "celery", "-A", "config", "beat",
                                     "--loglevel", "WARNING", "--pidfile="], env)  # fmt: skip
+        # The sweeps on a process of their own: when every worker slot holds a long tool,
+        # a lost host's leases are still reclaimed (the workers take sweeps too, so
+        # losing this host loses no sweep).
+        self.start(
+            "sweeper",
+            "beat",
+            [py, "-m", "celery", "-A", "config", "worker", "--queues", "sweeps",
+             "--concurrency", "1", "--pool", "prefork", "--hostname", "sweeper@beat",
+             "--loglevel", "WARNING", "--without-mingle", "--without-gossip"],
+            env,
+        )  # fmt: skip
         for host in ("web1", "web2"):
             wait_for(partial(_answers, host, WEB_PORT), 90, f"gunicorn on {host}")
-        runner_key = json.loads(self.manage("create_api_key", "cluster", "--scope", "runner"))
+
+    def create_org(self, name: str, credits: int) -> dict[str, str]:
+        org: dict[str, str] = json.loads(self.manage("create_org", name, "--credits", str(credits)))
+        return org
+
+    def start_runner(self, org: str, command: str, *extra: str, env: dict[str, str]) -> None:
+        """The reference runner on the runner host, for ``org`` (a key of its own), its
+        jobs running ``command``; it polls web2 (web1 would do as well)."""
+        runner_key = json.loads(self.manage("create_api_key", org, "--scope", "runner"))
         self.start(
             "runner",
             "runner",
-            [py, "-m", "orchestrator.runner", "--url", f"http://{address('web2')}:{WEB_PORT}",
-             "--api-key", runner_key["api_key"],
-             "--command", f"{py} -c \"print('{{\\\"ran\\\": true}}')\"",
-             "--hostname", "runner"],
-            {**env, "ORCH_LOG_LEVEL": "WARNING"},
+            [sys.executable, "-m", "orchestrator.runner",
+             "--url", f"http://{address('web2')}:{WEB_PORT}",
+             "--api-key", runner_key["api_key"], "--command", command,
+             "--hostname", "runner", *extra],
+            {**self.app_env(), "ORCH_LOG_LEVEL": "WARNING", **env},
         )  # fmt: skip
-        return org
 
 
 # --------------------------------------------------------------------------- proof
@@ -570,10 +691,12 @@ def smoke(org: dict[str, str], timeout: float = 120.0) -> list[str]:
     return lines
 
 
-def up(directory: Path) -> list[str]:
+def build(directory: Path, settings_env: dict[str, str] | None = None) -> Cluster:
+    """The network, the stores and the app (web, workers, beat; no runner yet) in a new
+    ``directory``; ``settings_env`` on top of every app process's settings."""
     preflight()
     directory.mkdir(parents=True)
-    cluster = Cluster(directory)
+    cluster = Cluster(directory, settings_env=dict(settings_env or {}))
     cluster._save({"processes": {}})
     make_network()
     _say(f"==> network: {len(HOSTS)} namespaces on {BRIDGE}, {NET}.0/24, no default route")
@@ -581,8 +704,17 @@ def up(directory: Path) -> list[str]:
     _say("==> PostgreSQL: db1 primary, db2 synchronous replica")
     cluster.start_redis()
     _say("==> Redis: redis1 primary, redis2 replica, three Sentinels")
-    org = cluster.start_app()
-    _say("==> web1, web2, worker1-3, beat, runner started")
+    cluster.start_app()
+    _say("==> web1, web2, worker1-3, beat started")
+    return cluster
+
+
+def up(directory: Path) -> list[str]:
+    cluster = build(directory)
+    org = cluster.create_org("cluster", 100000)
+    py = sys.executable
+    cluster.start_runner("cluster", f'{py} -c "print(\'{{\\"ran\\": true}}\')"', env={})
+    _say("==> runner started")
     report = [
         f"cluster up in {directory}: {', '.join(f'{h} {address(h)}' for h in HOSTS)}",
         f"DATABASE_URL={cluster.database_url}",
@@ -605,8 +737,7 @@ def status(directory: Path) -> list[str]:
     cluster = Cluster(directory)
     lines = []
     for name, entry in cluster._state()["processes"].items():
-        alive = Path(f"/proc/{entry['pid']}").exists()
-        state = "up" if alive else "gone"
+        state = "up" if cluster.alive(name) else "gone"
         lines.append(f"{name:10} {entry['host']:10} pid {entry['pid']:>7} {state}")
     return lines or ["no cluster"]
 

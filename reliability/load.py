@@ -560,7 +560,7 @@ def format_report(report: dict[str, Any]) -> str:
 
 # --------------------------------------------------------------------------- main
 def run_load(config: Config, directory: Path, log: Any = print) -> dict[str, Any]:
-    from reliability.chaos import LOG_PROBLEM, log_problems
+    from reliability.chaos import LOG_PROBLEM, StackTarget, log_problems
 
     stack = Stack(
         directory, web_workers=config.web_workers, web_settings_module=LOAD_SETTINGS_MODULE
@@ -604,7 +604,7 @@ def run_load(config: Config, directory: Path, log: Any = print) -> dict[str, Any
             "status_totals": status_totals(stats["statuses"]),
             "server_errors": server_errors(stats["statuses"]),
             "runs": runs,
-            "worker_log_errors": log_problems(stack),
+            "worker_log_errors": log_problems(StackTarget(stack).outputs()),
             # No fault is injected here: any error the web server logs is a finding.
             "web_log_errors": [
                 line[:300]

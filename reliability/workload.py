@@ -9,10 +9,13 @@ not change the outcome). The `effect` steps POST to the harness's own HTTP serve
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import threading
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -51,7 +54,16 @@ EXPECTED = {
     "replan": "completed",
     # One run per shard at a time (its concurrency key); the others wait their turn.
     "keyed": "completed",
+    # make chaos-net's: an effect whose service answers after ~20 s (SLOW_EFFECT_S).
+    "slow": "completed",
 }
+# The kinds of make chaos-net: the same, and runs whose effect takes long, so that a
+# worker host is cut off while it holds a lease on an effect that happened.
+NET_KINDS = (*KINDS, "slow")
+# How long the slow effect's service takes to answer: longer than a partition of a worker
+# host lasts, so the attempt run again elsewhere is still running when the cut-off one
+# tries to record (which its fencing must refuse).
+SLOW_EFFECT_S = 22.0
 # Shards of the keyed runs: each key's runs run one at a time (docs/fairness.md).
 KEYED_SHARDS = 3
 
@@ -61,11 +73,13 @@ KEYED_SHARDS = 3
 RUNNER_COMMAND = """
 import json, os, sys, urllib.request
 job = json.load(sys.stdin)
-body = json.dumps({"run": job["run"], "step": job["step"], "attempt": job["attempt"]}).encode()
+hold = float(os.environ.get("ORCH_EFFECT_HOLD") or 0)  # the remote service taking its time
+body = {"run": job["run"], "step": job["step"], "attempt": job["attempt"], "hold": hold}
+body = json.dumps(body).encode()
 request = urllib.request.Request(
     os.environ["ORCH_EFFECT_URL"], data=body, headers={"Content-Type": "application/json"}
 )
-urllib.request.urlopen(request, timeout=10).read()
+urllib.request.urlopen(request, timeout=10 + hold).read()
 print(json.dumps({"done": job["id"]}))
 """
 
@@ -88,9 +102,14 @@ class EffectLog:
 
 
 class EffectServer:
-    """A tiny HTTP endpoint on 127.0.0.1: `POST /effect {"step", "attempt"}` -> 200."""
+    """A tiny HTTP endpoint: `POST /effect {"step", "attempt"}` -> 200 with the same
+    step and attempt in its body (so a step's recorded output says which attempt's
+    effect it is). On ``host`` (the loopback; `make chaos-net`'s bridge address); each
+    answer is held for the request's ``hold`` seconds and ``hold()`` more after the effect
+    is recorded, so that a worker cut off meanwhile holds a lease on an effect that
+    happened."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1", hold: Callable[[], float] | None = None) -> None:
         self.log = EffectLog()
         log = self.log
 
@@ -99,29 +118,38 @@ class EffectServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 try:
                     body = json.loads(self.rfile.read(length) or b"{}")
-                    log.record(int(body["step"]), int(body["attempt"]))
+                    step, attempt = int(body["step"]), int(body["attempt"])
+                    held = float(body.get("hold") or 0)
                 except (ValueError, KeyError, TypeError):
                     self.send_response(400)
                     self.end_headers()
                     return
-                payload = b'{"ok": true}'
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                log.record(step, attempt)
+                held += hold() if hold is not None else 0.0
+                if held > 0:
+                    time.sleep(held)  # the remote service taking its time to answer
+                payload = json.dumps({"ok": True, "step": step, "attempt": attempt}).encode()
+                # The caller may be gone by now (its host lost while it waited): the
+                # effect happened all the same, and is recorded.
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
 
             def log_message(self, format: str, *args: Any) -> None:
                 return  # thousands of requests: keep the harness's output readable
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.host = host
+        self.server = ThreadingHTTPServer((host, 0), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/effect"
+        return f"http://{self.host}:{self.server.server_address[1]}/effect"
 
     def close(self) -> None:
         self.server.shutdown()
@@ -132,18 +160,20 @@ class EffectServer:
 FAST_RETRY = {"max_attempts": 4, "backoff": "fixed", "base_delay_ms": 100}
 
 
-def effect(name: str, url: str) -> dict[str, Any]:
-    return {
+def effect(name: str, url: str, hold: float = 0.0) -> dict[str, Any]:
+    """A POST to the effect endpoint, which answers ``hold`` seconds later."""
+    body: dict[str, Any] = {"run": "${run.id}", "step": "${step.id}", "attempt": "${step.attempt}"}
+    step: dict[str, Any] = {
         "name": name,
         "tool": "http",
-        "params": {
-            "method": "POST",
-            "url": url,
-            "json": {"run": "${run.id}", "step": "${step.id}", "attempt": "${step.attempt}"},
-            "timeout": 10,
-        },
+        "params": {"method": "POST", "url": url, "json": body, "timeout": 10},
         "retry": {"max_attempts": 5, "backoff": "fixed", "base_delay_ms": 200},
     }
+    if hold:
+        body["hold"] = hold
+        step["params"]["timeout"] = hold + 10
+        step["timeout"] = "2m"
+    return step
 
 
 def flaky(name: str) -> dict[str, Any]:
@@ -281,6 +311,9 @@ def plan_for(kind: str, index: int, url: str, rng: random.Random) -> dict[str, A
             variables={"shard": index % KEYED_SHARDS},
             concurrency={"key": "chaos-shard-${variables.shard}", "max_runs": 1},
         )
+    if kind == "slow":
+        steps = [effect("slow", url, hold=SLOW_EFFECT_S), effect("after", url)]
+        return _run(name, [_agent([{"name": "slow", "steps": steps}])])
     if kind == "approval":
         steps = [effect("e1", url), {"name": "sign-off", "tool": "approval"}, effect("e2", url)]
         return _run(name, [_agent([{"name": "gated", "steps": steps}])])

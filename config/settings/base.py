@@ -107,6 +107,33 @@ DATABASE_URL = env.url(
 )
 
 
+def server_session_options() -> dict[str, str]:
+    """What the server side of each connection is told at its start (libpq's
+    ``options``): a client cut off by the network while it holds row locks in an open
+    transaction (a worker host partitioned mid-recording) would otherwise keep them until
+    the server's own keepalives notice, two hours by default, and every sweep and
+    recording of that run would wait on them. The server drops such a session after
+    ``DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_S`` idle in a transaction (nothing here idles
+    inside one: tools run outside transactions) and probes a silent client like the
+    client probes it. Behind PgBouncer in transaction mode (which refuses unknown startup
+    parameters), set 0 and put these in postgresql.conf instead."""
+    idle = env.integer(
+        "DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_S",
+        30,
+        "seconds the server lets a session idle inside a transaction (0: send no options)",
+        minimum=0,
+    )
+    if not idle:
+        return {}
+    settings = {
+        "idle_in_transaction_session_timeout": f"{idle}s",
+        "tcp_keepalives_idle": "10",
+        "tcp_keepalives_interval": "3",
+        "tcp_keepalives_count": "3",
+    }
+    return {"options": " ".join(f"-c {name}={value}" for name, value in settings.items())}
+
+
 def database_config(url: str) -> dict[str, Any]:
     # Several hosts (libpq's multi-host form, common.stores): parsed with the first host
     # alone, then libpq gets them all, in order.
@@ -146,6 +173,7 @@ def database_config(url: str) -> dict[str, Any]:
             "ms data may go unacknowledged before the connection is dropped (0: the OS's)",
             minimum=0,
         ),
+        **server_session_options(),
         **config.get("OPTIONS", {}),
     }
     # A pool of connections per process (Django's psycopg pool), for the web process:

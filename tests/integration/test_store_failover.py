@@ -250,4 +250,42 @@ def test_several_postgresql_hosts_are_tried_in_order_for_one_that_takes_writes()
     assert config["OPTIONS"]["keepalives"] == 1
     with _connect(url) as conn:
         row = conn.execute("SELECT inet_server_port(), pg_is_in_recovery()").fetchone()
+        # The server side is told to drop a session left idle inside a transaction (a
+        # client cut off holding locks) and to probe a silent client.
+        server_side = conn.execute(
+            "SELECT current_setting('idle_in_transaction_session_timeout'),"
+            " current_setting('tcp_keepalives_idle')"
+        ).fetchone()
     assert row == (int(db["PORT"]), False)
+    assert server_side == ("30s", "10")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_session_left_idle_inside_a_transaction_is_dropped_and_its_locks_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client cut off by the network while it holds locks in an open transaction (a
+    worker host partitioned mid-recording) looks to the server like a session idling in
+    it: the server drops it after DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_S, so the sweeps
+    and recordings waiting on its locks go on (make chaos-net's finding: without it, they
+    waited for the partition to heal)."""
+    monkeypatch.setenv("DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_S", "1")
+    db = settings.DATABASES["default"]
+    url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    holder = _connect(url)
+    other = _connect(url)
+    try:
+        holder.execute("SELECT pg_advisory_xact_lock(4242)")  # psycopg: a transaction opened
+
+        def taken_by_other() -> bool:
+            with other.transaction():
+                row = other.execute("SELECT pg_try_advisory_xact_lock(4242)").fetchone()
+            return bool(row and row[0])
+
+        assert not taken_by_other()
+        wait_until(taken_by_other, timeout=20)  # the server dropped the idle holder
+        with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+            holder.execute("SELECT 1")
+    finally:
+        holder.close()
+        other.close()

@@ -314,21 +314,29 @@ class NetInjector(Injector):
         probe.start()
         return probe
 
-    def _until_moved_on(self, fault: Fault, held: dict[int, int]) -> None:
-        """How long until every step in ``held`` had its lease given up, and ran again
-        elsewhere (or ended); -1 if not within two minutes (a paused run's step waits
-        for its resume)."""
-        fault.measured["held_steps"] = len(held)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            released, resumed = _db(lambda: moved_on(held))
-            if released and "leases_released_s" not in fault.measured:
-                fault.measured["leases_released_s"] = round(time.time() - fault.happened_at, 1)
-            if resumed:
-                fault.measured["held_steps_resumed_s"] = round(time.time() - fault.happened_at, 1)
-                return
-            time.sleep(0.25)  # polling the database, as an operator's dashboard would
-        fault.measured["held_steps_resumed_s"] = -1.0
+    def _watch(self, fault: Fault, held: dict[int, int]) -> threading.Thread:
+        """From now on, in the background: how long until every step in ``held`` had its
+        lease given up, and ran again elsewhere (or ended); -1 if not within two minutes
+        (a paused run's step waits for its resume). Join it before the fault returns."""
+
+        def watch() -> None:
+            fault.measured["held_steps"] = len(held)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                released, resumed = _db(lambda: moved_on(held))
+                if released and "leases_released_s" not in fault.measured:
+                    fault.measured["leases_released_s"] = round(time.time() - fault.happened_at, 1)
+                if resumed:
+                    fault.measured["held_steps_resumed_s"] = round(
+                        time.time() - fault.happened_at, 1
+                    )
+                    return
+                time.sleep(0.25)  # polling the database, as an operator's dashboard would
+            fault.measured["held_steps_resumed_s"] = -1.0
+
+        thread = threading.Thread(target=watch, name=f"watch-{fault.kind}", daemon=True)
+        thread.start()
+        return thread
 
     def _holding_worker(self, fault: Fault) -> tuple[str, dict[int, int]]:
         """The worker host to cut off: the first one seen holding a slow effect's lease
@@ -352,15 +360,17 @@ class NetInjector(Injector):
 
     def partition_worker_from_postgres(self, fault: Fault) -> str:
         host, held = self._holding_worker(fault)
+        slow = _db(lambda: slow_effects_held_by(host))
         fault.happened_at = time.time()
         net.partition(host, "db1", "db2")
-        probe = self._probe(fault)
+        probe, watch = self._probe(fault), self._watch(fault, held)
         time.sleep(self.config.partition_s)  # the partition lasts this long
         net.heal(host, "db1", "db2")
         fault.measured["progress_s"] = probe.result()
-        self._until_moved_on(fault, held)
+        watch.join()
         cut_s = self.config.partition_s
-        return f"{host} holding {len(held)} leases, cut off from db1 and db2 for {cut_s:g} s"
+        return (f"{host} holding {len(held)} leases ({slow} on a slow effect), cut off from "
+                f"db1 and db2 for {cut_s:g} s")  # fmt: skip
 
     def partition_worker_from_redis(self, fault: Fault) -> str:
         host = self.rng.choice(WORKERS)
@@ -387,11 +397,11 @@ class NetInjector(Injector):
         held = held_now[host]
         fault.happened_at = time.time()
         self.target.lose(host)
-        probe = self._probe(fault)
-        self._until_moved_on(fault, held)
-        time.sleep(max(0.0, fault.happened_at + self.config.host_down_s - time.time()))
+        probe, watch = self._probe(fault), self._watch(fault, held)
+        time.sleep(self.config.host_down_s)  # the host stays lost this long
         self.target.back(host)
         fault.measured["progress_s"] = probe.result()
+        watch.join()
         return f"{host} lost with {len(held)} leases, back after {self.config.host_down_s:g} s"
 
     def lose_runner_host(self, fault: Fault) -> str:
@@ -400,12 +410,11 @@ class NetInjector(Injector):
             time.sleep(0.25)  # waiting for a job to be under way: the fault is mid-job
         fault.happened_at = time.time()
         self.target.lose("runner")
-        probe = self._probe(fault)
-        if held:
-            self._until_moved_on(fault, held)
-        time.sleep(max(0.0, fault.happened_at + self.config.host_down_s - time.time()))
+        probe, watch = self._probe(fault), self._watch(fault, held)
+        time.sleep(self.config.host_down_s)  # the host stays lost this long
         self.target.back("runner")
         fault.measured["progress_s"] = probe.result()
+        watch.join()
         return (
             f"runner lost with {len(held)} jobs under way, back after {self.config.host_down_s:g} s"
         )

@@ -226,6 +226,19 @@ def runner_held() -> dict[int, int]:
     )
 
 
+def jobs_recovered(held: dict[int, int]) -> bool:
+    """Every held job (step, attempt) is no longer claimed or running: recovered as
+    ``runner_lost`` (or ended)."""
+    from runs.models import RunnerJob, RunnerJobStatus
+
+    return not any(
+        (step, attempt) in held.items()
+        for step, attempt in RunnerJob.objects.filter(
+            step_id__in=held, status__in=(RunnerJobStatus.CLAIMED, RunnerJobStatus.RUNNING)
+        ).values_list("step_id", "attempt")
+    )
+
+
 ENDED = ("completed", "failed", "skipped", "cancelled")
 
 
@@ -314,18 +327,22 @@ class NetInjector(Injector):
         probe.start()
         return probe
 
-    def _watch(self, fault: Fault, held: dict[int, int]) -> threading.Thread:
+    def _watch(self, fault: Fault, held: dict[int, int], jobs: bool = False) -> threading.Thread:
         """From now on, in the background: how long until every step in ``held`` had its
-        lease given up, and ran again elsewhere (or ended); -1 if not within two minutes
-        (a paused run's step waits for its resume). Join it before the fault returns."""
+        lease given up (``jobs``: its runner job recovered), and ran again elsewhere (or
+        ended); -1 if not within two minutes (a paused run's step waits for its resume).
+        Join it before the fault returns."""
+        given_up = "jobs_recovered_s" if jobs else "leases_released_s"
 
         def watch() -> None:
             fault.measured["held_steps"] = len(held)
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 released, resumed = _db(lambda: moved_on(held))
-                if released and "leases_released_s" not in fault.measured:
-                    fault.measured["leases_released_s"] = round(time.time() - fault.happened_at, 1)
+                if jobs:
+                    released = _db(lambda: jobs_recovered(held))
+                if released and given_up not in fault.measured:
+                    fault.measured[given_up] = round(time.time() - fault.happened_at, 1)
                 if resumed:
                     fault.measured["held_steps_resumed_s"] = round(
                         time.time() - fault.happened_at, 1
@@ -410,7 +427,7 @@ class NetInjector(Injector):
             time.sleep(0.25)  # waiting for a job to be under way: the fault is mid-job
         fault.happened_at = time.time()
         self.target.lose("runner")
-        probe, watch = self._probe(fault), self._watch(fault, held)
+        probe, watch = self._probe(fault), self._watch(fault, held, jobs=True)
         time.sleep(self.config.host_down_s)  # the host stays lost this long
         self.target.back("runner")
         fault.measured["progress_s"] = probe.result()

@@ -61,8 +61,8 @@ EXPECTED = {
 # worker host is cut off while it holds a lease on an effect that happened.
 NET_KINDS = (*KINDS, "slow")
 # How long the slow effect's service takes to answer: longer than a partition of a worker
-# host lasts, so the attempt run again elsewhere is still running when the cut-off one
-# tries to record (which its fencing must refuse).
+# host from PostgreSQL lasts with the lease after it, so the attempt run again elsewhere
+# is still running when the cut-off one tries to record (which the fencing must refuse).
 SLOW_EFFECT_S = 22.0
 # Shards of the keyed runs: each key's runs run one at a time (docs/fairness.md).
 KEYED_SHARDS = 3

@@ -32,7 +32,9 @@ def test_the_slow_effect_outlasts_a_partition_of_a_worker_host() -> None:
     # The fencing check needs the attempt run again elsewhere to be still running when
     # the cut-off worker comes back and tries to record.
     config = NetConfig()
-    assert config.partition_s + 5 < SLOW_EFFECT_S  # + the lease and a sweep's interval
+    lease_and_sweep = 5 + 2
+    assert lease_and_sweep < config.postgres_partition_s
+    assert config.postgres_partition_s + lease_and_sweep < SLOW_EFFECT_S
     plan = plan_for("slow", 0, "http://198.18.0.1:9/effect", random.Random(0))
     slow = plan["agents"][0]["tasks"][0]["steps"][0]
     assert slow["params"]["json"]["hold"] == SLOW_EFFECT_S
@@ -49,7 +51,7 @@ def test_the_fault_schedule_has_every_kind_once_each_with_room_to_finish(seed: i
     assert times == sorted(times)
     assert times[0] == config.first_fault_s
     # Each leaves at least the shortest fault's length and the smallest gap to the next.
-    shortest = min(config.partition_s, config.host_down_s, config.web_cut_s)
+    shortest = min(config.postgres_partition_s, config.host_down_s, config.web_cut_s)
     assert all(b - a >= shortest + config.gap_s[0] - 0.01 for a, b in itertools.pairwise(times))
     # The schedule fits the window the runs are submitted over.
     assert times[-1] < config.window_s

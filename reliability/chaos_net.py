@@ -117,7 +117,7 @@ def fault_schedule(config: NetConfig, rng: random.Random) -> list[Fault]:
     """Every kind once, in a seeded order, at times that leave each the room it takes
     (the injector starts a fault late rather than inside the one before)."""
     lasts = {
-        "partition_worker_from_postgres": config.postgres_partition_s + 8,
+        "partition_worker_from_postgres": config.postgres_partition_s + 20,
         "partition_worker_from_redis": config.partition_s,
         "cut_web_host": config.web_cut_s,
         "lose_worker_host": config.host_down_s,
@@ -208,16 +208,26 @@ def held_by(host: str) -> dict[int, int]:
     )
 
 
-def slow_effects_held_by(host: str) -> int:
+def slow_effects_held_by(host: str, claimed_within_s: float | None = None) -> int:
+    """Slow effects ``host``'s workers run now (claimed at most ``claimed_within_s``
+    ago, when given)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
     from runs.models import Step
     from runs.states import StepStatus
 
-    return Step.objects.filter(
+    running = Step.objects.filter(
         status=StepStatus.RUNNING,
         worker__contains=f"{host}@{host}",
         tool="http",
         params__json__hold__gt=0,
-    ).count()
+    )
+    if claimed_within_s is not None:
+        since = timezone.now() - timedelta(seconds=claimed_within_s)
+        running = running.filter(status_changed_at__gte=since)
+    return running.count()
 
 
 def runner_held() -> dict[int, int]:
@@ -361,12 +371,15 @@ class NetInjector(Injector):
         return thread
 
     def _holding_worker(self, fault: Fault) -> tuple[str, dict[int, int]]:
-        """The worker host to cut off: the first one seen holding a slow effect's lease
-        (waiting up to 20 s for one), else the one holding most leases."""
-        deadline = time.monotonic() + 20
+        """The worker host to cut off: the first one seen holding the lease of a slow
+        effect it claimed in the last 2 s (waiting up to 40 s for one), else the one
+        holding most leases. Claimed just now, its connection to PostgreSQL has been
+        busy just now: the partition ends before keepalives would drop it, and the
+        cut-off worker records on it when the answer comes."""
+        deadline = time.monotonic() + 40
         while True:
             for host in self.rng.sample(WORKERS, len(WORKERS)):
-                if _db(lambda h=host: slow_effects_held_by(h)):
+                if _db(lambda h=host: slow_effects_held_by(h, claimed_within_s=2)):
                     return host, _db(lambda h=host: held_by(h))
             if time.monotonic() > deadline:
                 break

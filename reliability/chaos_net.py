@@ -47,7 +47,7 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,7 +171,7 @@ class ClusterTarget:
             self.down.add(host)
             self.cluster.lose_host(host)
 
-    def back(self, host: str, how: Any = None) -> None:
+    def back(self, host: str, how: Callable[[str], object] | None = None) -> None:
         """``host`` back: by ``how`` (a store's rebuild) or as it was (an app host)."""
         with self.lock:
             (how or self.cluster.bring_back)(host)
@@ -308,6 +308,8 @@ class Probe(threading.Thread):
             self.error = f"not completed within {self.timeout:g} s"
         except (GaveUp, ValueError, KeyError) as exc:
             self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.client.close()
 
     def result(self) -> float:
         self.join(self.timeout + 30)

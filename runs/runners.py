@@ -225,7 +225,9 @@ def poll(
     """One look for the runner (the API holds the request and looks again when woken):
     its stop commands not yet handed over, else the first pending job it matches
     (priority, then age; claimed atomically: ``SKIP LOCKED`` lets concurrent polls take
-    different jobs), else nothing. A poll counts as a heartbeat.
+    different jobs), else nothing. A poll's first look counts as a heartbeat (the runner
+    was there to send it); the later looks of a held poll do not, and claim nothing once
+    the runner has gone stale.
 
     ``registered_at``: the registration a held poll began under. If the runner has
     registered again since (its process restarted while this poll was held, and the
@@ -238,7 +240,14 @@ def poll(
     if runner.deregistered_at is not None or superseded:
         return Poll(deregistered=True, registered_at=runner.registered_at)
     now = timezone.now()
-    Runner.objects.filter(pk=runner.pk).update(last_heartbeat=now)
+    if registered_at is None:
+        Runner.objects.filter(pk=runner.pk).update(last_heartbeat=now)
+    elif not is_online(runner, now):
+        # A later look of a held poll proves nothing: a runner whose host vanished
+        # leaves its poll held (no reset ever comes). Counting those looks kept such a
+        # runner alive, and able to claim jobs, until the poll ended (make chaos-net:
+        # its job recovered 37.5 s after the host was lost, against 6 s stale time).
+        return Poll(registered_at=runner.registered_at)
     stops = RunnerJob.objects.filter(
         runner=runner, status=J.STOPPING, stop_delivered_at__isnull=True
     )

@@ -343,6 +343,52 @@ def test_a_poll_held_across_a_restart_claims_nothing_for_the_gone_process(
     assert fresh.job.pk == job.pk
 
 
+def test_only_a_polls_first_look_is_a_heartbeat_and_a_stale_runners_later_look_claims_nothing(
+    engine_run: Start,
+) -> None:
+    """A runner whose host vanished leaves its poll held by the server: the poll's later
+    looks must neither keep it alive nor claim a job that nobody will run."""
+    engine = engine_run(runner_plan())
+    organization = engine.run.organization
+    runner = register(organization)
+    held = claim(engine, runner)  # the first look: a heartbeat, nothing to claim yet
+    silent_since = timezone.now() - timedelta(seconds=3600)
+    Runner.objects.filter(pk=runner.pk).update(last_heartbeat=silent_since)
+    job = park(engine)
+
+    later = runners.poll(
+        organization=organization, runner_id=runner.pk, registered_at=held.registered_at
+    )
+
+    assert later.job is None
+    assert not later.deregistered
+    assert RunnerJob.objects.get(pk=job.pk).status == "pending"
+    assert Runner.objects.get(pk=runner.pk).last_heartbeat == silent_since
+    again = claim(engine, runner)  # a new poll: the runner is there, and takes it
+    assert again.job is not None
+    assert again.job.pk == job.pk
+    assert Runner.objects.get(pk=runner.pk).last_heartbeat > silent_since
+
+
+def test_a_held_polls_later_look_claims_for_a_live_runner_without_beating(
+    engine_run: Start,
+) -> None:
+    engine = engine_run(runner_plan())
+    organization = engine.run.organization
+    runner = register(organization)
+    held = claim(engine, runner)
+    beat = Runner.objects.get(pk=runner.pk).last_heartbeat
+    job = park(engine)
+
+    later = runners.poll(
+        organization=organization, runner_id=runner.pk, registered_at=held.registered_at
+    )
+
+    assert later.job is not None
+    assert later.job.pk == job.pk
+    assert Runner.objects.get(pk=runner.pk).last_heartbeat == beat
+
+
 def test_another_organizations_runner_is_not_found(engine_run: Start) -> None:
     engine = engine_run(runner_plan())
     theirs = register(engine_run(runner_plan()).run.organization)

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from orchestrator_client import Client
+from runs.models import Run
 from tests import factories
 from tests.client.conftest import Orch, Tenant
 from tests.support import free_port, wait_until
@@ -194,6 +195,14 @@ def test_a_failing_plan_exits_1_and_prints_the_failure_as_it_happens(
     assert as_json["last_error"]["code"] == "invalid_input"
     retried = orch.json("runs", "retry", as_json["id"])
     assert retried["status"] == "retrying"
+    # The worker is the session's: let the retried attempt end (it fails again) before
+    # the database is emptied, or its writes race the teardown's TRUNCATE (a deadlock
+    # seen once in make test).
+    wait_until(
+        lambda: Run.objects.filter(pk=as_json["id"], attempt_number=2, status="failed").exists(),
+        timeout=60,
+        what="the retried attempt to fail again",
+    )
 
 
 @pytest.mark.usefixtures("celery_worker")

@@ -312,6 +312,11 @@ def test_a_quiet_stream_sends_keepalives_and_keeps_its_run_watched(
         received = blocks(r.iter_lines())
         heard = [next(received) for _ in range(4)]
         expiry = broker.zscore(eventstreams.WATCHED, str(run.pk))
+    # The server's side of the stream ends when a keepalive meets the closed connection;
+    # until then it may still read the run, racing the teardown's flush (a deadlock seen
+    # once in make test).
+    channel = eventstreams.channel(run.pk)
+    wait_until(lambda: subscribers(broker, channel) == 0, what="the stream to end on the server")
 
     assert all(block.keepalive for block in heard)
     assert expiry is not None

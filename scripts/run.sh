@@ -52,7 +52,7 @@ python manage.py setup_periodic_tasks
 
 admin_password_file="$DATA/admin-password"
 [ -s "$admin_password_file" ] || python -c "import secrets; print(secrets.token_urlsafe(12))" > "$admin_password_file"
-python manage.py ensure_admin --username admin --password "$(cat "$admin_password_file")"
+python manage.py ensure_admin --username admin --password="$(cat "$admin_password_file")"
 # /metrics answers only to this bearer token (kept, like the admin password).
 metrics_token_file="$DATA/metrics-token"
 [ -s "$metrics_token_file" ] || python -c "import secrets; print(secrets.token_urlsafe(24))" > "$metrics_token_file"

@@ -56,6 +56,7 @@ from runs.plan import PlanInvalid, errors_as_dicts
 from runs.runners import DuplicateRunner, NotJobOwner, RunnerJobNotFound, RunnerNotFound
 from runs.services import AttemptsExhausted, RunDeleted, RunNotFound, StepNotFound
 from runs.states import InvalidTransition
+from schedules.services import ScheduleInvalid, ScheduleNotFound
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +98,15 @@ def _credit_details(exc: InsufficientCredits) -> dict[str, str]:
     return {"needed": str(exc.needed), "available": str(exc.available)}
 
 
+def _schedule_problems(exc: ScheduleInvalid) -> list[dict[str, str]]:
+    return [{"path": p.path, "message": p.message, "code": p.code} for p in exc.problems]
+
+
+def _schedule_message(exc: ScheduleInvalid) -> str:
+    first = exc.problems[0] if exc.problems else None
+    return f"invalid request: {first.path}: {first.message}" if first else "invalid request"
+
+
 def _plan_message(exc: PlanInvalid) -> str:
     count = len(exc.errors)
     first = str(exc.errors[0]) if exc.errors else ""
@@ -131,6 +141,8 @@ DOMAIN_ERRORS: dict[type[Exception], tuple[int, Callable[[Any], Any], Callable[[
     EscalationNotFound: (404, lambda exc: None, lambda exc: "not found"),
     EscalationResolved: (409, lambda exc: None, str),
     ReplanLimitReached: (409, lambda exc: None, str),
+    ScheduleNotFound: (404, lambda exc: None, lambda exc: "not found"),
+    ScheduleInvalid: (400, _schedule_problems, _schedule_message),
 }
 
 
@@ -302,7 +314,8 @@ def server_error(request: HttpRequest) -> HttpResponse:
 # --------------------------------------------------------------------------- OpenAPI
 ERROR_DESCRIPTIONS: dict[int, str] = {
     400: "`invalid_request` (every malformed or unknown field or query parameter, with its "
-    "path, in `details`), `invalid_json`, `invalid_yaml` (a YAML body of `POST /runs`), "
+    "path, in `details`), `invalid_json`, `invalid_yaml` (a YAML body of `POST /runs` or "
+    "`/schedules`), "
     "`invalid_plan` (every problem of the plan with its path in `details`), "
     "`invalid_idempotency_key`",
     401: "`not_authenticated` (no key) or `authentication_failed` (unknown, malformed or "

@@ -315,6 +315,13 @@ class StepOutput(FastOutput):
     failures = serializers.IntegerField()
     reclaims = serializers.IntegerField()
     next_run_at = serializers.DateTimeField(allow_null=True)
+    waiting_reason = serializers.CharField(
+        help_text="Why a PENDING step waits: `rate_limited:<name>` while it waits for a rate "
+        "limit's units (until `next_run_at`); empty when it does not."
+    )
+    rate_limits = serializers.JSONField(
+        help_text="The rate limits it spends, as the plan wrote them: `[{name, units, key}]`."
+    )
     output = serializers.JSONField(allow_null=True)
     error = serializers.JSONField(allow_null=True, help_text="`{code, message, retryable}`.")
     handled = serializers.BooleanField(help_text="Failed, but its on_error handlers succeeded.")

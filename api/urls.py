@@ -7,7 +7,9 @@ from django.urls import path
 from api import artifacts as artifact_api
 from api import callbacks as callback_api
 from api import escalations as escalation_api
+from api import ratelimits as rate_limit_api
 from api import runners as runner_api
+from api import schedules as schedule_api
 from api import streams, views
 from api.billing import BalanceApi, LedgerApi, OrganizationApi, SecretApi, SecretsApi
 
@@ -61,6 +63,8 @@ urlpatterns = [
     path("billing/ledger", LedgerApi.as_view(), name="billing-ledger"),
     path("secrets", SecretsApi.as_view(), name="secrets"),
     path("secrets/<str:name>", SecretApi.as_view(), name="secret"),
+    path("rate-limits", rate_limit_api.RateLimitsApi.as_view(), name="rate-limits"),
+    path("rate-limits/<str:name>", rate_limit_api.RateLimitApi.as_view(), name="rate-limit"),
     # The runner protocol (docs/runners.md)
     path("runner/register", runner_api.RegisterApi.as_view(), name="runner-register"),
     path("runner/jobs", runner_api.PollApi.as_view(), name="runner-poll"),
@@ -99,5 +103,28 @@ urlpatterns = [
         "escalations/<uuid:escalation_id>/resolve",
         escalation_api.EscalationResolveApi.as_view(),
         name="escalation-resolve",
+    ),
+    # Run schedules (docs/schedules.md)
+    path("schedules", schedule_api.SchedulesApi.as_view(), name="schedules"),
+    path("schedules/<uuid:schedule_id>", schedule_api.ScheduleApi.as_view(), name="schedule"),
+    path(
+        "schedules/<uuid:schedule_id>/pause",
+        schedule_api.SchedulePauseApi.as_view(),
+        name="schedule-pause",
+    ),
+    path(
+        "schedules/<uuid:schedule_id>/resume",
+        schedule_api.ScheduleResumeApi.as_view(),
+        name="schedule-resume",
+    ),
+    path(
+        "schedules/<uuid:schedule_id>/trigger",
+        schedule_api.ScheduleTriggerApi.as_view(),
+        name="schedule-trigger",
+    ),
+    path(
+        "schedules/<uuid:schedule_id>/fires",
+        schedule_api.ScheduleFiresApi.as_view(),
+        name="schedule-fires",
     ),
 ]

@@ -69,7 +69,9 @@ from common import logcontext
 from common.filters import MAX_BIGINT, StrictFilterSet
 from runs import approvals, selectors, services
 from runs.approvals import ApprovalResult
-from runs.filters import AgentFilter, EventFilter, RunFilter, StepFilter, TaskFilter
+from runs.filters import AgentFilter, EventFilter, StepFilter, TaskFilter
+from schedules import selectors as schedule_selectors
+from schedules.filters import ScheduledRunFilter
 
 TAG_RUNS = "runs"
 
@@ -211,7 +213,8 @@ class RunsApi(ApiView):
         )
 
     queries = {"get": PageQuery}
-    filterset = RunFilter
+    # The runs' filters and `schedule` (the runs a schedule started: schedules.filters).
+    filterset = ScheduledRunFilter
     # A plan may be sent as YAML too (`Content-Type: application/yaml`), as the CLI does.
     parser_classes = (BoundedJSONParser, BoundedYAMLParser)
 
@@ -219,13 +222,15 @@ class RunsApi(ApiView):
         tags=[TAG_RUNS],
         operation_id="runs_list",
         summary="List runs",
-        parameters=[PageQuery, *filter_parameters(RunFilter), RETRY_AFTER_PARAMETER],
+        parameters=[PageQuery, *filter_parameters(ScheduledRunFilter), RETRY_AFTER_PARAMETER],
         responses={200: RunPage, **error_responses(*LIST_ERRORS)},
     )
     def get(self, request: Request) -> Response:
         """Your organization's runs, newest first unless `ordering` says otherwise;
-        deleted runs are not listed."""
-        runs = selectors.run_list(organization=organization_of(request), query=self.filters)
+        deleted runs are not listed. `schedule`: the runs that schedule started."""
+        runs = schedule_selectors.run_list(
+            organization=organization_of(request), query=self.filters
+        )
         envelope, page = paginate(
             request, runs, page=self.query.get("page"), page_size=self.query.get("page_size")
         )

@@ -57,6 +57,8 @@ NON_RETRYABLE_CODES = frozenset(
         "child_cancelled",
         "invalid_plan",
         "run_depth_exceeded",
+        # Rate limits (docs/rate-limits.md): a step's units, rendered, exceed its limit.
+        "rate_limit_exceeded",
         # Polls: failed_when held, or max_attempts polls without done_when holding.
         "poll_failed",
         "poll_exhausted",

@@ -34,7 +34,7 @@ import redis
 from django.conf import settings
 from django.contrib import admin
 from django.db import connection
-from django.db.models import Case, Value, When
+from django.db.models import Case, Count, Min, Value, When
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -43,7 +43,15 @@ from kombu import Connection
 
 from config.celery import app
 from orchestrator import metrics
-from runs.models import EscalationStatus, EscalationTicket, Run, Runner, RunnerJob, RunnerJobStatus
+from runs.models import (
+    EscalationStatus,
+    EscalationTicket,
+    Run,
+    Runner,
+    RunnerJob,
+    RunnerJobStatus,
+    Step,
+)
 from runs.runners import is_online
 from runs.states import RUN_TERMINAL, RunStatus, StepStatus
 
@@ -469,6 +477,30 @@ def oldest_pending_run(now: datetime | None = None) -> Pending:
     )
 
 
+# --------------------------------------------------------------------------- rate limits
+@dataclass(frozen=True)
+class RateWait:
+    limit: str  # the limit's name ("tool:<tool>" for a global one)
+    steps: int
+    next_at: datetime | None  # the soonest of their reserved moments
+
+
+def rate_limit_waits() -> list[RateWait]:
+    """Steps waiting for rate limits' units now, by limit (docs/rate-limits.md): the
+    partial index step_rate_waiting holds exactly these rows."""
+    rows = (
+        Step.objects.filter(status=StepStatus.PENDING)
+        .exclude(waiting_reason="")
+        .values("waiting_reason")
+        .annotate(steps=Count("pk"), next_at=Min("next_run_at"))
+        .order_by("-steps", "waiting_reason")
+    )
+    return [
+        RateWait(row["waiting_reason"].removeprefix("rate_limited:"), row["steps"], row["next_at"])
+        for row in rows
+    ]
+
+
 # --------------------------------------------------------------------------- escalations
 SEVERITY_ORDER = {"critical": 0, "high": 1, "medium": 2, "low": 3}
 
@@ -628,6 +660,7 @@ class Dashboard:
     runners: Runners
     pending: Pending
     escalations: Escalations
+    rate_waits: list[RateWait]
 
 
 def dashboard(now: datetime | None = None) -> Dashboard:
@@ -644,6 +677,7 @@ def dashboard(now: datetime | None = None) -> Dashboard:
         runners=runners_online(now),
         pending=oldest_pending_run(now),
         escalations=open_escalations(now),
+        rate_waits=rate_limit_waits(),
     )
 
 

@@ -51,11 +51,11 @@ from common.templates import Reference, TemplateError, UnresolvedReference, rend
 from common.text import storable_text, unstorable_string
 from common.tools import registry
 from common.tools.base import Tool, ToolContext, ToolError
-from orchestrator import metrics
+from orchestrator import metrics, ratelimited
 from orchestrator.context import StepContext
 from orchestrator.dispatch import CeleryTransport, serving
 from orchestrator.heartbeat import heart
-from runs import callbacks, scheduling
+from runs import callbacks, ratewaits, scheduling
 from runs.engine import control, hotpath
 from runs.engine.dispatch import step_from_row, step_timeout_s
 from runs.engine.outcomes import Outcome, record_and_claim
@@ -124,7 +124,14 @@ def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
             attempt = step.attempts
             logcontext.add(attempt=attempt)
             began = time.monotonic()
-            outcome = run_attempt(step, attempt)
+            verdict, refusal = (
+                ratelimited.ask(step, attempt)
+                if ratewaits.spends(step)
+                else (ratelimited.RUN, None)
+            )
+            if verdict == ratelimited.WAIT:
+                return "waiting"
+            outcome = refusal or run_attempt(step, attempt)
             applied, _ = _record(step, attempt, outcome)
             _measure(step, outcome, time.monotonic() - began, applied)
         finally:
@@ -239,7 +246,12 @@ class _Server:
             organization_id=organization, run_id=run_id, step_id=step.pk, attempt=attempt
         ):
             began = time.monotonic()
-            outcome = run_time_limited(step, attempt, hard_limits=self.hard_limits)
+            refusal = None
+            if ratewaits.spends(step):
+                verdict, refusal = ratelimited.ask(step, attempt)
+                if verdict == ratelimited.WAIT:
+                    return True  # it waits for its units without this worker: serve on
+            outcome = refusal or run_time_limited(step, attempt, hard_limits=self.hard_limits)
             self.served += 1
             now = time.monotonic()
             spent = self.served >= settings.ENGINE_BURST_STEPS or now >= self.deadline

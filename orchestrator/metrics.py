@@ -53,6 +53,8 @@ QUEUE_WAIT = PREFIX + "step_queue_wait"  # the same
 SWEEPS = PREFIX + "sweeps"  # "sweep|action" -> count
 API = PREFIX + "api"  # "route|method|status" -> requests
 DOORBELLS = PREFIX + "doorbells"  # "rung|reason" -> sent; "answered|outcome" -> received
+RATE_LIMITS = PREFIX + "rate_limits"  # "granted|limit" -> units; "waits|limit" -> waits
+RATE_LIMIT_WAIT = PREFIX + "rate_limit_wait"  # "limit|bucket index", "limit|sum", "limit|count"
 # Seconds: a no-op step takes milliseconds, an LLM call or a runner's job minutes.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
 SEP = "|"
@@ -157,6 +159,25 @@ def _count(key: str, field: str, count: int) -> None:
     flush_if_due()
 
 
+def rate_limit_granted(granted: Iterable[tuple[str, int]], waited_s: float | None) -> None:
+    """Units granted to a step (by limit), and how long it waited in line for them."""
+    increments: list[tuple[str, str, float]] = [
+        (RATE_LIMITS, f"granted{SEP}{name}", units) for name, units in granted
+    ]
+    if waited_s is not None:
+        for name, _ in granted:
+            increments += _observation(RATE_LIMIT_WAIT, name, waited_s)
+    with _lock:
+        for key, field, amount in increments:
+            _pending[(key, field)] += amount
+    flush_if_due()
+
+
+def rate_limit_wait(name: str) -> None:
+    """A step went to wait for ``name``'s units."""
+    _count(RATE_LIMITS, f"waits{SEP}{name}", 1)
+
+
 def sweep_actions(sweep: str, counts: dict[str, int]) -> None:
     """What a sweep did (its task's result), by action."""
     _add((SWEEPS, f"{sweep}{SEP}{action}", int(n)) for action, n in counts.items() if n)
@@ -172,8 +193,8 @@ def _fields(raw: dict[bytes, bytes]) -> Iterator[tuple[list[str], str]]:
         yield field.decode().split(SEP), value.decode()
 
 
-def _histogram(name: str, help_text: str, raw: dict[bytes, bytes]) -> Metric:
-    family = HistogramMetricFamily(name, help_text, labels=["tool"])
+def _histogram(name: str, help_text: str, raw: dict[bytes, bytes], label: str = "tool") -> Metric:
+    family = HistogramMetricFamily(name, help_text, labels=[label])
     per_tool: dict[str, dict[str, float]] = defaultdict(dict)
     for parts, value in _fields(raw):
         per_tool[parts[0]][parts[1]] = float(value)
@@ -215,13 +236,26 @@ class OrchestratorCollector(Collector):
             for kind, count, amount in cursor.fetchall():
                 entries.add_metric([kind], count)
                 credits.add_metric([kind], float(amount))
-        yield from (runs, entries, credits)
+            # The partial index step_rate_waiting holds exactly these rows.
+            cursor.execute(
+                "SELECT waiting_reason, count(*) FROM runs_step "
+                "WHERE waiting_reason <> '' AND status = 'pending' GROUP BY waiting_reason"
+            )
+            waiting = GaugeMetricFamily(
+                "orchestrator_rate_limit_waiting_steps",
+                "Steps waiting for a rate limit's units now, by limit.",
+                labels=["limit"],
+            )
+            for reason, count in cursor.fetchall():
+                waiting.add_metric([reason.removeprefix("rate_limited:")], count)
+        yield from (runs, entries, credits, waiting)
 
     def _redis(self) -> Iterator[Metric]:
         client = _connection()
         try:
             pipe = client.pipeline(transaction=False)
-            for key in (STEPS, DURATION, QUEUE_WAIT, SWEEPS, API, DOORBELLS):
+            for key in (STEPS, DURATION, QUEUE_WAIT, SWEEPS, API, DOORBELLS, RATE_LIMITS,
+                        RATE_LIMIT_WAIT):  # fmt: skip
                 pipe.hgetall(key)
             ask_queue_depths(pipe)
             pipe.zrangebyscore(eventstreams.WATCHED, time.time(), "+inf")
@@ -234,7 +268,7 @@ class OrchestratorCollector(Collector):
             logger.warning("metrics from Redis unavailable: %s", exc)
             yield _redis_up(0)
             return
-        steps, duration, queue_wait, sweeps, api, doorbells = results[:6]
+        steps, duration, queue_wait, sweeps, api, doorbells, rate, rate_wait = results[:8]
         yield _redis_up(1)
 
         attempts = CounterMetricFamily(
@@ -282,10 +316,29 @@ class OrchestratorCollector(Collector):
         for parts, value in _fields(doorbells):
             (rung if parts[0] == "rung" else answered).add_metric(parts[1:2], float(value))
         yield from (rung, answered)
+        granted = CounterMetricFamily(
+            "orchestrator_rate_limit_units_granted",
+            "Units granted to steps, by rate limit.",
+            labels=["limit"],
+        )
+        waits = CounterMetricFamily(
+            "orchestrator_rate_limit_waits",
+            "Times a step went to wait for a rate limit's units, by limit.",
+            labels=["limit"],
+        )
+        for parts, value in _fields(rate):
+            (granted if parts[0] == "granted" else waits).add_metric(parts[1:2], float(value))
+        yield from (granted, waits)
+        yield _histogram(
+            "orchestrator_rate_limit_wait_seconds",
+            "Time a step waited in line for its rate limits' units, by limit.",
+            rate_wait,
+            label="limit",
+        )
         depth = GaugeMetricFamily(
             "orchestrator_queue_depth", "Messages waiting in each Celery queue.", labels=["queue"]
         )
-        for queue, waiting in queue_depths_in(results[6:-1]).items():
+        for queue, waiting in queue_depths_in(results[8:-1]).items():
             depth.add_metric([queue], float(waiting))
         yield depth
         streams = GaugeMetricFamily(

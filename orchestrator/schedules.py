@@ -73,4 +73,17 @@ def schedules() -> tuple[Schedule, ...]:
             task="orchestrator.sweeps.waits",
             every_seconds=_every("ENGINE_SWEEP_INTERVAL"),
         ),
+        Schedule(
+            name="rate-grant-expiry",
+            task="orchestrator.sweeps.rate_grants",
+            every_seconds=600,
+        ),
+        # Run schedules (the `schedules` app, docs/schedules.md): each tick fires the
+        # schedules that are due. Their due times come from each schedule's own anchor,
+        # not from this task's last run, so a tick dropped or doubled changes nothing.
+        Schedule(
+            name="schedule-tick",
+            task="orchestrator.sweeps.schedules",
+            every_seconds=_every("SCHEDULES_TICK_SECONDS"),
+        ),
     )

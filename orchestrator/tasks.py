@@ -23,10 +23,11 @@ from artifacts import services as artifact_services
 from common import logcontext
 from orchestrator import executor, metrics, notify, planners, polling, sweeps
 from orchestrator.dispatch import CeleryTransport, serving
-from runs import admission, callbacks, children, replanning, runners
+from runs import admission, callbacks, children, ratewaits, replanning, runners
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record
 from runs.models import Run
+from schedules import services as schedule_services
 
 
 class EngineTask(Task):  # type: ignore[type-arg]
@@ -248,6 +249,18 @@ def sweep_waits_task() -> dict[str, int]:
 @shared_task(name="orchestrator.sweeps.artifacts", **RETRY_OPTIONS)
 def sweep_artifacts_task() -> dict[str, int]:
     return _swept("artifacts", artifact_services.sweep())
+
+
+@shared_task(name="orchestrator.sweeps.schedules", **RETRY_OPTIONS)
+def fire_due_schedules_task() -> dict[str, int]:
+    """Beat's schedule tick: fire the run schedules that are due (docs/schedules.md)."""
+    return _swept("schedules", schedule_services.schedules_fire_due())
+
+
+@shared_task(name="orchestrator.sweeps.rate_grants", **RETRY_OPTIONS)
+def sweep_rate_grants_task() -> dict[str, int]:
+    """Grants older than the longest period no window counts any more."""
+    return _swept("rate_grants", {"pruned": ratewaits.prune_grants()})
 
 
 @shared_task(bind=True, name="orchestrator.runs.escalated", **RETRY_OPTIONS)

@@ -42,7 +42,14 @@ from orchestrator_client import config, sse
 from orchestrator_client._version import __version__
 from orchestrator_client.errors import ApiError, TransportError, error_class
 from orchestrator_client.pagination import Paginator
-from orchestrator_client.plans import PlanFile, json_body, yaml_body
+from orchestrator_client.plans import (
+    PlanFile,
+    PlanFormat,
+    json_body,
+    json_body_with,
+    yaml_body,
+    yaml_body_with,
+)
 from orchestrator_client.types import (
     STATUS_ONLY,
     TERMINAL_STATUSES,
@@ -55,9 +62,13 @@ from orchestrator_client.types import (
     LedgerEntry,
     Organization,
     Page,
+    RateLimit,
     RunDetail,
     Runner,
     RunnerJob,
+    Schedule,
+    ScheduleDetail,
+    ScheduleFire,
     Secret,
     Step,
     Task,
@@ -325,11 +336,13 @@ class Client:
         created_before: str | None = None,
         priority: int | None = None,
         parent_run: str | None = None,
+        schedule: str | None = None,
         ordering: str | None = None,
         page_size: int | None = None,
         limit: int | None = None,
     ) -> Paginator[RunSummary]:
-        """Your runs, newest first unless ``ordering`` says (``status`` may be a list)."""
+        """Your runs, newest first unless ``ordering`` says (``status`` may be a list);
+        ``schedule``: the runs that schedule started."""
         params = {
             "status": status,
             "name": name,
@@ -337,6 +350,7 @@ class Client:
             "created_before": created_before,
             "priority": priority,
             "parent_run": parent_run,
+            "schedule": schedule,
             "ordering": ordering,
             "page_size": page_size,
         }
@@ -667,6 +681,25 @@ class Client:
     def delete_secret(self, name: str) -> None:
         self.request("DELETE", f"secrets/{_id(name)}")
 
+    # ------------------------------------------------------------------ rate limits
+    def rate_limits(
+        self, *, page_size: int | None = None, limit: int | None = None
+    ) -> Paginator[RateLimit]:
+        return cast(
+            Paginator[RateLimit], self._pages("rate-limits", {"page_size": page_size}, limit)
+        )
+
+    def put_rate_limit(self, name: str, *, limit: int, period: str) -> RateLimit:
+        """Declare or change the rate limit ``name``: at most ``limit`` units in any
+        window of ``period`` (``"1m"``), shared by every step that names it."""
+        response = self.request(
+            "PUT", f"rate-limits/{_id(name)}", json={"limit": limit, "period": period}
+        )
+        return cast(RateLimit, decoded(response))
+
+    def delete_rate_limit(self, name: str) -> None:
+        self.request("DELETE", f"rate-limits/{_id(name)}")
+
     # ------------------------------------------------------------------ runners
     def runners(
         self, *, page_size: int | None = None, limit: int | None = None
@@ -733,6 +766,114 @@ class Client:
         path = f"escalations/{_id(escalation_id)}/resolve"
         body = {"action": action, "note": note}
         return cast(Escalation, self._post(path, body, idempotency_key=idempotency_key))
+
+    # ------------------------------------------------------------------ schedules
+    def schedules(
+        self,
+        *,
+        status: Literal["active", "paused", "ended"] | None = None,
+        name: str | None = None,
+        page_size: int | None = None,
+        limit: int | None = None,
+    ) -> Paginator[Schedule]:
+        """Your schedules, newest first (``name``: part of it)."""
+        params = {"status": status, "name": name, "page_size": page_size}
+        return cast(Paginator[Schedule], self._pages("schedules", params, limit))
+
+    def get_schedule(self, schedule_id: str) -> ScheduleDetail:
+        return cast(ScheduleDetail, self._get(f"schedules/{_id(schedule_id)}"))
+
+    def create_schedule(
+        self,
+        plan: Mapping[str, Any],
+        *,
+        name: str,
+        cron: str | None = None,
+        interval: str | float | None = None,
+        timezone: str | None = None,
+        start_at: str | None = None,
+        end_at: str | None = None,
+        overlap: Literal["skip", "allow", "cancel_previous"] | None = None,
+        catchup: Literal["none", "latest", "all"] | None = None,
+        variables: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> ScheduleDetail:
+        """Run ``plan`` by ``cron`` (in ``timezone``) or every ``interval`` (``"30s"``,
+        ``"5m"``, or seconds); docs/schedules.md has the policies."""
+        body = _schedule_fields(
+            name=name,
+            cron=cron,
+            interval=interval,
+            timezone=timezone,
+            start_at=start_at,
+            end_at=end_at,
+            overlap=overlap,
+            catchup=catchup,
+            variables=variables,
+        )
+        body["plan"] = dict(plan)
+        return cast(ScheduleDetail, self._post("schedules", body, idempotency_key=idempotency_key))
+
+    def create_schedule_text(
+        self,
+        text: str,
+        *,
+        format: PlanFormat,
+        name: str,
+        idempotency_key: str | None = None,
+        **fields: Any,
+    ) -> ScheduleDetail:
+        """``create_schedule`` with the plan as written (JSON or YAML text), sent as it
+        is for the API to validate, as ``submit_text`` sends a run's."""
+        values = _schedule_fields(name=name, **fields)
+        if format == "yaml":
+            content, media = yaml_body_with(text, values), "application/yaml"
+        else:
+            content, media = json_body_with(text, values), "application/json"
+        response = self.request(
+            "POST",
+            "schedules",
+            content=content.encode("utf-8"),
+            headers={"Content-Type": media},
+            idempotency_key=idempotency_key or str(uuid.uuid4()),
+        )
+        return cast(ScheduleDetail, decoded(response))
+
+    def update_schedule(self, schedule_id: str, **fields: Any) -> ScheduleDetail:
+        """Change the fields given (``plan``, ``name``, ``cron``, ``interval``,
+        ``timezone``, ``start_at``, ``end_at``, ``overlap``, ``catchup``, ``variables``);
+        ``start_at=None`` and ``end_at=None`` clear them."""
+        response = self.request("PATCH", f"schedules/{_id(schedule_id)}", json=fields)
+        return cast(ScheduleDetail, decoded(response))
+
+    def delete_schedule(self, schedule_id: str) -> None:
+        self.request("DELETE", f"schedules/{_id(schedule_id)}")
+
+    def pause_schedule(
+        self, schedule_id: str, *, idempotency_key: str | None = None
+    ) -> ScheduleDetail:
+        path = f"schedules/{_id(schedule_id)}/pause"
+        return cast(ScheduleDetail, self._post(path, None, idempotency_key=idempotency_key))
+
+    def resume_schedule(
+        self, schedule_id: str, *, idempotency_key: str | None = None
+    ) -> ScheduleDetail:
+        path = f"schedules/{_id(schedule_id)}/resume"
+        return cast(ScheduleDetail, self._post(path, None, idempotency_key=idempotency_key))
+
+    def trigger_schedule(
+        self, schedule_id: str, *, idempotency_key: str | None = None
+    ) -> ScheduleFire:
+        """Start a run of the schedule now; the fire names it (``fire["run"]["id"]``)."""
+        path = f"schedules/{_id(schedule_id)}/trigger"
+        return cast(ScheduleFire, self._post(path, None, idempotency_key=idempotency_key))
+
+    def schedule_fires(
+        self, schedule_id: str, *, page_size: int | None = None, limit: int | None = None
+    ) -> Paginator[ScheduleFire]:
+        """What became of each due time and trigger, newest first."""
+        path = f"schedules/{_id(schedule_id)}/fires"
+        return cast(Paginator[ScheduleFire], self._pages(path, {"page_size": page_size}, limit))
 
     # ------------------------------------------------------------------ artifacts
     def artifacts(
@@ -845,6 +986,15 @@ class Client:
             authenticated=False,
         )
         return cast(dict[str, Any], decoded(response))
+
+
+def _schedule_fields(**fields: Any) -> dict[str, Any]:
+    """A schedule's body fields, those not given left out (the server's defaults)."""
+    return {
+        name: dict(value) if isinstance(value, Mapping) else value
+        for name, value in fields.items()
+        if value is not None
+    }
 
 
 __all__ = ["API_PREFIX", "Client", "Page", "api_root", "retry_after_seconds"]

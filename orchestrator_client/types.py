@@ -183,6 +183,8 @@ class Step(TypedDict):
     failures: int
     reclaims: int
     next_run_at: str | None
+    waiting_reason: str  # "rate_limited:<name>" while it waits for a rate limit's units
+    rate_limits: list[dict[str, Any]]
     output: Any
     error: dict[str, Any] | None
     handled: bool
@@ -257,6 +259,17 @@ class Secret(TypedDict):
     """A secret as the API shows it: never its value."""
 
     name: str
+    created_at: str
+    updated_at: str
+
+
+class RateLimit(TypedDict):
+    """A rate limit shared by the organization's steps (docs/rate-limits.md)."""
+
+    name: str
+    limit: int
+    period: str
+    period_ms: int
     created_at: str
     updated_at: str
 
@@ -350,3 +363,57 @@ class Escalation(TypedDict):
     resolution: str
     note: str
     notified_at: str | None
+
+
+ScheduleStatus = Literal["active", "paused", "ended"]
+
+
+class RunRef(TypedDict):
+    """A run named by a schedule or one of its fires, with its status now."""
+
+    id: str
+    status: RunStatus
+
+
+class Schedule(TypedDict):
+    """A schedule as lists show it (docs/schedules.md): ``cron`` or ``interval`` (the
+    other null), its next and last due time and its last run."""
+
+    id: str
+    name: str
+    status: ScheduleStatus
+    cron: str | None
+    interval: str | None
+    timezone: str
+    start_at: str | None
+    end_at: str | None
+    overlap: Literal["skip", "allow", "cancel_previous"]
+    catchup: Literal["none", "latest", "all"]
+    variables: dict[str, Any]
+    next_due_at: str | None
+    last_due_at: str | None
+    last_run: RunRef | None
+    paused_at: str | None
+    created_by: str
+    created_at: str
+    updated_at: str
+
+
+class ScheduleDetail(Schedule):
+    plan: dict[str, Any]
+
+
+class ScheduleFire(TypedDict):
+    """A due time handled, or a trigger: fired with its run, or skipped with ``reason``
+    (``overlap``, ``missed``, ``insufficient_credits``, ``too_many_pending_runs``,
+    ``invalid_plan``)."""
+
+    id: int
+    schedule: str
+    kind: Literal["scheduled", "manual"]
+    due_at: str
+    status: Literal["fired", "skipped"]
+    reason: str
+    message: str
+    run: RunRef | None
+    created_at: str

@@ -35,14 +35,21 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
 from reliability.checks import detail_lines, with_descendants
 from reliability.client import Client, GaveUp, Tally
 from reliability.stack import Stack, wait_for
-from reliability.workload import EXPECTED, KINDS, RUNNER_COMMAND, EffectServer, plan_for
+from reliability.workload import (
+    EXPECTED,
+    KINDS,
+    RATE_LIMIT,
+    RUNNER_COMMAND,
+    EffectServer,
+    plan_for,
+)
 
 # Leases, sweeps and lost-message re-sends tuned so that recovery from every fault fits in
 # a run of a few minutes. Everything else is the local settings `make run` uses.
@@ -505,6 +512,102 @@ def limit_problems(book: RunBook) -> dict[str, Any]:
     }
 
 
+# A schedule through the storm (docs/schedules.md): a run every SCHEDULE_EVERY, overlap
+# allowed, while faults strike and a second beat runs for part of it (Config.second_beat):
+# exactly one run per due time, each ending like any other run.
+SCHEDULE_EVERY = "4s"
+
+
+def create_schedule(client: Client, url: str) -> str:
+    plan = {
+        "name": "scheduled-in-the-storm",  # not "chaos-": runs_in_database counts those
+        "agents": [{"name": "a", "tasks": [{"name": "t", "steps": [
+            {"name": "wait", "tool": "sleep", "params": {"seconds": 0.3}},
+            {"name": "n", "tool": "noop"},
+        ]}]}],
+    }  # fmt: skip
+    body = {"name": "chaos", "plan": plan, "interval": SCHEDULE_EVERY, "overlap": "allow"}
+    answer = client.request("POST", "/api/v1/schedules", json=body)
+    client.close()
+    if answer.status_code != 201:
+        raise RuntimeError(f"could not create the schedule: {answer.status_code} {answer.text}")
+    return str(answer.json()["id"])
+
+
+def pause_schedule(client: Client, schedule_id: str) -> None:
+    answer = client.request("POST", f"/api/v1/schedules/{schedule_id}/pause")
+    client.close()
+    if answer.status_code != 200:
+        raise RuntimeError(f"could not pause the schedule: {answer.status_code} {answer.text}")
+
+
+def schedule_report(schedule_id: str) -> dict[str, Any]:
+    """The schedule's due times, from PostgreSQL: each fired once, with its own run."""
+    from schedules.models import FireKind, FireStatus, ScheduleFire
+
+    fires = list(
+        ScheduleFire.objects.filter(schedule_id=schedule_id, kind=FireKind.SCHEDULED).values_list(
+            "due_at", "status", "reason", "run_id"
+        )
+    )
+    fired = [fire for fire in fires if fire[1] == FireStatus.FIRED]
+    runs = [str(run) for *_, run in fired if run is not None]
+    due = Counter(due_at for due_at, *_ in fires)
+    return {
+        "every": SCHEDULE_EVERY,
+        "due_times": len(due),
+        "fired": len(fired),
+        "skipped": dict(Counter(reason for _, status, reason, _ in fires if status != "fired")),
+        "due_times_fired_twice": sum(1 for n in due.values() if n > 1),
+        "fires_without_their_run": len(fired) - len(set(runs)),
+        "run_ids": runs,
+    }
+
+
+def declare_rate_limit(client: Client) -> None:
+    name, most, period = RATE_LIMIT
+    answer = client.request(
+        "PUT", f"/api/v1/rate-limits/{name}", json={"limit": most, "period": period}
+    )
+    if answer.status_code not in (200, 201):
+        raise RuntimeError(
+            f"could not declare rate limit {name}: {answer.status_code} {answer.text}"
+        )
+    client.close()
+
+
+def rate_limit_report() -> dict[str, Any]:
+    """The `rate_limited` runs' grants (from PostgreSQL, where the windows are): in any
+    window of the period, at most the limit (docs/rate-limits.md), whatever struck."""
+    from ratelimits.models import RateGrant
+    from runs.plan.durations import read_duration_ms
+
+    name, most, period = RATE_LIMIT
+    window = timedelta(milliseconds=read_duration_ms(period))
+    grants: dict[str, list[tuple[datetime, int]]] = {}
+    for bucket, at, units in RateGrant.objects.filter(
+        bucket__contains=f":{name}:", used=True
+    ).values_list("bucket", "granted_at", "units"):
+        grants.setdefault(bucket, []).append((at, units))
+    heaviest = 0
+    for rows in grants.values():
+        rows.sort()
+        end, inside = 0, 0
+        for start in range(len(rows)):
+            while end < len(rows) and rows[end][0] < rows[start][0] + window:
+                inside += rows[end][1]
+                end += 1
+            heaviest = max(heaviest, inside)
+            inside -= rows[start][1]
+    return {
+        "limit": f"{most} per {period}",
+        "grants": sum(len(rows) for rows in grants.values()),
+        "buckets": len(grants),
+        "heaviest_window": heaviest,
+        "windows_over_the_limit": heaviest > most,
+    }
+
+
 def outcome_problems(book: RunBook) -> list[str]:
     """Runs whose final status no fault or action explains."""
     from runs.models import Run
@@ -566,6 +669,14 @@ def format_report(report: dict[str, Any], title: str = "chaos") -> str:
         )),
         ("keyed runs / keys over their limit (1)", (
             f"{report['limits']['keyed_runs']} / {len(report['limits']['keys_over_their_limit'])}"
+        )),
+        ("scheduled due times: fired / skipped / fired twice", (
+            f"{report['schedule']['fired']} / {sum(report['schedule']['skipped'].values())} "
+            f"{report['schedule']['skipped'] or ''} / {report['schedule']['due_times_fired_twice']}"
+        )),
+        ("rate-limited grants / heaviest window (limit)", (
+            f"{report['rate_limit']['grants']} / {report['rate_limit']['heaviest_window']} "
+            f"({report['rate_limit']['limit']})"
         )),
         ("faults injected", ", ".join(f"{k} {v}" for k, v in report["faults_by_kind"].items())),
         ("side effects executed", executed),
@@ -758,6 +869,9 @@ def storm(
         finally:
             client.close()
 
+    if "rate_limited" in config.kinds:
+        declare_rate_limit(Client(urls[0], key, tally, fallbacks=urls))
+    schedule_id = create_schedule(Client(urls[0], key, tally, fallbacks=urls), effects.url)
     log(f"==> {config.runs} runs from {config.clients} clients; {len(schedule)} faults over "
         f"{config.window_s:g}s (seed {config.seed})")  # fmt: skip
     stop_approving = threading.Event()
@@ -779,12 +893,14 @@ def storm(
     for thread in clients:
         thread.join()
     injector.join()
+    # No new scheduled run once the storm is over: what it started must end like the rest.
+    pause_schedule(Client(urls[0], key, tally, fallbacks=urls), schedule_id)
     log(f"==> faults done after {time.time() - started:.0f}s; waiting for every run to end")
 
     def settled() -> bool:
         try:
             close_old_connections()
-            return not non_terminal(book.ids())
+            return not non_terminal(book.ids() + schedule_report(schedule_id)["run_ids"])
         except OperationalError:
             return False
 
@@ -799,7 +915,8 @@ def storm(
     approval_client.close()
 
     close_old_connections()
-    consistency = check_runs(book.ids())
+    scheduled = schedule_report(schedule_id)
+    consistency = check_runs(book.ids() + scheduled["run_ids"])
     last_fault = max((f.happened_at for f in schedule), default=started)
     last_end = (
         Run.objects.filter(pk__in=book.ids())
@@ -824,6 +941,8 @@ def storm(
         "child_runs": child_runs,
         "policy": policy_summary(book),
         "limits": limit_problems(book),
+        "rate_limit": rate_limit_report(),
+        "schedule": {k: v for k, v in scheduled.items() if k != "run_ids"},
         "submission_errors": [f"#{i.index} {i.kind}: {i.error}" for i in book.items if i.error],
         "controls": dict(Counter(i.control or "none" for i in book.items)),
         "faults": [asdict(f) for f in schedule],
@@ -857,6 +976,10 @@ def storm(
         and not target.unexpected_exits
         and not report["limits"]["keys_over_their_limit"]
         and not report["limits"]["over_the_organization_limit"]
+        and not report["rate_limit"]["windows_over_the_limit"]
+        and not scheduled["due_times_fired_twice"]
+        and not scheduled["fires_without_their_run"]
+        and scheduled["fired"] > 0
     )
     return report
 

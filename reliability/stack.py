@@ -83,6 +83,10 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+# A worker (re)started this long ago has started its pool (kill_worker_child).
+WORKER_BOOT_S = 10.0
+
+
 @dataclass
 class Process:
     """One long-running child in its own session, restartable with the same command."""
@@ -93,6 +97,7 @@ class Process:
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    started_at: float = 0.0  # monotonic, at its last start
 
     def start(self) -> None:
         log = self.log_path.open("ab")
@@ -108,6 +113,7 @@ class Process:
         finally:
             log.close()
         self.starts += 1
+        self.started_at = time.monotonic()
 
     @property
     def pid(self) -> int:
@@ -330,8 +336,20 @@ class Stack:
 
     # ------------------------------------------------------------------ faults
     def kill_worker_child(self, rng: random.Random) -> str:
-        """SIGKILL one pool process of a random worker (Celery starts a replacement)."""
-        name = rng.choice(self.worker_names())
+        """SIGKILL one pool process of a random worker (Celery starts a replacement).
+
+        Not of a worker still booting: a pool process killed before Celery's pool has
+        started makes the whole worker exit ("Could not start worker processes"), which
+        a supervisor restarts in production but the report counts as an unexpected exit;
+        a whole worker killed is a fault of its own (``kill_worker``)."""
+        booted = [
+            name
+            for name in self.worker_names()
+            if time.monotonic() - self.processes[name].started_at >= WORKER_BOOT_S
+        ]
+        if not booted:
+            return "not: every worker is starting"
+        name = rng.choice(booted)
         pool = children_of(self.processes[name].pid)
         if not pool:
             return f"{name}: no pool process to kill"

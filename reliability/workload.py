@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+# The rate limit the `rate_limited` runs spend (name, units, period): tight enough that
+# their steps wait for units while faults strike (docs/rate-limits.md).
+RATE_LIMIT = ("chaos-rate", 6, "2s")
 KINDS = (
     "sequential",
     "parallel",
@@ -34,6 +37,7 @@ KINDS = (
     "escalate",
     "replan",
     "keyed",
+    "rate_limited",
 )
 
 # What each kind ends as when no one cancels it.
@@ -54,6 +58,7 @@ EXPECTED = {
     "replan": "completed",
     # One run per shard at a time (its concurrency key); the others wait their turn.
     "keyed": "completed",
+    "rate_limited": "completed",
     # make chaos-net's: an effect whose service answers after ~20 s (SLOW_EFFECT_S).
     "slow": "completed",
 }
@@ -311,6 +316,13 @@ def plan_for(kind: str, index: int, url: str, rng: random.Random) -> dict[str, A
             variables={"shard": index % KEYED_SHARDS},
             concurrency={"key": "chaos-shard-${variables.shard}", "max_runs": 1},
         )
+    if kind == "rate_limited":
+        # Effects that spend the chaos organization's shared rate limit (storm() declares
+        # it), in two keyed buckets: they wait for their units while faults strike.
+        uses = [{"name": RATE_LIMIT[0], "key": "tier-${variables.tier}"}]
+        steps = [effect(f"e{i}", url) | {"rate_limits": uses} for i in range(rng.randint(3, 8))]
+        task = {"name": "limited", "mode": "parallel", "max_concurrent_steps": 4, "steps": steps}
+        return _run(name, [_agent([task])], variables={"tier": index % 2})
     if kind == "slow":
         steps = [effect("slow", url, hold=SLOW_EFFECT_S), effect("after", url)]
         return _run(name, [_agent([{"name": "slow", "steps": steps}])])

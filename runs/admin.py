@@ -27,7 +27,18 @@ from billing.admin import OrganizationAdmin, OrganizationForm
 from billing.models import Organization
 from billing.services import InsufficientCredits
 from common.admin import ReadOnlyAdminMixin
-from runs import admission, approvals, escalations, runners, runpage, scheduling, services, svg
+from ratelimits.models import RateLimit
+from runs import (
+    admission,
+    approvals,
+    escalations,
+    ratewaits,
+    runners,
+    runpage,
+    scheduling,
+    services,
+    svg,
+)
 from runs.models import (
     Agent,
     EscalationTicket,
@@ -869,3 +880,35 @@ class OrganizationLoadAdmin(OrganizationAdmin):
 
 admin.site.unregister(Organization)
 admin.site.register(Organization, OrganizationLoadAdmin)
+
+
+# --------------------------------------------------------------------------- rate limits
+@admin.register(RateLimit)
+class RateLimitAdmin(admin.ModelAdmin[RateLimit]):
+    """Organizations' limits and the operators' global limits on a tool (no organization,
+    a tool named): saving or deleting one re-plans the steps waiting for it
+    (``runs.ratewaits``), as the API does."""
+
+    list_display = ("name", "organization", "tool", "limit", "period_ms", "waiting", "updated_at")
+    list_filter = ("organization",)
+    search_fields = ("name", "tool")
+    fields = ("organization", "name", "tool", "limit", "period_ms")
+
+    @admin.display(description="steps waiting")
+    def waiting(self, limit: RateLimit) -> int:
+        reason = ratewaits.WAITING_PREFIX + (f"tool:{limit.tool}" if limit.tool else limit.name)
+        return Step.objects.filter(status="pending", waiting_reason=reason).count()
+
+    def save_model(self, request: HttpRequest, obj: RateLimit, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        ratewaits.limit_saved(obj)
+
+    def delete_model(self, request: HttpRequest, obj: RateLimit) -> None:
+        super().delete_model(request, obj)
+        ratewaits.limit_saved(obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[RateLimit]) -> None:
+        removed = list(queryset)
+        super().delete_queryset(request, queryset)
+        for limit in removed:
+            ratewaits.limit_saved(limit)

@@ -108,6 +108,7 @@ def step_row(
         on_callback=[handler.stored() for handler in plan.on_callback],
         retry=plan.retry.as_dict(),
         timeout_ms=plan.timeout_ms,
+        rate_limits=plan.rate_limits_stored(),
         depends_on=list(plan.depends_on),
         pending_dependencies=wired[0],
         dependents=wired[1],

@@ -125,6 +125,9 @@ class Run(Timestamps):
     admitted_at = models.DateTimeField(null=True, blank=True)
     concurrency_key = models.CharField(max_length=255, blank=True, db_default="")
     concurrency_max = models.PositiveIntegerField(default=0, db_default=0)
+    # A step of its plan spends rate limits: its end gives back what they reserved
+    # (runs.ratewaits); False spares every other run that work.
+    rate_limited = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         ordering = ["-created_at"]
@@ -379,6 +382,10 @@ class Step(Timestamps):
     failures = models.IntegerField(default=0)
     reclaims = models.IntegerField(default=0)
     next_run_at = models.DateTimeField(null=True, blank=True)
+    # The rate limits it spends (the plan's, templates unrendered: runs.ratewaits) and,
+    # while it waits for their units, why ("rate_limited:<name>"; "" otherwise).
+    rate_limits = models.JSONField(default=list, blank=True, db_default=[])
+    waiting_reason = models.CharField(max_length=120, blank=True, default="", db_default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     worker = models.CharField(max_length=200, blank=True)
     # Celery task id of the attempt in flight, for revoke(terminate=True) on cancel.
@@ -421,6 +428,11 @@ class Step(Timestamps):
                 fields=["run", "id"],
                 name="step_claimable",
                 condition=Q(status="pending", dispatched_at__isnull=False),
+            ),
+            models.Index(
+                fields=["waiting_reason"],
+                name="step_rate_waiting",
+                condition=~Q(waiting_reason=""),
             ),
         ]
         constraints = [

@@ -318,7 +318,7 @@ WITH {before}{pick}claimed AS (
       AND (SELECT r.status FROM runs_run AS r WHERE r.id = s.run_id) = 'running'
     RETURNING s.id, s.run_id, s.attempt_number, s.attempts, s.task_id, s.generation, s.name,
               s.tool, s.params, s."when", s.timeout_ms, s.handler_for_id, s.dispatched_at,
-              s.status_changed_at
+              s.status_changed_at, s.rate_limits
 ), event AS (
     INSERT INTO runs_runevent
         (run_id, attempt_number, entity, entity_id, kind, from_status, to_status, actor,
@@ -331,7 +331,7 @@ WITH {before}{pick}claimed AS (
 """
 _CLAIM_SELECT = """SELECT id, run_id, attempt_number, attempts, task_id, generation, name, tool,
        params, "when", timeout_ms, handler_for_id, dispatched_at, status_changed_at,
-       {more} AS more
+       rate_limits, {more} AS more
 FROM claimed"""
 _CLAIM_SQL = _CLAIM_TEMPLATE.format(
     before="", pick="", step="%(step)s", select=_CLAIM_SELECT.format(more="false")
@@ -415,6 +415,8 @@ _CLAIMED_FIELDS = (
     # For the queue-wait metric (orchestrator.metrics): dispatched, then claimed.
     "dispatched_at",
     "status_changed_at",
+    # The rate limits it spends ([] for most steps: runs.ratewaits).
+    "rate_limits",
     # A doorbell's claim: the run has more claimable steps (always false for claim_step).
     "more",
 )
@@ -455,6 +457,7 @@ def _claim(sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
         return None
     values = dict(zip(_CLAIMED_FIELDS, row, strict=True))
     eventstreams.events_written(values["run_id"])  # the claim wrote the step's event
-    if isinstance(values["params"], str):  # a driver that hands jsonb back as text
-        values["params"] = json.loads(values["params"])
+    for name in ("params", "rate_limits"):
+        if isinstance(values[name], str):  # a driver that hands jsonb back as text
+            values[name] = json.loads(values[name])
     return values

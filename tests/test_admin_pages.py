@@ -18,6 +18,8 @@ from django.utils import timezone
 from artifacts import services as artifact_services
 from runs import escalations
 from runs.models import Replan, Step, StepFailure, StepWait
+from schedules import services as schedule_services
+from schedules.models import ScheduleFire
 from tests import factories
 from tests.api import states
 
@@ -64,6 +66,17 @@ def rows_of_every_kind() -> None:
     )
     StepFailure.objects.create(
         run=run, attempt_number=1, step=step, step_attempt=1, code="timeout", retryable=True
+    )
+    # A schedule with a fire that started a run and one skipped.
+    schedule = states.schedule(organization)
+    schedule_services.schedule_trigger(schedule_id=schedule.pk)
+    ScheduleFire.objects.create(
+        schedule=schedule,
+        kind="scheduled",
+        due_at=timezone.now(),
+        status="skipped",
+        reason="missed",
+        message="beat was down",
     )
 
 

@@ -136,6 +136,10 @@ def test_models_and_migrations_agree_and_system_checks_pass() -> None:
             ["BILLING_LLM_PRICE_PER_1K_TOKENS", "7 decimal places"],
         ),
         ({"BILLING_LLM_ESTIMATE": "1e20"}, ["BILLING_LLM_ESTIMATE", "too large", "'1e20'"]),
+        (
+            {"SCHEDULES_TICK_SECONDS": "60", "SCHEDULES_MISFIRE_GRACE": "60"},
+            ["SCHEDULES_MISFIRE_GRACE", "SCHEDULES_TICK_SECONDS", "missed"],
+        ),
     ],
     ids=[
         "heartbeat-vs-lease",
@@ -146,6 +150,7 @@ def test_models_and_migrations_agree_and_system_checks_pass() -> None:
         "nan",
         "too-precise",
         "too-large",
+        "schedule-grace-vs-tick",
     ],
 )
 def test_a_bad_combination_refuses_to_start_naming_the_variables(

@@ -62,7 +62,9 @@ INSTALLED_APPS = [
     "orchestrator",
     "runs",
     "billing",
+    "ratelimits",
     "artifacts",
+    "schedules",
     "api",
 ]
 
@@ -485,6 +487,23 @@ WAIT_LOST_AFTER = env.integer(
 CALLBACK_MAX_TIMEOUT = 30 * 24 * 3600
 POLL_MIN_INTERVAL = 0.05
 
+# --------------------------------------------------------------------------- schedules
+# Run schedules (docs/schedules.md): beat publishes a tick every SCHEDULES_TICK_SECONDS
+# (orchestrator/schedules.py) and each tick fires the schedules that are due. A due time
+# the tick reaches more than SCHEDULES_MISFIRE_GRACE seconds late counts as missed (beat
+# was down), and is run or not by the schedule's `catchup` policy; `catchup: all` runs at
+# most SCHEDULES_CATCHUP_MAX of the missed times, the latest ones.
+SCHEDULES_TICK_SECONDS = env.integer(
+    "SCHEDULES_TICK_SECONDS", 1, "seconds between beat's ticks that fire due schedules", minimum=1
+)
+SCHEDULES_MISFIRE_GRACE = env.integer(
+    "SCHEDULES_MISFIRE_GRACE", 60, "seconds late a due time may fire before it is missed",
+    minimum=1,
+)  # fmt: skip
+SCHEDULES_CATCHUP_MAX = env.integer(
+    "SCHEDULES_CATCHUP_MAX", 100, "most missed due times `catchup: all` runs at once", minimum=1
+)
+
 # --------------------------------------------------------------------------- run plans
 # Size limits of a submitted plan (runs/plan/): beyond them it is refused, whole.
 ORCHESTRATOR_PLAN_LIMITS = {
@@ -554,6 +573,12 @@ ENGINE_MAX_RECLAIMS = env.integer(
 )
 ENGINE_DEFAULT_STEP_TIMEOUT = env.number(
     "ENGINE_DEFAULT_STEP_TIMEOUT", 30, "seconds a step may run when its plan sets no timeout"
+)
+# Rate limits (docs/rate-limits.md): a step that waited for its units and is claimed
+# this long after its reserved moment (every slot was busy, its run was paused) asks
+# again: units used long after their grant could bunch up calls beyond the limit.
+RATE_LIMIT_LATE_S = env.number(
+    "RATE_LIMIT_LATE_S", 2, "seconds a rate-limited step may start after its reserved moment"
 )
 ENGINE_SWEEP_INTERVAL = env.integer(
     "ENGINE_SWEEP_INTERVAL", 15, "seconds between lease sweeps", minimum=1
@@ -851,6 +876,8 @@ SPECTACULAR_SETTINGS: dict[str, Any] = {
         "StepStatusEnum": "runs.states.StepStatus",
         "ModeEnum": "runs.models.Mode",
         "FailureModeEnum": "runs.models.FailureMode",
+        "ScheduleStatusEnum": "schedules.models.ScheduleStatus",
+        "FireStatusEnum": "schedules.models.FireStatus",
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",

@@ -87,6 +87,16 @@ def check_consistency(env: Env, settings: dict[str, Any]) -> None:
             "between two heartbeats"
         )
 
+    tick = int(settings["SCHEDULES_TICK_SECONDS"])
+    misfire = int(settings["SCHEDULES_MISFIRE_GRACE"])
+    if misfire <= tick:
+        # A due time reached by the next tick on time would count as missed (catchup: none).
+        env.errors.append(
+            f"SCHEDULES_MISFIRE_GRACE ({misfire} s) must be longer than "
+            f"SCHEDULES_TICK_SECONDS ({tick} s): a due time reached by the next tick would "
+            "be missed"
+        )
+
     if settings["ARTIFACTS_BACKEND"] == "s3" and not settings["ARTIFACTS_S3_BUCKET"]:
         env.errors.append("ARTIFACTS_S3_BUCKET is required when ARTIFACTS_BACKEND is s3")
     if int(settings["ARTIFACT_MAX_FILE_BYTES"]) > int(settings["ARTIFACT_RUN_MAX_BYTES"]):

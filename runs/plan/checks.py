@@ -213,6 +213,13 @@ class _Checker:
         when = data.get("when")
         if isinstance(when, str) and when.strip():
             self.check_condition(when, join(path, "when"), scope)
+        uses = data.get("rate_limits")
+        if _is_list(uses):
+            # A key and templated units are rendered as the step runs, like its params.
+            for index, use in enumerate(uses):
+                if isinstance(use, dict):
+                    texts = {k: v for k in ("key", "units") if isinstance(v := use.get(k), str)}
+                    self.check_templates(texts, f"{join(path, 'rate_limits')}[{index}]", scope)
         if not handler:
             self.handlers(data, path, _name_of(data), scope)
             self.callback_handlers(data, path, _name_of(data), scope)

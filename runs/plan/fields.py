@@ -181,6 +181,103 @@ class RunName:
         )
 
 
+# --------------------------------------------------------------------------- rate limits
+RATE_LIMIT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$"
+RATE_LIMIT_NAME_MAX_LENGTH = 64
+RATE_KEY_MAX_LENGTH = 200
+MAX_RATE_UNITS = 1_000_000_000
+
+
+class RateLimitName:
+    """The name of one of the organization's rate limits (``PUT /rate-limits/{name}``)."""
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        inner = core_schema.str_schema(
+            pattern=RATE_LIMIT_NAME_PATTERN, max_length=RATE_LIMIT_NAME_MAX_LENGTH
+        )
+        return _worded(
+            inner,
+            lambda value, _: (
+                f"must be a rate limit's name (letters, digits, '_', '.', ':', '-', at most "
+                f"{RATE_LIMIT_NAME_MAX_LENGTH} characters), got {show(value)}"
+            ),
+        )
+
+
+class RateUnits:
+    """Units a step spends: a whole number, or text with a `${...}` template that
+    renders to one when the step runs (an `llm` step's estimated tokens)."""
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        inner = core_schema.union_schema(
+            [
+                core_schema.int_schema(ge=1, le=MAX_RATE_UNITS),
+                core_schema.str_schema(
+                    min_length=1, max_length=RATE_KEY_MAX_LENGTH, pattern=r"\$\{"
+                ),
+            ]
+        )
+        return _worded(
+            inner,
+            lambda value, _: (
+                f"must be an integer from 1 to {MAX_RATE_UNITS} or a `${{...}}` template, "
+                f"got {show(value)}"
+            ),
+        )
+
+
+class RateKey:
+    """A rate limit's key: text, `${...}` templates rendered when the step runs; each
+    rendered key has a window of its own."""
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        inner = core_schema.str_schema(max_length=RATE_KEY_MAX_LENGTH)
+        return _worded(
+            inner,
+            lambda value, _: (
+                f"must be text of at most {RATE_KEY_MAX_LENGTH} characters, got {show(value)}"
+            ),
+        )
+
+
+MAX_RATE_LIMITS_PER_STEP = 8
+
+
+class RateLimitUses:
+    """A step's ``rate_limits``: at most ``MAX_RATE_LIMITS_PER_STEP``, names unique."""
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        def validate(
+            value: Any, handler: core_schema.ValidatorFunctionWrapHandler, info: ValidationInfo
+        ) -> Any:
+            if not _is_list(value):
+                raise refused(f"must be a list of rate limits, got {a(value)}")
+            if len(value) > MAX_RATE_LIMITS_PER_STEP:
+                raise refused(
+                    f"has {len(value)} rate limits; at most {MAX_RATE_LIMITS_PER_STEP} allowed"
+                )
+            uses = handler(value)
+            names = [use.name for use in uses]
+            if len(set(names)) < len(names):
+                raise refused("names a rate limit twice")
+            return uses
+
+        return core_schema.with_info_wrap_validator_function(validate, _lax_tuple(handler(source)))
+
+    def __get_pydantic_json_schema__(
+        self, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        return {**handler(schema), "maxItems": MAX_RATE_LIMITS_PER_STEP}
+
+
 CONCURRENCY_KEY_MAX_LENGTH = 255
 
 

@@ -51,6 +51,10 @@ from runs.plan.fields import (
     Number,
     OneOf,
     PlannerName,
+    RateKey,
+    RateLimitName,
+    RateLimitUses,
+    RateUnits,
     RunName,
     SiblingNames,
     ToolName,
@@ -142,6 +146,16 @@ class RetryPolicy(PlanModel):
         return {**self.model_dump(mode="json"), "max_delay_set": self.caps_escalate}
 
 
+class RateLimitUse(PlanModel):
+    """Units of one of the organization's rate limits that the step spends each time it
+    runs; it waits, without holding a worker, until they are available."""
+
+    name: Annotated[str, RateLimitName()]
+    units: Annotated[int | str, RateUnits()] = 1
+    key: Annotated[str, RateKey()] = ""
+    """Each rendered key has a window of its own (`${variables.customer}`)."""
+
+
 class StepPlan(PlanModel):
     """One tool invocation."""
 
@@ -166,6 +180,12 @@ class StepPlan(PlanModel):
     """For a `run` step in `async_callback` mode: steps run in order once its child run
     has ended, reading `${callback.child_run}`, `${callback.status}`,
     `${callback.outputs}` and `${callback.error}`."""
+    rate_limits: Annotated[tuple[RateLimitUse, ...], RateLimitUses()] = ()
+    """Rate limits the step spends units of (docs/rate-limits.md)."""
+
+    def rate_limits_stored(self) -> list[dict[str, Any]]:
+        """What the step row keeps of its rate limits (the templates, unrendered)."""
+        return [use.model_dump() for use in self.rate_limits]
 
 
 class HandlerPlan(StepPlan):
@@ -186,6 +206,7 @@ class HandlerPlan(StepPlan):
             "when": self.when,
             "retry": self.retry.as_dict(),
             "timeout_ms": self.timeout_ms,
+            "rate_limits": self.rate_limits_stored(),
         }
 
     @classmethod
@@ -200,6 +221,9 @@ class HandlerPlan(StepPlan):
             when=data.get("when", ""),
             retry=RetryPolicy.from_dict(data.get("retry", {})),
             timeout_ms=data.get("timeout_ms"),
+            rate_limits=tuple(
+                RateLimitUse.model_construct(**use) for use in data.get("rate_limits", ())
+            ),
         )
 
 

@@ -17,6 +17,8 @@ from runs.engine import control
 from runs.engine.outcomes import Outcome, record
 from runs.models import EscalationTicket, Run, Runner, RunnerJob, Step
 from runs.transitions import claim_step
+from schedules import services as schedule_services
+from schedules.models import Schedule
 from tests import factories
 
 
@@ -220,3 +222,38 @@ def escalation_request(
     """(path values, JSON body) of an escalation route that succeeds for ``organization``."""
     body = {"action": "resume"} if name == "escalation-resolve" else {}
     return {"escalation_id": escalation(organization).pk}, body
+
+
+# --------------------------------------------------------------------------- schedules
+SCHEDULE_ROUTES = frozenset(
+    {
+        "schedules",
+        "schedule",
+        "schedule-pause",
+        "schedule-resume",
+        "schedule-trigger",
+        "schedule-fires",
+    }
+)
+
+
+def schedule_body() -> dict[str, Any]:
+    """A schedule's body that creates one: every hour, a one-step plan."""
+    return {"name": "hourly", "plan": factories.plan(name="scheduled", steps=1), "interval": "1h"}
+
+
+def schedule(organization: Organization) -> Schedule:
+    """An active schedule of the organization, every hour."""
+    return schedule_services.schedule_create(organization=organization, **schedule_body())
+
+
+def schedule_request(
+    name: str, organization: Organization
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(path values, JSON body) of a schedule route that succeeds for ``organization``."""
+    if name == "schedules":
+        return {}, schedule_body()
+    created = schedule(organization)
+    if name == "schedule-resume":
+        schedule_services.schedule_pause(schedule_id=created.pk)
+    return {"schedule_id": created.pk}, {}

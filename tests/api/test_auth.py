@@ -83,6 +83,7 @@ def test_every_api_route_requires_a_key(tenant: Tenant) -> None:
             job_id="00000000-0000-4000-8000-000000000000",
             artifact_id="00000000-0000-4000-8000-000000000000",
             escalation_id="00000000-0000-4000-8000-000000000000",
+            schedule_id="00000000-0000-4000-8000-000000000000",
         )
         for method in route.methods:
             response = getattr(APIClient(), method)(path, {}, format="json")

@@ -95,6 +95,9 @@ def _prepare(route: Route, tenant: Tenant) -> tuple[str, dict[str, Any]]:
     if route.name in states.ESCALATION_ROUTES:
         values, body = states.escalation_request(route.name, tenant.organization)
         return route.path(**values), body
+    if route.name in states.SCHEDULE_ROUTES:
+        values, body = states.schedule_request(route.name, tenant.organization)
+        return route.path(**values), body
     ready = states.READY_FOR.get(route.name)
     assert ready is not None, f"{route}: add the state it needs to states.READY_FOR"
     return route.path(run_id=ready(tenant.organization).pk), {}

@@ -9,7 +9,10 @@ import pytest
 
 from billing.models import LedgerEntry, Secret
 from billing.secrets import decrypt_value, secret_put
+from ratelimits.models import RateLimit
 from runs.models import Run, RunEvent
+from runs.ratewaits import rate_limit_put
+from schedules.models import Schedule, ScheduleFire
 from tests.api import states
 from tests.api.conftest import Tenant
 from tests.api.routes import Route, api_routes, routes_with, routes_without_parameters
@@ -17,10 +20,13 @@ from tests.api.routes import Route, api_routes, routes_with, routes_without_para
 pytestmark = pytest.mark.django_db
 
 ID_ROUTES = routes_with("run_id")
-NAME_ROUTES = routes_with("name")  # an organization's secret, by name
+# An organization's secret, or rate limit, by name.
+NAME_ROUTES = [route for route in routes_with("name") if route.name == "secret"]
+RATE_LIMIT_ROUTES = [route for route in routes_with("name") if route.name == "rate-limit"]
 JOB_ROUTES = routes_with("job_id")  # an organization's runner job
 ARTIFACT_ROUTES = routes_with("artifact_id")  # an organization's artifact
 ESCALATION_ROUTES = routes_with("escalation_id")  # an organization's escalation ticket
+SCHEDULE_ROUTES = routes_with("schedule_id")  # an organization's run schedule
 # The runner protocol's routes name a runner in their body or query (a poll is a GET
 # but no list): tested below with another organization's runner.
 RUNNER_ROUTES = [
@@ -50,9 +56,11 @@ def test_every_api_route_is_either_scoped_by_run_id_or_a_list() -> None:
     known = {
         *map(str, ID_ROUTES),
         *map(str, NAME_ROUTES),
+        *map(str, RATE_LIMIT_ROUTES),
         *map(str, JOB_ROUTES),
         *map(str, ARTIFACT_ROUTES),
         *map(str, ESCALATION_ROUTES),
+        *map(str, SCHEDULE_ROUTES),
         *map(str, routes_without_parameters()),
     }
     assert {str(route) for route in api_routes()} == known
@@ -109,6 +117,29 @@ def test_another_organizations_secret_is_never_reached_by_name(
     assert secrets_of(tenant) == before
 
 
+@pytest.mark.parametrize("route", RATE_LIMIT_ROUTES, ids=str)
+def test_another_organizations_rate_limit_is_never_reached_by_name(
+    route: Route, tenant: Tenant, other_tenant: Tenant
+) -> None:
+    rate_limit_put(organization=tenant.organization, name="openai", limit=5, period_ms=1000)
+    path = route.path(name="openai")
+
+    # PUT last: once it has declared the caller's own limit, a DELETE would find that one.
+    for method in sorted(route.methods, key=lambda method: method == "put"):
+        body = {"limit": 9, "period": "1m"} if method == "put" else None
+        response = getattr(other_tenant.client, method)(path, body, format="json")
+
+        if method == "put":  # declares the caller's own limit of that name
+            assert response.status_code == 201, response.content
+        else:
+            assert response.status_code == 404, (method, path, response.content)
+            assert response.json()["code"] == "not_found"
+    theirs = RateLimit.objects.get(organization=tenant.organization, name="openai")
+    assert (theirs.limit, theirs.period_ms) == (5, 1000)
+    mine = RateLimit.objects.get(organization=other_tenant.organization, name="openai")
+    assert (mine.limit, mine.period_ms) == (9, 60_000)
+
+
 @pytest.mark.parametrize("route", ID_ROUTES, ids=str)
 def test_a_run_id_that_does_not_exist_is_not_found_like_a_foreign_one(
     route: Route, tenant: Tenant
@@ -128,6 +159,7 @@ def test_lists_and_totals_show_nothing_of_another_organization(
     params = {"page_size": 500} if route.accepts("get", "page_size") else {}
     states.created(other_tenant.organization)
     secret_put(organization=other_tenant.organization, name="OTHERS", value="x")
+    rate_limit_put(organization=other_tenant.organization, name="others", limit=1, period_ms=1000)
     before = other_tenant.get(path, params).json()
 
     for make in (states.running, states.created, states.failed, states.waiting_approval):
@@ -135,7 +167,9 @@ def test_lists_and_totals_show_nothing_of_another_organization(
     states.runner(tenant.organization)
     states.runner_job(tenant.organization)
     states.escalation(tenant.organization)
+    states.schedule(tenant.organization)
     secret_put(organization=tenant.organization, name="OWN", value="y")
+    rate_limit_put(organization=tenant.organization, name="own", limit=1, period_ms=1000)
 
     # Another organization's activity is invisible: not a row, not a total changes.
     assert other_tenant.get(path, params).json() == before
@@ -216,6 +250,26 @@ def test_another_organizations_escalation_is_not_found_for_every_method(
         assert response.json()["code"] == "not_found"
     theirs.refresh_from_db()
     assert (theirs.status, theirs.run.status) == ("open", "escalated")
+    if "get" in route.methods:
+        assert tenant.get(path).status_code == 200
+
+
+@pytest.mark.parametrize("route", SCHEDULE_ROUTES, ids=str)
+def test_another_organizations_schedule_is_not_found_for_every_method(
+    route: Route, tenant: Tenant, other_tenant: Tenant
+) -> None:
+    theirs = states.schedule(tenant.organization)
+    path = route.path(schedule_id=theirs.pk)
+    before = Schedule.objects.values().get(pk=theirs.pk)
+
+    for method in route.methods:
+        body = states.schedule_body() if method == "patch" else {}
+        response = getattr(other_tenant.client, method)(path, body, format="json")
+
+        assert response.status_code == 404, (method, path, response.content)
+        assert response.json() == {"code": "not_found", "message": "not found", "details": None}
+    assert Schedule.objects.values().get(pk=theirs.pk) == before
+    assert not ScheduleFire.objects.exists()
     if "get" in route.methods:
         assert tenant.get(path).status_code == 200
 

@@ -34,7 +34,8 @@ def test_every_list_is_found() -> None:
 def test_every_list_refuses_an_unknown_parameter_even_for_a_run_that_does_not_exist(
     route: Route, tenant: Tenant
 ) -> None:
-    path = route.path(run_id=NO_SUCH_RUN) if "run_id" in route.parameters else route.path()
+    # Every id in the path (a run's, a schedule's) of something that does not exist.
+    path = route.path(**dict.fromkeys(route.parameters, NO_SUCH_RUN))
 
     response = tenant.get(path, {"stauts": "failed"})
 

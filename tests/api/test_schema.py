@@ -14,6 +14,7 @@ from django.db import close_old_connections
 from hypothesis import HealthCheck, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
+from schemathesis.config import SchemathesisConfig
 from schemathesis.core.parameters import ParameterLocation
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -25,6 +26,8 @@ from schemathesis.specs.openapi.checks import (
 
 from config.wsgi import application
 from runs.models import Run
+from schedules import services as schedule_services
+from schedules.models import Schedule
 from tests.api import states
 from tests.api.conftest import Tenant, make_tenant
 
@@ -38,8 +41,27 @@ CHECKS = [
 ]
 
 
+# Generating plans (deeply nested, free-form parameters) costs far more than any other
+# body, so the operations whose body holds one (creating runs, creating and changing
+# schedules) get fewer examples than the rest; both stay deterministic. The coverage
+# phase (every boundary of every keyword, ~2,800 requests for a body with a plan, over a
+# minute) runs once for the `Plan` component, with `POST /runs`: the schedules' bodies
+# hold the same component, validated by the same `parse_plan`; their other fields'
+# boundaries are tested one by one in tests/schedules/test_api.py.
+PLAN_BODIES = ["runs_create", "schedules_create", "schedules_update"]
+CONFIG = SchemathesisConfig.from_dict(
+    {
+        "operations": [
+            {
+                "include-operation-id": ["schedules_create", "schedules_update"],
+                "phases": {"coverage": {"enabled": False}},
+            }
+        ]
+    }
+)
+
 # Loaded when the module is collected: generating the schema reads no database.
-schema = schemathesis.openapi.from_wsgi("/api/schema/", application)
+schema = schemathesis.openapi.from_wsgi("/api/schema/", application, config=CONFIG)
 
 
 @pytest.fixture(autouse=True)
@@ -56,8 +78,9 @@ def _keep_the_test_connection() -> Iterator[None]:
 
 
 @pytest.fixture
-def rich_tenant(db: None, settings: Any) -> tuple[Tenant, list[Run]]:
-    """A tenant with plenty of credits and runs in several states to act on."""
+def rich_tenant(db: None, settings: Any) -> tuple[Tenant, list[Run], list[Schedule]]:
+    """A tenant with plenty of credits, runs in several states and schedules (active and
+    paused) to act on."""
     settings.API_THROTTLE_RATE = "100000/min"
     tenant = make_tenant(credits=10**9)
     runs = [
@@ -70,18 +93,24 @@ def rich_tenant(db: None, settings: Any) -> tuple[Tenant, list[Run]]:
             states.waiting_approval,
         )
     ]
-    return tenant, runs
+    schedules = [states.schedule(tenant.organization) for _ in range(2)]
+    schedule_services.schedule_pause(schedule_id=schedules[1].pk)
+    return tenant, runs, schedules
 
 
-def _with_real_run(case: Any, runs: list[Run]) -> None:
-    """Point most generated run ids at real runs, so actions do more than 404."""
-    run_id = (case.path_parameters or {}).get("run_id")
-    try:
-        generated = uuid.UUID(str(run_id))
-    except ValueError:
-        return  # a deliberately malformed id (negative data): keep it
-    if generated.int % 4:
-        case.path_parameters["run_id"] = str(runs[generated.int % len(runs)].pk)
+def _with_real_ids(case: Any, runs: list[Run], schedules: list[Schedule]) -> None:
+    """Point most generated run and schedule ids at real ones, so actions do more than
+    404."""
+    for name, rows in (("run_id", runs), ("schedule_id", schedules)):
+        value = (case.path_parameters or {}).get(name)
+        if value is None:
+            continue
+        try:
+            generated = uuid.UUID(str(value))
+        except ValueError:
+            continue  # a deliberately malformed id (negative data): keep it
+        if generated.int % 4:
+            case.path_parameters[name] = str(rows[generated.int % len(rows)].pk)
 
 
 def _breaks_its_headers(case: Any) -> bool:
@@ -105,30 +134,27 @@ def _checks_for(case: Any) -> list[Any]:
     return CHECKS
 
 
-def _call_and_validate(case: Any, tenant: Tenant, runs: list[Run]) -> None:
-    _with_real_run(case, runs)
+def _call_and_validate(
+    case: Any, tenant: Tenant, runs: list[Run], schedules: list[Schedule]
+) -> None:
+    _with_real_ids(case, runs, schedules)
     key = {} if _breaks_its_headers(case) else {"Authorization": f"Bearer {tenant.key}"}
     case.call_and_validate(headers=key, checks=_checks_for(case))
 
 
-# Generating plans (deeply nested, free-form parameters) costs far more than any other
-# body, so creating runs gets fewer examples than the rest; both stay deterministic.
-CREATE = "^/api/v1/runs$"
-
-
 @pytest.mark.django_db
-@schema.include(method="POST", path_regex=CREATE).parametrize()
+@schema.include(operation_id=PLAN_BODIES).parametrize()
 @settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-def test_creating_runs_conforms_to_the_schema(
-    case: Any, rich_tenant: tuple[Tenant, list[Run]]
+def test_bodies_with_a_plan_conform_to_the_schema(
+    case: Any, rich_tenant: tuple[Tenant, list[Run], list[Schedule]]
 ) -> None:
     _call_and_validate(case, *rich_tenant)
 
 
 @pytest.mark.django_db
-@schema.exclude(method="POST", path_regex=CREATE).parametrize()
+@schema.exclude(operation_id=PLAN_BODIES).parametrize()
 @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_every_other_operation_conforms_to_the_schema(
-    case: Any, rich_tenant: tuple[Tenant, list[Run]]
+    case: Any, rich_tenant: tuple[Tenant, list[Run], list[Schedule]]
 ) -> None:
     _call_and_validate(case, *rich_tenant)

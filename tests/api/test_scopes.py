@@ -48,6 +48,9 @@ def paths(route: Route, own: Run, foreign: Run) -> list[str]:
     if "escalation_id" in route.parameters:  # a ticket of each organization, and none
         tickets = [states.escalation(run.organization).pk for run in (own, foreign)]
         return [route.path(escalation_id=pk) for pk in (*tickets, UNKNOWN_RUN)]
+    if "schedule_id" in route.parameters:  # a schedule of each organization, and none
+        schedules = [states.schedule(run.organization).pk for run in (own, foreign)]
+        return [route.path(schedule_id=pk) for pk in (*schedules, UNKNOWN_RUN)]
     return [route.path()]
 
 

@@ -66,6 +66,7 @@ COMPONENTS: dict[Any, str] = {
     types.Usage: "UsageOutput",
     types.Organization: "OrganizationOutput",
     types.Secret: "SecretOutput",
+    types.RateLimit: "RateLimitOutput",
     types.Runner: "RunnerOutput",
     types.RunnerJob: "JobOutput",
     types.Artifact: "ArtifactOutput",
@@ -73,6 +74,10 @@ COMPONENTS: dict[Any, str] = {
     types.UploadStarted: "StartUploadOutput",
     types.EscalationError: "EscalationErrorOutput",
     types.Escalation: "EscalationOutput",
+    types.RunRef: "RunRefOutput",
+    types.Schedule: "ScheduleOutput",
+    types.ScheduleDetail: "ScheduleDetailOutput",
+    types.ScheduleFire: "FireOutput",
 }
 TYPES = {component: client_type for client_type, component in COMPONENTS.items()}
 NOT_COMPONENTS: dict[Any, str] = {

@@ -228,6 +228,24 @@ def test_top_failure_codes_of_the_last_day_most_frequent_first() -> None:
     assert failures.total == 4
 
 
+def test_steps_waiting_for_rate_limits_are_counted_by_limit_with_the_soonest_due() -> None:
+    now = timezone.now()
+    _, task, _ = _hierarchy("running", now)
+    for n, (reason, due) in enumerate(
+        [("rate_limited:openai", 5), ("rate_limited:openai", 2), ("rate_limited:tool:http", 9)]
+    ):
+        Step.objects.create(
+            run_id=task.run_id, task=task, attempt_number=1, name=f"w{n}", position=n + 1,
+            tool="noop", status="pending", waiting_reason=reason,
+            next_run_at=now + timedelta(seconds=due),
+        )  # fmt: skip
+
+    waits = dashboard.rate_limit_waits()
+
+    assert [(w.limit, w.steps) for w in waits] == [("openai", 2), ("tool:http", 1)]
+    assert waits[0].next_at == now + timedelta(seconds=2)
+
+
 def test_top_failure_codes_shows_ten_and_counts_every_failure() -> None:
     now = timezone.now()
     _, _, step = _hierarchy("running", now)

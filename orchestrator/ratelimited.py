@@ -1,0 +1,64 @@
+"""A claimed step that spends rate limits asks for its units before its tool runs
+(``runs.ratewaits``, docs/rate-limits.md): its keys and units are rendered here, where
+the step's references resolve (variables, earlier steps' outputs), then the engine
+grants them or makes the step wait for them without holding this worker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common.templates import Reference, TemplateError, UnresolvedReference, render_value
+from common.tools.base import ToolError
+from orchestrator import metrics
+from orchestrator.context import StepContext
+from ratelimits.models import KEY_MAX_LENGTH
+from runs import ratewaits
+from runs.engine.outcomes import Outcome
+from runs.models import Step
+
+RUN = "run"  # the units are granted: run the tool
+WAIT = "wait"  # the step waits for its units (or its attempt is not its own any more)
+
+
+def ask(step: Step, attempt: int) -> tuple[str, Outcome | None]:
+    """(RUN, None), (WAIT, None), or (RUN, outcome): an attempt that fails before its
+    tool runs (a key or units that do not render, units beyond the limit)."""
+    try:
+        wanted = _wanted(step, StepContext(step, step.run_id, attempt))
+    except (TemplateError, UnresolvedReference, ValueError) as exc:
+        return RUN, Outcome(error=ToolError("template_error", f"rate_limits: {exc}", False))
+    admission = ratewaits.admit(
+        step_id=step.pk, run_id=step.run_id, attempt=attempt, tool=step.tool, wanted=wanted
+    )
+    if admission.refused:
+        return RUN, Outcome(error=ToolError("rate_limit_exceeded", admission.refused, False))
+    if admission.go:
+        metrics.rate_limit_granted(admission.granted, admission.waited_s)
+        return RUN, None
+    if admission.reason:
+        metrics.rate_limit_wait(admission.reason.removeprefix(ratewaits.WAITING_PREFIX))
+    return WAIT, None
+
+
+def _wanted(step: Step, context: StepContext) -> list[ratewaits.Wanted]:
+    def resolve(ref: Reference) -> Any:
+        # A key is stored with the grants and shown to operators: never a secret.
+        if ref[0] == "secrets":
+            raise UnresolvedReference("secrets cannot be used in rate limits", ref)
+        return context(ref)
+
+    wanted = []
+    for use in step.rate_limits:
+        key = render_value(use.get("key", ""), resolve)
+        key = key if isinstance(key, str) else str(key)
+        if len(key) > KEY_MAX_LENGTH:
+            raise ValueError(f"key of {use['name']!r} renders to {len(key)} characters")
+        units = render_value(use.get("units", 1), resolve)
+        if isinstance(units, str) and units.strip().isdigit():
+            units = int(units)
+        if isinstance(units, bool) or not isinstance(units, int) or units < 1:
+            raise ValueError(
+                f"units of {use['name']!r} render to {units!r}, not a whole number from 1"
+            )
+        wanted.append(ratewaits.Wanted(use["name"], key, units))
+    return wanted

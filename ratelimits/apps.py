@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class RateLimitsConfig(AppConfig):
+    name = "ratelimits"
+    verbose_name = "Rate limits"

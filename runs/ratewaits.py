@@ -1,0 +1,401 @@
+"""Steps that wait for rate limits' units, without holding a worker (docs/rate-limits.md).
+
+A worker claims a step as any other; if the step spends rate limits (its plan's
+``rate_limits``, or a global limit on its tool), the worker renders their keys and units
+and asks here (``admit``) before it runs the tool. Granted at once: the step runs.
+Otherwise the step holds a reservation, the earliest moment its units fit every window
+(``ratelimits.windows``), and goes back to PENDING until then, exactly as a retry's
+backoff waits: ``next_run_at`` set (it is no claimable row meanwhile and rings no
+doorbell), its attempt given back, ``waiting_reason`` saying which limit it waits for,
+and one message for that moment. The line is the reservations' order: first come, first
+served within a priority; a step of a better priority (a lower number) that arrives goes
+before those of worse priorities still waiting (they move back: ``requeue``).
+
+What moves reservations: a run that ends or pauses gives its back (``release_run``), and
+the others of those buckets move up; a limit changed or deleted re-plans its waiting
+steps. A step whose reservation moved is told by its row's ``next_run_at`` and a message
+at the new moment; one whose row is locked just then is being claimed, and its claim
+reads the reservation as it is now.
+
+Lock order: the run's gate (shared, as a recording) and the step's row, then the buckets'
+advisory locks (sorted), then the grants. A requeue holds bucket locks and updates other
+runs' steps with SKIP LOCKED: it never waits for a row while holding a bucket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from ratelimits import selectors as limits
+from ratelimits import windows
+from ratelimits.models import MAX_PERIOD_MS, RateGrant, RateLimit
+from ratelimits.windows import Ask, Asker, clock, forget, lock, reserve, take
+from runs.models import Run, Step
+from runs.outbox import Outbox, StepMessage
+from runs.plan import Plan, PlanError
+from runs.states import RunStatus, StepStatus
+from runs.transitions import GATE_NAMESPACE, transition_locked
+
+WAITING_PREFIX = "rate_limited:"
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """One of the step's rate limits, its key and units rendered."""
+
+    name: str
+    key: str
+    units: int
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What ``admit`` decided: ``go`` (run the tool now), or the step waits ``until``
+    for ``reason``; ``dropped``: the attempt is not the step's any more (nothing done);
+    ``refused``: the units can never fit (the attempt fails with it)."""
+
+    go: bool = False
+    until: datetime | None = None
+    reason: str = ""
+    dropped: bool = False
+    refused: str = ""
+    # For the metrics: units granted by limit, and how long the step waited in line.
+    granted: tuple[tuple[str, int], ...] = ()
+    waited_s: float | None = None
+
+
+def bucket_of(organization_id: Any, name: str, key: str) -> str:
+    return f"o:{organization_id}:{name}:{key}"
+
+
+def tool_bucket(tool: str) -> str:
+    return f"t:{tool}"
+
+
+def spends(step: Step) -> bool:
+    """Whether the claimed step must ask before it runs (most steps: one list and one
+    dictionary look-up)."""
+    return bool(step.rate_limits) or limits.tool_limit(step.tool) is not None
+
+
+# --------------------------------------------------------------------------- submission
+def plan_problems(organization_id: Any, plan: Plan) -> list[PlanError]:
+    """The plan's rate limits that the organization has not declared, and units that
+    could never fit their limit: refused at submission (``invalid_plan``)."""
+    uses = list(_uses(plan))
+    if not uses:
+        return []
+    declared = limits.limits_named(organization_id, {use.name for _, use in uses})
+    problems = []
+    for path, use in uses:
+        limit = declared.get(use.name)
+        if limit is None:
+            problems.append(PlanError(f"{path}.name", f"unknown rate limit {use.name!r}"))
+        elif isinstance(use.units, int) and use.units > limit.limit:
+            problems.append(
+                PlanError(
+                    f"{path}.units",
+                    f"{use.units} units can never fit rate limit {use.name!r}"
+                    f" ({limit.limit} per {limit.period_ms} ms)",
+                )
+            )
+    return problems
+
+
+def _uses(plan: Plan) -> Iterable[tuple[str, Any]]:
+    for a, agent in enumerate(plan.agents):
+        for t, task in enumerate(agent.tasks):
+            for s, step in enumerate(task.steps):
+                path = f"agents[{a}].tasks[{t}].steps[{s}]"
+                for kind in ("on_error", "on_callback"):
+                    for h, handler in enumerate(getattr(step, kind)):
+                        for u, use in enumerate(handler.rate_limits):
+                            yield f"{path}.{kind}[{h}].rate_limits[{u}]", use
+                for u, use in enumerate(step.rate_limits):
+                    yield f"{path}.rate_limits[{u}]", use
+
+
+# --------------------------------------------------------------------------- admission
+def admit(
+    *, step_id: int, run_id: Any, attempt: int, tool: str, wanted: Sequence[Wanted]
+) -> Admission:
+    """Grant the claimed attempt its units now, or make it wait for them (module doc)."""
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_advisory_xact_lock_shared(%s, hashtext(%s::uuid::text))",
+                [GATE_NAMESPACE, str(run_id)],
+            )
+        step = (
+            Step.objects.select_for_update(no_key=True)
+            .filter(pk=step_id, status=StepStatus.RUNNING, attempts=attempt)
+            .only("pk", "run_id", "status", "attempts", "timeout_ms", "waiting_reason")
+            .first()
+        )
+        if step is None:
+            return Admission(dropped=True)
+        organization_id, priority = Run.objects.values_list("organization_id", "priority").get(
+            pk=run_id
+        )
+        asks, refused = _asks(organization_id, tool, wanted)
+        if refused:
+            return Admission(refused=refused)
+        if not asks:
+            _not_waiting(step)
+            return Admission(go=True)
+        lock(ask.bucket for ask in asks)
+        now = clock()
+        held = list(RateGrant.objects.filter(step_id=step_id, used=False))
+        queued_at = min((grant.queued_at for grant in held), default=now)
+        if held:
+            at = held[0].granted_at
+            late = timedelta(seconds=float(settings.RATE_LIMIT_LATE_S))
+            if at > now:
+                # Woken before its moment (a message of an earlier plan): back to it.
+                return _park(step, attempt, run_id, priority, at, step.waiting_reason, now)
+            take(held)  # its moment came: taken (too late to use, the units are lost)
+            if now - at <= late:
+                _not_waiting(step)
+                return _granted(asks, queued_at, now)
+        at, binding = reserve(asks, Asker(step_id, run_id, priority, queued_at), now, used=True)
+        if at <= now:
+            _not_waiting(step)
+            return _granted(asks, queued_at, now)
+        if _worse_waiting(asks, priority, at):
+            # Those of worse priorities go after this one: the line is re-planned.
+            requeue({ask.bucket for ask in asks}, now, Outbox())
+            at = (
+                RateGrant.objects.filter(step_id=step_id, used=False)
+                .values_list("granted_at", flat=True)
+                .first()
+                or at
+            )
+        Run.objects.filter(pk=run_id, rate_limited=False).update(rate_limited=True)
+        return _park(step, attempt, run_id, priority, at, WAITING_PREFIX + binding.name, now)
+
+
+def _asks(organization_id: Any, tool: str, wanted: Sequence[Wanted]) -> tuple[list[Ask], str]:
+    declared = limits.limits_named(organization_id, {w.name for w in wanted})
+    asks = []
+    for w in wanted:
+        limit = declared.get(w.name)
+        if limit is None:
+            continue  # deleted since the run was submitted: it limits nothing now
+        if w.units > limit.limit:
+            return [], (
+                f"{w.units} units can never fit rate limit {w.name!r}"
+                f" ({limit.limit} per {limit.period_ms} ms)"
+            )
+        asks.append(_ask(limit, bucket_of(organization_id, w.name, w.key), w.units))
+    tool_limit = limits.tool_limit(tool)
+    if tool_limit is not None:
+        asks.append(_ask(tool_limit, tool_bucket(tool), 1, name=f"tool:{tool}"))
+    return asks, ""
+
+
+def _ask(limit: RateLimit, bucket: str, units: int, name: str = "") -> Ask:
+    return Ask(bucket, limit.pk, name or limit.name, limit.limit, limit.period_ms, units)
+
+
+def _granted(asks: Sequence[Ask], queued_at: datetime, now: datetime) -> Admission:
+    granted = tuple((ask.name, ask.units) for ask in asks)
+    waited = (now - queued_at).total_seconds()
+    return Admission(go=True, granted=granted, waited_s=waited if waited > 0 else None)
+
+
+def _worse_waiting(asks: Sequence[Ask], priority: int, at: datetime) -> bool:
+    return RateGrant.objects.filter(
+        bucket__in=[ask.bucket for ask in asks],
+        used=False,
+        granted_at__lt=at,
+        priority__gt=priority,
+    ).exists()
+
+
+def _not_waiting(step: Step) -> None:
+    if step.waiting_reason:
+        Step.objects.filter(pk=step.pk).update(waiting_reason="")
+
+
+def _park(
+    step: Step,
+    attempt: int,
+    run_id: Any,
+    priority: int,
+    until: datetime,
+    reason: str,
+    now: datetime,
+) -> Admission:
+    """RUNNING -> PENDING until ``until``: the attempt is given back (it never ran), and
+    one message wakes the step then."""
+    wait_s = max(0.0, (until - now).total_seconds())
+    name = reason.removeprefix(WAITING_PREFIX)
+    transition_locked(
+        step,
+        StepStatus.PENDING,
+        message=f"waiting {wait_s:.3f} s for rate limit {name}",
+        payload={"rate_limit": name, "until": until.isoformat(), "attempt": attempt},
+        updates={
+            "next_run_at": until,
+            "lease_expires_at": None,
+            "worker": "",
+            "attempts": attempt - 1,
+            "waiting_reason": reason,
+        },
+        now=now,
+    )
+    timeout = (step.timeout_ms or settings.ENGINE_DEFAULT_STEP_TIMEOUT * 1000) / 1000
+    Outbox().add(StepMessage(step.pk, str(run_id), priority, float(timeout), wait_s))
+    return Admission(until=until, reason=reason)
+
+
+# --------------------------------------------------------------------------- moving the line
+def requeue(buckets: Iterable[str], now: datetime, outbox: Outbox) -> int:
+    """Re-plan the reservations still ahead in ``buckets`` (and the same steps'
+    reservations in other buckets): given back, then asked again in line order
+    (priority, then when each step first asked), under the limits as they are now.
+    Return how many steps' moments changed."""
+    first = set(buckets)
+    ahead = RateGrant.objects.filter(bucket__in=first, used=False, granted_at__gt=now)
+    steps = set(ahead.exclude(step_id=None).values_list("step_id", flat=True))
+    if not steps:
+        return 0
+    every = first | set(
+        RateGrant.objects.filter(step_id__in=steps, used=False).values_list("bucket", flat=True)
+    )
+    lock(every)
+    grants = [
+        grant
+        for grant in RateGrant.objects.filter(step_id__in=steps, used=False, granted_at__gt=now)
+        if grant.bucket in every
+    ]
+    by_step: dict[int, list[RateGrant]] = {}
+    for grant in grants:
+        by_step.setdefault(grant.step_id or 0, []).append(grant)
+    current = {
+        limit.pk: limit
+        for limit in RateLimit.objects.filter(pk__in={grant.limit_id for grant in grants})
+    }
+    forget(grants)
+    order = sorted(
+        by_step.values(), key=lambda held: (held[0].priority, held[0].queued_at, held[0].step_id)
+    )
+    moved = {}
+    for held in order:
+        first_grant = held[0]
+        asks = [
+            Ask(g.bucket, g.limit_id, current[g.limit_id].name, current[g.limit_id].limit,
+                current[g.limit_id].period_ms, min(g.units, current[g.limit_id].limit))
+            for g in held
+            if g.limit_id in current
+        ]  # fmt: skip
+        asker = Asker(
+            first_grant.step_id, first_grant.run_id, first_grant.priority, first_grant.queued_at
+        )
+        at = reserve(asks, asker, now, used=False)[0] if asks else now
+        if at != first_grant.granted_at:
+            moved[first_grant.step_id] = (at, first_grant.run_id, first_grant.priority)
+    _tell_moved(moved, now, outbox)
+    return len(moved)
+
+
+def _tell_moved(moved: dict[Any, tuple[datetime, Any, int]], now: datetime, outbox: Outbox) -> None:
+    """Steps whose moment moved: their rows say so (those not locked just now) and a
+    message wakes each at its new moment."""
+    if not moved:
+        return
+    waiting = Step.objects.filter(
+        pk__in=list(moved), status=StepStatus.PENDING, run__status=RunStatus.RUNNING
+    ).exclude(waiting_reason="")
+    rows = list(
+        waiting.select_for_update(no_key=True, skip_locked=True, of=("self",)).values_list(
+            "pk", "timeout_ms"
+        )
+    )
+    for pk, timeout_ms in rows:
+        at, run_id, priority = moved[pk]
+        Step.objects.filter(pk=pk).update(next_run_at=at)
+        timeout = (timeout_ms or settings.ENGINE_DEFAULT_STEP_TIMEOUT * 1000) / 1000
+        wait_s = max(0.0, (at - now).total_seconds())
+        outbox.add(StepMessage(pk, str(run_id), priority, float(timeout), wait_s))
+
+
+def release_run(run: Run) -> None:
+    """The run ended or paused: its reservations still ahead are given back (the steps
+    waiting behind them move up), and its steps wait for nothing any more (a paused
+    one asks again when the run resumes)."""
+    if not run.rate_limited:
+        return
+    now = clock()
+    ahead = RateGrant.objects.filter(run_id=run.pk, used=False)
+    buckets = set(ahead.values_list("bucket", flat=True))
+    if buckets:
+        lock(buckets)
+        RateGrant.objects.filter(run_id=run.pk, used=False, granted_at__gt=now).delete()
+        RateGrant.objects.filter(run_id=run.pk, used=False).update(used=True)
+    Step.objects.filter(run=run).exclude(waiting_reason="").update(
+        waiting_reason="", next_run_at=None
+    )
+    if buckets:
+        requeue(buckets, now, Outbox())
+
+
+# --------------------------------------------------------------------------- the limits
+@transaction.atomic
+def rate_limit_put(
+    *, organization: Any, name: str, limit: int, period_ms: int
+) -> tuple[RateLimit, bool]:
+    """Declare or change the organization's limit ``name``; the steps waiting for it are
+    re-planned under the new one. Returns the limit and whether it was created."""
+    found, created = RateLimit.objects.select_for_update().get_or_create(
+        organization=organization,
+        name=name,
+        defaults={"limit": limit, "period_ms": period_ms},
+    )
+    if not created and (found.limit, found.period_ms) != (limit, period_ms):
+        found.limit, found.period_ms = limit, period_ms
+        found.save(update_fields=["limit", "period_ms", "updated_at"])
+        _limit_changed(found)
+    return found, created
+
+
+@transaction.atomic
+def rate_limit_delete(*, organization: Any, name: str) -> bool:
+    """Remove the organization's limit ``name``: it limits nothing any more, and the
+    steps waiting for it go on at once. False when there was none."""
+    found = (
+        RateLimit.objects.select_for_update().filter(organization=organization, name=name).first()
+    )
+    if found is None:
+        return False
+    found.delete()
+    _limit_changed(found)
+    return True
+
+
+@transaction.atomic
+def limit_saved(limit: RateLimit) -> None:
+    """A limit was changed or removed in the admin (an operator's global limit on a
+    tool, or an organization's): its waiting steps are re-planned, as the API does."""
+    limits.forget_tool_limits()
+    _limit_changed(limit)
+
+
+def _limit_changed(limit: RateLimit) -> None:
+    buckets = set(
+        RateGrant.objects.filter(limit_id=limit.pk, used=False).values_list("bucket", flat=True)
+    )
+    if buckets:
+        requeue(buckets, clock(), Outbox())
+
+
+def prune_grants() -> int:
+    """Forget the grants no window can count any more (older than the longest period a
+    limit may have), a batch at a time (the beat sweep)."""
+    return windows.prune(clock() - timedelta(milliseconds=MAX_PERIOD_MS))

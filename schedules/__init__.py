@@ -1,0 +1,1 @@
+"""Run schedules: plans run by cron or every interval (docs/schedules.md)."""

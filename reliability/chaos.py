@@ -515,7 +515,7 @@ def limit_problems(book: RunBook) -> dict[str, Any]:
 # A schedule through the storm (docs/schedules.md): a run every SCHEDULE_EVERY, overlap
 # allowed, while faults strike and a second beat runs for part of it (Config.second_beat):
 # exactly one run per due time, each ending like any other run.
-SCHEDULE_EVERY = "4s"
+SCHEDULE_EVERY = "5s"
 
 
 def create_schedule(client: Client, url: str) -> str:
@@ -892,9 +892,10 @@ def storm(
         thread.start()
     for thread in clients:
         thread.join()
-    injector.join()
-    # No new scheduled run once the storm is over: what it started must end like the rest.
+    # No new scheduled run once the clients are done: the schedule's runs share the
+    # organization's slots with the storm's, and must end like the rest.
     pause_schedule(Client(urls[0], key, tally, fallbacks=urls), schedule_id)
+    injector.join()
     log(f"==> faults done after {time.time() - started:.0f}s; waiting for every run to end")
 
     def settled() -> bool:

@@ -291,7 +291,10 @@ class Probe(threading.Thread):
                 json={"plan": {**self.PLAN, "name": self.run_name}, "start": True},
                 idempotency_key=self.run_name,
             )
-            if created.status_code != 201:
+            # 200 with Idempotent-Replayed: the client sent it again (its answer was
+            # late or lost) and this is the run the first request created.
+            replayed = created.headers.get("Idempotent-Replayed") == "true"
+            if created.status_code != 201 and not (created.status_code == 200 and replayed):
                 self.error = f"create: {created.status_code} {created.text[:200]}"
                 return
             path = f"/api/v1/runs/{created.json()['id']}"

@@ -250,9 +250,13 @@ def _park(
         },
         now=now,
     )
-    timeout = (step.timeout_ms or settings.ENGINE_DEFAULT_STEP_TIMEOUT * 1000) / 1000
-    Outbox().add(StepMessage(step.pk, str(run_id), priority, float(timeout), wait_s))
+    Outbox().add(StepMessage(step.pk, str(run_id), priority, _timeout_s(step.timeout_ms), wait_s))
     return Admission(until=until, reason=reason)
+
+
+def _timeout_s(timeout_ms: int | None) -> float:
+    # runs.engine.dispatch.step_timeout_s's rule (the engine is a layer above this one).
+    return timeout_ms / 1000 if timeout_ms else float(settings.ENGINE_DEFAULT_STEP_TIMEOUT)
 
 
 # --------------------------------------------------------------------------- moving the line
@@ -321,9 +325,8 @@ def _tell_moved(moved: dict[Any, tuple[datetime, Any, int]], now: datetime, outb
     for pk, timeout_ms in rows:
         at, run_id, priority = moved[pk]
         Step.objects.filter(pk=pk).update(next_run_at=at)
-        timeout = (timeout_ms or settings.ENGINE_DEFAULT_STEP_TIMEOUT * 1000) / 1000
         wait_s = max(0.0, (at - now).total_seconds())
-        outbox.add(StepMessage(pk, str(run_id), priority, float(timeout), wait_s))
+        outbox.add(StepMessage(pk, str(run_id), priority, _timeout_s(timeout_ms), wait_s))
 
 
 def release_run(run: Run) -> None:

@@ -95,6 +95,12 @@ class JobOutput(serializers.Serializer[Any]):
     stop_requested_at = serializers.DateTimeField(allow_null=True)
     completed_at = serializers.DateTimeField(allow_null=True)
     timeout_at = serializers.DateTimeField()
+    traceparent = serializers.CharField(
+        source="trace_context",
+        required=False,
+        help_text="The W3C traceparent of the step attempt the job belongs to (empty when "
+        "the run is not traced): a runner continues the run's trace from it.",
+    )
 
 
 class RunnerOutput(serializers.Serializer[Any]):

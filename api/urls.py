@@ -11,6 +11,7 @@ from api import ratelimits as rate_limit_api
 from api import runners as runner_api
 from api import schedules as schedule_api
 from api import streams, views
+from api import webhooks as webhook_api
 from api.billing import BalanceApi, LedgerApi, OrganizationApi, SecretApi, SecretsApi
 
 app_name = "api"
@@ -126,5 +127,21 @@ urlpatterns = [
         "schedules/<uuid:schedule_id>/fires",
         schedule_api.ScheduleFiresApi.as_view(),
         name="schedule-fires",
+    ),
+    # Run webhooks (docs/webhooks.md)
+    path("webhooks", webhook_api.WebhooksApi.as_view(), name="webhooks"),
+    path("webhooks/<uuid:webhook_id>", webhook_api.WebhookApi.as_view(), name="webhook"),
+    path(
+        "webhooks/<uuid:webhook_id>/test", webhook_api.WebhookTestApi.as_view(), name="webhook-test"
+    ),
+    path(
+        "webhooks/<uuid:webhook_id>/deliveries",
+        webhook_api.WebhookDeliveriesApi.as_view(),
+        name="webhook-deliveries",
+    ),
+    path(
+        "webhooks/<uuid:webhook_id>/deliveries/<uuid:delivery_id>/redeliver",
+        webhook_api.WebhookRedeliverApi.as_view(),
+        name="webhook-redeliver",
     ),
 ]

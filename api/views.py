@@ -21,6 +21,7 @@ from drf_spectacular.utils import (
     OpenApiResponse,
     extend_schema,
 )
+from opentelemetry.trace import SpanKind
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -65,7 +66,7 @@ from api.serializers import (
     StrictIntegerField,
     TaskOutput,
 )
-from common import logcontext
+from common import logcontext, tracing
 from common.filters import MAX_BIGINT, StrictFilterSet
 from runs import approvals, selectors, services
 from runs.approvals import ApprovalResult
@@ -163,7 +164,26 @@ class ApiView(APIView):
         # The request's log lines name the run it is about, and (once its key is known)
         # the organization (common.logcontext).
         with logcontext.bound(run_id=kwargs.get("run_id")):
-            return super().dispatch(request, *args, **kwargs)
+            if not tracing.enabled:
+                return super().dispatch(request, *args, **kwargs)
+            # The request's span: a trace's root, or a child of the client's
+            # `traceparent`; a run it creates keeps it (docs/observability.md).
+            route = getattr(getattr(request, "resolver_match", None), "route", "") or ""
+            with tracing.span(
+                f"{request.method} /{route}",
+                parent_context=tracing.from_headers(request.META),
+                kind=SpanKind.SERVER,
+                attributes={
+                    "http.request.method": request.method or "",
+                    "http.route": f"/{route}",
+                    "url.path": request.path,
+                },
+            ) as span:
+                response = super().dispatch(request, *args, **kwargs)
+                span.set_attribute("http.response.status_code", response.status_code)
+                if response.status_code >= 500:
+                    tracing.failed(span, str(response.status_code))
+                return response
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)

@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -207,12 +208,52 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def start_collector() -> subprocess.Popen[bytes] | None:
+    """``BENCH_TRACING=1``: a local OTLP/HTTP collector (``bench.collector``, which
+    accepts and discards) and OTEL_EXPORTER_OTLP_ENDPOINT pointing at it, for this
+    process (it creates the runs) and the worker (it inherits the environment)."""
+    if os.environ.get("BENCH_TRACING", "") != "1":
+        return None
+    port_file = Path(tempfile.mkdtemp(prefix="bench-otlp-")) / "port"
+    command = [sys.executable, "-m", "bench.collector", "--port-file", str(port_file)]
+    collector = subprocess.Popen(command)
+    deadline = time.monotonic() + 30
+    while not port_file.exists():
+        if collector.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("the OTLP collector did not start")
+        time.sleep(0.05)  # another process's state: its port file
+    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{port_file.read_text()}"
+    os.environ.setdefault("OTEL_SERVICE_NAME", "orchestrator-bench")
+    return collector
+
+
+def stop_collector(collector: subprocess.Popen[bytes] | None) -> None:
+    if collector is None:
+        return
+    from config import tracing as tracing_config
+
+    tracing_config.flush()
+    collector.terminate()
+    collector.wait(10)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+    collector = start_collector()
+    try:
+        return _main(args)
+    finally:
+        stop_collector(collector)
+
+
+def _main(args: argparse.Namespace) -> int:
     import django
 
     django.setup()
+    from config import tracing as tracing_config
+
+    tracing = tracing_config.setup_from_settings("bench")
     from .scenarios import Engine, Raw
 
     signal.signal(signal.SIGTERM, _terminate)
@@ -301,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         f"for {', '.join(WIDE)}); {args.repeat} "
         f"pass(es), medians; ANALYZE before each scenario: {'no' if args.no_analyze else 'yes'}; "
         f"{os.cpu_count()} CPUs, 1-min load average {load['before']:.2f} "
-        f"before, {load['after']:.2f} after"
+        f"before, {load['after']:.2f} after; tracing "
+        f"{'on (OTLP/HTTP to a local collector)' if tracing else 'off'}"
     )
     print_report(header, figures, verdicts)
     problems = worker.log_problems()
@@ -323,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
                 "settings": os.environ.get("DJANGO_SETTINGS_MODULE"),
                 "python": platform.python_version(),
                 "cpus": os.cpu_count(),
+                "tracing": tracing,
                 "load_average_1min": load,
             },
             "aborted": aborted or None,

@@ -1,7 +1,8 @@
 """What a log line is about: the run, step, attempt and organization being worked on,
 added to every log record made while they are bound (``bound``), whichever logger
 makes it (a tool's, Celery's, psycopg's), so that one run can be followed across the
-web, worker and beat logs (README, Logs).
+web, worker and beat logs (README, Logs). With tracing on, records also carry the current
+span's ``trace_id`` and ``span_id``, so that a line leads to its span and back.
 
 A context variable holds them: per thread, per gevent greenlet (the web's requests) and
 per asyncio task, so that concurrent work never borrows another's fields. ``install``
@@ -17,8 +18,12 @@ from contextvars import ContextVar, Token
 from typing import Any
 from uuid import UUID
 
-# The fields, in the order people read them.
+from common import tracing
+
+# The fields, in the order people read them; with tracing on, the current span's ids
+# follow them (``trace_id``, ``span_id``: common.tracing), whatever is bound.
 FIELDS = ("organization_id", "run_id", "step_id", "attempt")
+TRACE_FIELDS = ("trace_id", "span_id")
 
 _bound: ContextVar[dict[str, Any] | None] = ContextVar("log_context", default=None)
 
@@ -73,6 +78,11 @@ def install() -> None:
         record = previous(*args, **kwargs)
         for key, value in (_bound.get() or {}).items():
             record.__dict__.setdefault(key, value)
+        if tracing.enabled:
+            found = tracing.ids()
+            if found is not None:
+                record.__dict__.setdefault("trace_id", found[0])
+                record.__dict__.setdefault("span_id", found[1])
         return record
 
     factory.log_context = True  # type: ignore[attr-defined]

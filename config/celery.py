@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import task_prerun
+from celery.signals import task_prerun, worker_process_init, worker_process_shutdown
 from kombu import Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
@@ -20,7 +20,10 @@ QUEUE_RUNS_HIGH = "runs.high_priority"
 QUEUE_RUNS_NORMAL = "runs.normal"
 QUEUE_STEPS = "steps"
 QUEUE_SWEEPS = "sweeps"
-ALL_QUEUES = (QUEUE_RUNS_HIGH, QUEUE_RUNS_NORMAL, QUEUE_STEPS, QUEUE_SWEEPS)
+# Run webhooks' sweep and sends (docs/webhooks.md): a queue of their own, so that
+# receivers, slow or many, never hold up the engine's sweeps; every worker consumes it.
+QUEUE_WEBHOOKS = "webhooks"
+ALL_QUEUES = (QUEUE_RUNS_HIGH, QUEUE_RUNS_NORMAL, QUEUE_STEPS, QUEUE_SWEEPS, QUEUE_WEBHOOKS)
 
 app = Celery("orchestrator")
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -35,6 +38,7 @@ app.conf.update(
         "orchestrator.runs.*": {"queue": QUEUE_RUNS_NORMAL},
         "orchestrator.steps.*": {"queue": QUEUE_STEPS},
         "orchestrator.sweeps.*": {"queue": QUEUE_SWEEPS},
+        "orchestrator.webhooks.*": {"queue": QUEUE_WEBHOOKS},
     },
 )
 app.autodiscover_tasks()
@@ -56,3 +60,19 @@ def _drop_stale_connections(**kwargs: Any) -> None:
 
     discard_interrupted_connection()
     close_old_connections()
+
+
+@worker_process_init.connect
+def _start_tracing(**kwargs: Any) -> None:
+    """Each pool process exports its own spans (the SDK's export thread does not survive
+    a fork): set up after it, when OTEL_EXPORTER_OTLP_ENDPOINT is set (config.tracing)."""
+    from config import tracing
+
+    tracing.setup_from_settings("worker")
+
+
+@worker_process_shutdown.connect
+def _flush_tracing(**kwargs: Any) -> None:
+    from config import tracing
+
+    tracing.flush()

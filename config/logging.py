@@ -7,6 +7,7 @@ import json
 import logging
 from datetime import UTC, datetime
 
+from common.logcontext import FIELDS, TRACE_FIELDS
 from common.redaction import active_values, redact_text
 
 # Attributes every LogRecord has; anything else was passed with `extra=` and is emitted.
@@ -30,6 +31,17 @@ class JsonFormatter(logging.Formatter):
         elif record.exc_info:
             payload["exc_info"] = self.formatException(record.exc_info)
         return json.dumps(payload, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """A plain line, then what it is about in brackets (the run, step and attempt bound by
+    ``common.logcontext``, and the trace and span ids with tracing on), when anything is."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        line = super().formatMessage(record)
+        found = vars(record)
+        about = " ".join(f"{key}={found[key]}" for key in (*FIELDS, *TRACE_FIELDS) if key in found)
+        return f"{line} [{about}]" if about else line
 
 
 class RedactSecrets(logging.Filter):

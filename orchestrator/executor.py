@@ -18,6 +18,9 @@ before the next is claimed, until the run has none claimable or the burst budget
 spent; each step keeps its own time limits (a SIGALRM timer for the soft one, the
 heartbeat thread for the hard one). A step due later (a retry's backoff) has a message
 of its own (``execute_step``), whose Celery time limits are the step's.
+
+With tracing on, each attempt is a span of its run's trace and its recording a child
+span (``orchestrator.traces``, docs/observability.md); off, one check per step.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from django.db import InterfaceError, OperationalError
 from artifacts import services as artifact_services
 from billing.models import Organization
 from billing.pricing import tool_price
-from common import logcontext
+from common import logcontext, tracing
 from common.connections import discard_interrupted_connection
 from common.expressions import ExpressionError, parsed
 from common.redaction import redact, redact_text, redactable, redacting
@@ -51,7 +54,7 @@ from common.templates import Reference, TemplateError, UnresolvedReference, rend
 from common.text import storable_text, unstorable_string
 from common.tools import registry
 from common.tools.base import Tool, ToolContext, ToolError
-from orchestrator import metrics, ratelimited
+from orchestrator import metrics, ratelimited, traces
 from orchestrator.context import StepContext
 from orchestrator.dispatch import CeleryTransport, serving
 from orchestrator.heartbeat import heart
@@ -124,15 +127,18 @@ def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
             attempt = step.attempts
             logcontext.add(attempt=attempt)
             began = time.monotonic()
-            verdict, refusal = (
-                ratelimited.ask(step, attempt)
-                if ratewaits.spends(step)
-                else (ratelimited.RUN, None)
-            )
-            if verdict == ratelimited.WAIT:
-                return "waiting"
-            outcome = refusal or run_attempt(step, attempt)
-            applied, _ = _record(step, attempt, outcome)
+            with traces.attempt(step, attempt) as span:
+                verdict, refusal = (
+                    ratelimited.ask(step, attempt)
+                    if ratewaits.spends(step)
+                    else (ratelimited.RUN, None)
+                )
+                if verdict == ratelimited.WAIT:
+                    span.set_attribute("orchestrator.outcome", "waiting_rate_limit")
+                    return "waiting"
+                outcome = refusal or run_attempt(step, attempt)
+                applied, _ = _record(step, attempt, outcome)
+                traces.finished(span, step, outcome, applied)
             _measure(step, outcome, time.monotonic() - began, applied)
         finally:
             heart.hold(None)
@@ -246,18 +252,21 @@ class _Server:
             organization_id=organization, run_id=run_id, step_id=step.pk, attempt=attempt
         ):
             began = time.monotonic()
-            refusal = None
-            if ratewaits.spends(step):
-                verdict, refusal = ratelimited.ask(step, attempt)
-                if verdict == ratelimited.WAIT:
-                    return True  # it waits for its units without this worker: serve on
-            outcome = refusal or run_time_limited(step, attempt, hard_limits=self.hard_limits)
-            self.served += 1
-            now = time.monotonic()
-            spent = self.served >= settings.ENGINE_BURST_STEPS or now >= self.deadline
-            claim = None if spent or self.leaving else self.claim(choose=now >= until)
-            with serving(str(run_id)):
-                applied, after = _record(step, attempt, outcome, claim)
+            with traces.attempt(step, attempt) as span:
+                refusal = None
+                if ratewaits.spends(step):
+                    verdict, refusal = ratelimited.ask(step, attempt)
+                    if verdict == ratelimited.WAIT:
+                        span.set_attribute("orchestrator.outcome", "waiting_rate_limit")
+                        return True  # it waits for its units without this worker: serve on
+                outcome = refusal or run_time_limited(step, attempt, hard_limits=self.hard_limits)
+                self.served += 1
+                now = time.monotonic()
+                spent = self.served >= settings.ENGINE_BURST_STEPS or now >= self.deadline
+                claim = None if spent or self.leaving else self.claim(choose=now >= until)
+                with serving(str(run_id)):
+                    applied, after = _record(step, attempt, outcome, claim)
+                traces.finished(span, step, outcome, applied)
             self.next, self.chosen = after.claimed, after.chosen
             _measure(step, outcome, time.monotonic() - began, applied)
         if not applied or spent:
@@ -427,6 +436,9 @@ def _record(
     hands it on)."""
     discard_interrupted_connection()
     try:
+        if tracing.enabled:
+            with traces.recording(step, attempt, outcome):
+                return record_and_claim(step.pk, step.run_id, attempt, outcome, claim)
         return record_and_claim(step.pk, step.run_id, attempt, outcome, claim)
     except (OperationalError, InterfaceError) as exc:
         raise RecordFailed(step.pk, step.run_id, attempt, outcome) from exc

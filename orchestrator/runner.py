@@ -32,6 +32,12 @@ from types import FrameType
 from typing import Any
 
 import httpx
+from opentelemetry import trace
+from opentelemetry.trace import Span
+
+from common import tracing
+from config import tracing as tracing_config
+from config.env import Env
 
 logger = logging.getLogger("orchestrator.runner")
 
@@ -51,6 +57,7 @@ class Job:
     id: str
     process: subprocess.Popen[bytes]
     stop_signal: str = ""  # the signal that ended it, when it was stopped
+    span: Span = trace.INVALID_SPAN  # its span in the run's trace (tracing on)
 
 
 @dataclass
@@ -208,6 +215,21 @@ class Runner:
             "ORCH_URL": self.url.rstrip("/"),
             "ORCH_API_KEY": self.api_key,
         }
+        # The job continues its step attempt's trace (docs/observability.md); the
+        # command may continue it too, from TRACEPARENT (the W3C environment carrier).
+        span = tracing.start(
+            "runner job",
+            parent_context=str(job.get("traceparent") or ""),
+            attributes={
+                "orchestrator.runner_job.id": str(job["id"]),
+                "orchestrator.run.id": str(job.get("run", "")),
+                "orchestrator.step.id": job.get("step") or 0,
+                "orchestrator.runner.id": self.runner_id,
+                "orchestrator.runner_job.type": str(job.get("type", "")),
+            },
+        )
+        if traceparent := tracing.traceparent(span):
+            env["TRACEPARENT"] = traceparent
         process = subprocess.Popen(
             self.command,
             stdin=subprocess.PIPE,
@@ -217,7 +239,7 @@ class Runner:
             cwd=job.get("project_dir") or None,
             start_new_session=True,  # its own process group: a stop reaches its children
         )
-        running = Job(str(job["id"]), process)
+        running = Job(str(job["id"]), process, span=span)
         with self.lock:
             self.jobs[running.id] = running
         self._post(f"/runner/jobs/{running.id}/started", {"runner_id": self.runner_id})
@@ -242,6 +264,12 @@ class Runner:
             tail = stderr.decode(errors="replace")[-STDERR_TAIL:]
             body["error"] = tail or f"exited with status {job.process.returncode}"
             self._post(f"/runner/jobs/{job.id}/failed", body)
+        job.span.set_attribute("process.exit.code", job.process.returncode)
+        if job.stop_signal:
+            job.span.set_attribute("orchestrator.runner_job.signal", job.stop_signal)
+        elif job.process.returncode != 0:
+            tracing.failed(job.span, f"exit {job.process.returncode}")
+        job.span.end()
 
     def stop(self, job_id: str) -> None:
         """SIGTERM to the job's process group, SIGKILL if it outlives ``kill_after``."""
@@ -287,6 +315,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s runner %(levelname)s %(message)s")
+    # Traces: on when OTEL_EXPORTER_OTLP_ENDPOINT is set (the runner reads the OTEL_*
+    # variables as the server's settings do, through config.env).
+    env = Env()
+    tracing_config.setup(tracing_config.read(env, "orchestrator-runner"), "runner")
+    env.raise_if_invalid()
     runner = Runner(
         url=args.url,
         api_key=args.api_key,
@@ -307,7 +340,10 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    runner.run()
+    try:
+        runner.run()
+    finally:
+        tracing_config.flush()
     return 0
 
 

@@ -86,4 +86,11 @@ def schedules() -> tuple[Schedule, ...]:
             task="orchestrator.sweeps.schedules",
             every_seconds=_every("SCHEDULES_TICK_SECONDS"),
         ),
+        # Run webhooks (docs/webhooks.md): claim the due deliveries and send them.
+        Schedule(
+            name="webhook-sweep",
+            task="orchestrator.webhooks.sweep",
+            every_seconds=_every("WEBHOOK_SWEEP_INTERVAL"),
+            queue="webhooks",
+        ),
     )

@@ -21,7 +21,7 @@ from kombu.exceptions import OperationalError as BrokerError
 
 from artifacts import services as artifact_services
 from common import logcontext
-from orchestrator import executor, metrics, notify, planners, polling, sweeps
+from orchestrator import executor, metrics, notify, planners, polling, sweeps, webhooks
 from orchestrator.dispatch import CeleryTransport, serving
 from runs import admission, callbacks, children, ratewaits, replanning, runners
 from runs.engine import control
@@ -261,6 +261,19 @@ def fire_due_schedules_task() -> dict[str, int]:
 def sweep_rate_grants_task() -> dict[str, int]:
     """Grants older than the longest period no window counts any more."""
     return _swept("rate_grants", {"pruned": ratewaits.prune_grants()})
+
+
+@shared_task(name="orchestrator.webhooks.sweep", **RETRY_OPTIONS)
+def sweep_webhooks_task() -> dict[str, int]:
+    """Claim the run webhooks' due deliveries and send each (docs/webhooks.md)."""
+    return _swept("webhooks", webhooks.sweep())
+
+
+@shared_task(name="orchestrator.webhooks.deliver", **RETRY_OPTIONS)
+def webhook_delivery_task(delivery_id: int, token: str) -> str | None:
+    """Send one claimed delivery; a duplicate message, or one whose claim passed to
+    another, sends nothing."""
+    return webhooks.deliver(delivery_id, token)
 
 
 @shared_task(bind=True, name="orchestrator.runs.escalated", **RETRY_OPTIONS)

@@ -73,6 +73,9 @@ from orchestrator_client.types import (
     Step,
     Task,
     UploadStarted,
+    Webhook,
+    WebhookCreated,
+    WebhookDelivery,
 )
 from orchestrator_client.types import (
     Run as RunSummary,
@@ -699,6 +702,60 @@ class Client:
 
     def delete_rate_limit(self, name: str) -> None:
         self.request("DELETE", f"rate-limits/{_id(name)}")
+
+    # ------------------------------------------------------------------ webhooks
+    def webhooks(
+        self, *, page_size: int | None = None, limit: int | None = None
+    ) -> Paginator[Webhook]:
+        """Your organization's webhook endpoints, newest first (docs/webhooks.md)."""
+        return cast(Paginator[Webhook], self._pages("webhooks", {"page_size": page_size}, limit))
+
+    def create_webhook(
+        self,
+        url: str,
+        *,
+        events: Sequence[str],
+        secret: str | None = None,
+        description: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> WebhookCreated:
+        """Register an endpoint for ``events``; the answer's ``secret`` (generated when
+        none is given) is shown this once."""
+        body = {"url": url, "events": list(events), "secret": secret, "description": description}
+        return cast(WebhookCreated, self._post("webhooks", body, idempotency_key=idempotency_key))
+
+    def webhook(self, webhook_id: str) -> Webhook:
+        return cast(Webhook, self._get(f"webhooks/{_id(webhook_id)}"))
+
+    def update_webhook(self, webhook_id: str, **fields: Any) -> Webhook:
+        """Change the fields given (``url``, ``events``, ``secret``, ``description``,
+        ``enabled``: False disables it, True enables it again)."""
+        response = self.request("PATCH", f"webhooks/{_id(webhook_id)}", json=fields)
+        return cast(Webhook, decoded(response))
+
+    def delete_webhook(self, webhook_id: str) -> None:
+        self.request("DELETE", f"webhooks/{_id(webhook_id)}")
+
+    def test_webhook(
+        self, webhook_id: str, *, idempotency_key: str | None = None
+    ) -> WebhookDelivery:
+        """Queue a ``webhook.test`` delivery to the endpoint; follow it in its deliveries."""
+        path = f"webhooks/{_id(webhook_id)}/test"
+        return cast(WebhookDelivery, self._post(path, None, idempotency_key=idempotency_key))
+
+    def webhook_deliveries(
+        self, webhook_id: str, *, page_size: int | None = None, limit: int | None = None
+    ) -> Paginator[WebhookDelivery]:
+        """The endpoint's deliveries, newest first, each with every attempt."""
+        path = f"webhooks/{_id(webhook_id)}/deliveries"
+        return cast(Paginator[WebhookDelivery], self._pages(path, {"page_size": page_size}, limit))
+
+    def redeliver_webhook(
+        self, webhook_id: str, delivery_id: str, *, idempotency_key: str | None = None
+    ) -> WebhookDelivery:
+        """Send a delivery again (same id and body), retried for a new window."""
+        path = f"webhooks/{_id(webhook_id)}/deliveries/{_id(delivery_id)}/redeliver"
+        return cast(WebhookDelivery, self._post(path, None, idempotency_key=idempotency_key))
 
     # ------------------------------------------------------------------ runners
     def runners(

@@ -307,6 +307,9 @@ class RunnerJob(TypedDict):
     stop_requested_at: str | None
     completed_at: str | None
     timeout_at: str
+    # The W3C traceparent of the step attempt that asked for the job, when the run is
+    # traced (docs/observability.md): a runner continues the trace from it.
+    traceparent: NotRequired[str]
 
 
 class Artifact(TypedDict):
@@ -417,3 +420,53 @@ class ScheduleFire(TypedDict):
     message: str
     run: RunRef | None
     created_at: str
+
+
+class Webhook(TypedDict):
+    """An endpoint the organization's run events are POSTed to (docs/webhooks.md); its
+    secret is never shown again after the create."""
+
+    id: str
+    url: str
+    events: list[str]
+    description: str
+    enabled: bool
+    disabled_at: str | None
+    disabled_reason: str
+    consecutive_failures: int
+    failing_since: str | None
+    last_delivered_at: str | None
+    created_by: str
+    created_at: str
+    updated_at: str
+
+
+class WebhookCreated(Webhook):
+    """The create's answer: the endpoint with its signing secret, shown this once."""
+
+    secret: str
+
+
+class WebhookAttempt(TypedDict):
+    number: int
+    status_code: int | None
+    ok: bool
+    error: str
+    duration_ms: int
+    created_at: str
+
+
+class WebhookDelivery(TypedDict):
+    """One event for one endpoint, with every attempt; ``id`` is the body's and the
+    X-Orchestrator-Delivery header's, the same on every attempt."""
+
+    id: str
+    type: str
+    status: Literal["pending", "delivered", "failed"]
+    run: str | None
+    next_attempt_at: str
+    last_status_code: int | None
+    last_error: str
+    delivered_at: str | None
+    created_at: str
+    attempts: list[WebhookAttempt]

@@ -42,6 +42,7 @@ from typing import Any, Protocol
 from reliability.checks import detail_lines, with_descendants
 from reliability.client import Client, GaveUp, Tally
 from reliability.stack import Stack, wait_for
+from reliability.webhooks import WebhookReceiver, pending_deliveries, webhook_report
 from reliability.workload import (
     EXPECTED,
     KINDS,
@@ -65,6 +66,12 @@ CHAOS_SETTINGS = {
     # restart reconnects (and its jobs are recovered) inside the fault window.
     "RUNNER_HEARTBEAT_INTERVAL": "2",
     "RUNNER_STALE_AFTER": "6",
+    # Webhooks (reliability/webhooks.py): a receiver failing a third of the time is
+    # retried within seconds, and a delivery whose worker was killed is sent again soon.
+    "WEBHOOK_BACKOFF": "0.5",
+    "WEBHOOK_BACKOFF_MAX": "4",
+    "WEBHOOK_TIMEOUT": "5",
+    "WEBHOOK_LEASE": "8",
 }
 
 
@@ -678,6 +685,13 @@ def format_report(report: dict[str, Any], title: str = "chaos") -> str:
             f"{report['rate_limit']['grants']} / {report['rate_limit']['heaviest_window']} "
             f"({report['rate_limit']['limit']})"
         )),
+        ("webhooks: terminal runs not told / deliveries lost / bad signatures", (
+            f"{len(report['webhooks']['terminal_runs_not_told'])} of "
+            f"{report['webhooks']['terminal_runs']} / "
+            f"{len(report['webhooks']['deliveries_lost'])} of {report['webhooks']['deliveries']} / "
+            f"{report['webhooks']['bad_signatures']} ({report['webhooks']['requests']} requests, "
+            f"{report['webhooks']['answered_500_on_purpose']} answered 500 on purpose)"
+        )),
         ("faults injected", ", ".join(f"{k} {v}" for k, v in report["faults_by_kind"].items())),
         ("side effects executed", executed),
         ("side effects executed twice for one attempt", len(effects["executed_twice"])),
@@ -719,6 +733,8 @@ def format_report(report: dict[str, Any], title: str = "chaos") -> str:
             ("API 5xx", report["api"]["server_errors"]),
             ("processes that exited by themselves", report["unexpected_exits"]),
             ("submission errors", report["submission_errors"]),
+            ("runs whose end no webhook told", report["webhooks"]["terminal_runs_not_told"]),
+            ("webhook deliveries lost", report["webhooks"]["deliveries_lost"]),
         ],
         consistency["invariants"]["violations"],
         report["worker_log_errors"]["distinct"],
@@ -871,6 +887,9 @@ def storm(
 
     if "rate_limited" in config.kinds:
         declare_rate_limit(Client(urls[0], key, tally, fallbacks=urls))
+    # Every run's end is told to a webhook receiver that fails a third of the time.
+    hooks = WebhookReceiver(effects.host, seed=rng.randrange(2**32))
+    hooks.register(Client(urls[0], key, tally, fallbacks=urls))
     schedule_id = create_schedule(Client(urls[0], key, tally, fallbacks=urls), effects.url)
     log(f"==> {config.runs} runs from {config.clients} clients; {len(schedule)} faults over "
         f"{config.window_s:g}s (seed {config.seed})")  # fmt: skip
@@ -909,6 +928,19 @@ def storm(
         wait_for(settled, config.settle_timeout_s, "every run to reach a terminal state")
     except TimeoutError as exc:
         log(f"!! {exc}")
+
+    def told() -> bool:
+        try:
+            close_old_connections()
+            return pending_deliveries() == 0
+        except OperationalError:
+            return False
+
+    try:
+        # Once the runs are terminal, what is left is retries seconds apart.
+        wait_for(told, min(120.0, config.settle_timeout_s), "every webhook delivery to be sent")
+    except TimeoutError as exc:
+        log(f"!! {exc}")
     stop_approving.set()
     approving.join(10)
     stop_supervising.set()
@@ -917,6 +949,8 @@ def storm(
 
     close_old_connections()
     scheduled = schedule_report(schedule_id)
+    webhooks = webhook_report(hooks)
+    hooks.close()
     consistency = check_runs(book.ids() + scheduled["run_ids"])
     last_fault = max((f.happened_at for f in schedule), default=started)
     last_end = (
@@ -944,6 +978,7 @@ def storm(
         "limits": limit_problems(book),
         "rate_limit": rate_limit_report(),
         "schedule": {k: v for k, v in scheduled.items() if k != "run_ids"},
+        "webhooks": webhooks,
         "submission_errors": [f"#{i.index} {i.kind}: {i.error}" for i in book.items if i.error],
         "controls": dict(Counter(i.control or "none" for i in book.items)),
         "faults": [asdict(f) for f in schedule],
@@ -981,6 +1016,7 @@ def storm(
         and not scheduled["due_times_fired_twice"]
         and not scheduled["fires_without_their_run"]
         and scheduled["fired"] > 0
+        and webhooks["ok"]
     )
     return report
 

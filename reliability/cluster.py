@@ -584,7 +584,7 @@ class Cluster:
                 host,
                 host,
                 [py, "-m", "celery", "-A", "config", "worker",
-                 "--queues", "runs.high_priority,runs.normal,steps,sweeps",
+                 "--queues", "runs.high_priority,runs.normal,steps,sweeps,webhooks",
                  "--concurrency", "2", "--pool", "prefork", "--hostname", f"{host}@{host}",
                  "--loglevel", "WARNING", "--without-mingle", "--without-gossip"],
                 env,

@@ -280,7 +280,7 @@ class Stack:
             "config",
             "worker",
             "--queues",
-            "runs.high_priority,runs.normal,steps,sweeps",
+            "runs.high_priority,runs.normal,steps,sweeps,webhooks",
             "--concurrency",
             str(self.worker_concurrency),
             "--pool",

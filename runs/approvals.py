@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
 from billing.models import Organization
+from common import tracing
 from common.text import storable_text
 from runs.engine.failure import Failure
 from runs.engine.outcomes import step_failed, step_finished
@@ -71,9 +73,12 @@ def _decide(
         message = comment or "approval rejected"
         updates = {"error": {**error_payload("approval_rejected", message), "retryable": False}}
         to_status = StepStatus.FAILED
+    waiting = _waiting_steps(run, step_id)
+    if tracing.enabled:
+        _trace_waits(run, waiting, approve)
     steps = transition_many(
         Step,
-        _waiting_steps(run, step_id),
+        waiting,
         to_status,
         from_states=[StepStatus.WAITING_APPROVAL],
         actor=actor,
@@ -93,6 +98,32 @@ def _decide(
             run = transition(Run, run.pk, RunStatus.RUNNING, actor=actor).obj
         run = _continue_after_decision(run, steps, approve)
     return ApprovalResult(run, steps)
+
+
+def _trace_waits(run: Run, waiting: Any, approve: bool) -> None:
+    """Each decided step's wait, a span of the run's trace from the moment it began to
+    wait to this decision (emitted once the decision commits)."""
+    rows = list(waiting.values_list("pk", "name", "status_changed_at"))
+    ended = timezone.now()
+
+    def emit() -> None:
+        for step_id, name, since in rows:
+            tracing.emit(
+                "wait approval",
+                parent_context=run.trace_context,
+                started=since or ended,
+                ended=ended,
+                attributes={
+                    "orchestrator.run.id": str(run.pk),
+                    "orchestrator.step.id": step_id,
+                    "orchestrator.step.name": name,
+                    "orchestrator.wait.kind": "approval",
+                    "orchestrator.wait.outcome": "approved" if approve else "rejected",
+                },
+                links=tracing.link(tracing.traceparent(), relation="decision"),
+            )
+
+    transaction.on_commit(emit)
 
 
 def _continue_after_decision(run: Run, steps: list[Step], approved: bool) -> Run:

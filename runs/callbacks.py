@@ -31,6 +31,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.pricing import tool_price
+from common import tracing
 from common.text import storable_text
 from common.tools.base import ToolError
 from runs.children import child_ended
@@ -176,6 +177,31 @@ def _text(value: Any) -> str:
 def _end(wait: StepWait, status: str, now: datetime) -> None:
     wait.status, wait.ended_at = status, now
     wait.save(update_fields=["status", "ended_at", "result", "error", "polls", "last_response"])
+    if tracing.enabled:
+        _trace_end(wait, now)
+
+
+def _trace_end(wait: StepWait, now: datetime) -> None:
+    """The step's wait for its callback or poll, a span under the step's attempt from the
+    wait's creation to its end (emitted at commit)."""
+    stored = Step.objects.filter(pk=wait.step_id).values_list("trace_context", flat=True)
+    parent_context = stored.first() or ""
+    attributes = {
+        "orchestrator.step.id": wait.step_id,
+        "orchestrator.attempt": wait.attempt,
+        "orchestrator.wait.kind": wait.kind,
+        "orchestrator.wait.outcome": wait.status,
+        "orchestrator.wait.polls": wait.polls,
+    }
+    transaction.on_commit(
+        lambda: tracing.emit(
+            f"wait {wait.kind}",
+            parent_context=parent_context,
+            started=wait.created_at,
+            ended=now,
+            attributes=attributes,
+        )
+    )
 
 
 # --------------------------------------------------------------------------- polls

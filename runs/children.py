@@ -24,10 +24,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.pricing import tool_price
+from common import tracing
 from common.tools.base import ToolError
 from runs.engine.handlers import release_callback_handlers
 from runs.engine.outcomes import Outcome, record
-from runs.models import EventKind, Run
+from runs.models import EventKind, Run, Step
 from runs.outbox import Outbox
 from runs.selectors import run_outputs
 from runs.services import lock_run
@@ -75,11 +76,41 @@ def child_ended(child_id: Any) -> bool:
         )
         if child.parent_step_id is None or child.parent_step_attempt is None:
             return True
+        if tracing.enabled:
+            _trace_wait(child)
         if child.parent_mode == "sync":
             record(child.parent_step_id, parent.pk, child.parent_step_attempt, _outcome(summary))
         elif child.parent_mode == "async_callback":
             release_callback_handlers(parent, child.parent_step_id, Outbox())
         return True
+
+
+def _trace_wait(child: Run) -> None:
+    assert child.parent_step_id is not None  # a child run's, told to its parent step
+    """The parent step's wait for its child, a span under the step's attempt from the
+    child's creation to its end, linked to the child's own trace (emitted at commit)."""
+    stored = Step.objects.filter(pk=child.parent_step_id).values_list("trace_context", flat=True)
+    parent_context = stored.first() or ""
+    ended = child.completed_at or child.cancelled_at or timezone.now()
+    attributes = {
+        "orchestrator.run.id": str(child.parent_run_id),
+        "orchestrator.step.id": child.parent_step_id,
+        "orchestrator.wait.kind": "child_run",
+        "orchestrator.child_run.id": str(child.pk),
+        "orchestrator.child_run.status": child.status,
+        "orchestrator.child_run.mode": child.parent_mode,
+    }
+    links = tracing.link(child.trace_context, relation="child run")
+    transaction.on_commit(
+        lambda: tracing.emit(
+            "wait child_run",
+            parent_context=parent_context,
+            started=child.created_at,
+            ended=ended,
+            attributes=attributes,
+            links=links,
+        )
+    )
 
 
 def _outcome(summary: dict[str, Any]) -> Outcome:

@@ -86,6 +86,9 @@ class Run(Timestamps):
     last_error = models.JSONField(null=True, blank=True)
     cancel_reason = models.TextField(blank=True)
     created_by = models.CharField(max_length=200, blank=True)
+    # The W3C traceparent of the run's trace (common.tracing): the span of the request
+    # that created it, written in the transaction that creates it; "" untraced.
+    trace_context = models.CharField(max_length=128, blank=True, default="", db_default="")
     updated_at = models.DateTimeField(auto_now=True)
     picked_up_at = models.DateTimeField(null=True, blank=True)
     # When the lost-message sweep last re-sent this run's pick-up or resume message.
@@ -386,6 +389,9 @@ class Step(Timestamps):
     # while it waits for their units, why ("rate_limited:<name>"; "" otherwise).
     rate_limits = models.JSONField(default=list, blank=True, db_default=[])
     waiting_reason = models.CharField(max_length=120, blank=True, default="", db_default="")
+    # While its attempt waits outside the worker (runs.engine.waiting.park): the attempt's
+    # span, the parent of the wait's span and of a runner's job.
+    trace_context = models.CharField(max_length=128, blank=True, default="", db_default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     worker = models.CharField(max_length=200, blank=True)
     # Celery task id of the attempt in flight, for revoke(terminate=True) on cancel.
@@ -582,6 +588,8 @@ class RunnerJob(models.Model):
     completed_at = models.DateTimeField(null=True, blank=True)
     # When a pending job fails with no_matching_runner.
     timeout_at = models.DateTimeField()
+    # Its step attempt's traceparent, handed to the runner (which continues the trace).
+    trace_context = models.CharField(max_length=128, blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["created_at"]

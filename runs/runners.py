@@ -32,6 +32,7 @@ from django.utils import timezone
 
 from billing.models import Organization
 from billing.pricing import tool_price
+from common import tracing
 from common.tools.base import ToolError
 from runs.engine.outcomes import Outcome, record
 from runs.engine.waiting import overdue
@@ -327,8 +328,34 @@ def report(*, organization: Organization, runner_id: str, job_id: Any, report: R
     job.save(update_fields=fields)
     _event(job, f"{report.kind}, reported by runner {runner.pk}")
     if report.kind != "started":
+        if tracing.enabled:
+            _trace_wait(job)
         record(job.step_id, job.run_id, job.attempt, _outcome(job))
     return job
+
+
+def _trace_wait(job: RunnerJob) -> None:
+    """The step's wait for its runner job, a span under the step's attempt from the
+    job's creation to its end (emitted at commit); the runner's own span for the job is
+    its sibling (orchestrator/runner.py)."""
+    attributes = {
+        "orchestrator.run.id": str(job.run_id),
+        "orchestrator.step.id": job.step_id,
+        "orchestrator.attempt": job.attempt,
+        "orchestrator.wait.kind": "runner_job",
+        "orchestrator.runner_job.id": str(job.pk),
+        "orchestrator.runner_job.status": job.status,
+        "orchestrator.runner.id": job.runner_id or "",
+    }
+    transaction.on_commit(
+        lambda: tracing.emit(
+            "wait runner_job",
+            parent_context=job.trace_context,
+            started=job.created_at,
+            ended=job.completed_at or timezone.now(),
+            attributes=attributes,
+        )
+    )
 
 
 def _repeats(job: RunnerJob, report: Report, target: str) -> bool:

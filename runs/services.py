@@ -34,7 +34,7 @@ from billing.services import (
     reserve_reason,
     to_credits,
 )
-from common import eventstreams
+from common import eventstreams, tracing
 from common.templates import Reference, UnresolvedReference, render_value, resolve_in
 from common.text import storable_text
 from runs import admission, ratewaits
@@ -243,9 +243,16 @@ def run_create(
             "parent_mode": parent.mode,
             "depth": parent.depth,
         }
+    # The run's trace: the creating request's (a child run: a trace of its own, linked
+    # to its parent step's attempt), kept on the row (common.tracing).
+    trace_context = tracing.run_context(
+        linked_to=parent.step.trace_context if parent is not None else "",
+        attributes={"orchestrator.run.name": parsed.name},
+    )
     with transaction.atomic():
         run = Run.objects.create(
             **lineage,
+            trace_context=trace_context,
             organization=organization,
             name=parsed.name,
             priority=parsed.priority,
@@ -261,6 +268,8 @@ def run_create(
             concurrency_max=most,
             created_by=actor,
         )
+        if parent is None:  # the creating request's span names its run
+            tracing.annotate(run_id=str(run.pk))
         record_event(
             run,
             EventKind.CREATED,
@@ -350,6 +359,8 @@ def run_start(
             return run
         # A terminal state start() can never lead to: the table refuses it explicitly.
         return transition(Run, run.pk, RunStatus.PENDING, actor=actor).obj
+    if tracing.enabled:
+        _trace_start(run)
     plan = stored_plan(run)
     amount = plan_reservation(plan)
     # Refused with 429 beyond the organization's pending runs; admitted at once when a
@@ -381,6 +392,16 @@ def run_start(
             return _begin(run, checked, actor, attempt)
     enqueue_run_message(RunMessage.PICK_UP, run.pk, run.priority)
     return run
+
+
+def _trace_start(run: Run) -> None:
+    """A run created untraced is traced from the request that starts it; the start of a
+    traced run is linked to the run's trace from the starting request's."""
+    if not run.trace_context:
+        run.trace_context = tracing.run_context(attributes={"orchestrator.run.name": run.name})
+        Run.objects.filter(pk=run.pk).update(trace_context=run.trace_context)
+        return
+    tracing.link_current(run.trace_context, relation="run started")
 
 
 def stored_plan(run: Run) -> Plan:

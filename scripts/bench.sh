@@ -11,6 +11,8 @@
 #   BENCH_JSON=path   also write every figure and goal verdict there as JSON
 #   BENCH_NO_ANALYZE=1 no ANALYZE before each scenario (statistics as fresh as a new
 #                     database's: see bench.run.analyze)
+#   BENCH_TRACING=1   traces on: OpenTelemetry exported over OTLP/HTTP to a local
+#                     collector that accepts and discards (bench/collector.py)
 #   BENCH_PGBOUNCER=N run everything through PgBouncer in transaction mode with N
 #                     server connections (installed from Debian when missing; its
 #                     1.18 keeps no prepared statements, so they are turned off)

@@ -31,5 +31,8 @@ if [ "${PYTEST_ONLY:-0}" != 1 ]; then
   echo "==> import contracts (docs/architecture.md#layers)"
   lint-imports
 fi
+# The suite runs in TEST_PROCESSES parallel processes (pytest-xdist; 0: in this one),
+# each with its own database and Redis database (config/settings/test.py); the modules
+# that start whole stacks of their own stay together in one (tests/conftest.py).
 echo "==> pytest"
-pytest "$@"
+pytest -n "${TEST_PROCESSES:-2}" "$@"

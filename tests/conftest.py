@@ -17,11 +17,16 @@ import redis
 from django.conf import settings
 from hypothesis import Phase
 from hypothesis import settings as hypothesis_settings
+from xdist.scheduler import LoadScopeScheduling
 
+from bench.collector import Collector
 from config.celery import ALL_QUEUES, app
-from tests.support import Child, child_env, python_cmd, wait_until
+from tests.support import Child, child_env, python_cmd, tracing_env, wait_until
+from tests.tracing_support import traced_spans
 
 if TYPE_CHECKING:  # imported by pytest as a plugin (below), where its asserts are rewritten
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
     from tests.http_fixture import HttpServer
 
 # `http_server`: a scriptable local HTTP server (tests/http_fixture.py).
@@ -38,6 +43,34 @@ _PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shri
 hypothesis_settings.register_profile("default", derandomize=True, phases=_PHASES)
 hypothesis_settings.register_profile("explore", phases=_PHASES)
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+# `make test` runs the suite in parallel processes (pytest-xdist). These modules each
+# start a whole stack of their own (web, workers, beat, stores, or a cluster of network
+# namespaces) and time its recovery: they run one after another in one process, beside
+# the rest of the suite rather than beside each other. (A scheduler of our own rather
+# than `xdist_group` marks: xdist 3.8 names a test's group by rewriting a private
+# attribute of pytest's items that pytest 9 no longer reads.)
+_WHOLE_STACKS = frozenset(
+    {
+        "tests/integration/test_chaos.py",
+        "tests/integration/test_cluster.py",
+        "tests/integration/test_make_run.py",
+        "tests/integration/test_store_failover.py",
+    }
+)
+
+
+class _WholeStacksTogether(LoadScopeScheduling):  # type: ignore[misc]  # xdist is untyped
+    """Every test is a scope of its own (as with ``--dist load``), except the whole
+    stacks' modules, which are one."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return "whole-stacks" if nodeid.split("::", 1)[0] in _WHOLE_STACKS else nodeid
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> _WholeStacksTogether:
+    return _WholeStacksTogether(config, log)
 
 
 @pytest.fixture(autouse=True)
@@ -62,11 +95,28 @@ def broker() -> Iterator[redis.Redis[bytes]]:
 
 
 @pytest.fixture(scope="session")
+def otlp_collector() -> Iterator[Collector]:
+    """An OTLP/HTTP trace receiver on the loopback, keeping what it decodes: the session's
+    worker exports its spans to it (tests/orchestrator/test_traces_end_to_end.py)."""
+    collector = Collector(keep=True).start()
+    yield collector
+    collector.stop()
+
+
+@pytest.fixture
+def traced() -> Iterator[InMemorySpanExporter]:
+    """Tracing on in the test process for one test, its spans in memory
+    (tests/tracing_support.py)."""
+    yield from traced_spans()
+
+
+@pytest.fixture(scope="session")
 def celery_worker(
     django_db_setup: None,
     broker: redis.Redis[bytes],
     tmp_path_factory: pytest.TempPathFactory,
     llm_server: HttpServer,
+    otlp_collector: Collector,
 ) -> Iterator[str]:
     """Start one real worker process (prefork, 2 children); yield its hostname."""
     hostname = f"test-{uuid.uuid4().hex[:8]}@localhost"
@@ -83,7 +133,12 @@ def celery_worker(
         ),
         # Polls, callback requests and webhooks reach the tests' own HTTP servers, on
         # loopback; the LLM planner and llm steps reach the session's LLM server.
-        child_env(HTTP_TOOL_ALLOWED_NETWORKS="127.0.0.0/8", LLM_BASE_URL=llm_server.llm_base_url),
+        # Its spans go to the session's OTLP collector (docs/observability.md).
+        child_env(
+            HTTP_TOOL_ALLOWED_NETWORKS="127.0.0.0/8",
+            LLM_BASE_URL=llm_server.llm_base_url,
+            **tracing_env(otlp_collector.endpoint),
+        ),
         log,
     )  # fmt: skip
 

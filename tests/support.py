@@ -67,6 +67,16 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def tracing_env(endpoint: str, service: str = "orchestrator-test-worker") -> dict[str, str]:
+    """OTEL_* for a child process that exports its spans to ``endpoint`` (a collector on
+    the loopback), often enough for a test to wait tenths of a second for them."""
+    return {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_SERVICE_NAME": service,
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+
+
 class Child:
     """A child process in its own session, so that stopping it stops its descendants."""
 

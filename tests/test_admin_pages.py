@@ -22,6 +22,7 @@ from schedules import services as schedule_services
 from schedules.models import ScheduleFire
 from tests import factories
 from tests.api import states
+from webhooks.models import WebhookAttempt
 
 pytestmark = pytest.mark.django_db
 
@@ -77,6 +78,11 @@ def rows_of_every_kind() -> None:
         status="skipped",
         reason="missed",
         message="beat was down",
+    )
+    # A webhook endpoint with a delivery and an attempt (docs/webhooks.md).
+    delivery = states.webhook_delivery(organization)
+    WebhookAttempt.objects.create(
+        delivery=delivery, number=1, status_code=500, ok=False, error="HTTP 500", duration_ms=7
     )
 
 

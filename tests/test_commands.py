@@ -102,7 +102,7 @@ def test_setup_periodic_tasks_installs_every_schedule_once_and_removes_stale_one
 
     installed = PeriodicTask.objects.filter(name__startswith=SCHEDULE_PREFIX)
     assert sorted(installed.values_list("task", flat=True)) == sorted(s.task for s in schedules())
-    assert {t.queue for t in installed} == {"sweeps"}
+    assert {t.queue for t in installed} == {"sweeps", "webhooks"}
     assert all(t.enabled and t.expire_seconds for t in installed)
     assert PeriodicTask.objects.filter(name="added by hand").exists()
 

@@ -140,6 +140,10 @@ def test_models_and_migrations_agree_and_system_checks_pass() -> None:
             {"SCHEDULES_TICK_SECONDS": "60", "SCHEDULES_MISFIRE_GRACE": "60"},
             ["SCHEDULES_MISFIRE_GRACE", "SCHEDULES_TICK_SECONDS", "missed"],
         ),
+        (
+            {"WEBHOOK_TIMEOUT": "30", "WEBHOOK_LEASE": "20"},
+            ["WEBHOOK_LEASE", "WEBHOOK_TIMEOUT", "longer than"],
+        ),
     ],
     ids=[
         "heartbeat-vs-lease",
@@ -151,6 +155,7 @@ def test_models_and_migrations_agree_and_system_checks_pass() -> None:
         "too-precise",
         "too-large",
         "schedule-grace-vs-tick",
+        "webhook-lease-vs-timeout",
     ],
 )
 def test_a_bad_combination_refuses_to_start_naming_the_variables(

@@ -25,6 +25,7 @@ from common.stores import (
     parse_sentinel,
     postgres_hosts,
 )
+from config import tracing as tracing_config
 from config.env import Env
 
 # Lets classes such as admin.ModelAdmin[Run] be subscripted at run time, as typed.
@@ -65,6 +66,7 @@ INSTALLED_APPS = [
     "ratelimits",
     "artifacts",
     "schedules",
+    "webhooks",
     "api",
 ]
 
@@ -270,7 +272,10 @@ LOGGING: dict[str, Any] = {
     "disable_existing_loggers": False,
     "formatters": {
         "json": {"()": "config.logging.JsonFormatter"},
-        "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "text": {
+            "()": "config.logging.TextFormatter",
+            "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
+        },
     },
     # The values of the secrets a running step resolved never reach a log line.
     "filters": {"redact_secrets": {"()": "config.logging.RedactSecrets"}},
@@ -284,6 +289,11 @@ LOGGING: dict[str, Any] = {
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+
+# --------------------------------------------------------------------------- traces
+# OpenTelemetry (docs/observability.md): off unless OTEL_EXPORTER_OTLP_ENDPOINT is set;
+# config.tracing hands these to the SDK in the web and worker processes.
+TRACING = tracing_config.read(env)
 
 # --------------------------------------------------------------------------- Celery
 # Reliability settings (SPEC section 5): a message is acknowledged only after its task
@@ -753,6 +763,43 @@ ESCALATION_WEBHOOK_BACKOFF = env.number(
 )
 ESCALATION_WEBHOOK_TIMEOUT = env.number(
     "ESCALATION_WEBHOOK_TIMEOUT", 10, "seconds a webhook delivery may take"
+)
+
+# Run webhooks (docs/webhooks.md): a delivery per event and endpoint, written by
+# PostgreSQL in the state change's transaction, claimed by a beat sweep every
+# WEBHOOK_SWEEP_INTERVAL s and sent by a task; retried from WEBHOOK_BACKOFF s, doubled
+# up to WEBHOOK_BACKOFF_MAX, with jitter, until WEBHOOK_RETRY_WINDOW has passed.
+WEBHOOK_TIMEOUT = env.number("WEBHOOK_TIMEOUT", 10, "seconds one delivery's POST may take, in all")
+WEBHOOK_MAX_RESPONSE_BYTES = env.integer(
+    "WEBHOOK_MAX_RESPONSE_BYTES", 65536, "bytes of a receiver's answer read at most", minimum=0
+)
+WEBHOOK_BACKOFF = env.number("WEBHOOK_BACKOFF", 5, "seconds before a delivery's first retry")
+WEBHOOK_BACKOFF_MAX = env.number(
+    "WEBHOOK_BACKOFF_MAX", 3 * 3600, "seconds between two retries at most"
+)
+WEBHOOK_RETRY_WINDOW = env.number(
+    "WEBHOOK_RETRY_WINDOW", 24 * 3600, "seconds a delivery is retried before it is failed"
+)
+WEBHOOK_LEASE = env.number(
+    "WEBHOOK_LEASE", 60, "seconds a claimed delivery is held before it is due again"
+)
+WEBHOOK_ENDPOINT_CONCURRENCY = env.integer(
+    "WEBHOOK_ENDPOINT_CONCURRENCY", 1, "deliveries sent to one endpoint at once", minimum=1
+)
+WEBHOOK_DISABLE_AFTER = env.number(
+    "WEBHOOK_DISABLE_AFTER", 24 * 3600, "seconds an endpoint fails before it is disabled"
+)
+WEBHOOK_DISABLE_FAILURES = env.integer(
+    "WEBHOOK_DISABLE_FAILURES",
+    20,
+    "attempts in a row an endpoint fails before it is disabled",
+    minimum=1,
+)
+WEBHOOK_SWEEP_INTERVAL = env.integer(
+    "WEBHOOK_SWEEP_INTERVAL", 1, "seconds between beat's sweeps of due deliveries", minimum=1
+)
+WEBHOOK_SWEEP_BATCH = env.integer(
+    "WEBHOOK_SWEEP_BATCH", 200, "deliveries one sweep claims at most", minimum=1
 )
 EMAIL_BACKEND = env.string(
     "EMAIL_BACKEND",

@@ -97,6 +97,19 @@ def check_consistency(env: Env, settings: dict[str, Any]) -> None:
             "be missed"
         )
 
+    webhook_timeout = float(settings["WEBHOOK_TIMEOUT"])
+    webhook_lease = float(settings["WEBHOOK_LEASE"])
+    if webhook_timeout <= 0 or webhook_lease <= webhook_timeout:
+        # A delivery still being sent would be claimed again and sent twice at once.
+        env.errors.append(
+            f"WEBHOOK_LEASE ({webhook_lease:g} s) must be longer than WEBHOOK_TIMEOUT "
+            f"({webhook_timeout:g} s), which must be positive"
+        )
+    if float(settings["WEBHOOK_BACKOFF"]) <= 0 or float(settings["WEBHOOK_BACKOFF_MAX"]) < float(
+        settings["WEBHOOK_BACKOFF"]
+    ):
+        env.errors.append("WEBHOOK_BACKOFF must be positive and at most WEBHOOK_BACKOFF_MAX")
+
     if settings["ARTIFACTS_BACKEND"] == "s3" and not settings["ARTIFACTS_S3_BUCKET"]:
         env.errors.append("ARTIFACTS_S3_BUCKET is required when ARTIFACTS_BACKEND is s3")
     if int(settings["ARTIFACT_MAX_FILE_BYTES"]) > int(settings["ARTIFACT_RUN_MAX_BYTES"]):

@@ -8,7 +8,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from common import logcontext
+from common import logcontext, tracing
 from runs import admission, services
 from runs.engine import hotpath
 from runs.engine.dispatch import (
@@ -36,6 +36,18 @@ def pick_up(run_id: Any, actor: str = "worker") -> bool:
     its organization's limits do not admit yet stays PENDING with its `queued_reason`
     (``runs.admission``), and is picked up when a place frees.
     """
+    if not tracing.enabled:
+        return _pick_up(run_id, actor)
+    stored = Run.objects.filter(pk=run_id).values_list("trace_context", flat=True).first()
+    attributes = {"orchestrator.run.id": str(run_id)}
+    # An untraced run (no stored context) gets the no-op span.
+    with tracing.span("run pick_up", parent_context=stored or "", attributes=attributes) as span:
+        picked = _pick_up(run_id, actor)
+        span.set_attribute("orchestrator.picked_up", picked)
+        return picked
+
+
+def _pick_up(run_id: Any, actor: str) -> bool:
     if not admission.admit(run_id, actor=actor):
         return False
     with transaction.atomic():

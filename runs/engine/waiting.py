@@ -29,6 +29,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from billing.services import InsufficientCredits
+from common import tracing
 from runs import services
 from runs.materialize import add_handler_rows
 from runs.models import (
@@ -69,6 +70,9 @@ def park(run: Run, step: Step, wait: dict[str, Any], now: datetime) -> dict[str,
     None: the step waits. A dict: the step completes now with it as its output (a child
     run started asynchronously)."""
     kind = wait.get("kind")
+    # The attempt's span (current while it is recorded) waits with it: the parent of the
+    # wait's span, of the runner job's and the link of a child run's trace.
+    step.trace_context = tracing.traceparent() or step.trace_context
     if kind == "child_run":
         output = _start_child(run, step, wait, now)
         if output is not None:
@@ -82,7 +86,9 @@ def park(run: Run, step: Step, wait: dict[str, Any], now: datetime) -> dict[str,
         _start_poll(run, step, wait, now)
     else:
         raise ValueError(f"unknown wait {kind!r}")
-    Step.objects.filter(pk=step.pk).update(lease_expires_at=None, celery_task_id="", worker="")
+    Step.objects.filter(pk=step.pk).update(
+        lease_expires_at=None, celery_task_id="", worker="", trace_context=step.trace_context
+    )
     return None
 
 
@@ -262,4 +268,5 @@ def _runner_job(run: Run, step: Step, wait: dict[str, Any], now: datetime) -> Ru
         required_runner_id=required_runner,
         status=RunnerJobStatus.PENDING,
         timeout_at=now + timedelta(seconds=float(match_timeout)),
+        trace_context=step.trace_context,
     )

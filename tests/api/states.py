@@ -20,6 +20,8 @@ from runs.transitions import claim_step
 from schedules import services as schedule_services
 from schedules.models import Schedule
 from tests import factories
+from webhooks import services as webhook_services
+from webhooks.models import WebhookDelivery, WebhookEndpoint
 
 
 def created(organization: Organization) -> Run:
@@ -257,3 +259,29 @@ def schedule_request(
     if name == "schedule-resume":
         schedule_services.schedule_pause(schedule_id=created.pk)
     return {"schedule_id": created.pk}, {}
+
+
+# --------------------------------------------------------------------------- webhooks
+WEBHOOK_ROUTES = frozenset({"webhooks", "webhook-test", "webhook-redeliver"})
+
+
+def webhook_body() -> dict[str, Any]:
+    return {"url": "https://hooks.example.com/orchestrator", "events": ["run.completed"]}
+
+
+def webhook(organization: Organization) -> WebhookEndpoint:
+    """An endpoint of the organization for completed runs (never reached: no worker)."""
+    return webhook_services.endpoint_create(organization=organization, **webhook_body())[0]
+
+
+def webhook_delivery(organization: Organization) -> WebhookDelivery:
+    """A test delivery to a new endpoint of the organization."""
+    return webhook_services.endpoint_test(endpoint_id=webhook(organization).pk)
+
+
+def webhook_request(name: str, organization: Organization) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(path values, JSON body) of a webhook POST route that succeeds for ``organization``."""
+    if name == "webhooks":
+        return {}, webhook_body()
+    delivery = webhook_delivery(organization)
+    return {"webhook_id": delivery.endpoint_id, "delivery_id": delivery.uid}, {}

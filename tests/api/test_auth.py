@@ -84,6 +84,8 @@ def test_every_api_route_requires_a_key(tenant: Tenant) -> None:
             artifact_id="00000000-0000-4000-8000-000000000000",
             escalation_id="00000000-0000-4000-8000-000000000000",
             schedule_id="00000000-0000-4000-8000-000000000000",
+            webhook_id="00000000-0000-4000-8000-000000000000",
+            delivery_id="00000000-0000-4000-8000-000000000000",
         )
         for method in route.methods:
             response = getattr(APIClient(), method)(path, {}, format="json")

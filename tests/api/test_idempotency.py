@@ -98,6 +98,9 @@ def _prepare(route: Route, tenant: Tenant) -> tuple[str, dict[str, Any]]:
     if route.name in states.SCHEDULE_ROUTES:
         values, body = states.schedule_request(route.name, tenant.organization)
         return route.path(**values), body
+    if route.name in states.WEBHOOK_ROUTES:
+        values, body = states.webhook_request(route.name, tenant.organization)
+        return route.path(**{k: v for k, v in values.items() if k in route.parameters}), body
     ready = states.READY_FOR.get(route.name)
     assert ready is not None, f"{route}: add the state it needs to states.READY_FOR"
     return route.path(run_id=ready(tenant.organization).pk), {}

@@ -16,6 +16,7 @@ from schedules.models import Schedule, ScheduleFire
 from tests.api import states
 from tests.api.conftest import Tenant
 from tests.api.routes import Route, api_routes, routes_with, routes_without_parameters
+from webhooks.models import WebhookDelivery, WebhookEndpoint
 
 pytestmark = pytest.mark.django_db
 
@@ -27,6 +28,7 @@ JOB_ROUTES = routes_with("job_id")  # an organization's runner job
 ARTIFACT_ROUTES = routes_with("artifact_id")  # an organization's artifact
 ESCALATION_ROUTES = routes_with("escalation_id")  # an organization's escalation ticket
 SCHEDULE_ROUTES = routes_with("schedule_id")  # an organization's run schedule
+WEBHOOK_ROUTES = routes_with("webhook_id")  # an organization's webhook endpoint
 # The runner protocol's routes name a runner in their body or query (a poll is a GET
 # but no list): tested below with another organization's runner.
 RUNNER_ROUTES = [
@@ -61,6 +63,7 @@ def test_every_api_route_is_either_scoped_by_run_id_or_a_list() -> None:
         *map(str, ARTIFACT_ROUTES),
         *map(str, ESCALATION_ROUTES),
         *map(str, SCHEDULE_ROUTES),
+        *map(str, WEBHOOK_ROUTES),
         *map(str, routes_without_parameters()),
     }
     assert {str(route) for route in api_routes()} == known
@@ -168,6 +171,7 @@ def test_lists_and_totals_show_nothing_of_another_organization(
     states.runner_job(tenant.organization)
     states.escalation(tenant.organization)
     states.schedule(tenant.organization)
+    states.webhook(tenant.organization)
     secret_put(organization=tenant.organization, name="OWN", value="y")
     rate_limit_put(organization=tenant.organization, name="own", limit=1, period_ms=1000)
 
@@ -270,6 +274,34 @@ def test_another_organizations_schedule_is_not_found_for_every_method(
         assert response.json() == {"code": "not_found", "message": "not found", "details": None}
     assert Schedule.objects.values().get(pk=theirs.pk) == before
     assert not ScheduleFire.objects.exists()
+    if "get" in route.methods:
+        assert tenant.get(path).status_code == 200
+
+
+@pytest.mark.parametrize("route", WEBHOOK_ROUTES, ids=str)
+def test_another_organizations_webhook_is_not_found_for_every_method(
+    route: Route, tenant: Tenant, other_tenant: Tenant
+) -> None:
+    theirs = states.webhook_delivery(tenant.organization)
+    values = {"webhook_id": theirs.endpoint_id, "delivery_id": theirs.uid}
+    path = route.path(**{k: v for k, v in values.items() if k in route.parameters})
+    before = (
+        WebhookEndpoint.objects.values().get(pk=theirs.endpoint_id),
+        WebhookDelivery.objects.values().get(pk=theirs.pk),
+    )
+
+    for method in route.methods:
+        body = {"enabled": False} if method == "patch" else {}
+        response = getattr(other_tenant.client, method)(path, body, format="json")
+
+        assert response.status_code == 404, (method, path, response.content)
+        assert response.json() == {"code": "not_found", "message": "not found", "details": None}
+    after = (
+        WebhookEndpoint.objects.values().get(pk=theirs.endpoint_id),
+        WebhookDelivery.objects.values().get(pk=theirs.pk),
+    )
+    assert after == before
+    assert WebhookDelivery.objects.count() == 1
     if "get" in route.methods:
         assert tenant.get(path).status_code == 200
 

@@ -66,6 +66,9 @@ def test_a_field_the_client_may_not_set_is_refused_and_changes_nothing(
     elif route.name in states.SCHEDULE_ROUTES:
         values, runner_body = states.schedule_request(route.name, tenant.organization)
         path = route.path(**values)
+    elif route.name in states.WEBHOOK_ROUTES:
+        values, runner_body = states.webhook_request(route.name, tenant.organization)
+        path = route.path(**values)
     elif route.parameters:
         ready = states.READY_FOR.get(route.name)
         assert ready is not None, f"{route}: add the state it needs to states.READY_FOR"

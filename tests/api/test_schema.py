@@ -30,6 +30,7 @@ from schedules import services as schedule_services
 from schedules.models import Schedule
 from tests.api import states
 from tests.api.conftest import Tenant, make_tenant
+from webhooks.models import WebhookDelivery
 
 CHECKS = [
     not_a_server_error,
@@ -95,6 +96,8 @@ def rich_tenant(db: None, settings: Any) -> tuple[Tenant, list[Run], list[Schedu
     ]
     schedules = [states.schedule(tenant.organization) for _ in range(2)]
     schedule_services.schedule_pause(schedule_id=schedules[1].pk)
+    for _ in range(2):  # webhook endpoints with a delivery each (_with_real_ids finds them)
+        states.webhook_delivery(tenant.organization)
     return tenant, runs, schedules
 
 
@@ -111,6 +114,22 @@ def _with_real_ids(case: Any, runs: list[Run], schedules: list[Schedule]) -> Non
             continue  # a deliberately malformed id (negative data): keep it
         if generated.int % 4:
             case.path_parameters[name] = str(rows[generated.int % len(rows)].pk)
+    _with_a_real_webhook(case)
+
+
+def _with_a_real_webhook(case: Any) -> None:
+    """Most generated webhook ids name a real endpoint, and its delivery with it."""
+    parameters = case.path_parameters or {}
+    try:
+        generated = uuid.UUID(str(parameters.get("webhook_id")))
+    except ValueError:
+        return  # none, or a deliberately malformed id
+    deliveries = list(WebhookDelivery.objects.order_by("id"))
+    if deliveries and generated.int % 4:
+        chosen = deliveries[generated.int % len(deliveries)]
+        parameters["webhook_id"] = str(chosen.endpoint_id)
+        if "delivery_id" in parameters:
+            parameters["delivery_id"] = str(chosen.uid)
 
 
 def _breaks_its_headers(case: Any) -> bool:

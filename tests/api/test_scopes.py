@@ -51,6 +51,14 @@ def paths(route: Route, own: Run, foreign: Run) -> list[str]:
     if "schedule_id" in route.parameters:  # a schedule of each organization, and none
         schedules = [states.schedule(run.organization).pk for run in (own, foreign)]
         return [route.path(schedule_id=pk) for pk in (*schedules, UNKNOWN_RUN)]
+    if "delivery_id" in route.parameters:  # a delivery of each organization, and none
+        deliveries = [states.webhook_delivery(run.organization) for run in (own, foreign)]
+        return [route.path(webhook_id=d.endpoint_id, delivery_id=d.uid) for d in deliveries] + [
+            route.path(webhook_id=UNKNOWN_RUN, delivery_id=UNKNOWN_RUN)
+        ]
+    if "webhook_id" in route.parameters:  # an endpoint of each organization, and none
+        hooks = [states.webhook(run.organization).pk for run in (own, foreign)]
+        return [route.path(webhook_id=pk) for pk in (*hooks, UNKNOWN_RUN)]
     return [route.path()]
 
 

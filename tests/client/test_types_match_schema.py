@@ -78,6 +78,10 @@ COMPONENTS: dict[Any, str] = {
     types.Schedule: "ScheduleOutput",
     types.ScheduleDetail: "ScheduleDetailOutput",
     types.ScheduleFire: "FireOutput",
+    types.Webhook: "WebhookEndpointOutput",
+    types.WebhookCreated: "WebhookEndpointCreatedOutput",
+    types.WebhookAttempt: "WebhookAttemptOutput",
+    types.WebhookDelivery: "WebhookDeliveryOutput",
 }
 TYPES = {component: client_type for client_type, component in COMPONENTS.items()}
 NOT_COMPONENTS: dict[Any, str] = {

@@ -68,6 +68,7 @@ def test_work_enqueued_in_a_rolled_back_transaction_never_runs(celery_worker: st
         ("orchestrator.runs.pick_up", "runs.normal"),
         ("orchestrator.steps.execute", "steps"),
         ("orchestrator.sweeps.timeouts", "sweeps"),
+        ("orchestrator.webhooks.deliver", "webhooks"),
         ("orchestrator.diagnostics.echo", "runs.normal"),
     ],
 )

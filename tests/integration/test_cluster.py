@@ -27,8 +27,10 @@ def _namespaces_work() -> bool:
     """Root, iproute2, and a network namespace can be made here (not in every container)."""
     if os.geteuid() != 0 or shutil.which("ip") is None:
         return False
-    made = subprocess.run(["ip", "netns", "add", "orch-probe-test"], capture_output=True)
-    subprocess.run(["ip", "netns", "del", "orch-probe-test"], capture_output=True)
+    # Each test process probes with a name of its own: they collect at the same time.
+    probe = f"orch-probe-{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True)
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     return made.returncode == 0
 
 

@@ -147,7 +147,9 @@ def test_pending_runs_beyond_their_limit_are_refused_until_one_starts(
     accepted = tenant.post("/api/v1/runs", {"plan": gated("now-it-fits"), "start": True})
     assert accepted.status_code == 201, accepted.json()
     for run in waiting:
-        assert approve(run).status == "completed"
+        # waiting[1] starts only once waiting[0] has ended: approving it before it reached
+        # its gate would approve nothing (a no-op) and leave it there.
+        assert approve(wait_for(run, GATED)).status == "completed"
     last = Run.objects.get(pk=accepted.json()["id"])
     assert approve(wait_for(last, GATED)).status == "completed"
 

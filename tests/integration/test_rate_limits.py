@@ -79,10 +79,19 @@ def test_three_hundred_steps_under_fifty_per_five_seconds_never_exceed_it_and_al
 
     assert done.status == "completed", done.last_error
     times = grants(f"o:{organization.pk}:openai:")
-    assert len(times) == 300  # one grant per step, none lost
+    # Every step was granted its units. A step claimed more than RATE_LIMIT_LATE_S after
+    # its moment (a worker slower than that, as on a loaded machine) asked again, and its
+    # first grant stays spent: more grants than steps then, never fewer, and the window
+    # holds over all of them.
+    granted_steps = set(
+        RateGrant.objects.filter(run_id=run.pk, used=True).values_list("step_id", flat=True)
+    )
+    assert granted_steps == set(Step.objects.filter(run=run).values_list("pk", flat=True))
+    assert len(times) >= 300
     worst = most_in_any_window(times, timedelta(seconds=5))
     print(
-        f"300 grants over {(max(times) - min(times)).total_seconds():.1f} s; worst window {worst}"
+        f"{len(times)} grants over {(max(times) - min(times)).total_seconds():.1f} s; "
+        f"worst window {worst}"
     )
     assert worst <= 50
     # It waited (the limit did hold it back) and waits for nothing now.

@@ -273,6 +273,7 @@ def test_queue_depths_are_read_from_the_brokers_lists(quiet_broker: redis.Redis[
         "runs.normal": 3,
         "steps": 3,
         "sweeps": 0,
+        "webhooks": 0,
     }
     assert [row.queue for row in queues.queues] == list(ALL_QUEUES)
     assert queues.unacked == 1

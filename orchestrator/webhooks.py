@@ -1,0 +1,164 @@
+"""Sending run webhooks (docs/webhooks.md): the sweep that claims due deliveries, and the
+signed POST of one delivery through the outbound address guard.
+
+PostgreSQL writes a delivery in the transaction of the state change it announces
+(webhooks/migrations/0001); this module only sends. Beat's sweep, every
+WEBHOOK_SWEEP_INTERVAL s, claims what is due (``webhooks.services.deliveries_claim``:
+FOR UPDATE SKIP LOCKED, at most WEBHOOK_ENDPOINT_CONCURRENCY in flight per endpoint, each
+under a lease) and publishes one ``orchestrator.webhooks.deliver`` message per claim, on
+the ``webhooks`` queue (config/celery.py), apart from the engine's sweeps. A delivery
+created from Python (a test ping, a redelivery) and a delivery just answered ask for a
+sweep after commit instead of waiting for beat.
+
+The request mirrors the on-call webhook (orchestrator/notify.py): the same
+``signature()`` over ``"<t>.<body>"`` in ``X-Orchestrator-Signature``,
+``X-Orchestrator-Event`` and ``X-Orchestrator-Delivery`` (here the delivery's id, the
+same on every attempt, as is the body's ``id``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import httpx
+from cryptography.fernet import InvalidToken
+from django.conf import settings
+from django.db import transaction
+
+from orchestrator.netguard import AddressNotAllowed, guarded_client
+from orchestrator.notify import SIGNATURE_HEADER, signature
+from webhooks import services
+from webhooks.models import WebhookDelivery
+
+logger = logging.getLogger(__name__)
+
+
+def body(delivery: WebhookDelivery) -> dict[str, Any]:
+    """What a delivery says: the same on every attempt (its ``id`` for de-duplication)."""
+    base = settings.PUBLIC_BASE_URL
+    content: dict[str, Any] = {
+        "id": str(delivery.uid),
+        "type": delivery.event_type,
+        "created_at": delivery.created_at.isoformat(),
+        "organization": str(delivery.endpoint.organization_id),
+        **delivery.payload,
+    }
+    links = {}
+    if delivery.run_id is not None:
+        links["run"] = f"{base}/api/v1/runs/{delivery.run_id}"
+    escalation = delivery.payload.get("escalation")
+    if isinstance(escalation, dict) and "id" in escalation:
+        links["escalation"] = f"{base}/api/v1/escalations/{escalation['id']}"
+    if links:
+        content["links"] = links
+    return content
+
+
+def encoded(delivery: WebhookDelivery) -> bytes:
+    return json.dumps(body(delivery), separators=(",", ":"), sort_keys=True).encode()
+
+
+def kick() -> None:
+    """Ask for a sweep once the current transaction commits (not before: it would find
+    nothing). Beat's sweep finds the delivery anyway; this only makes it prompt."""
+    if settings.ORCHESTRATOR_DISPATCH_ENABLED:
+        transaction.on_commit(_publish_sweep)
+
+
+def _publish_sweep() -> None:
+    from orchestrator.tasks import sweep_webhooks_task
+
+    try:
+        sweep_webhooks_task.apply_async(expires=max(settings.WEBHOOK_SWEEP_INTERVAL, 5))
+    except Exception:  # a lost kick: beat's next sweep does the same
+        logger.warning("webhooks: the sweep could not be asked for", exc_info=True)
+
+
+def sweep() -> dict[str, int]:
+    """Claim the due deliveries and publish a message for each (after the claim
+    commits). A message lost, or a worker dead while sending: the lease ends and a later
+    sweep claims the delivery again."""
+    from orchestrator.tasks import webhook_delivery_task
+
+    claims = services.deliveries_claim(
+        limit=settings.WEBHOOK_SWEEP_BATCH,
+        per_endpoint=settings.WEBHOOK_ENDPOINT_CONCURRENCY,
+        lease_seconds=settings.WEBHOOK_LEASE,
+    )
+    for claim in claims:
+        webhook_delivery_task.apply_async(
+            args=(claim.delivery_id, claim.token), expires=settings.WEBHOOK_LEASE
+        )
+    return {"claimed": len(claims)}
+
+
+def deliver(delivery_id: int, token: str) -> str | None:
+    """Send one claimed delivery and record the attempt; the delivery's status after it,
+    or None when the claim no longer holds (a duplicate message: nothing sent)."""
+    delivery = services.delivery_claimed(delivery_id=delivery_id, token=token)
+    if delivery is None:
+        return None
+    result = post(delivery)
+    status = services.attempt_record(delivery_id=delivery_id, token=token, result=result)
+    if status is not None:
+        kick()  # the run's next delivery to this endpoint may wait for this one
+    return status
+
+
+def post(delivery: WebhookDelivery) -> services.AttemptResult:
+    """One signed POST: its status code, an error ("" when 2xx) and its duration. The
+    whole request, answer included, is bounded by WEBHOOK_TIMEOUT; at most
+    WEBHOOK_MAX_RESPONSE_BYTES of the answer are read."""
+    content = encoded(delivery)
+    started = time.monotonic()
+    status: int | None = None
+    error = ""
+    try:
+        secret = services.endpoint_secret(delivery.endpoint)
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": "run-orchestrator",
+            "X-Orchestrator-Event": delivery.event_type,
+            "X-Orchestrator-Delivery": str(delivery.uid),
+            SIGNATURE_HEADER: signature(secret, int(time.time()), content),
+        }
+        timeout = float(settings.WEBHOOK_TIMEOUT)
+        with (
+            guarded_client(settings.HTTP_TOOL_ALLOWED_NETWORKS, timeout=timeout) as client,
+            client.stream(
+                "POST", delivery.endpoint.url, content=content, headers=headers
+            ) as answer,
+        ):
+            status = answer.status_code
+            read = _read_capped(answer, started + timeout)
+        if not 200 <= status < 300:
+            error = f"HTTP {status}: {read[:200].decode('utf-8', 'replace')}"
+    except TimeoutError as exc:
+        error = str(exc)
+    except AddressNotAllowed as exc:
+        error = str(exc)
+    except InvalidToken:
+        error = "the endpoint's secret cannot be decrypted with any key of SECRETS_ENCRYPTION_KEYS"
+    except (httpx.HTTPError, OSError) as exc:  # recorded and retried, never raised
+        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    duration_ms = int((time.monotonic() - started) * 1000)
+    return services.AttemptResult(status_code=status, error=error, duration_ms=duration_ms)
+
+
+def _read_capped(answer: httpx.Response, deadline: float) -> bytes:
+    """The answer's body up to the size cap, within the deadline (a receiver dripping its
+    answer slowly is cut off like one that is silent)."""
+    cap = int(settings.WEBHOOK_MAX_RESPONSE_BYTES)
+    read = b""
+    for chunk in answer.iter_bytes():
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"the answer took longer than WEBHOOK_TIMEOUT ({settings.WEBHOOK_TIMEOUT:g} s)"
+            )
+        read += chunk[: cap - len(read)]
+        if len(read) >= cap:
+            break
+    return read

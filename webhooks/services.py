@@ -1,0 +1,440 @@
+"""Run webhooks' writes (docs/webhooks.md): endpoints registered, changed, deleted and
+pinged; deliveries claimed by the sender, their attempts recorded, re-sent by hand.
+
+Deliveries of run events are not written here: PostgreSQL writes them, by trigger, in the
+transaction of the state change (migration 0001). The sender (``orchestrator.webhooks``)
+claims what is due with ``deliveries_claim``, sends each outside any transaction and
+records the answer with ``attempt_record``.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from billing.models import Organization
+from billing.secrets import decrypt_value, encrypt_value
+from webhooks.models import (
+    TEST_EVENT,
+    URL_MAX_LENGTH,
+    DeliveryStatus,
+    EventType,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
+
+SECRET_PREFIX = "whsec_"  # noqa: S105 - a prefix, not a secret
+SECRET_MIN_LENGTH = 16
+SECRET_MAX_LENGTH = 200
+ERROR_MAX_LENGTH = 500
+# Serialises the sweeps' claims, so that the per-endpoint bound counts every claim made.
+CLAIM_LOCK = 0x77686B73  # "whks"
+
+
+# What an attempt changes of its endpoint.
+ENDPOINT_STATE = [
+    "enabled",
+    "disabled_at",
+    "disabled_reason",
+    "consecutive_failures",
+    "failing_since",
+    "last_delivered_at",
+    "updated_at",
+]
+
+
+class EndpointNotFound(Exception):
+    """No endpoint of that id in the organization (the API answers 404)."""
+
+
+class DeliveryNotFound(Exception):
+    pass
+
+
+class WebhookInvalid(Exception):
+    """A field refused: ``field`` and a message (the API answers 400 invalid_request)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field, self.message = field, message
+        super().__init__(f"{field}: {message}")
+
+
+# --------------------------------------------------------------------------- pure rules
+def url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be an endpoint, or None. Not resolved here: the outbound guard
+    judges the address when a delivery is sent."""
+    if len(url) > URL_MAX_LENGTH:
+        return f"at most {URL_MAX_LENGTH} characters"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port out of range
+    except ValueError:
+        return "not a valid URL"
+    if parts.scheme not in ("http", "https"):
+        return "must be an http or https URL"
+    if not parts.hostname:
+        return "must name a host"
+    if parts.username or parts.password:
+        return "must not hold credentials (sign with the secret instead)"
+    if any(ch.isspace() for ch in url):
+        return "must not contain white space"
+    return None
+
+
+def events_problem(events: list[str]) -> str | None:
+    if not events:
+        return "at least one event type"
+    unknown = [event for event in events if event not in EventType.values]
+    if unknown:
+        return f"unknown event type {unknown[0]!r}; one of {', '.join(EventType.values)}"
+    return None
+
+
+def retry_delay(attempt: int, *, base: float, cap: float, jitter: float) -> float:
+    """Seconds to wait after failed attempt number ``attempt`` (1 for the first):
+    ``base`` doubled each attempt up to ``cap``, times a jitter factor from 0.75 to 1.25
+    (``jitter`` in [0, 1)), so that retries of many deliveries do not move in step."""
+    exponent = min(max(attempt - 1, 0), 62)
+    return min(base * 2.0**exponent, cap) * (0.75 + 0.5 * jitter)
+
+
+def retry_deadline(delivery: WebhookDelivery) -> datetime:
+    return delivery.retry_until or delivery.created_at + timedelta(
+        seconds=settings.WEBHOOK_RETRY_WINDOW
+    )
+
+
+# --------------------------------------------------------------------------- endpoints
+def _checked(url: str | None, events: list[str] | None, secret: str | None) -> None:
+    if url is not None and (problem := url_problem(url)):
+        raise WebhookInvalid("url", problem)
+    if events is not None and (problem := events_problem(events)):
+        raise WebhookInvalid("events", problem)
+    if secret is not None and not SECRET_MIN_LENGTH <= len(secret) <= SECRET_MAX_LENGTH:
+        raise WebhookInvalid(
+            "secret", f"from {SECRET_MIN_LENGTH} to {SECRET_MAX_LENGTH} characters"
+        )
+
+
+def secret_generate() -> str:
+    return SECRET_PREFIX + secrets.token_urlsafe(32)
+
+
+def endpoint_secret(endpoint: WebhookEndpoint) -> str:
+    """The signing secret, for the sender only (raises InvalidToken when no key fits)."""
+    return decrypt_value(endpoint.secret_encrypted)
+
+
+@transaction.atomic
+def endpoint_create(
+    *,
+    organization: Organization,
+    url: str,
+    events: list[str],
+    secret: str | None = None,
+    description: str = "",
+    actor: str = "",
+) -> tuple[WebhookEndpoint, str]:
+    """Register an endpoint; return it with its secret (generated when none is given),
+    which is shown this once."""
+    _checked(url, events, secret)
+    secret = secret if secret is not None else secret_generate()
+    endpoint = WebhookEndpoint.objects.create(
+        organization=organization,
+        url=url,
+        events=sorted(set(events)),
+        description=description,
+        secret_encrypted=encrypt_value(secret),
+        created_by=actor,
+    )
+    return endpoint, secret
+
+
+def _endpoint_locked(endpoint_id: Any, organization: Organization | None) -> WebhookEndpoint:
+    # NO KEY UPDATE: a run's transition inserting a delivery (a key-share lock on the
+    # endpoint, for the foreign key) is not held up by it.
+    rows = WebhookEndpoint.objects.select_for_update(no_key=True).filter(pk=endpoint_id)
+    if organization is not None:
+        rows = rows.filter(organization=organization)
+    endpoint = rows.first()
+    if endpoint is None:
+        raise EndpointNotFound(str(endpoint_id))
+    return endpoint
+
+
+@transaction.atomic
+def endpoint_update(
+    *,
+    endpoint_id: Any,
+    organization: Organization | None = None,
+    url: str | None = None,
+    events: list[str] | None = None,
+    secret: str | None = None,
+    description: str | None = None,
+    enabled: bool | None = None,
+) -> WebhookEndpoint:
+    """Change the fields given. Enabling a disabled endpoint forgets its failures; its
+    pending deliveries are sent again. Disabling keeps them pending, unsent."""
+    _checked(url, events, secret)
+    endpoint = _endpoint_locked(endpoint_id, organization)
+    if url is not None:
+        endpoint.url = url
+    if events is not None:
+        endpoint.events = sorted(set(events))
+    if secret is not None:
+        endpoint.secret_encrypted = encrypt_value(secret)
+    if description is not None:
+        endpoint.description = description
+    if enabled is True and not endpoint.enabled:
+        _enable(endpoint)
+    elif enabled is False and endpoint.enabled:
+        _disable(endpoint, "disabled by its organization")
+    endpoint.save()
+    return endpoint
+
+
+@transaction.atomic
+def endpoint_delete(*, endpoint_id: Any, organization: Organization | None = None) -> None:
+    """Delete the endpoint with its deliveries and their attempts."""
+    _endpoint_locked(endpoint_id, organization).delete()
+
+
+def _enable(endpoint: WebhookEndpoint) -> None:
+    endpoint.enabled = True
+    endpoint.disabled_at = None
+    endpoint.disabled_reason = ""
+    endpoint.consecutive_failures = 0
+    endpoint.failing_since = None
+
+
+def _disable(endpoint: WebhookEndpoint, reason: str) -> None:
+    endpoint.enabled = False
+    endpoint.disabled_at = timezone.now()
+    endpoint.disabled_reason = reason[:ERROR_MAX_LENGTH]
+
+
+@transaction.atomic
+def endpoint_test(*, endpoint_id: Any, organization: Organization | None = None) -> WebhookDelivery:
+    """A `webhook.test` delivery to the endpoint (sent even while it is disabled, to
+    check it before enabling it again)."""
+    endpoint = _endpoint_locked(endpoint_id, organization)
+    now = timezone.now()
+    return WebhookDelivery.objects.create(
+        endpoint=endpoint,
+        event_type=TEST_EVENT,
+        payload={"endpoint": {"id": str(endpoint.pk), "url": endpoint.url}},
+        next_attempt_at=now,
+        created_at=now,
+    )
+
+
+# --------------------------------------------------------------------------- deliveries
+@transaction.atomic
+def delivery_redeliver(
+    *, delivery_uid: Any, endpoint_id: Any | None = None, organization: Organization | None = None
+) -> WebhookDelivery:
+    """Send a delivery again, by hand, with the same id and body: due now, retried for a
+    new window. A delivery being sent is sent again after its attempt."""
+    rows = WebhookDelivery.objects.select_for_update().filter(uid=delivery_uid)
+    if endpoint_id is not None:
+        rows = rows.filter(endpoint_id=endpoint_id)
+    if organization is not None:
+        rows = rows.filter(endpoint__organization=organization)
+    delivery = rows.first()
+    if delivery is None:
+        raise DeliveryNotFound(str(delivery_uid))
+    now = timezone.now()
+    delivery.status = DeliveryStatus.PENDING
+    delivery.next_attempt_at = now
+    delivery.retry_until = now + timedelta(seconds=settings.WEBHOOK_RETRY_WINDOW)
+    delivery.save(update_fields=["status", "next_attempt_at", "retry_until"])
+    return delivery
+
+
+CLAIM_SQL = """
+WITH due AS (
+    SELECT d.id, d.endpoint_id, d.next_attempt_at,
+           row_number() OVER (
+               PARTITION BY d.endpoint_id ORDER BY d.next_attempt_at, d.id
+           ) AS place
+    FROM webhooks_webhookdelivery d
+    JOIN webhooks_webhookendpoint e ON e.id = d.endpoint_id
+    WHERE d.status = 'pending'
+      AND d.next_attempt_at <= clock_timestamp()
+      AND (d.lease_until IS NULL OR d.lease_until < clock_timestamp())
+      AND (e.enabled OR d.event_type = %(test)s)
+      -- a run's deliveries to an endpoint go in order: not while an earlier is pending
+      AND NOT EXISTS (
+          SELECT 1 FROM webhooks_webhookdelivery p
+          WHERE p.endpoint_id = d.endpoint_id AND p.run_id = d.run_id
+            AND p.status = 'pending' AND p.id < d.id
+      )
+)
+-- Each endpoint's first few only: one endpoint's backlog never hides another's.
+SELECT id, endpoint_id FROM due
+WHERE place <= %(per_endpoint)s
+ORDER BY next_attempt_at, id
+LIMIT %(limit)s
+"""
+
+LOCK_SQL = """
+SELECT id FROM webhooks_webhookdelivery
+WHERE id = ANY(%(ids)s) AND status = 'pending'
+FOR UPDATE SKIP LOCKED
+"""
+
+IN_FLIGHT_SQL = """
+SELECT endpoint_id, count(*) FROM webhooks_webhookdelivery
+WHERE status = 'pending' AND lease_until >= clock_timestamp() AND endpoint_id = ANY(%(endpoints)s)
+GROUP BY endpoint_id
+"""
+
+
+@dataclass(frozen=True)
+class Claim:
+    delivery_id: int
+    token: str
+
+
+def deliveries_claim(*, limit: int, per_endpoint: int, lease_seconds: float) -> list[Claim]:
+    """Claim the due deliveries, at most ``per_endpoint`` in flight to any endpoint
+    (claimed ones whose lease runs count), each held for ``lease_seconds``: a worker that
+    dies while sending loses nothing, the delivery is due again when the lease ends.
+
+    One sweep claims at a time (a transaction advisory lock; another sweep finding it
+    taken returns nothing): the bound counts every claim made before it."""
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [CLAIM_LOCK])
+            if not cursor.fetchone()[0]:
+                return []
+            cursor.execute(
+                CLAIM_SQL, {"test": TEST_EVENT, "per_endpoint": per_endpoint, "limit": limit}
+            )
+            found = cursor.fetchall()
+            # Rows a redelivery or an attempt's record holds are left to the next sweep.
+            cursor.execute(LOCK_SQL, {"ids": [delivery_id for delivery_id, _ in found]})
+            free = {row[0] for row in cursor.fetchall()}
+            candidates = [(pk, endpoint) for pk, endpoint in found if pk in free]
+            if not candidates:
+                return []
+            endpoints = list({endpoint for _, endpoint in candidates})
+            cursor.execute(IN_FLIGHT_SQL, {"endpoints": endpoints})
+            in_flight: dict[Any, int] = dict(cursor.fetchall())
+        chosen: list[int] = []
+        for delivery_id, endpoint in candidates:
+            if len(chosen) >= limit:
+                break
+            if in_flight.get(endpoint, 0) >= per_endpoint:
+                continue
+            in_flight[endpoint] = in_flight.get(endpoint, 0) + 1
+            chosen.append(delivery_id)
+        claims = [Claim(delivery_id, str(uuid.uuid4())) for delivery_id in chosen]
+        until = timezone.now() + timedelta(seconds=lease_seconds)
+        for claim in claims:
+            WebhookDelivery.objects.filter(pk=claim.delivery_id).update(
+                lease_until=until, lease_token=claim.token
+            )
+        return claims
+
+
+def delivery_claimed(*, delivery_id: int, token: str) -> WebhookDelivery | None:
+    """The delivery if this claim still holds it (pending, same token), else None: a
+    message received twice, or after its lease passed to another claim, sends nothing."""
+    return (
+        WebhookDelivery.objects.select_related("endpoint")
+        .filter(pk=delivery_id, lease_token=token, status=DeliveryStatus.PENDING)
+        .first()
+    )
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    status_code: int | None
+    error: str
+    duration_ms: int
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and self.status_code is not None and 200 <= self.status_code < 300
+
+
+@transaction.atomic
+def attempt_record(*, delivery_id: int, token: str, result: AttemptResult) -> str | None:
+    """Record one attempt and what follows: delivered; failed for good (410 Gone disables
+    the endpoint at once; the retry window passed); or due again after the backoff. The
+    endpoint's failures in a row are counted, and past both WEBHOOK_DISABLE_AFTER seconds
+    and WEBHOOK_DISABLE_FAILURES attempts it is disabled. Returns the delivery's status,
+    or None when the claim was lost (nothing changes but the attempt's record)."""
+    delivery = WebhookDelivery.objects.select_for_update().filter(pk=delivery_id).first()
+    if delivery is None:
+        return None  # deleted with its endpoint meanwhile
+    endpoint = WebhookEndpoint.objects.select_for_update(no_key=True).get(pk=delivery.endpoint_id)
+    now = timezone.now()
+    delivery.attempts += 1
+    WebhookAttempt.objects.create(
+        delivery=delivery,
+        number=delivery.attempts,
+        status_code=result.status_code,
+        ok=result.ok,
+        error=result.error[:ERROR_MAX_LENGTH],
+        duration_ms=result.duration_ms,
+    )
+    fields = ["attempts"]
+    if str(delivery.lease_token) != token or delivery.status != DeliveryStatus.PENDING:
+        delivery.save(update_fields=fields)
+        return None
+    delivery.last_status_code = result.status_code
+    delivery.last_error = result.error[:ERROR_MAX_LENGTH]
+    delivery.lease_until = None
+    delivery.lease_token = None
+    fields += ["last_status_code", "last_error", "lease_until", "lease_token", "status"]
+    if result.ok:
+        delivery.status = DeliveryStatus.DELIVERED
+        delivery.delivered_at = now
+        fields.append("delivered_at")
+        endpoint.consecutive_failures = 0
+        endpoint.failing_since = None
+        endpoint.last_delivered_at = now
+    else:
+        endpoint.consecutive_failures += 1
+        endpoint.failing_since = endpoint.failing_since or now
+        if result.status_code == 410:
+            delivery.status = DeliveryStatus.FAILED
+            if endpoint.enabled:
+                _disable(endpoint, "the endpoint answered 410 Gone")
+        elif now >= retry_deadline(delivery):
+            delivery.status = DeliveryStatus.FAILED
+        else:
+            delay = retry_delay(
+                delivery.attempts,
+                base=settings.WEBHOOK_BACKOFF,
+                cap=settings.WEBHOOK_BACKOFF_MAX,
+                jitter=random.random(),  # noqa: S311 - spreading retries, not a secret
+            )
+            delivery.next_attempt_at = min(now + timedelta(seconds=delay), retry_deadline(delivery))
+            fields.append("next_attempt_at")
+        failing_for = (now - endpoint.failing_since).total_seconds()
+        if (
+            endpoint.enabled
+            and endpoint.consecutive_failures >= settings.WEBHOOK_DISABLE_FAILURES
+            and failing_for >= settings.WEBHOOK_DISABLE_AFTER
+        ):
+            _disable(
+                endpoint,
+                f"failed {endpoint.consecutive_failures} attempts in a row over "
+                f"{int(failing_for)} s; last: {result.error or result.status_code}",
+            )
+    delivery.save(update_fields=fields)
+    endpoint.save(update_fields=ENDPOINT_STATE)
+    return str(delivery.status)

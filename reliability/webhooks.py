@@ -118,13 +118,19 @@ def pending_deliveries() -> int:
 
 
 def webhook_report(receiver: WebhookReceiver) -> dict[str, Any]:
-    """Every run in the harness's database that ended (the storm's, the schedule's, child
-    runs) was told its end at least once (answered 2xx); every delivery written was
+    """Every run that ended in an organization registered at this receiver (the storm's,
+    the schedule's, child runs; not chaos-net's probe runs, whose organization has no
+    endpoint) was told its end at least once (answered 2xx); every delivery written was
     delivered, none pending or given up; every request signed."""
     from runs.models import Run
-    from webhooks.models import DeliveryStatus, WebhookDelivery
+    from webhooks.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint
 
-    ended = list(Run.objects.filter(status__in=TERMINAL).values_list("pk", "status"))
+    registered = WebhookEndpoint.objects.filter(url=receiver.url).values("organization_id")
+    ended = list(
+        Run.objects.filter(status__in=TERMINAL, organization_id__in=registered).values_list(
+            "pk", "status"
+        )
+    )
     seen = receiver.received
     untold = [str(pk) for pk, status in ended if (str(pk), f"run.{status}") not in seen.told]
     rows = list(WebhookDelivery.objects.values_list("uid", "status"))

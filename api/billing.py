@@ -29,7 +29,7 @@ from billing.filters import LedgerFilter
 from billing.models import SECRET_NAME_PATTERN
 from billing.secrets import is_valid_secret_name, secret_delete, secret_list, secret_put
 from billing.selectors import ledger_for, organization_balance
-from runs.scheduling import organization_load
+from runs.fairness import organization_load
 
 TAG_BILLING = "billing"
 TAG_ORGANIZATION = "organization"

@@ -58,7 +58,7 @@ from orchestrator import metrics, ratelimited, traces
 from orchestrator.context import StepContext
 from orchestrator.dispatch import CeleryTransport, serving
 from orchestrator.heartbeat import heart
-from runs import callbacks, ratewaits, scheduling
+from runs import callbacks, fairness, ratewaits
 from runs.engine import control, hotpath
 from runs.engine.dispatch import step_from_row, step_timeout_s
 from runs.engine.outcomes import Outcome, record_and_claim
@@ -102,7 +102,7 @@ def claim(step_id: int, worker: str, task_id: str) -> Step | None:
 def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
     """Run one attempt of ``step_id``; return what happened (for logs and tests).
 
-    A step executes in one of its organization's slots (``runs.scheduling``): with every
+    A step executes in one of its organization's slots (``runs.fairness``): with every
     slot held, the step is left claimable and its run's doorbell rung, for a worker that
     holds one to serve it."""
     worker = worker or f"{os.uname().nodename}:{os.getpid()}"
@@ -115,7 +115,7 @@ def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
         return "not claimed"
     run_id, organization_id, priority = found
     with logcontext.bound(organization_id=organization_id, run_id=run_id, step_id=step_id):
-        slot = scheduling.acquire_slot(organization_id, f"{worker}:{os.getpid()}:{task_id}")
+        slot = fairness.acquire_slot(organization_id, f"{worker}:{os.getpid()}:{task_id}")
         if slot is None:
             CeleryTransport().ring({str(run_id): priority}, "no_slot")
             return "no slot"
@@ -153,7 +153,7 @@ def serve(run_id: str, priority: int, *, worker: str, task_id: str, hard_limits:
     return how many were served.
 
     With fair dispatch (ENGINE_FAIR_DISPATCH, the default) the doorbell wakes a worker,
-    and what it serves is ``runs.scheduling.next_run``'s choice, asked again every
+    and what it serves is ``runs.fairness.next_run``'s choice, asked again every
     ENGINE_FAIR_SLICE: the organization with the fewest steps executing, then the one
     served longest ago, then its first run by priority and age, its steps or its
     pick-up. Off, it serves the doorbell's own run (for measuring fair dispatch only).
@@ -192,13 +192,13 @@ class _Server:
         self.hard_limits = hard_limits
         self.deadline = time.monotonic() + float(settings.ENGINE_BURST_SECONDS)
         self.served = 0
-        self.slot: scheduling.Slot | None = None
+        self.slot: fairness.Slot | None = None
         self.holder = f"{worker}:{task_id}"
         self.helped = False  # it called for help once (a server calls once at most)
         # A step claimed for it with the last recording: served next.
         self.next: dict[str, Any] | None = None
         # A fair choice made with the last recording (fairly() acts on it).
-        self.chosen: scheduling.Choice | None = None
+        self.chosen: fairness.Choice | None = None
         # What the fair choice leaves out (fairly()'s, read by the recording's choice).
         self.full: set[Any] = set()
         self.skip: set[Any] = set()
@@ -220,7 +220,7 @@ class _Server:
         if self.slot is not None and self.slot.organization_id == organization_id:
             return True
         self.let_go()
-        self.slot = scheduling.acquire_slot(organization_id, self.holder)
+        self.slot = fairness.acquire_slot(organization_id, self.holder)
         heart.hold(self.slot)
         return self.slot is not None
 
@@ -319,11 +319,11 @@ class _Server:
 
     def fairly(self) -> int:
         """Whatever is fairest, chosen again every slice."""
-        current: scheduling.Choice | None = None
+        current: fairness.Choice | None = None
         choose_at = 0.0
         slice_s = float(settings.ENGINE_FAIR_SLICE)
         while True:
-            choice: scheduling.Choice | None = None
+            choice: fairness.Choice | None = None
             if self.chosen is not None:
                 # Chosen with the last recording (its step claimed, when it could be).
                 choice, self.chosen = self.chosen, None
@@ -334,10 +334,10 @@ class _Server:
                 # when the run is of the slot's organization.
                 claim = None
                 if self.slot is not None:
-                    claim = scheduling.ClaimFor(
+                    claim = fairness.ClaimFor(
                         self.slot, self.worker, self.task_id, float(settings.ENGINE_LEASE_SECONDS)
                     )
-                choice = scheduling.next_run(
+                choice = fairness.next_run(
                     me=self.holder,
                     full=frozenset(self.full),
                     skip=frozenset(self.skip),
@@ -356,7 +356,7 @@ class _Server:
                 if choice.organization_id != held:
                     # Given a worker: its turn comes after the others' (an organization
                     # the worker goes on serving keeps its place).
-                    scheduling.served(choice.organization_id)
+                    fairness.served(choice.organization_id)
                 if choice.pickup:
                     picked = control.pick_up(choice.run_id, actor=f"worker:{self.worker}")
                     if not picked and not _running(choice.run_id):
@@ -391,12 +391,12 @@ def _measure(step: Step, outcome: Outcome, duration_s: float, applied: bool) -> 
     metrics.step_attempt(step.tool, result, duration_s, waited)
 
 
-def _let_go(slot: scheduling.Slot) -> None:
+def _let_go(slot: fairness.Slot) -> None:
     """Give the slot back; a database that failed meanwhile lets it go by its lease
     instead (what failed is what the caller reports, not this)."""
     try:
         discard_interrupted_connection()
-        scheduling.release_slot(slot)
+        fairness.release_slot(slot)
     except (OperationalError, InterfaceError):
         logger.warning("slot %s of %s left to its lease", slot.slot, slot.organization_id)
 
@@ -417,7 +417,7 @@ def _running(run_id: Any) -> bool:
     return Run.objects.filter(pk=run_id, status="running").exists()
 
 
-def _ring_if_ready(choice: scheduling.Choice) -> None:
+def _ring_if_ready(choice: fairness.Choice) -> None:
     """A run the worker stops serving while it still has claimable steps: one doorbell,
     since its recordings rang one fewer for this worker going on with it."""
     if Step.objects.filter(

@@ -25,8 +25,8 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from orchestrator import metrics
+from runs.fairness import Slot, renew_slot
 from runs.models import Run, Step
-from runs.scheduling import Slot, renew_slot
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class _Heart:
         self.since = 0.0
         self.deadline: float | None = None  # monotonic; the hard limit of the step
         self.thread: threading.Thread | None = None
-        # The organization's slot the worker holds (runs.scheduling), renewed alike.
+        # The organization's slot the worker holds (runs.fairness), renewed alike.
         self.slot: Slot | None = None
         self.slot_since = 0.0
 

@@ -32,10 +32,10 @@ from runs import (
     admission,
     approvals,
     escalations,
+    fairness,
     ratewaits,
     runners,
     runpage,
-    scheduling,
     services,
     svg,
 )
@@ -851,7 +851,7 @@ class OrganizationLoadAdmin(OrganizationAdmin):
     )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Organization]:
-        return scheduling.with_load(super().get_queryset(request))
+        return fairness.with_load(super().get_queryset(request))
 
     def save_model(self, request: HttpRequest, obj: Organization, form: Any, change: bool) -> None:
         super().save_model(request, obj, form, change)

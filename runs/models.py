@@ -859,7 +859,7 @@ class Replan(models.Model):
 
 
 # --------------------------------------------------------------------------- fairness
-# Fair sharing of the workers between organizations (runs.scheduling; docs/fairness.md).
+# Fair sharing of the workers between organizations (runs.fairness; docs/fairness.md).
 
 
 class FairTurn(models.Model):

@@ -371,7 +371,7 @@ _CLAIM_NEXT_PICK = {
 
 def claim_next_sql(select: str, *, run: str = "%(run)s", before: str = "") -> str:
     """The statement of ``claim_next_step``, for a caller that claims inside a statement
-    of its own (the hot path's function, ``scheduling.next_run``): the run's id given by
+    of its own (the hot path's function, ``fairness.next_run``): the run's id given by
     the expression ``run``, CTEs ``before`` it (ending with a comma), and ``select`` as
     the final SELECT over ``claimed`` (``{more}`` in it: whether the run has more
     claimable)."""

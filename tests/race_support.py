@@ -81,20 +81,20 @@ def _start_admitted(pair: str, side: int) -> bool:
 
 
 def _take_slot(organization_id: str) -> bool:
-    from runs import scheduling
+    from runs import fairness
 
-    return scheduling.acquire_slot(organization_id, f"taker-{os.getpid()}") is not None
+    return fairness.acquire_slot(organization_id, f"taker-{os.getpid()}") is not None
 
 
 def _free_and_take_slot(organization_id: str) -> bool:
     """Let the slot held by "leaving" go, then take one: as a worker that finished a
     step and starts the next while another worker takes a slot."""
-    from runs import scheduling
+    from runs import fairness
     from runs.models import StepSlot
 
     leaving = StepSlot.objects.get(organization_id=organization_id, holder="leaving")
-    scheduling.release_slot(scheduling.Slot(leaving.pk, organization_id, leaving.slot, "leaving"))
-    return scheduling.acquire_slot(organization_id, f"taker-{os.getpid()}") is not None
+    fairness.release_slot(fairness.Slot(leaving.pk, organization_id, leaving.slot, "leaving"))
+    return fairness.acquire_slot(organization_id, f"taker-{os.getpid()}") is not None
 
 
 def _record(step_name: str) -> Any:

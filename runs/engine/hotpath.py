@@ -44,8 +44,8 @@ from typing import Any
 
 from billing.services import CHARGE_CTES, SETTLE_CTES, charge_key, settle_reason, to_credits
 from common.statements import Statement
+from runs.fairness import CHOICE_SQL, Choice
 from runs.models import Run
-from runs.scheduling import CHOICE_SQL, Choice
 from runs.states import is_allowed
 from runs.transitions import CLAIMED_JSON, GATE_NAMESPACE, claim_next_sql, claimed_from_json
 
@@ -720,7 +720,7 @@ _ARGUMENTS = (
     ("worker", "text"),
     ("task_id", "text"),
     ("lease", "float8"),
-    # The worker's fair choice, made first (``choose``), as scheduling.next_run makes it.
+    # The worker's fair choice, made first (``choose``), as fairness.next_run makes it.
     ("choose", "boolean"),
     ("me", "text"),
     ("full", "uuid[]"),
@@ -807,7 +807,7 @@ class Completed:
 
 @dataclass(frozen=True)
 class Choose:
-    """A worker's fair choice made with the recording (``scheduling.next_run``'s terms:
+    """A worker's fair choice made with the recording (``fairness.next_run``'s terms:
     its slot's holder name, the organizations and runs it leaves out, the organization
     of the slot it holds)."""
 

@@ -12,7 +12,7 @@ import pytest
 from django.utils import timezone
 
 from billing.models import Organization
-from runs import admission, scheduling, services
+from runs import admission, fairness, services
 from runs.engine import control
 from runs.models import EventKind, Run, RunEvent, StepSlot
 from runs.plan import PlanInvalid
@@ -204,44 +204,44 @@ def test_a_retried_attempt_waits_for_admission_again() -> None:
 def test_slots_cap_the_steps_executing_and_follow_the_limit_as_it_changes() -> None:
     organization = factories.org()
     admission.limits_set(organization.pk, actor="test", max_running_steps=2)
-    one = scheduling.acquire_slot(organization.pk, "w1")
-    two = scheduling.acquire_slot(organization.pk, "w2")
+    one = fairness.acquire_slot(organization.pk, "w1")
+    two = fairness.acquire_slot(organization.pk, "w2")
     assert one is not None
     assert two is not None
-    assert scheduling.acquire_slot(organization.pk, "w3") is None
-    assert scheduling.steps_executing(organization.pk) == 2
+    assert fairness.acquire_slot(organization.pk, "w3") is None
+    assert fairness.steps_executing(organization.pk) == 2
 
-    scheduling.release_slot(one)
-    three = scheduling.acquire_slot(organization.pk, "w3")
+    fairness.release_slot(one)
+    three = fairness.acquire_slot(organization.pk, "w3")
     assert three is not None
     assert three.slot == one.slot
     # A release by a holder that lost its slot changes nothing.
-    scheduling.release_slot(one)
-    assert scheduling.steps_executing(organization.pk) == 2
+    fairness.release_slot(one)
+    assert fairness.steps_executing(organization.pk) == 2
 
     admission.limits_set(organization.pk, actor="test", max_running_steps=3)
-    assert scheduling.acquire_slot(organization.pk, "w4") is not None
-    assert scheduling.acquire_slot(organization.pk, "w5") is None
+    assert fairness.acquire_slot(organization.pk, "w4") is not None
+    assert fairness.acquire_slot(organization.pk, "w5") is None
 
     # Lowered, the limit lets no new holder in until enough have let go.
     admission.limits_set(organization.pk, actor="test", max_running_steps=1)
-    assert scheduling.acquire_slot(organization.pk, "w6") is None
+    assert fairness.acquire_slot(organization.pk, "w6") is None
 
 
 def test_a_slot_whose_holder_died_is_taken_when_its_lease_passes() -> None:
     organization = factories.org()
     admission.limits_set(organization.pk, actor="test", max_running_steps=1)
-    dead = scheduling.acquire_slot(organization.pk, "dead")
+    dead = fairness.acquire_slot(organization.pk, "dead")
     assert dead is not None
-    assert scheduling.acquire_slot(organization.pk, "alive") is None
+    assert fairness.acquire_slot(organization.pk, "alive") is None
 
     StepSlot.objects.filter(pk=dead.id).update(expires_at=timezone.now() - timedelta(seconds=1))
 
-    taken = scheduling.acquire_slot(organization.pk, "alive")
+    taken = fairness.acquire_slot(organization.pk, "alive")
     assert taken is not None
     assert taken.slot == dead.slot
-    assert not scheduling.renew_slot(dead)  # the dead holder cannot take it back
-    assert scheduling.renew_slot(taken)
+    assert not fairness.renew_slot(dead)  # the dead holder cannot take it back
+    assert fairness.renew_slot(taken)
 
 
 # --------------------------------------------------------------------------- next run
@@ -254,26 +254,26 @@ def running(organization: Organization, *, priority: int = 5, steps: int = 3) ->
 def test_next_run_serves_the_organization_with_the_fewest_steps_executing_by_share() -> None:
     busy, quiet = factories.org(), factories.org()
     busy_run, quiet_run = running(busy), running(quiet)
-    scheduling.acquire_slot(busy.pk, "other-worker")
+    fairness.acquire_slot(busy.pk, "other-worker")
 
-    choice = scheduling.next_run(me="me")
+    choice = fairness.next_run(me="me")
     assert choice is not None
     assert choice.run_id == quiet_run.pk
     assert not choice.pickup
 
     # The asking worker's own slot does not count against the organization it serves.
-    mine = scheduling.acquire_slot(quiet.pk, "me")
+    mine = fairness.acquire_slot(quiet.pk, "me")
     assert mine is not None
-    assert scheduling.next_run(me="me").run_id == quiet_run.pk
+    assert fairness.next_run(me="me").run_id == quiet_run.pk
 
     # Weighted: two executing with share 3 is less than one with share 1.
-    scheduling.acquire_slot(quiet.pk, "w2")
-    scheduling.acquire_slot(quiet.pk, "w3")
-    assert scheduling.next_run(me="me").run_id == busy_run.pk
+    fairness.acquire_slot(quiet.pk, "w2")
+    fairness.acquire_slot(quiet.pk, "w3")
+    assert fairness.next_run(me="me").run_id == busy_run.pk
     admission.limits_set(quiet.pk, actor="test", share=3)
-    assert scheduling.next_run(me="me").run_id == quiet_run.pk
+    assert fairness.next_run(me="me").run_id == quiet_run.pk
     # An organization whose slots the worker found all held is left out.
-    choice = scheduling.next_run(me="me", full=frozenset({quiet.pk}))
+    choice = fairness.next_run(me="me", full=frozenset({quiet.pk}))
     assert choice is not None
     assert choice.run_id == busy_run.pk
 
@@ -283,10 +283,10 @@ def test_organizations_alike_take_turns() -> None:
     runs = {running(organization).pk: organization.pk for organization in organizations}
     turns = []
     for _ in range(6):
-        choice = scheduling.next_run()
+        choice = fairness.next_run()
         assert choice is not None
         turns.append(choice.organization_id)
-        scheduling.served(choice.organization_id)
+        fairness.served(choice.organization_id)
     assert set(turns[:3]) == set(runs.values())  # each once before any twice
     assert turns[3:] == turns[:3]
 
@@ -299,14 +299,14 @@ def test_within_an_organization_priority_then_fifo_and_pick_ups_too() -> None:
 
     order = []
     skip: set[Any] = set()
-    while (choice := scheduling.next_run(skip=frozenset(skip))) is not None:
+    while (choice := fairness.next_run(skip=frozenset(skip))) is not None:
         order.append((choice.run_id, choice.pickup))
         skip.add(choice.run_id)
     assert order == [(waiting.pk, True), (urgent.pk, False), (older.pk, False), (newer.pk, False)]
 
     # A run waiting for a place is not offered for pick-up.
     Run.objects.filter(pk=waiting.pk).update(queued_reason="the organization is full")
-    choice = scheduling.next_run()
+    choice = fairness.next_run()
     assert choice is not None
     assert choice.run_id == urgent.pk
 
@@ -314,9 +314,9 @@ def test_within_an_organization_priority_then_fifo_and_pick_ups_too() -> None:
 def test_next_run_offers_only_runs_with_a_claimable_step() -> None:
     organization = factories.org()
     run = running(organization, steps=1)
-    assert scheduling.next_run() is not None
+    assert fairness.next_run() is not None
     services.run_pause(run_id=run.pk)
-    assert scheduling.next_run() is None
+    assert fairness.next_run() is None
 
 
 def test_the_load_counts_running_queued_pending_and_steps() -> None:
@@ -325,10 +325,10 @@ def test_the_load_counts_running_queued_pending_and_steps() -> None:
     assert control.pick_up(started(organization).pk)
     assert not control.pick_up(started(organization).pk)
     started(organization)
-    scheduling.acquire_slot(organization.pk, "w")
+    fairness.acquire_slot(organization.pk, "w")
 
-    load = scheduling.organization_load(organization.pk)
-    annotated = scheduling.with_load(Organization.objects.filter(pk=organization.pk)).get()
+    load = fairness.organization_load(organization.pk)
+    annotated = fairness.with_load(Organization.objects.filter(pk=organization.pk)).get()
 
     assert (load.runs_running, load.runs_queued, load.runs_pending, load.steps_executing) == (
         1,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from common.invariants import check_all
-from runs import admission, scheduling, services
+from runs import admission, fairness, services
 from runs.models import Run, RunEvent
 from tests import factories, race_support
 from tests.support import shared_database_url
@@ -144,7 +144,7 @@ def test_two_workers_taking_the_last_slot_at_once_never_exceed_the_step_limit() 
     for index, organization_id in enumerate(organizations):
         sides = [outcomes["take_slot"][index], outcomes["take_slot_too"][index]]
         assert sorted(sides) == ["refused", "won"], organization_id
-        assert scheduling.steps_executing(organization_id) == 1
+        assert fairness.steps_executing(organization_id) == 1
 
 
 @pytest.mark.usefixtures("long_leases")
@@ -153,8 +153,8 @@ def test_a_worker_freeing_a_slot_while_another_takes_one_never_exceeds_the_step_
     for _ in range(FAIR_ROUNDS):
         organization = factories.org()
         admission.limits_set(organization.pk, actor="test", max_running_steps=2)
-        assert scheduling.acquire_slot(organization.pk, "leaving") is not None
-        assert scheduling.acquire_slot(organization.pk, "staying") is not None
+        assert fairness.acquire_slot(organization.pk, "leaving") is not None
+        assert fairness.acquire_slot(organization.pk, "staying") is not None
         organizations.append(str(organization.pk))
 
     outcomes = race("free_and_take_slot", "take_slot", organizations)
@@ -163,4 +163,4 @@ def test_a_worker_freeing_a_slot_while_another_takes_one_never_exceeds_the_step_
         sides = [outcomes["free_and_take_slot"][index], outcomes["take_slot"][index]]
         # One slot was freed: one of the two takes it, never both.
         assert sorted(sides) == ["refused", "won"], organization_id
-        assert scheduling.steps_executing(organization_id) == 2
+        assert fairness.steps_executing(organization_id) == 2

@@ -70,6 +70,7 @@ from common import logcontext, tracing
 from common.filters import MAX_BIGINT, StrictFilterSet
 from runs import approvals, selectors, services
 from runs.approvals import ApprovalResult
+from runs.engine.start import run_start
 from runs.filters import AgentFilter, EventFilter, StepFilter, TaskFilter
 from schedules import selectors as schedule_selectors
 from schedules.filters import ScheduledRunFilter
@@ -290,9 +291,7 @@ class RunsApi(ApiView):
                 size_hint=size_hint,
             )
             if data["start"]:
-                services.run_start(
-                    run_id=run.pk, organization=client.organization, actor=client.actor
-                )
+                run_start(run_id=run.pk, organization=client.organization, actor=client.actor)
         if data["start"]:
             response = detail_response(request, run.pk, status=201)
         else:  # just created: its detail is the row in hand (no re-read, make profile-api)
@@ -362,7 +361,7 @@ class RunStartApi(ApiView):
         start as it may (nothing changes). Starting a PENDING run changes nothing."""
         validated(EmptyInput, request.data)
         client = client_of(request)
-        services.run_start(run_id=run_id, organization=client.organization, actor=client.actor)
+        run_start(run_id=run_id, organization=client.organization, actor=client.actor)
         return detail_response(request, run_id)
 
 

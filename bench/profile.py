@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     from runs import services
     from runs.engine import control
     from runs.engine.outcomes import Outcome, record
+    from runs.engine.start import run_start
     from runs.models import Run, Step
     from runs.transitions import claim_step
 
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         tasks = [{"name": "t", "steps": steps}]
         plan = {"name": "profile", "agents": [{"name": "a", "tasks": tasks}]}
         run = services.run_create(organization=organization, plan=plan, actor="profile")
-        services.run_start(run_id=run.pk)
+        run_start(run_id=run.pk)
         control.pick_up(run.pk)
         steps_ = Step.objects.filter(run=run).order_by("position")
         return run, list(steps_.values_list("pk", flat=True))

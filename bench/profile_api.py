@@ -522,11 +522,11 @@ class Fixture:
 def _start(run_id: Any) -> None:
     """Started and running, as a worker's pick-up leaves it (at once when the start
     began it in its own transaction)."""
-    from runs import services
     from runs.engine import control
+    from runs.engine.start import run_start
     from runs.models import Run
 
-    services.run_start(run_id=run_id)
+    run_start(run_id=run_id)
     if Run.objects.values_list("status", flat=True).get(pk=run_id) == "pending":
         control.pick_up(run_id)
 

@@ -35,6 +35,7 @@ from billing.models import Organization
 from billing.services import credits_grant, organization_create
 from config.celery import app
 from runs import services
+from runs.engine.start import run_start
 from runs.models import Run, Step
 from runs.states import RUN_TERMINAL, RunStatus, StepStatus
 
@@ -268,7 +269,7 @@ class Engine:
         try:
             run = self._create(spec)
             started = time.perf_counter()
-            services.run_start(run_id=run.pk, actor="bench")
+            run_start(run_id=run.pk, actor="bench")
             status = self._wait_terminal(run, started)
             wall = time.perf_counter() - started
             self._check_completed(run, status, steps)
@@ -297,7 +298,7 @@ class Engine:
                 run = self._create(sequential_plan(1))
                 started = time.perf_counter()
                 sent: datetime = timezone.now()
-                services.run_start(run_id=run.pk, actor="bench")
+                run_start(run_id=run.pk, actor="bench")
                 first = self._first_step_started(run, started)
                 latencies.append((first - sent).total_seconds())
                 self._check_completed(run, self._wait_terminal(run, started), 1)
@@ -339,7 +340,7 @@ class Engine:
             started = time.perf_counter()
             for run in created:
                 sent[run.pk] = timezone.now()
-                services.run_start(run_id=run.pk, actor="bench")
+                run_start(run_id=run.pk, actor="bench")
             submitted = time.perf_counter() - started
             self._wait_all_terminal(ids, started)
             wall = time.perf_counter() - started
@@ -418,7 +419,7 @@ class Engine:
             self._wide(width, steps)
             run = self._create(wide_fan_plan(width))
             started = time.perf_counter()
-            services.run_start(run_id=run.pk, actor="bench")
+            run_start(run_id=run.pk, actor="bench")
             # One second into A's execution (its pick-up materialises 20,000 steps first,
             # with a worker child to spare), then every NOISY_EVERY_S while A runs.
             self._first_step_started(run, started)
@@ -456,7 +457,7 @@ class Engine:
         run = self._create(spec)
         started = time.perf_counter()
         sent: datetime = timezone.now()
-        services.run_start(run_id=run.pk, actor="bench")
+        run_start(run_id=run.pk, actor="bench")
         self._check_completed(run, self._wait_terminal(run, started), steps)
         completed = Run.objects.values_list("completed_at", flat=True).get(pk=run.pk)
         if completed is None:
@@ -467,7 +468,7 @@ class Engine:
         """A's fan-out alone: its wall time."""
         run = self._create(wide_fan_plan(width))
         started = time.perf_counter()
-        services.run_start(run_id=run.pk, actor="bench")
+        run_start(run_id=run.pk, actor="bench")
         self._first_step_started(run, started)
         _analyze()
         status = self._wait_terminal(run, started)

@@ -161,7 +161,10 @@ def credits_grant(
     return entry
 
 
-@transaction.atomic
+# The organization's credits move by the database's functions (runs/engine/sql/credits_*.sql:
+# reserve, charge, settle), which the engine's recordings call too: each rule once.
+
+
 def credits_reserve(
     *,
     organization_id: UUID,
@@ -171,40 +174,24 @@ def credits_reserve(
     amount: Decimal | int | str,
     actor: str = "system",
 ) -> LedgerEntry:
-    """Hold ``amount`` for a run attempt; raise InsufficientCredits if it is not available.
-
-    Keyed by the attempt: a retried call returns the first reservation.
-    """
+    """Hold ``amount`` for a run attempt (``engine.credits_reserve``); raise
+    InsufficientCredits if it is not available. Keyed by the attempt: a retried call
+    returns the first reservation."""
     amount = to_credits(amount)
     if amount <= 0:
         raise ValueError("a reservation must be positive")
-    key = f"reserve:{attempt_id}"
-    org = _lock_org(organization_id)  # serialises every movement of this organization
-    existing = _existing(org.pk, key)
-    if existing:
-        return existing
-    if org.credits_available < amount:
-        raise InsufficientCredits(amount, org.credits_available)
-    entry = LedgerEntry.objects.create(
-        organization=org,
-        run_id=run_id,
-        attempt_id=attempt_id,
-        type=EntryType.RESERVE,
-        amount=amount,
-        idempotency_key=key,
-        reason=reserve_reason(run_id, attempt_number),
-        actor=actor,
-    )
-    org.credits_available -= amount
-    org.save(update_fields=["credits_available"])
-    Reservation.objects.create(
-        organization=org,
-        run_id=run_id,
-        attempt_number=attempt_number,
-        attempt_id=attempt_id,
-        reserved=amount,
-    )
-    return entry
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT engine.credits_reserve(%s, %s, %s, %s::smallint, %s, %s)",
+            [organization_id, run_id, attempt_id, attempt_number, amount, actor],
+        )
+        entry_id = cursor.fetchone()[0]
+    if entry_id is None:
+        available = Organization.objects.values_list("credits_available", flat=True).get(
+            pk=organization_id
+        )
+        raise InsufficientCredits(amount, available)
+    return LedgerEntry.objects.get(pk=entry_id)
 
 
 @transaction.atomic
@@ -255,164 +242,14 @@ def credits_reserve_more(
     return entry
 
 
-# One statement: the attempt's budget is checked and drawn on, and the entry written, in a
-# single round trip (this runs once per step attempt). The NOT EXISTS keeps a replay from
-# drawing twice; two concurrent replays serialise on the reservation row and the second
-# then fails on the unique key, rolling its transaction back.
-_CHARGE_SQL = """
-WITH drawn AS (
-    UPDATE billing_reservation SET charged = charged + %(amount)s
-    WHERE run_id = %(run)s AND attempt_number = %(number)s
-      AND settled_at IS NULL
-      AND reserved - charged - refunded >= %(amount)s
-      AND NOT EXISTS (
-          SELECT 1 FROM billing_ledgerentry
-          WHERE organization_id = %(organization)s AND idempotency_key = %(key)s
-      )
-    RETURNING attempt_id, run_id
-)
-INSERT INTO billing_ledgerentry
-    (id, organization_id, run_id, attempt_id, step_id, type, amount, idempotency_key,
-     reason, actor, created_at)
-SELECT %(id)s, %(organization)s, drawn.run_id, drawn.attempt_id, %(step)s, 'charge',
-       %(amount)s, %(key)s, %(reason)s, %(actor)s, now()
-FROM drawn
-RETURNING id, attempt_id
-"""
-
-
-# The same charge as a part of a larger statement (the engine's hot path records a step
-# and charges it in one round trip): billing keeps the SQL of its own tables. The
-# statement that includes these CTEs defines one named ``charge`` with the columns
-# (id, organization_id, run_id, attempt_number, step_id, amount, key, reason, actor), one
-# row when a charge is due and none otherwise; ``charge_drawn`` then returns a row only
-# if the reservation could pay it, so the statement can make everything else depend on
-# it. An amount must be positive and already rounded (``to_credits``).
-CHARGE_CTES = """
-charge_drawn AS (
-    UPDATE billing_reservation AS r SET charged = r.charged + charge.amount
-    FROM charge
-    WHERE r.run_id = charge.run_id AND r.attempt_number = charge.attempt_number
-      AND r.settled_at IS NULL
-      AND r.reserved - r.charged - r.refunded >= charge.amount
-      AND NOT EXISTS (
-          SELECT 1 FROM billing_ledgerentry AS l
-          WHERE l.organization_id = charge.organization_id AND l.idempotency_key = charge.key
-      )
-    RETURNING r.attempt_id, r.run_id
-), charge_entry AS (
-    INSERT INTO billing_ledgerentry
-        (id, organization_id, run_id, attempt_id, step_id, type, amount, idempotency_key,
-         reason, actor, created_at)
-    SELECT charge.id, charge.organization_id, drawn.run_id, drawn.attempt_id, charge.step_id,
-           'charge', charge.amount, charge.key, charge.reason, charge.actor, now()
-    FROM charge, charge_drawn AS drawn
-)"""
-
-
-# A reservation as a part of a larger statement (``runs.services.run_start`` opens an
-# attempt and reserves its credits in one round trip), as credits_reserve() would write
-# it. ``RESERVE_DRAWN`` draws on the organization (its row lock serialises every movement
-# of its credits, as ``_lock_org`` does) only if enough is available, and returns a row
-# only then, so the statement can make everything else depend on it. The statement then
-# defines one named ``reserve`` with the columns (id, organization_id, run_id,
-# attempt_id, attempt_number, amount, reason, actor), one row when ``reserve_drawn`` gave
-# one, and adds ``RESERVE_WRITTEN``: the ledger entry and the reservation row. The
-# amount must be positive and already rounded (``to_credits``).
-RESERVE_DRAWN = """reserve_drawn AS (
-    UPDATE billing_organization AS o
-    SET credits_available = o.credits_available - %(reserve_amount)s
-    WHERE o.id = %(reserve_organization)s AND o.credits_available >= %(reserve_amount)s
-    RETURNING o.id
-)"""
-RESERVE_WRITTEN = """reserve_entry AS (
-    INSERT INTO billing_ledgerentry
-        (id, organization_id, run_id, attempt_id, step_id, type, amount, idempotency_key,
-         reason, actor, created_at)
-    SELECT reserve.id, reserve.organization_id, reserve.run_id, reserve.attempt_id, NULL,
-           'reserve', reserve.amount, 'reserve:' || reserve.attempt_id::text, reserve.reason,
-           reserve.actor, %(now)s
-    FROM reserve
-), reserve_held AS (
-    INSERT INTO billing_reservation
-        (organization_id, run_id, attempt_number, attempt_id, reserved, charged, refunded,
-         settled_at, created_at)
-    SELECT reserve.organization_id, reserve.run_id, reserve.attempt_number,
-           reserve.attempt_id, reserve.amount, 0, 0, NULL, %(now)s
-    FROM reserve
-)"""
-
-
 def reserve_reason(run_id: UUID, attempt_number: int) -> str:
-    """The reason a reservation's ledger entry gives."""
+    """The reason a reservation's ledger entry gives (engine.credits_reserve writes it so)."""
     return f"run {run_id} attempt {attempt_number}"
 
 
-# A step attempt's charge and its attempt's settlement together, as a part of a larger
-# statement (the engine's hot path completes a run's last step, the run and its attempt
-# in one round trip): what credits_charge() then credits_settle() would write. One
-# statement cannot update the reservation row twice, so the charge is drawn and the rest
-# refunded by one UPDATE. The statement defines ``charge`` as for CHARGE_CTES (zero or
-# one row) and ``settle`` with the columns (run_id, attempt_number, reason, actor), one row
-# when the attempt is to be settled; ``settle_drawn`` then returns a row only if the
-# reservation was unsettled and could pay the charge, so the statement can make
-# everything else depend on it; ``settle_entry`` returns the refund's amount when there
-# was one. The reservation is read and updated under the run's lock (every writer of it
-# holds that lock), so the amount read is the amount updated.
-SETTLE_CTES = """
-settle_held AS (
-    SELECT r.id, r.attempt_id, r.organization_id, r.run_id,
-           r.reserved - r.charged - r.refunded - COALESCE((SELECT amount FROM charge), 0)
-               AS refund
-    FROM billing_reservation AS r, settle
-    WHERE r.run_id = settle.run_id AND r.attempt_number = settle.attempt_number
-      AND r.settled_at IS NULL
-      AND r.reserved - r.charged - r.refunded >= COALESCE((SELECT amount FROM charge), 0)
-      AND NOT EXISTS (
-          SELECT 1 FROM billing_ledgerentry AS l, charge
-          WHERE l.organization_id = charge.organization_id AND l.idempotency_key = charge.key
-      )
-), settle_drawn AS (
-    UPDATE billing_reservation AS r
-    SET charged = r.charged + COALESCE((SELECT amount FROM charge), 0),
-        refunded = r.refunded + held.refund,
-        settled_at = now()
-    FROM settle_held AS held
-    WHERE r.id = held.id
-    RETURNING r.id
-), settle_charge_entry AS (
-    INSERT INTO billing_ledgerentry
-        (id, organization_id, run_id, attempt_id, step_id, type, amount, idempotency_key,
-         reason, actor, created_at)
-    SELECT charge.id, charge.organization_id, held.run_id, held.attempt_id, charge.step_id,
-           'charge', charge.amount, charge.key, charge.reason, charge.actor, now()
-    FROM charge, settle_held AS held
-    WHERE EXISTS (SELECT 1 FROM settle_drawn)
-), settle_entry AS (
-    INSERT INTO billing_ledgerentry
-        (id, organization_id, run_id, attempt_id, step_id, type, amount, idempotency_key,
-         reason, actor, created_at)
-    SELECT %(settle_id)s::uuid, held.organization_id, held.run_id, held.attempt_id, NULL,
-           'refund', held.refund, 'refund:' || held.attempt_id::text, settle.reason,
-           settle.actor, now()
-    FROM settle_held AS held, settle
-    WHERE held.refund > 0 AND EXISTS (SELECT 1 FROM settle_drawn)
-    RETURNING amount
-), settle_returned AS (
-    UPDATE billing_organization AS o SET credits_available = o.credits_available + held.refund
-    FROM settle_held AS held
-    WHERE o.id = held.organization_id AND held.refund > 0
-      AND EXISTS (SELECT 1 FROM settle_drawn)
-)"""
-
-
-def settle_reason(run_id: UUID, attempt_number: int) -> str:
-    """The reason a settlement's refund entry gives."""
-    return f"settled run {run_id} attempt {attempt_number}"
-
-
 def charge_key(step_id: int, step_attempt: int) -> str:
-    """The idempotency key of a step attempt's charge: one charge per attempt, ever."""
+    """The idempotency key of a step attempt's charge: one charge per attempt, ever
+    (engine.credits_charge keys it so)."""
     return f"charge:{step_id}:{step_attempt}"
 
 
@@ -438,29 +275,27 @@ def credits_charge(
         raise ValueError("a charge cannot be negative")
     if amount == 0:
         return None
-    key = charge_key(step_id, step_attempt)
     with connection.cursor() as cursor:
         cursor.execute(
-            _CHARGE_SQL,
-            {
-                "id": uuid.uuid4(),
-                "organization": organization_id,
-                "run": run_id,
-                "number": attempt_number,
-                "step": step_id,
-                "amount": amount,
-                "key": key,
-                "reason": (reason or f"step {step_id} attempt {step_attempt}")[:500],
-                "actor": actor,
-            },
+            "SELECT engine.credits_charge(%s, %s, %s::smallint, %s, %s, %s, %s, %s)",
+            [
+                organization_id,
+                run_id,
+                attempt_number,
+                step_id,
+                step_attempt,
+                amount,
+                reason or f"step {step_id} attempt {step_attempt}",
+                actor,
+            ],
         )
-        row = cursor.fetchone()
-    if row is not None:
+        entry_id = cursor.fetchone()[0]
+    key = charge_key(step_id, step_attempt)
+    if entry_id is not None:
         return LedgerEntry(
-            id=row[0],
+            id=entry_id,
             organization_id=organization_id,
             run_id=run_id,
-            attempt_id=row[1],
             step_id=step_id,
             type=EntryType.CHARGE,
             amount=amount,
@@ -474,39 +309,18 @@ def credits_charge(
     raise BudgetExhausted(amount, Decimal(0) if reservation is None else reservation.held)
 
 
-@transaction.atomic
 def credits_settle(
     *, run_id: UUID, attempt_number: int, actor: str = "system"
 ) -> LedgerEntry | None:
-    """On a terminal state: refund whatever is reserved and not charged. Idempotent; an
-    attempt that reserved nothing has nothing to settle."""
-    reservation = (
-        Reservation.objects.select_for_update(no_key=True)
-        .filter(run_id=run_id, attempt_number=attempt_number)
-        .first()
-    )
-    if reservation is None:
-        return None
-    key = f"refund:{reservation.attempt_id}"
-    if reservation.settled_at is not None:
-        return _existing(reservation.organization_id, key)
-    remaining = reservation.reserved - reservation.charged - reservation.refunded
-    entry = None
-    if remaining > 0:
-        org = _lock_org(reservation.organization_id)
-        entry = LedgerEntry.objects.create(
-            organization=org,
-            run_id=run_id,
-            attempt_id=reservation.attempt_id,
-            type=EntryType.REFUND,
-            amount=remaining,
-            idempotency_key=key,
-            reason=settle_reason(run_id, attempt_number),
-            actor=actor,
+    """On a terminal state: refund whatever is reserved and not charged
+    (``engine.credits_settle``); the refund's entry, or None when nothing remained.
+    Idempotent: settled already, the first refund's entry."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT engine.credits_settle(%s, %s::smallint, %s)", [run_id, attempt_number, actor]
         )
-        org.credits_available += remaining
-        org.save(update_fields=["credits_available"])
-        reservation.refunded += remaining
-    reservation.settled_at = timezone.now()
-    reservation.save(update_fields=["refunded", "settled_at"])
-    return entry
+        refunded = cursor.fetchone()[0]
+    reservation = Reservation.objects.filter(run_id=run_id, attempt_number=attempt_number).first()
+    if refunded == 0 or reservation is None:
+        return None
+    return _existing(reservation.organization_id, f"refund:{reservation.attempt_id}")

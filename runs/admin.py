@@ -39,6 +39,7 @@ from runs import (
     services,
     svg,
 )
+from runs.engine.start import run_start
 from runs.models import (
     Agent,
     EscalationTicket,
@@ -546,9 +547,7 @@ class RunAdmin(admin.ModelAdmin[Run]):
     @admin.action(description="Start selected created runs")
     def start_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
         actor = _actor(request)
-        self._apply(
-            request, queryset, "started", lambda run: services.run_start(run_id=run.pk, actor=actor)
-        )
+        self._apply(request, queryset, "started", lambda run: run_start(run_id=run.pk, actor=actor))
 
 
 @admin.register(RunEvent)

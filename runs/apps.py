@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 
 
 class RunsConfig(AppConfig):
@@ -6,10 +7,8 @@ class RunsConfig(AppConfig):
     verbose_name = "Runs"
 
     def ready(self) -> None:
-        # A run admitted at its start begins in the start's own transaction, with the
-        # engine's pick-up work (runs.services.run_start): registered here, since the
-        # services sit below the engine and import nothing of it.
-        from runs import services
-        from runs.engine import control
+        # The database's code (runs/engine/sql) is installed once the tables it reads
+        # are migrated: after every `manage.py migrate`, when a file changed.
+        from runs.engine import sql
 
-        services.use_beginning(control.begin)
+        post_migrate.connect(sql.install_after_migrate, sender=self)

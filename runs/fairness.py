@@ -33,11 +33,10 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from billing.models import Organization
-from common.statements import Statement
 from runs.admission import HOLDS_A_PLACE, TOP, WAITING, OrgLimits, limits_of
 from runs.models import Run, StepSlot
 from runs.states import RunStatus
-from runs.transitions import CLAIMED_JSON, claim_next_sql, claimed_from_json
+from runs.transitions import claimed_from_json
 
 # The organization's limit as it stands (its own, or the setting's default: as
 # admission.limits_of reads it), read by the statements themselves: a changed limit
@@ -162,79 +161,8 @@ class Choice:
     busy: int = 0
 
 
-_NEXT_CTES = """WITH orgs AS (
-    SELECT DISTINCT organization_id AS org FROM runs_run
-    WHERE status IN ('pending', 'running')
-), executing AS (
-    -- What the others execute: the asking worker's own slot does not count, or it
-    -- would find the organization it serves busier than it is and leave it.
-    SELECT organization_id AS org, count(*) AS n FROM runs_stepslot
-    WHERE holder <> '' AND holder <> %(me)s AND expires_at >= now()
-    GROUP BY organization_id
-), best AS (
-    SELECT orgs.org, b.id, b.priority, b.created_at, b.pickup
-    FROM orgs CROSS JOIN LATERAL (
-        SELECT r.id, r.priority, r.created_at, r.status = 'pending' AS pickup
-        FROM runs_run AS r
-        WHERE r.organization_id = orgs.org
-          AND r.status IN ('pending', 'running', 'waiting_approval', 'paused', 'resuming',
-                           'escalated')
-          AND r.id <> ALL (%(skip)s::uuid[])
-          AND (
-              (r.status = 'pending' AND r.queued_reason = '')
-              -- Its first claimable step, in the order of the partial index that holds
-              -- them (step_claimable): as EXISTS, a plan that filtered the whole step
-              -- table for the run's rows cost a third of a second.
-              OR (r.status = 'running' AND (
-                  SELECT s.id FROM runs_step AS s
-                  WHERE s.run_id = r.id AND s.status = 'pending'
-                    AND s.dispatched_at IS NOT NULL
-                    AND (s.next_run_at IS NULL OR s.next_run_at <= now())
-                  ORDER BY s.run_id, s.id
-                  LIMIT 1
-              ) IS NOT NULL)
-          )
-        ORDER BY r.priority, r.created_at, r.id
-        LIMIT 1
-    ) AS b
-    WHERE orgs.org <> ALL (%(full)s::uuid[])
-), choice AS (
-    -- busy: the other workers executing the chosen organization's steps (a worker
-    -- serving it looks again less often the more they are: ``Choice.busy``)
-    SELECT best.org, best.id, best.priority, best.pickup, COALESCE(executing.n, 0) AS busy
-    FROM best
-    JOIN billing_organization AS o ON o.id = best.org
-    LEFT JOIN executing ON executing.org = best.org
-    LEFT JOIN runs_fairturn AS turn ON turn.organization_id = best.org
-    ORDER BY COALESCE(executing.n, 0)::float / GREATEST(o.share, 1), turn.served_at NULLS FIRST,
-             best.priority, best.created_at, best.id
-    LIMIT 1
-), """
-# The choice alone; or with the chosen run's next step claimed in the same statement for
-# a worker that holds a slot of its organization already (``held``), so that a worker
-# going from step to step of one run asks once, not twice.
-# The choice as a query of its own (org, id, priority, pickup), also run inside the hot
-# path's function (runs.engine.hotpath) for a worker that chooses with a recording.
-CHOICE_SQL = (
-    _NEXT_CTES[: _NEXT_CTES.rindex(",")]
-    + """
-SELECT org, id, priority, pickup, busy FROM choice"""
-)
-_NEXT_SQL = Statement(
-    _NEXT_CTES[: _NEXT_CTES.rindex(",")]
-    + """
-SELECT org, id, priority, pickup, busy, NULL::jsonb FROM choice
-"""
-)
-_NEXT_AND_CLAIM_SQL = Statement(
-    claim_next_sql(
-        f"""SELECT choice.org, choice.id, choice.priority, choice.pickup, choice.busy,
-       {CLAIMED_JSON}
-FROM choice LEFT JOIN claimed ON true""",  # noqa: S608 - this module's own text
-        run="(SELECT id FROM choice WHERE org = %(held)s AND NOT pickup)",
-        before=_NEXT_CTES[len("WITH ") :].lstrip(),
-    )
-)
+# The choice (and the claim with it) is engine.run_choose: runs/engine/sql/run_choose.sql.
+_NEXT_SQL = "SELECT * FROM engine.run_choose(%s, %s::uuid[], %s::uuid[], %s, %s, %s, %s)"
 
 
 @dataclass(frozen=True)
@@ -261,17 +189,13 @@ def next_run(
     not serve just now. With ``claim``, the chosen run's next step is claimed for that
     worker in the same statement when the run is its slot's organization's and running
     (``Choice.claimed``)."""
-    params: dict[str, Any] = {"me": me, "full": list(full), "skip": list(skip)}
-    sql = _NEXT_SQL
+    held, worker, task_id, lease = None, "", "", 0.0
     if claim is not None:
-        sql = _NEXT_AND_CLAIM_SQL
-        params.update(
-            held=claim.slot.organization_id,
-            worker=claim.worker,
-            task_id=claim.task_id,
-            lease=claim.lease_seconds,
-        )
-    rows = sql.rows(params)
+        held, worker, task_id = claim.slot.organization_id, claim.worker, claim.task_id
+        lease = claim.lease_seconds
+    with connection.cursor() as cursor:
+        cursor.execute(_NEXT_SQL, [me, list(full), list(skip), held, worker, task_id, lease])
+        rows = cursor.fetchall()
     if not rows:
         return None
     row = rows[0]

@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 
 from ratelimits import selectors as limits
 from ratelimits import windows
@@ -40,7 +40,7 @@ from runs.models import Run, Step
 from runs.outbox import Outbox, StepMessage
 from runs.plan import Plan, PlanError
 from runs.states import RunStatus, StepStatus
-from runs.transitions import GATE_NAMESPACE, transition_locked
+from runs.transitions import lock_gate, transition_locked
 
 WAITING_PREFIX = "rate_limited:"
 
@@ -127,11 +127,7 @@ def admit(
 ) -> Admission:
     """Grant the claimed attempt its units now, or make it wait for them (module doc)."""
     with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_advisory_xact_lock_shared(%s, hashtext(%s::uuid::text))",
-                [GATE_NAMESPACE, str(run_id)],
-            )
+        lock_gate(run_id, shared=True)
         step = (
             Step.objects.select_for_update(no_key=True)
             .filter(pk=step_id, status=StepStatus.RUNNING, attempts=attempt)

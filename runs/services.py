@@ -10,15 +10,11 @@ KEY UPDATE locks; see there) and records what it did as RunEvents.
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
-from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.db.models import BooleanField
@@ -27,11 +23,7 @@ from django.utils import timezone
 
 from billing.models import Organization
 from billing.services import (
-    RESERVE_DRAWN,
-    RESERVE_WRITTEN,
-    credits_reserve,
-    credits_settle,
-    reserve_reason,
+    InsufficientCredits,
     to_credits,
 )
 from common import eventstreams, tracing
@@ -67,7 +59,6 @@ from runs.states import (
     StepStatus,
 )
 from runs.transitions import (
-    GATE_NAMESPACE,
     record_event,
     transition,
     transition_locked,
@@ -104,7 +95,7 @@ _LIGHT = [f.attname for f in Run._meta.concrete_fields if f.attname not in _HEAV
 _LOCK_LIGHT_SQL = (
     f"SELECT {', '.join(connection.ops.quote_name(name) for name in _LIGHT)} "  # noqa: S608
     "FROM runs_run WHERE id = %s "
-    f"AND (SELECT 1 FROM pg_advisory_xact_lock({GATE_NAMESPACE}, hashtext(%s::text))) = 1 "
+    "AND (SELECT engine.run_gate(%s)) "
     "FOR NO KEY UPDATE"
 )
 
@@ -123,11 +114,7 @@ def lock_run(
         return _lock_light(run_id)
     key = _run_key(run_id)
     # The gate in the same statement, as in _LOCK_LIGHT_SQL (before the row's lock).
-    gate = RawSQL(
-        "(SELECT 1 FROM pg_advisory_xact_lock(%s, hashtext(%s::text))) = 1",
-        [GATE_NAMESPACE, str(key)],
-        output_field=BooleanField(),
-    )
+    gate = RawSQL("(SELECT engine.run_gate(%s))", [key], output_field=BooleanField())
     query = Run.objects.select_for_update(no_key=True).filter(gate)
     if light:
         query = query.defer(*_HEAVY)
@@ -150,7 +137,7 @@ def _run_key(run_id: RunId) -> UUID:
 def _lock_light(run_id: RunId) -> Run:
     key = _run_key(run_id)
     with connection.cursor() as cursor:
-        cursor.execute(_LOCK_LIGHT_SQL, [key, str(key)])
+        cursor.execute(_LOCK_LIGHT_SQL, [key, key])
         row = cursor.fetchone()
     if row is None:
         raise RunNotFound(f"run {run_id} not found")
@@ -308,19 +295,6 @@ def concurrency_of(plan: Plan) -> tuple[str, int]:
 
 
 # --------------------------------------------------------------------------- start, pick up
-# What begins a run in its start's own transaction (the engine's pick-up work:
-# ``runs.engine.control.begin``). The services sit below the engine, so the runs app
-# registers it at start-up (``runs.apps``); none registered: every run waits for a
-# worker's pick-up.
-Begin = Callable[[Run, Plan, str, RunAttempt], Run]
-_begin: Begin | None = None
-
-
-def use_beginning(begin: Begin | None) -> None:
-    global _begin
-    _begin = begin
-
-
 # The states a run's start leads to, short of a terminal one: starting it again there
 # answers the run as it is (a client retrying its start never sees a conflict because
 # the first start was fast).
@@ -337,15 +311,25 @@ STARTED = frozenset(
 )
 
 
+@dataclass(frozen=True)
+class Pending:
+    """What ``run_start_pending`` did: the run; attempt 1, opened now (None: the run was
+    started before, and is returned as it is); whether admission let it in at once."""
+
+    run: Run
+    attempt: RunAttempt | None = None
+    admitted: bool = False
+    plan: Plan | None = None
+
+
 @transaction.atomic
-def run_start(
+def run_start_pending(
     *, run_id: RunId, organization: Organization | None = None, actor: str = "system"
-) -> Run:
-    """CREATED -> PENDING: open attempt 1 and reserve its credits; then, when admission
-    lets it in at once and its plan has at most ENGINE_START_AT_ONCE_STEPS steps,
-    PENDING -> RUNNING in the same transaction (its first steps claimable at commit, their
-    doorbells rung after it). Otherwise a worker picks it up (the message is sent after
-    commit).
+) -> Pending:
+    """CREATED -> PENDING: open attempt 1 and reserve its credits (``engine.run_start``),
+    admission asked whether a place is free at once (``runs.admission``). The first half
+    of a start: ``runs.engine.start.run_start`` then begins the run or asks for its
+    pick-up, in the same transaction.
 
     Started already (pending, running or any state its start led to, short of a terminal
     one): returned unchanged. Too little available: InsufficientCredits, and the whole
@@ -356,42 +340,44 @@ def run_start(
         raise RunDeleted(f"run {run.pk} was deleted")
     if run.status != RunStatus.CREATED:
         if run.status in STARTED:
-            return run
+            return Pending(run)
         # A terminal state start() can never lead to: the table refuses it explicitly.
-        return transition(Run, run.pk, RunStatus.PENDING, actor=actor).obj
+        return Pending(transition(Run, run.pk, RunStatus.PENDING, actor=actor).obj)
     if tracing.enabled:
         _trace_start(run)
     plan = stored_plan(run)
-    amount = plan_reservation(plan)
+    amount = to_credits(plan_reservation(plan))
+    if amount <= 0:
+        raise ValueError("a reservation must be positive")
     # Refused with 429 beyond the organization's pending runs; admitted at once when a
     # place is free and nobody waits for one (runs.admission). Its lock on the
     # organization is held until commit: taken after the plan is read, not before.
     admitted_at = timezone.now() if admission.on_start(run) else None
-    attempt = _start_in_one_statement(run, amount, actor, admitted_at)
-    if attempt is None:
-        run = transition(
-            Run,
-            run.pk,
-            RunStatus.PENDING,
-            actor=actor,
-            updates={"attempt_number": 1, "admitted_at": admitted_at},
-        ).obj
-        attempt = _open_attempt(run, actor, amount)
-    if (
-        admitted_at is not None
-        and _begin is not None
-        and plan.step_count <= settings.ENGINE_START_AT_ONCE_STEPS
-    ):
-        # Checked in full first, as a pick-up checks it: a plan the validator has grown
-        # stricter for since its creation is left to the pick-up, which fails the run.
-        try:
-            checked = plan_of(run)
-        except PlanInvalid:
-            checked = None
-        if checked is not None:
-            return _begin(run, checked, actor, attempt)
-    enqueue_run_message(RunMessage.PICK_UP, run.pk, run.priority)
-    return run
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT * FROM engine.run_start(%s, %s, %s, %s, %s)",
+            [run.pk, amount, actor, admitted_at, now],
+        )
+        row = cursor.fetchone()
+    if row[3] is None:
+        raise _short_of_credits(run.organization_id, amount)
+    eventstreams.events_written(run.pk)  # the function wrote the start's events
+    run.status, run.attempt_number, run.admitted_at = RunStatus.PENDING, 1, admitted_at
+    run.status_changed_at, run.started_at, run.updated_at, attempt_id = row
+    attempt = RunAttempt.from_db(
+        connection.alias, ["id", "run_id", "attempt_number"], [attempt_id, run.pk, 1]
+    )
+    return Pending(run, attempt, admitted_at is not None, plan)
+
+
+def _short_of_credits(organization_id: UUID, amount: Decimal) -> InsufficientCredits:
+    """A reservation the organization could not cover (engine.attempt_open wrote nothing):
+    402 to an API client."""
+    available = Organization.objects.values_list("credits_available", flat=True).get(
+        pk=organization_id
+    )
+    return InsufficientCredits(amount, available)
 
 
 def _trace_start(run: Run) -> None:
@@ -416,107 +402,24 @@ def stored_plan(run: Run) -> Plan:
     return plan
 
 
-# run_start's writes in one statement, for the run locked and found CREATED: the credits
-# drawn from the organization (billing's SQL, billing.services.RESERVE_DRAWN), the run
-# moved to PENDING as transition() moves it, attempt 1 opened, its ledger entry and
-# reservation written (RESERVE_WRITTEN), then the two events the general path writes, in
-# its order: the transition, the charge. Nothing is written unless the credits were
-# available: the statement then returns no row and the general path, in the same
-# transaction, refuses with InsufficientCredits. Thirteen ORM statements and their
-# Python (most of run_start's time) become one round trip.
-_START_RUN = """
-WITH {reserve_drawn}, run AS (
-    UPDATE runs_run AS r
-    SET status = 'pending', status_changed_at = %(now)s,
-        started_at = COALESCE(r.started_at, %(now)s), updated_at = %(now)s, attempt_number = 1,
-        admitted_at = %(admitted_at)s
-    WHERE r.id = %(run)s AND r.status = 'created' AND EXISTS (SELECT 1 FROM reserve_drawn)
-    RETURNING r.id, r.status_changed_at, r.started_at, r.updated_at
-), attempt AS (
-    INSERT INTO runs_runattempt (run_id, attempt_number, created_at, finished_at, outcome)
-    SELECT run.id, 1, %(now)s, NULL, '' FROM run
-    RETURNING id, run_id, attempt_number
-), reserve AS (
-    SELECT %(reserve_id)s::uuid AS id, %(reserve_organization)s::uuid AS organization_id,
-           attempt.run_id, attempt.id AS attempt_id, attempt.attempt_number,
-           %(reserve_amount)s::numeric AS amount, %(reserve_reason)s::text AS reason,
-           %(actor)s::text AS actor
-    FROM attempt
-), {reserve_written}, events AS (
-    INSERT INTO runs_runevent
-        (run_id, attempt_number, entity, entity_id, kind, from_status, to_status, actor,
-         message, payload, created_at)
-    SELECT run.id, 1, 'run', run.id::text, e.kind, e.from_status, e.to_status, %(actor)s,
-           e.message, e.payload::jsonb, %(now)s
-    FROM run, (VALUES
-        (1, 'transition', 'created', 'pending', '', '{{}}'),
-        (2, 'charge', '', '', %(charge_message)s, %(charge_payload)s)
-    ) AS e (n, kind, from_status, to_status, message, payload)
-    ORDER BY e.n
-)
-SELECT run.status_changed_at, run.started_at, run.updated_at, (SELECT id FROM attempt) FROM run
-"""
-_START_RUN_SQL = _START_RUN.format(reserve_drawn=RESERVE_DRAWN, reserve_written=RESERVE_WRITTEN)
-
-
-def _start_in_one_statement(
-    run: Run, reservation: Decimal, actor: str, admitted_at: datetime | None
-) -> RunAttempt | None:
-    """CREATED -> PENDING with attempt 1 and its reservation, in one statement; the
-    attempt, or None (nothing written) when the organization has too little available."""
-    amount = to_credits(reservation)
-    if amount <= 0:
-        return None  # credits_reserve refuses it, on the general path
-    now = timezone.now()
+def _open_attempt(run: Run, actor: str) -> RunAttempt:
+    """Open the run's current attempt with its credits reserved (``engine.attempt_open``,
+    same transaction)."""
+    amount = to_credits(plan_reservation(plan_of(run)))
     with connection.cursor() as cursor:
         cursor.execute(
-            _START_RUN_SQL,
-            {
-                "run": run.pk,
-                "now": now,
-                "actor": actor,
-                "admitted_at": admitted_at,
-                "reserve_id": uuid.uuid4(),
-                "reserve_organization": run.organization_id,
-                "reserve_amount": amount,
-                "reserve_reason": reserve_reason(run.pk, 1),
-                "charge_message": f"reserved {amount} credits",
-                "charge_payload": json.dumps({"type": "reserve", "amount": str(amount)}),
-            },
+            "SELECT engine.attempt_open(%s, %s::smallint, %s, %s)",
+            [run.pk, run.attempt_number, amount, actor],
         )
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    eventstreams.events_written(run.pk)  # the statement wrote the start's events
-    run.status, run.attempt_number, run.admitted_at = RunStatus.PENDING, 1, admitted_at
-    run.status_changed_at, run.started_at, run.updated_at, attempt_id = row
+        attempt_id = cursor.fetchone()[0]
+    if attempt_id is None:
+        raise _short_of_credits(run.organization_id, amount)
+    eventstreams.events_written(run.pk)
     return RunAttempt.from_db(
-        connection.alias, ["id", "run_id", "attempt_number"], [attempt_id, run.pk, 1]
+        connection.alias,
+        ["id", "run_id", "attempt_number"],
+        [attempt_id, run.pk, run.attempt_number],
     )
-
-
-def _open_attempt(run: Run, actor: str, amount: Decimal | None = None) -> RunAttempt:
-    """Create the run's current attempt and reserve its credits (same transaction);
-    ``amount``: the plan's reservation, when the caller has it already."""
-    attempt = RunAttempt.objects.create(run=run, attempt_number=run.attempt_number)
-    if amount is None:
-        amount = plan_reservation(plan_of(run))
-    entry = credits_reserve(
-        organization_id=run.organization_id,
-        run_id=run.pk,
-        attempt_id=attempt.pk,
-        attempt_number=attempt.attempt_number,
-        amount=amount,
-        actor=actor,
-    )
-    record_event(
-        run,
-        EventKind.CHARGE,
-        actor=actor,
-        message=f"reserved {entry.amount} credits",
-        payload={"type": "reserve", "amount": str(entry.amount)},
-    )
-    return attempt
 
 
 @transaction.atomic
@@ -594,19 +497,12 @@ def _finish_attempt(run: Run, actor: str = "system") -> None:
     _close_escalations(run, actor)
     admission.released(run)
     ratewaits.release_run(run)
-    attempt = current_attempt(run)
-    attempt.outcome = run.status
-    attempt.finished_at = run.completed_at or timezone.now()
-    attempt.save(update_fields=["outcome", "finished_at"])
-    refund = credits_settle(run_id=run.pk, attempt_number=attempt.attempt_number, actor=actor)
-    if refund is not None:
-        record_event(
-            run,
-            EventKind.CHARGE,
-            actor=actor,
-            message=f"refunded {refund.amount} credits",
-            payload={"type": "refund", "amount": str(refund.amount)},
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT engine.attempt_close(%s, %s::smallint, %s, %s, %s)",
+            [run.pk, run.attempt_number, run.status, run.completed_at or timezone.now(), actor],
         )
+    eventstreams.events_written(run.pk)  # a refund's event
 
 
 def _close_escalations(run: Run, actor: str) -> None:

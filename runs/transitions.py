@@ -114,27 +114,16 @@ def _event(
 
 
 # --------------------------------------------------------------------------- the gate
-# A run's gate: the lock that keeps the hot path's recordings apart from everything else
-# that changes the run (docs/engine.md, "Locks"). Recordings of the run's steps take it
-# shared, inside the hot path's function (runs.engine.hotpath), and so overlap; every
-# other change of the run takes it exclusively first (``lock_gate``: services.lock_run,
-# and transition() of a run), waits for the recordings under way and holds new ones
-# off until it commits. A transaction-scoped advisory lock, not the run's row lock in
-# share mode: PostgreSQL queues advisory lock requests in order, so a cancel waits for
-# the recordings already in, never for a stream of new ones, where share locks on the
-# row could keep a waiting writer out for as long as recordings overlapped. (The
-# hash of two runs may meet: they then share a gate, which costs waiting, never
-# correctness.)
-GATE_NAMESPACE = 0x6761_7465  # "gate"; admission's organization lock has its own
+# A run's gate (engine.run_gate, runs/engine/sql/run_gate.sql): recordings of the run's
+# steps take it shared, and so overlap; every other change of the run takes it
+# exclusively first (``lock_gate``: services.lock_run, and transition() of a run).
 
 
-def lock_gate(run_id: Any) -> None:
-    """Close the run's gate for the rest of the transaction (exclusive)."""
+def lock_gate(run_id: Any, *, shared: bool = False) -> None:
+    """Close the run's gate for the rest of the transaction (``shared``: as a recording
+    of its steps does, beside the others)."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_advisory_xact_lock(%s, hashtext(%s::uuid::text))",
-            [GATE_NAMESPACE, str(run_id)],
-        )
+        cursor.execute("SELECT engine.run_gate(%s, %s)", [run_id, shared])
 
 
 def transition(
@@ -292,104 +281,19 @@ def record_event(
 
 
 # --------------------------------------------------------------------------- the claim
-# A worker's PENDING -> RUNNING is the hottest transition: one statement moves the step,
-# writes its event and returns what the attempt needs, instead of transition()'s lock,
-# read, save and insert. It is still this module's: the table must allow it.
+# A worker's PENDING -> RUNNING is the hottest transition: one call of engine.step_claim
+# (runs/engine/sql/step_claim.sql) moves the step, writes its event and returns what the
+# attempt needs, instead of transition()'s lock, read, save and insert. It is still this
+# module's: the table must allow it.
 if not is_allowed("step", "pending", "running"):
     raise RuntimeError("runs.states no longer allows step pending -> running; fix claim_step")
 
-_CLAIM_TEMPLATE = """
-WITH {before}{pick}claimed AS (
-    UPDATE runs_step AS s
-    SET status = 'running',
-        attempts = s.attempts + 1,
-        started_at = COALESCE(s.started_at, now()),
-        status_changed_at = now(),
-        lease_expires_at = now() + make_interval(secs => %(lease)s),
-        next_run_at = NULL,
-        worker = %(worker)s,
-        celery_task_id = %(task_id)s
-    WHERE s.id = {step}
-      AND s.status = 'pending'
-      AND s.dispatched_at IS NOT NULL
-      AND (s.next_run_at IS NULL OR s.next_run_at <= now())
-      -- The run by its key: as a join, a generic plan made while few runs were running
-      -- scanned every running run for it.
-      AND (SELECT r.status FROM runs_run AS r WHERE r.id = s.run_id) = 'running'
-    RETURNING s.id, s.run_id, s.attempt_number, s.attempts, s.task_id, s.generation, s.name,
-              s.tool, s.params, s."when", s.timeout_ms, s.handler_for_id, s.dispatched_at,
-              s.status_changed_at, s.rate_limits
-), event AS (
-    INSERT INTO runs_runevent
-        (run_id, attempt_number, entity, entity_id, kind, from_status, to_status, actor,
-         message, payload, created_at)
-    SELECT run_id, attempt_number, 'step', id::text, 'transition', 'pending', 'running',
-           %(worker)s, '', jsonb_build_object('attempt', attempts), now()
-    FROM claimed
-)
-{select}
-"""
-_CLAIM_SELECT = """SELECT id, run_id, attempt_number, attempts, task_id, generation, name, tool,
-       params, "when", timeout_ms, handler_for_id, dispatched_at, status_changed_at,
-       rate_limits, {more} AS more
-FROM claimed"""
-_CLAIM_SQL = _CLAIM_TEMPLATE.format(
-    before="", pick="", step="%(step)s", select=_CLAIM_SELECT.format(more="false")
-)
-# The next claimable step of a run, in plan order, skipping the rows another worker is
-# claiming at this moment (a doorbell's claim: ``claim_next_step``). The partial index
-# ``step_claimable`` holds exactly these rows.
-_CLAIM_NEXT_PICK = {
-    "pick": """next AS (
-    SELECT id FROM runs_step
-    WHERE run_id = %(run)s
-      AND status = 'pending'
-      AND dispatched_at IS NOT NULL
-      AND (next_run_at IS NULL OR next_run_at <= now())
-    -- The order of the partial index step_claimable (run, id): by id alone, a generic
-    -- plan read the run's pending steps by another index and sorted them all.
-    ORDER BY run_id, id
-    LIMIT 1
-    FOR NO KEY UPDATE SKIP LOCKED
-), """,
-    # The run too: probed by its key and id in step_claimable, where a generic plan made
-    # for the id alone walked that index.
-    "step": "(SELECT id FROM next) AND s.run_id = %(run)s",
-    # Whether the run has another claimable step now (rows being claimed by others at
-    # this moment included): the server that claimed this one may call for help
-    # (``orchestrator.executor``). One probe of the same partial index.
-    "more": """EXISTS (
-        SELECT 1 FROM runs_step AS other
-        WHERE other.run_id = %(run)s
-          AND other.status = 'pending'
-          AND other.dispatched_at IS NOT NULL
-          AND (other.next_run_at IS NULL OR other.next_run_at <= now())
-          AND other.id <> claimed.id
-    )""",
-}
-
-
-def claim_next_sql(select: str, *, run: str = "%(run)s", before: str = "") -> str:
-    """The statement of ``claim_next_step``, for a caller that claims inside a statement
-    of its own (the hot path's function, ``fairness.next_run``): the run's id given by
-    the expression ``run``, CTEs ``before`` it (ending with a comma), and ``select`` as
-    the final SELECT over ``claimed`` (``{more}`` in it: whether the run has more
-    claimable)."""
-    return _CLAIM_TEMPLATE.format(
-        before=before,
-        pick=_CLAIM_NEXT_PICK["pick"].replace("%(run)s", run),
-        step=_CLAIM_NEXT_PICK["step"].replace("%(run)s", run),
-        select=select.format(more=_CLAIM_NEXT_PICK["more"].replace("%(run)s", run)),
-    )
-
-
-_CLAIM_NEXT_SQL = claim_next_sql(_CLAIM_SELECT)
-# A claimed step's row as one JSON value (a caller whose final SELECT has other columns).
-CLAIMED_JSON = "to_jsonb(claimed) || jsonb_build_object('more', {more})"
+_CLAIM_SQL = "SELECT * FROM engine.step_claim(%s, %s, %s, %s, %s)"
 
 
 def claimed_from_json(value: Any) -> dict[str, Any]:
-    """A claimed step's row given as ``CLAIMED_JSON``, as ``claim_next_step`` returns it."""
+    """A claimed step's row given as JSON (``to_jsonb`` of engine.step_claim's row, as
+    engine.step_completed and engine.run_choose return it), as ``claim_step`` returns it."""
     row = json.loads(value) if isinstance(value, str) else dict(value)
     row["run_id"] = UUID(row["run_id"])
     for name in ("dispatched_at", "status_changed_at"):
@@ -417,7 +321,7 @@ _CLAIMED_FIELDS = (
     "status_changed_at",
     # The rate limits it spends ([] for most steps: runs.ratewaits).
     "rate_limits",
-    # A doorbell's claim: the run has more claimable steps (always false for claim_step).
+    # The run has more claimable steps: its server may call for help.
     "more",
 )
 
@@ -429,9 +333,7 @@ def claim_step(
     the step is pending, dispatched and due and its run is RUNNING; return the step's
     fields (``_CLAIMED_FIELDS``), or None when nothing was claimed (a duplicate or late
     message, a paused or cancelled run): a no-op."""
-    return _claim(
-        _CLAIM_SQL, {"step": step_id, "lease": lease_seconds, "worker": worker, "task_id": task_id}
-    )
+    return _claim([step_id, None, worker, task_id, lease_seconds])
 
 
 def claim_next_step(
@@ -443,15 +345,12 @@ def claim_next_step(
     Rows that another worker is claiming at the same moment are skipped, not waited
     for: two workers serving one run never queue behind each other's claim.
     """
-    return _claim(
-        _CLAIM_NEXT_SQL,
-        {"run": run_id, "lease": lease_seconds, "worker": worker, "task_id": task_id},
-    )
+    return _claim([None, run_id, worker, task_id, lease_seconds])
 
 
-def _claim(sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
+def _claim(params: list[Any]) -> dict[str, Any] | None:
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(_CLAIM_SQL, params)
         row = cursor.fetchone()
     if row is None:
         return None

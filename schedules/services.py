@@ -31,6 +31,7 @@ from billing.models import Organization
 from billing.services import InsufficientCredits
 from runs import services as run_services
 from runs.admission import TooManyPendingRuns
+from runs.engine.start import run_start
 from runs.models import Run
 from runs.plan import DurationRefused, PlanError, PlanInvalid, parse_plan, read_duration_ms
 from runs.states import RUN_TERMINAL
@@ -447,7 +448,7 @@ def _start_run(schedule: Schedule) -> Run:
     run = run_services.run_create(
         organization=schedule.organization, plan=run_plan(schedule), actor=actor
     )
-    return run_services.run_start(run_id=run.pk, organization=schedule.organization, actor=actor)
+    return run_start(run_id=run.pk, organization=schedule.organization, actor=actor)
 
 
 # What refuses a scheduled run without anything being wrong with the schedule's code:

@@ -62,9 +62,9 @@ def _fail(run_id: str) -> None:
 
 
 def _start(run_id: str) -> None:
-    from runs import services
+    from runs.engine.start import run_start
 
-    services.run_start(run_id=run_id)
+    run_start(run_id=run_id)
 
 
 def _cancel(run_id: str) -> None:
@@ -75,9 +75,9 @@ def _cancel(run_id: str) -> None:
 
 def _start_admitted(pair: str, side: int) -> bool:
     """Start one run of the pair: was it admitted at once?"""
-    from runs import services
+    from runs.engine.start import run_start
 
-    return services.run_start(run_id=pair.split("|")[side]).admitted_at is not None
+    return run_start(run_id=pair.split("|")[side]).admitted_at is not None
 
 
 def _take_slot(organization_id: str) -> bool:

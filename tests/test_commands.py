@@ -15,6 +15,7 @@ from billing.models import Organization
 from billing.secrets import secret_put, secret_values
 from billing.services import api_key_authenticate
 from runs import services
+from runs.engine.start import run_start
 from tests import factories
 
 pytestmark = pytest.mark.django_db
@@ -44,7 +45,7 @@ def test_create_org_refuses_a_duplicate_name() -> None:
 
 def test_check_invariants_passes_on_a_consistent_database() -> None:
     run = factories.run(agents=2)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     services.run_pick_up(run_id=run.pk)
     out = StringIO()
 
@@ -55,7 +56,7 @@ def test_check_invariants_passes_on_a_consistent_database() -> None:
 
 def test_check_invariants_lists_each_violation_and_fails() -> None:
     run = factories.run(agents=2)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     services.run_pick_up(run_id=run.pk)
     with connection.cursor() as cursor:  # corrupt it behind the services' back
         cursor.execute("UPDATE runs_run SET agent_count = 5 WHERE id = %s", [run.pk])

@@ -10,20 +10,18 @@ from django.utils import timezone
 
 from common import logcontext, tracing
 from runs import admission, services
-from runs.engine import hotpath
 from runs.engine.dispatch import (
-    announce,
     dispatch_agents,
     dispatch_steps,
     dispatch_tasks,
-    step_from_row,
     step_timeout_s,
     update_waiting_state,
 )
 from runs.engine.propagation import finish_if_done
-from runs.models import Agent, Run, RunAttempt, Step, Task
+from runs.engine.start import begin
+from runs.models import Agent, Run, Step, Task
 from runs.outbox import Outbox, StepMessage
-from runs.plan import Plan, PlanInvalid
+from runs.plan import PlanInvalid
 from runs.states import NodeStatus, RunStatus, StepStatus
 from runs.transitions import transition_many
 
@@ -67,25 +65,6 @@ def _pick_up(run_id: Any, actor: str) -> bool:
             return False
         begin(run, plan, actor)
         return True
-
-
-def begin(run: Run, plan: Plan, actor: str, attempt: RunAttempt | None = None) -> Run:
-    """PENDING -> RUNNING for a run locked in the caller's transaction, its plan parsed:
-    its attempt materialised, its ready agents, tasks and steps started (the steps'
-    doorbells rung after commit). The pick-up's work, and ``services.run_start``'s for a
-    run admitted at once whose plan is small (registered there by ``runs.apps``)."""
-    run = services.run_pick_up_locked(run, plan, actor=actor, attempt=attempt)
-    now = timezone.now()
-    started = hotpath.start(run, now)
-    if started is None:
-        dispatch_agents(run, Outbox())
-    else:
-        run.active_children += started.agents
-        announce(run, [step_from_row(row) for row in started.dispatched], now, Outbox())
-    finish_if_done(run)
-    if run.open_children == 0:
-        run.refresh_from_db()  # nothing to do: completed as it started
-    return run
 
 
 def resume(run_id: Any, actor: str = "worker") -> bool:

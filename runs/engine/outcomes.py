@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from billing.pricing import tool_price
@@ -165,10 +165,6 @@ def _announce(run_id: Any, done: hotpath.Completed) -> None:
         admission.released(run)
 
 
-def _beat_due(run: Run, now: datetime) -> bool:
-    return now - (run.last_heartbeat or now) > timedelta(seconds=5)
-
-
 def _record(run: Run, step_id: int, attempt: int, outcome: Outcome, now: datetime) -> bool:
     """The general path: every outcome, at every level."""
     step = (
@@ -180,8 +176,8 @@ def _record(run: Run, step_id: int, attempt: int, outcome: Outcome, now: datetim
     if step is None:
         return False  # cancelled, failed by a sweep or reclaimed meanwhile: result dropped
     outbox = Outbox()
-    if _beat_due(run, now):
-        Run.objects.filter(pk=run.pk).update(last_heartbeat=now)
+    with connection.cursor() as cursor:  # when due, as every recording beats
+        cursor.execute("SELECT engine.run_heartbeat(%s, %s, %s)", [run.pk, run.last_heartbeat, now])
     if outcome.wait is not None:
         try:
             output = park(run, step, outcome.wait, now)

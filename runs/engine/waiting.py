@@ -31,6 +31,7 @@ from django.db import connection, transaction
 from billing.services import InsufficientCredits
 from common import tracing
 from runs import services
+from runs.engine.start import run_start
 from runs.materialize import add_handler_rows
 from runs.models import (
     EventKind,
@@ -163,7 +164,7 @@ def _create_child(run: Run, step: Step, wait: dict[str, Any]) -> Run:
             child = services.run_create(
                 organization=run.organization, plan=plan, actor=f"run {run.pk}", parent=parent
             )
-            return services.run_start(run_id=child.pk, actor=f"run {run.pk}")
+            return run_start(run_id=child.pk, actor=f"run {run.pk}")
     except PlanInvalid as exc:
         raise WaitRefused("invalid_plan", f"the child run's plan is invalid: {exc}") from exc
     except InsufficientCredits as exc:

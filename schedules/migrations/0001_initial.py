@@ -12,7 +12,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('billing', '0010_fair_sharing'),
-        ('runs', '0019_engine_leaf_recording'),
+        ('runs', '0017_waiting_index'),
     ]
 
     operations = [

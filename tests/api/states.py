@@ -15,6 +15,7 @@ from orchestrator.tools.builtin import runner as runner_tool
 from runs import escalations, runners, services
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record
+from runs.engine.start import run_start
 from runs.models import EscalationTicket, Run, Runner, RunnerJob, Step
 from runs.transitions import claim_step
 from schedules import services as schedule_services
@@ -30,7 +31,7 @@ def created(organization: Organization) -> Run:
 
 def pending(organization: Organization) -> Run:
     run = created(organization)
-    return services.run_start(run_id=run.pk)
+    return run_start(run_id=run.pk)
 
 
 def running(organization: Organization) -> Run:
@@ -52,7 +53,7 @@ def waiting_approval(organization: Organization) -> Run:
     spec = factories.plan(name="needs-a-person")
     spec["agents"][0]["tasks"][0]["steps"] = [factories.step("sign-off", "approval")]
     run = services.run_create(organization=organization, plan=spec)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     control.pick_up(run.pk)
     run = Run.objects.get(pk=run.pk)
     assert run.status == "waiting_approval", run.status
@@ -119,7 +120,7 @@ def child_step(organization: Organization) -> tuple[Step, Run]:
 
 def running_plan(organization: Organization, spec: dict[str, Any]) -> Run:
     run = services.run_create(organization=organization, plan=spec)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     control.pick_up(run.pk)
     return Run.objects.get(pk=run.pk)
 

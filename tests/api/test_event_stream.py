@@ -25,6 +25,7 @@ from billing.models import Organization
 from billing.services import api_key_create
 from common import eventstreams
 from runs import services
+from runs.engine.start import run_start
 from runs.models import Run, RunEvent
 from runs.transitions import record_event
 from tests import factories
@@ -109,7 +110,7 @@ def last_id(run: Run) -> str:
 def finished_run(organization: Organization) -> Run:
     """A run that ended without a worker: started (its reservation), then cancelled."""
     run = factories.run(organization)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     return services.run_cancel(run_id=run.pk, reason="done with it")
 
 
@@ -126,7 +127,7 @@ def test_a_runs_events_arrive_in_id_order_exactly_as_listed_and_the_stream_ends_
         assert r.headers["cache-control"] == "no-cache"
         received = blocks(r.iter_lines())
         assert next(received).keepalive  # at once, before anything happens
-        services.run_start(run_id=run.pk)
+        run_start(run_id=run.pk)
         streamed = [block.data for block in received if not block.keepalive]
 
     # The loop above ended because the server closed the stream: the run had ended.
@@ -145,7 +146,7 @@ def test_a_stream_resumed_by_last_event_id_goes_on_with_no_gap_and_no_repeat(liv
 
     with httpx.Client(timeout=60) as http, open_stream(http, live.url, run.pk, live.key) as r:
         received = blocks(r.iter_lines())
-        services.run_start(run_id=run.pk)
+        run_start(run_id=run.pk)
         first = events_of(received, 3)
     # The connection is gone; the client comes back with the last id it saw.
     rest = read_all(live.url, run.pk, live.key, headers={"Last-Event-ID": str(first[-1]["id"])})
@@ -161,7 +162,7 @@ def test_a_cancelled_run_ends_its_stream_after_its_last_event(live: Live) -> Non
 
     with httpx.Client(timeout=60) as http, open_stream(http, live.url, run.pk, live.key) as r:
         received = blocks(r.iter_lines())
-        services.run_start(run_id=run.pk)
+        run_start(run_id=run.pk)
         for block in received:  # until the step runs
             if not block.keepalive and block.data["path"] == "agent-0.task-0.nap0":
                 assert block.data["to_status"] == "running"

@@ -26,6 +26,7 @@ from billing.models import LedgerEntry
 from billing.services import credits_grant
 from runs import services
 from runs.engine import control
+from runs.engine.start import run_start
 from runs.models import Run, RunEvent
 from tests import factories
 from tests.api import states
@@ -189,7 +190,7 @@ def test_a_409_is_not_stored_either(tenant: Tenant) -> None:
     path = f"{RUNS}/{run.pk}/pause"
 
     refused = post(tenant, path, {})
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     control.pick_up(run.pk)
     accepted = post(tenant, path, {})
 

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from config.celery import ALL_QUEUES
 from orchestrator import metrics, tasks
 from runs import services
+from runs.engine.start import run_start
 from tests import factories
 from tests.api.conftest import Tenant
 
@@ -64,7 +65,7 @@ def test_it_answers_only_to_its_bearer_token(client: Client, header: str | None)
 def test_runs_ledger_queues_and_api_requests_are_exposed(client: Client, tenant: Tenant) -> None:
     before = scrape(client)
     run = services.run_create(organization=tenant.organization, plan=factories.plan())
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     assert tenant.get("/api/v1/runs").status_code == 200
     assert tenant.get("/api/v1/runs/not-a-uuid").status_code == 404
 

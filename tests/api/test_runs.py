@@ -14,6 +14,7 @@ from api.views import EXAMPLE_CREATE
 from billing.models import LedgerEntry
 from runs import services
 from runs.engine import control
+from runs.engine.start import run_start
 from runs.models import Run, RunEvent, Step
 from tests import factories
 from tests.api import states
@@ -205,7 +206,7 @@ def test_lists_run_a_bounded_number_of_queries_whatever_their_length(tenant: Ten
     big = services.run_create(
         organization=tenant.organization, plan=factories.plan(agents=3, tasks=3, steps=4)
     )
-    services.run_start(run_id=big.pk)
+    run_start(run_id=big.pk)
     control.pick_up(big.pk)
     services.run_cancel(run_id=big.pk)
     large = queries(big)
@@ -384,7 +385,7 @@ def test_pause_then_resume(tenant: Tenant) -> None:
 
 def test_retry_opens_a_new_attempt_until_attempts_are_exhausted(tenant: Tenant) -> None:
     run = factories.run(tenant.organization, max_attempts=2)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     services.run_fail(run_id=run.pk, code="tool_error", message="boom")
 
     retried = tenant.post(f"{RUNS}/{run.pk}/retry").json()

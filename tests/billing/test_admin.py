@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from billing.models import LedgerEntry, Organization
-from runs import services
+from runs.engine.start import run_start
 from tests import factories
 
 pytestmark = pytest.mark.django_db
@@ -24,7 +24,7 @@ def operator(client: Client) -> Client:
 def test_organization_page_shows_balances(operator: Client) -> None:
     organization = factories.org(credits=42)
     run = factories.run(organization, credits=2)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
 
     page = operator.get(f"/admin/billing/organization/{organization.pk}/change/").content.decode()
 
@@ -51,7 +51,7 @@ def test_grant_action_asks_amount_and_reason_and_grants_once(operator: Client) -
 def test_ledger_is_read_only_and_filterable(operator: Client) -> None:
     organization = factories.org(credits=5)
     run = factories.run(organization, credits=1)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     entry = LedgerEntry.objects.get(run=run)
 
     assert operator.get("/admin/billing/ledgerentry/add/").status_code == 403

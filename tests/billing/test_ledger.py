@@ -20,6 +20,7 @@ from billing.services import (
 )
 from common.invariants import check_all
 from runs import services
+from runs.engine.start import run_start
 from runs.models import Run, RunAttempt, Step
 from tests import factories
 from tests.factories import finish_all_work
@@ -94,8 +95,8 @@ def test_start_reserves_the_plans_credits_and_the_estimate_otherwise() -> None:
     explicit = factories.run(organization, credits=12.5)
     estimated = factories.run(organization, steps=4)  # 4 noop x 0.01 x 3 attempts
 
-    services.run_start(run_id=explicit.pk)
-    services.run_start(run_id=estimated.pk)
+    run_start(run_id=explicit.pk)
+    run_start(run_id=estimated.pk)
 
     assert reservation_of(explicit).reserved == Decimal("12.5")
     assert reservation_of(estimated).reserved == Decimal("0.12")
@@ -110,7 +111,7 @@ def test_start_with_too_little_available_fails_and_the_run_stays_created() -> No
     run = factories.run(organization, credits=10)
 
     with pytest.raises(InsufficientCredits) as raised:
-        services.run_start(run_id=run.pk)
+        run_start(run_id=run.pk)
 
     assert raised.value.code == "insufficient_credits"
     stored = Run.objects.get(pk=run.pk)
@@ -122,7 +123,7 @@ def test_start_with_too_little_available_fails_and_the_run_stays_created() -> No
 
 def test_the_same_charge_applied_twice_writes_one_entry() -> None:
     run = factories.run(credits=10)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     services.run_pick_up(run_id=run.pk)
     attempt = RunAttempt.objects.get(run=run)
     step = Step.objects.filter(run=run).first()
@@ -138,7 +139,7 @@ def test_the_same_charge_applied_twice_writes_one_entry() -> None:
 
 def test_a_charge_beyond_the_reservation_is_refused_with_budget_exhausted() -> None:
     run = factories.run(credits=1)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     services.run_pick_up(run_id=run.pk)
     attempt = RunAttempt.objects.get(run=run)
     step = Step.objects.filter(run=run).first()
@@ -154,7 +155,7 @@ def test_a_charge_beyond_the_reservation_is_refused_with_budget_exhausted() -> N
 
 def _started_with_charges(credits: int = 10) -> Run:
     run = factories.run(credits=credits, steps=2)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     services.run_pick_up(run_id=run.pk)
     attempt = RunAttempt.objects.get(run=run)
     for number, step in enumerate(Step.objects.filter(run=run).order_by("pk"), start=1):
@@ -194,7 +195,7 @@ def test_run_cancelled_before_start_reserved_nothing() -> None:
 
 def test_run_cancelled_while_pending_is_refunded_in_full() -> None:
     run = factories.run(credits=10)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
 
     services.run_cancel(run_id=run.pk, reason="not needed")
 
@@ -204,7 +205,7 @@ def test_run_cancelled_while_pending_is_refunded_in_full() -> None:
 
 def test_pending_timeout_refunds_in_full() -> None:
     run = factories.run(credits=10)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
 
     services.run_fail(run_id=run.pk, code="pending_timeout", message="not picked up in 24h")
 
@@ -227,7 +228,7 @@ def test_retry_reserves_anew_for_the_new_attempt() -> None:
 
 def test_settle_twice_refunds_once() -> None:
     run = factories.run(credits=10)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     attempt = RunAttempt.objects.get(run=run)
 
     credits_settle(run_id=run.pk, attempt_number=1)
@@ -255,7 +256,7 @@ def test_concurrent_reservations_never_overdraw() -> None:
 
     def start(run_id: object) -> str:
         try:
-            services.run_start(run_id=run_id)  # type: ignore[arg-type]
+            run_start(run_id=run_id)  # type: ignore[arg-type]
             return "started"
         except InsufficientCredits:
             return "insufficient_credits"
@@ -276,7 +277,7 @@ def test_concurrent_reservations_never_overdraw() -> None:
 
 def test_reserve_is_keyed_by_attempt() -> None:
     run = factories.run(credits=10)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     attempt = RunAttempt.objects.get(run=run)
 
     again = credits_reserve(

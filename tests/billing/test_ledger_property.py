@@ -32,6 +32,7 @@ from billing.services import (
 )
 from common.invariants import check_all
 from runs import services
+from runs.engine.start import run_start
 from runs.models import Run, RunAttempt, Step
 from runs.states import InvalidTransition
 from tests import factories
@@ -78,7 +79,7 @@ class Ledger(RuleBasedStateMachine):
     @rule(run=runs)
     def start_and_pick_up(self, run: Run) -> None:
         def operation() -> None:
-            services.run_start(run_id=run.pk)
+            run_start(run_id=run.pk)
             services.run_pick_up(run_id=run.pk)
 
         self._try(operation)

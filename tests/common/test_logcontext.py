@@ -12,6 +12,7 @@ import pytest
 
 from common import logcontext
 from config.logging import JsonFormatter
+from runs.engine.start import run_start
 from tests import factories
 
 logger = logging.getLogger("tests.logcontext")
@@ -89,7 +90,7 @@ def test_a_tools_log_lines_name_the_run_step_attempt_and_organization(
         {"name": "s1", "tool": "python", "params": {"callable": path}}
     ]
     run = services.run_create(organization=organization, plan=spec)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     with caplog.at_level(logging.INFO):
         assert control.pick_up(run.pk)
         step = Step.objects.get(run=run)
@@ -112,7 +113,7 @@ def test_a_run_task_binds_its_run_and_the_pick_up_its_organization(
 
     organization = factories.org()
     run = services.run_create(organization=organization, plan=factories.plan(steps=1))
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     seen: dict[str, Any] = {}
     original = control.pick_up
 

@@ -7,6 +7,7 @@ from typing import Any
 from billing.models import LedgerEntry, Organization
 from common.invariants import check_all
 from runs import services
+from runs.engine.start import run_start
 from runs.models import Run, RunAttempt, Step
 from runs.states import RUN_TERMINAL
 from tests import factories
@@ -20,7 +21,7 @@ def submit(
     one is given)."""
     organization = organization or factories.org(credits=credits)
     run = services.run_create(organization=organization, plan=spec)
-    return services.run_start(run_id=run.pk)
+    return run_start(run_id=run.pk)
 
 
 def wait_for(run: Run, statuses: tuple[str, ...] = tuple(RUN_TERMINAL), timeout: float = 60) -> Run:

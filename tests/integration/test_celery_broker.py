@@ -13,7 +13,7 @@ from django.db import transaction
 from config.celery import QUEUE_RUNS_NORMAL, QUEUE_STEPS, QUEUE_SWEEPS, app
 from orchestrator.dispatch import PICK_UP_TASK
 from orchestrator.tasks import echo_task
-from runs import services
+from runs.engine.start import run_start
 from runs.models import Run
 from tests import factories
 from tests.support import wait_until
@@ -38,7 +38,7 @@ def test_work_enqueued_in_a_rolled_back_transaction_never_runs(celery_worker: st
 
     def start_then_fail() -> None:
         with transaction.atomic():
-            services.run_start(run_id=run.pk)  # asks for a pick-up after commit
+            run_start(run_id=run.pk)  # asks for a pick-up after commit
             raise RuntimeError("roll back")
 
     before_task_publish.connect(record, weak=False)
@@ -49,7 +49,7 @@ def test_work_enqueued_in_a_rolled_back_transaction_never_runs(celery_worker: st
         assert Run.objects.get(pk=run.pk).status == "created"
 
         with transaction.atomic():
-            services.run_start(run_id=run.pk)
+            run_start(run_id=run.pk)
             assert published == []  # not before the commit either
     finally:
         before_task_publish.disconnect(record)

@@ -14,6 +14,7 @@ from django.utils import timezone
 from config.celery import QUEUE_STEPS, app
 from orchestrator import sweeps
 from runs import approvals, services
+from runs.engine.start import run_start
 from runs.models import Run, RunAttempt, RunEvent, Step
 from runs.states import InvalidTransition
 from tests import factories
@@ -95,7 +96,7 @@ def test_cancel_racing_completion_ends_each_run_in_exactly_one_terminal_state(
     runs = []
     for _ in range(150):
         run = services.run_create(organization=organization, plan=task_plan([step("only")]))
-        services.run_start(run_id=run.pk)
+        run_start(run_id=run.pk)
         if rng.random() < 0.6:  # vary the moment: queued, picked up, mid-step, finished
             time.sleep(rng.random() * 0.03)  # jitter to vary the race, not synchronisation
         with contextlib.suppress(InvalidTransition):  # completion may win: run COMPLETED

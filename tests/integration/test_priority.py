@@ -16,6 +16,7 @@ from celery.signals import before_task_publish
 from config.celery import QUEUE_RUNS_HIGH, QUEUE_RUNS_NORMAL, app
 from orchestrator.dispatch import PICK_UP_TASK, run_queue
 from runs import services
+from runs.engine.start import run_start
 from tests import factories
 
 pytestmark = pytest.mark.integration
@@ -61,7 +62,7 @@ def test_a_started_run_is_published_with_its_priority_on_its_queue(settings: Any
             run = services.run_create(
                 organization=organization, plan=factories.plan(priority=priority)
             )
-            services.run_start(run_id=run.pk)
+            run_start(run_id=run.pk)
             services.run_cancel(run_id=run.pk)  # no worker in this test: leave nothing running
     finally:
         before_task_publish.disconnect(record)

@@ -30,6 +30,7 @@ from orchestrator.tasks import doorbell_task, pick_up_run_task
 from runs import services
 from runs.engine import control, hotpath
 from runs.engine.outcomes import record_and_claim
+from runs.engine.start import run_start
 from runs.models import Run, Step
 from runs.outbox import Outbox, StepMessage
 from tests import factories
@@ -54,7 +55,7 @@ def started(*steps: dict[str, Any], **task: Any) -> Run:
     spec = factories.plan(steps=1)
     spec["agents"][0]["tasks"][0] = {"name": "work", "steps": list(steps), **task}
     run = services.run_create(organization=factories.org(), plan=spec)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     assert control.pick_up(run.pk)
     return Run.objects.get(pk=run.pk)
 
@@ -291,7 +292,7 @@ def created(*steps: dict[str, Any], **task: Any) -> Run:
     spec = factories.plan(steps=1)
     spec["agents"][0]["tasks"][0] = {"name": "work", "steps": list(steps), **task}
     run = services.run_create(organization=factories.org(), plan=spec)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     return Run.objects.get(pk=run.pk)
 
 

@@ -30,6 +30,7 @@ from orchestrator import executor
 from orchestrator.sweeps import reclaim_expired_leases
 from runs import services
 from runs.engine import control
+from runs.engine.start import run_start
 from runs.models import Step
 from tests import factories
 from tests.support import wait_until
@@ -67,7 +68,7 @@ def started_step(callable_path: str) -> int:
         tool="python", params={"callable": callable_path}
     )
     run = services.run_create(organization=factories.org(), plan=spec)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     assert control.pick_up(run.pk)
     return Step.objects.get(run=run, name="step-0").pk
 

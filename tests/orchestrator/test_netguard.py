@@ -23,6 +23,7 @@ from orchestrator.tools.builtin import http, validate_http
 from runs import services
 from runs.engine import control
 from runs.engine.retry import decide
+from runs.engine.start import run_start
 from runs.models import Run, Step
 from tests import factories
 
@@ -280,7 +281,7 @@ def test_a_plan_aimed_at_a_refused_address_is_accepted_and_its_step_fails_once_u
         tool="http", params={"url": "${variables.target}/"}, retry={"max_attempts": 3}
     )
     run = services.run_create(organization=factories.org(), plan=spec)  # the validator accepts
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     assert control.pick_up(run.pk)
     step_id = Step.objects.get(run=run, name="step-0").pk
 

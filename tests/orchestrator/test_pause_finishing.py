@@ -16,6 +16,7 @@ from orchestrator import executor
 from runs import services
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record
+from runs.engine.start import run_start
 from runs.models import Agent, Run, Step, Task
 from tests import factories
 
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.django_db
 def running_single_step_run(**plan: Any) -> tuple[Run, Step]:
     spec = factories.plan(steps=1, **plan)
     run = services.run_create(organization=factories.org(), plan=spec)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     assert control.pick_up(run.pk)
     step = Step.objects.get(run=run, name="step-0")
     claimed = executor.claim(step.pk, "worker:test", "task-1")

@@ -20,6 +20,7 @@ from orchestrator import executor
 from orchestrator.context import StepContext
 from runs import services
 from runs.engine import control
+from runs.engine.start import run_start
 from runs.models import Run, RunEvent, Step
 from runs.plan import PlanInvalid
 from tests import factories
@@ -43,7 +44,7 @@ def start_one_step(
     spec = factories.plan(steps=1)
     spec["agents"][0]["tasks"][0]["steps"][0].update(tool=tool, params=params, **fields)
     run = services.run_create(organization=tenant.organization, plan=spec)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     assert control.pick_up(run.pk)
     return run, Step.objects.get(run=run, name="step-0").pk
 
@@ -385,7 +386,7 @@ def test_a_real_worker_resolves_the_secret_and_records_it_redacted(celery_worker
     organization = factories.org()
     secret_put(organization=organization, name="TOKEN", value=VALUE)
     run = services.run_create(organization=organization, plan=spec)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
 
     done = wait_for(run)
 

@@ -11,6 +11,7 @@ from common.invariants import check_all
 from orchestrator import sweeps
 from runs import services
 from runs.engine import control
+from runs.engine.start import run_start
 from runs.models import Agent, Run, RunAttempt, Task
 from tests import factories
 
@@ -36,7 +37,7 @@ def assert_consistent(run: Run) -> None:
 
 def started(**options: object) -> Run:
     run = factories.run(**options)  # type: ignore[arg-type]
-    return services.run_start(run_id=run.pk)
+    return run_start(run_id=run.pk)
 
 
 def running(**options: object) -> Run:
@@ -125,7 +126,7 @@ def test_an_agent_past_its_timeout_fails_and_a_continue_run_carries_on() -> None
         "timeouts": {"agent": "1h"},
     }
     run = services.run_create(organization=organization, plan=spec)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     control.pick_up(run.pk)
     slow, fast = Agent.objects.filter(run=run).order_by("position")
     # The other agent (and its task) started later: not overdue.

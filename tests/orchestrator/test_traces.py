@@ -22,6 +22,7 @@ from orchestrator.runner import Runner
 from orchestrator.tasks import pick_up_run_task
 from runs import approvals, children, services
 from runs.engine import control
+from runs.engine.start import run_start
 from runs.models import Run, RunnerJob, Step
 from tests import factories
 from tests.api.conftest import make_tenant
@@ -42,7 +43,7 @@ def plan_of(*steps: dict[str, Any], **task: Any) -> dict[str, Any]:
 
 def started(*steps: dict[str, Any], **task: Any) -> Run:
     run = services.run_create(organization=factories.org(), plan=plan_of(*steps, **task))
-    return services.run_start(run_id=run.pk)
+    return run_start(run_id=run.pk)
 
 
 def serve(run: Run) -> int:

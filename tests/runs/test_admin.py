@@ -9,6 +9,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from runs import services
+from runs.engine.start import run_start
 from runs.models import Run
 from tests import factories
 from tests.api import states
@@ -30,7 +31,7 @@ def make_runs(count: int) -> Run:
         Run(organization=organization, name=f"bulk-{i}", plan=template.plan, status="created")
         for i in range(count - 1)
     )
-    services.run_start(run_id=template.pk)
+    run_start(run_id=template.pk)
     services.run_pick_up(run_id=template.pk)
     return template
 

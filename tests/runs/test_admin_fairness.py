@@ -10,6 +10,7 @@ from django.test import Client
 from billing.models import Organization
 from runs import admission, services
 from runs.engine import control
+from runs.engine.start import run_start
 from runs.models import Run
 from runs.outbox import RunMessage
 from tests import factories
@@ -39,7 +40,7 @@ def test_the_limits_are_set_in_the_form_and_ask_for_the_waiting_runs(
     admission.limits_set(organization.pk, actor="test", max_running_runs=1)
     for _ in range(2):
         run = services.run_create(organization=organization, plan=factories.plan())
-        services.run_start(run_id=run.pk)
+        run_start(run_id=run.pk)
         control.pick_up(run.pk)
     waiting = Run.objects.get(organization=organization, status="pending")
     asked: list[tuple[str, object]] = []
@@ -73,7 +74,7 @@ def test_the_list_shows_runs_running_and_queued_per_organization(operator: Clien
     admission.limits_set(organization.pk, actor="test", max_running_runs=1)
     for _ in range(3):
         run = services.run_create(organization=organization, plan=factories.plan())
-        services.run_start(run_id=run.pk)
+        run_start(run_id=run.pk)
         control.pick_up(run.pk)
 
     page = operator.get("/admin/billing/organization/").content.decode()

@@ -14,6 +14,7 @@ from django.utils import timezone
 from billing.models import Organization
 from runs import admission, fairness, services
 from runs.engine import control
+from runs.engine.start import run_start
 from runs.models import EventKind, Run, RunEvent, StepSlot
 from runs.plan import PlanInvalid
 from tests import factories
@@ -25,7 +26,7 @@ def started(organization: Organization, *, priority: int = 5, **plan: Any) -> Ru
     run = services.run_create(
         organization=organization, plan=factories.plan(priority=priority, **plan)
     )
-    return services.run_start(run_id=run.pk)
+    return run_start(run_id=run.pk)
 
 
 def keyed(organization: Organization, customer: str, *, priority: int = 5, most: int = 1) -> Run:

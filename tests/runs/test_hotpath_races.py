@@ -21,6 +21,7 @@ import pytest
 from common.invariants import check_all
 from runs import services
 from runs.engine import control
+from runs.engine.start import run_start
 from runs.models import Run, Step, Task
 from runs.transitions import claim_step
 from tests import factories
@@ -39,7 +40,7 @@ def running(spec: dict[str, Any], *claimed: str, rounds: int = ROUNDS) -> list[s
     ids = []
     for _ in range(rounds):
         run = services.run_create(organization=organization, plan=spec, actor="test")
-        services.run_start(run_id=run.pk)
+        run_start(run_id=run.pk)
         assert control.pick_up(run.pk)
         for name in claimed:
             step_id = Step.objects.get(run=run, name=name).pk

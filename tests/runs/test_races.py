@@ -14,6 +14,7 @@ import pytest
 
 from common.invariants import check_all
 from runs import admission, fairness, services
+from runs.engine.start import run_start
 from runs.models import Run, RunEvent
 from tests import factories, race_support
 from tests.support import shared_database_url
@@ -49,7 +50,7 @@ def running_runs(count: int) -> list[str]:
     ids = []
     for _ in range(count):
         run = factories.run(organization, steps=1)
-        services.run_start(run_id=run.pk)
+        run_start(run_id=run.pk)
         services.run_pick_up(run_id=run.pk)
         ids.append(str(run.pk))
     return ids

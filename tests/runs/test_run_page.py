@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from runs import runpage, services
+from runs.engine.start import run_start
 from runs.materialize import add_handler_rows
 from runs.models import Run, RunEvent, Step
 from runs.transitions import transition
@@ -38,7 +39,7 @@ def operator(client: Client) -> Client:
 def started(spec: dict[str, Any]) -> Run:
     """A run of ``spec`` started and picked up (its rows materialised), no worker."""
     run = services.run_create(organization=factories.org(credits=100_000), plan=spec)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     services.run_pick_up(run_id=run.pk)
     return Run.objects.get(pk=run.pk)
 

@@ -1,11 +1,9 @@
-"""``run_start`` in one statement writes exactly what the general path writes; the
-pick-up that follows parses the plan before writing anything.
-
-The run is locked and checked as before; then one statement draws the credits, moves the
-run to PENDING, opens attempt 1 and writes its reservation, its ledger entry and the two
-events (``runs.services._start_in_one_statement``). Each case here starts twin runs, one each way,
-and compares every row they leave: the run, its attempt, its reservation, its ledger
-entry, its events, the organization's balance and the message sent.
+"""``run_start``: the run locked and checked, then one call of ``engine.run_start``
+draws the credits, moves the run to PENDING, opens attempt 1 and writes its reservation,
+its ledger entry and the two events; nothing at all when the credits are short. Each case
+checks every row a start leaves: the run, its attempt, its reservation, its ledger entry,
+its events, the organization's balance and the message sent. The pick-up that follows
+parses the plan before writing anything.
 """
 
 from __future__ import annotations
@@ -19,12 +17,14 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from billing.models import LedgerEntry, Organization, Reservation
-from billing.services import InsufficientCredits
+from billing.services import InsufficientCredits, to_credits
 from common.invariants import check_all
 from runs import services
 from runs.engine import control
+from runs.engine.start import run_start
 from runs.models import Agent, Run, RunAttempt, RunEvent
 from runs.outbox import RunMessage
+from runs.reservation import plan_reservation
 from tests import factories
 from tests.runs.engine.harness import RecordingTransport
 
@@ -37,17 +37,7 @@ Starter = Callable[[Run], Run]
 def at_once(django_capture_on_commit_callbacks: Any) -> Starter:
     def start(run: Run) -> Run:
         with django_capture_on_commit_callbacks(execute=True):
-            return services.run_start(run_id=run.pk, actor="api:test")
-
-    return start
-
-
-@pytest.fixture
-def general(at_once: Starter, monkeypatch: pytest.MonkeyPatch) -> Starter:
-    def start(run: Run) -> Run:
-        with monkeypatch.context() as off:
-            off.setattr(services, "_start_in_one_statement", lambda *args: None)
-            return at_once(run)
+            return run_start(run_id=run.pk, actor="api:test")
 
     return start
 
@@ -118,34 +108,58 @@ PLANS: dict[str, dict[str, Any]] = {
 
 
 @pytest.mark.parametrize("name", list(PLANS))
-def test_starting_at_once_leaves_what_the_general_path_leaves(
-    name: str, at_once: Starter, general: Starter, transport: RecordingTransport
+def test_a_start_leaves_the_run_pending_with_its_attempt_reservation_and_events(
+    name: str, at_once: Starter, transport: RecordingTransport
 ) -> None:
     organization = factories.org(credits=1000)
-    slow, fast = (factories.run(organization, **PLANS[name]) for _ in range(2))
+    run = factories.run(organization, **PLANS[name])
+    amount = to_credits(plan_reservation(services.stored_plan(run)))
 
-    returned_slow = general(slow)
-    balance_after_slow = Organization.objects.get(pk=organization.pk).credits_available
     with CaptureQueriesContext(connection) as statements:
-        returned_fast = at_once(fast)
-    balance_after_fast = Organization.objects.get(pk=organization.pk).credits_available
+        returned = at_once(run)
 
-    assert left_behind(fast, returned_fast) == left_behind(slow, returned_slow)
-    drawn = Reservation.objects.get(run_id=slow.pk).reserved
-    assert Decimal(1000) - balance_after_slow == drawn == balance_after_slow - balance_after_fast
-    assert transport.runs == [
-        (RunMessage.PICK_UP, str(slow.pk)),
-        (RunMessage.PICK_UP, str(fast.pk)),
+    found = left_behind(run, returned)
+    assert found.pop("events")[1:] == [  # after the creation's
+        (1, "run", True, "transition", "created", "pending", "api:test", "", {}),
+        (
+            1,
+            "run",
+            True,
+            "charge",
+            "",
+            "",
+            "api:test",
+            f"reserved {amount} credits",
+            {"type": "reserve", "amount": str(amount)},
+        ),
     ]
+    assert found == {
+        "returned": ("pending", 1, True, True, True),
+        "run": ("pending", 1, None, None),
+        "attempt": (1, None, ""),
+        "reservation": (True, True, 1, amount, 0, 0, None),
+        "ledger": (
+            True,
+            True,
+            None,
+            "reserve",
+            amount,
+            True,
+            "run <run> attempt 1",
+            "api:test",
+        ),
+    }
+    assert Organization.objects.get(pk=organization.pk).credits_available == 1000 - amount
+    assert transport.runs == [(RunMessage.PICK_UP, str(run.pk))]
     # The lock (with the plan), admission's lock and count of the organization's runs
-    # waiting to start (runs.admission), and the statement, inside run_start's
-    # transaction (a savepoint here: the test runs in a transaction of its own).
+    # waiting to start (runs.admission), and the call, inside run_start's transaction (a
+    # savepoint here: the test runs in a transaction of its own).
     written = [q["sql"] for q in statements.captured_queries if "SAVEPOINT" not in q["sql"]]
     assert len(written) == 4, written
     assert {check: found for check, found in check_all().items() if found} == {}
 
 
-def test_too_few_credits_writes_nothing_and_refuses_as_before(
+def test_too_few_credits_writes_nothing_and_refuses(
     at_once: Starter, transport: RecordingTransport
 ) -> None:
     organization = factories.org(credits=1)
@@ -189,7 +203,7 @@ def test_another_organizations_run_is_not_found_and_untouched(at_once: Starter) 
     stranger = factories.org()
 
     with pytest.raises(services.RunNotFound):
-        services.run_start(run_id=run.pk, organization=stranger)
+        run_start(run_id=run.pk, organization=stranger)
 
     assert Run.objects.get(pk=run.pk).status == "created"
     assert not RunAttempt.objects.filter(run=run).exists()

@@ -6,6 +6,7 @@ import pytest
 
 from common.invariants import check_all
 from runs import approvals, services
+from runs.engine.start import run_start
 from runs.models import Agent, Run, RunAttempt, RunEvent, Step, Task
 from runs.states import InvalidTransition
 from runs.transitions import transition
@@ -22,7 +23,7 @@ def assert_invariants_hold() -> None:
 
 def started(**plan_options: object) -> Run:
     run = factories.run(**plan_options)  # type: ignore[arg-type]
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     picked, _ = services.run_pick_up(run_id=run.pk)
     return picked
 
@@ -43,8 +44,8 @@ def test_create_stores_the_spec_as_submitted_and_no_agents() -> None:
 def test_start_opens_attempt_one_and_is_idempotent() -> None:
     run = factories.run()
 
-    first = services.run_start(run_id=run.pk)
-    again = services.run_start(run_id=run.pk)
+    first = run_start(run_id=run.pk)
+    again = run_start(run_id=run.pk)
 
     assert first.status == again.status == "pending"
     assert first.started_at is not None
@@ -56,7 +57,7 @@ def test_start_opens_attempt_one_and_is_idempotent() -> None:
 
 def test_pick_up_materialises_the_plan_once() -> None:
     run = factories.run(agents=2, tasks=3, steps=4)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
 
     picked, did_pick = services.run_pick_up(run_id=run.pk)
     again, did_again = services.run_pick_up(run_id=run.pk)
@@ -73,7 +74,7 @@ def test_pick_up_materialises_the_plan_once() -> None:
 
 def test_pick_up_of_a_run_cancelled_while_queued_does_nothing() -> None:
     run = factories.run()
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     services.run_cancel(run_id=run.pk, reason="changed my mind")
 
     picked, did_pick = services.run_pick_up(run_id=run.pk)
@@ -259,7 +260,7 @@ def test_soft_delete_only_from_created() -> None:
     assert deleted.status == "cancelled"
     assert deleted.deleted_at is not None
     with pytest.raises(services.RunDeleted):
-        services.run_start(run_id=run.pk)
+        run_start(run_id=run.pk)
 
     other = started()
     with pytest.raises(InvalidTransition):

@@ -16,6 +16,7 @@ import pytest
 
 from runs import admission, services
 from runs.engine import control
+from runs.engine.start import run_start
 from runs.models import Run, RunEvent, Step
 from runs.outbox import RunMessage
 from runs.states import InvalidTransition
@@ -34,7 +35,7 @@ def at_once(settings: Any, transport: RecordingTransport) -> RecordingTransport:
 
 def start(run: Run, capture: Any) -> Run:
     with capture(execute=True):
-        return services.run_start(run_id=run.pk, actor="api:test")
+        return run_start(run_id=run.pk, actor="api:test")
 
 
 def parallel(steps: int) -> dict[str, Any]:
@@ -153,7 +154,7 @@ def test_a_parallel_run_begun_at_its_start_rings_its_doorbells_after_commit(
     run = services.run_create(organization=factories.org(), plan=parallel(5))
 
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
-        started = services.run_start(run_id=run.pk, actor="api:test")
+        started = run_start(run_id=run.pk, actor="api:test")
         assert at_once.steps == []  # nothing leaves before the commit
 
     assert started.status == "running"

@@ -22,6 +22,7 @@ from hypothesis.stateful import (
 
 from common.invariants import check_all
 from runs import approvals, services
+from runs.engine.start import run_start
 from runs.models import Run, RunEvent, Step
 from runs.states import InvalidTransition
 from runs.transitions import transition
@@ -68,7 +69,7 @@ class RunOperations(RuleBasedStateMachine):
 
     @rule(run=runs)
     def start(self, run: Run) -> None:
-        self._apply(run, lambda: services.run_start(run_id=run.pk))
+        self._apply(run, lambda: run_start(run_id=run.pk))
 
     @rule(run=runs)
     def pick_up(self, run: Run) -> None:

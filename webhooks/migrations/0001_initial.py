@@ -7,100 +7,8 @@ import uuid
 from django.db import migrations, models
 
 
-# The deliveries are written by PostgreSQL, in the transaction of the state change they
-# announce, whatever code made it (runs.transitions, the engine's SQL hot path, a sweep):
-# a run's status entering completed, failed, cancelled or waiting_approval, and an
-# escalation ticket opened, insert one pending delivery per enabled endpoint of the run's
-# organization that subscribes to the event. An endpoint that subscribes but is disabled
-# gets a run event instead, in the run's timeline, saying so (docs/webhooks.md).
-DELIVERY_COLUMNS = """
-    webhooks_webhookdelivery (uid, endpoint_id, run_id, event_type, payload, status,
-                              attempts, next_attempt_at, created_at, last_error)
-"""
-
-TRIGGERS = f"""
-CREATE FUNCTION webhooks_tell_disabled(run_row runs_run, event text) RETURNS void
-LANGUAGE sql AS $$
-    INSERT INTO runs_runevent (run_id, attempt_number, entity, entity_id, kind,
-                               from_status, to_status, actor, message, payload, created_at)
-    SELECT run_row.id, run_row.attempt_number, 'webhook', e.id::text, 'error', '', '',
-           'webhooks',
-           'webhook endpoint ' || e.url || ' is disabled (' || e.disabled_reason
-               || '): ' || event || ' was not sent to it',
-           jsonb_build_object('endpoint', e.id, 'url', e.url, 'event', event,
-                              'disabled_at', e.disabled_at, 'reason', e.disabled_reason),
-           clock_timestamp()
-    FROM webhooks_webhookendpoint e
-    WHERE e.organization_id = run_row.organization_id AND NOT e.enabled
-      AND event = ANY (e.events);
-$$;
-
-CREATE FUNCTION webhooks_run_event() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    event text := 'run.' || NEW.status;
-BEGIN
-    INSERT INTO {DELIVERY_COLUMNS}
-    SELECT gen_random_uuid(), e.id, NEW.id, event,
-           jsonb_build_object('run', jsonb_build_object(
-               'id', NEW.id, 'name', NEW.name, 'status', NEW.status,
-               'attempt_number', NEW.attempt_number, 'priority', NEW.priority,
-               'parent_run', NEW.parent_run_id, 'created_at', NEW.created_at,
-               'started_at', NEW.started_at, 'completed_at', NEW.completed_at,
-               'status_changed_at', NEW.status_changed_at, 'last_error', NEW.last_error,
-               'cancel_reason', NEW.cancel_reason)),
-           'pending', 0, clock_timestamp(), clock_timestamp(), ''
-    FROM webhooks_webhookendpoint e
-    WHERE e.organization_id = NEW.organization_id AND e.enabled AND event = ANY (e.events)
-    ORDER BY e.id;
-    PERFORM webhooks_tell_disabled(NEW, event);
-    RETURN NULL;
-END
-$$;
-
-CREATE TRIGGER webhooks_run_event
-AFTER UPDATE OF status ON runs_run
-FOR EACH ROW
-WHEN (NEW.status IS DISTINCT FROM OLD.status
-      AND NEW.status IN ('completed', 'failed', 'cancelled', 'waiting_approval'))
-EXECUTE FUNCTION webhooks_run_event();
-
-CREATE FUNCTION webhooks_escalation_event() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    run_row runs_run;
-BEGIN
-    SELECT * INTO run_row FROM runs_run WHERE id = NEW.run_id;
-    INSERT INTO {DELIVERY_COLUMNS}
-    SELECT gen_random_uuid(), e.id, NEW.run_id, 'escalation.opened',
-           jsonb_build_object(
-               'escalation', jsonb_build_object(
-                   'id', NEW.id, 'status', NEW.status, 'reason', NEW.reason,
-                   'severity', NEW.severity, 'errors', NEW.errors,
-                   'opened_at', NEW.opened_at, 'note', NEW.note),
-               'run', jsonb_build_object(
-                   'id', run_row.id, 'name', run_row.name, 'status', run_row.status,
-                   'attempt_number', run_row.attempt_number)),
-           'pending', 0, clock_timestamp(), clock_timestamp(), ''
-    FROM webhooks_webhookendpoint e
-    WHERE e.organization_id = NEW.organization_id AND e.enabled
-      AND 'escalation.opened' = ANY (e.events)
-    ORDER BY e.id;
-    PERFORM webhooks_tell_disabled(run_row, 'escalation.opened');
-    RETURN NULL;
-END
-$$;
-
-CREATE TRIGGER webhooks_escalation_event
-AFTER INSERT ON runs_escalationticket
-FOR EACH ROW EXECUTE FUNCTION webhooks_escalation_event();
-"""
-
-DROP_TRIGGERS = """
-DROP TRIGGER IF EXISTS webhooks_escalation_event ON runs_escalationticket;
-DROP FUNCTION IF EXISTS webhooks_escalation_event();
-DROP TRIGGER IF EXISTS webhooks_run_event ON runs_run;
-DROP FUNCTION IF EXISTS webhooks_run_event();
-DROP FUNCTION IF EXISTS webhooks_tell_disabled(runs_run, text);
-"""
+# The deliveries are written by PostgreSQL triggers: database code, installed from
+# runs/engine/sql/webhook_deliveries.sql after migrations (runs.engine.sql).
 
 
 class Migration(migrations.Migration):
@@ -197,5 +105,4 @@ class Migration(migrations.Migration):
             model_name='webhookdelivery',
             constraint=models.CheckConstraint(condition=models.Q(('status__in', ['pending', 'delivered', 'failed'])), name='webhook_delivery_status'),
         ),
-        migrations.RunSQL(TRIGGERS, DROP_TRIGGERS),
     ]

@@ -17,6 +17,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from billing.models import Organization
 from billing.services import credits_grant, organization_create
 from runs import services
+from runs.engine.start import run_start
 from runs.models import Run, RunAttempt, Step
 from runs.states import RUN_TERMINAL
 
@@ -114,7 +115,7 @@ class Command(BaseCommand):
                 organization=organization, amount=100, reason="demo credits", actor="demo"
             )
         run = services.run_create(organization=organization, plan=demo_plan(), actor="demo")
-        run = services.run_start(run_id=run.pk, actor="demo")
+        run = run_start(run_id=run.pk, actor="demo")
         self.stdout.write(f"demo run {run.pk} started; following it (Ctrl-C stops following only)")
         deadline = time.monotonic() + options["timeout"]
         last = ""

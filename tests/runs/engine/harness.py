@@ -20,6 +20,7 @@ from common.tools.base import ToolError
 from runs import services
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record
+from runs.engine.start import run_start
 from runs.models import Run, Step
 from runs.outbox import RunMessage, StepMessage
 from runs.transitions import claim_step
@@ -70,7 +71,7 @@ class EngineRun:
         self._capture = capture
         self.run = services.run_create(organization=organization or factories.org(), plan=spec)
         with self._committed():
-            services.run_start(run_id=self.run.pk)
+            run_start(run_id=self.run.pk)
         with self._committed():
             assert control.pick_up(self.run.pk)
         self._claims = 0

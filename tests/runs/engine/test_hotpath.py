@@ -20,7 +20,7 @@ import pytest
 from billing.models import LedgerEntry, Organization, Reservation
 from common.invariants import check_all
 from common.tools.base import ToolError
-from runs import approvals, services
+from runs import approvals
 from runs.engine import hotpath
 from runs.engine.outcomes import Outcome, record
 from runs.models import Agent, Run, RunAttempt, RunEvent, Step, Task
@@ -292,7 +292,6 @@ def test_the_hot_path_leaves_exactly_what_the_general_path_leaves(
     with monkeypatch.context() as off:
         off.setattr(hotpath, "eligible", lambda *args: False)
         off.setattr(hotpath, "start", lambda *args: None)
-        off.setattr(services, "_start_in_one_statement", lambda *args: None)
         general = start(spec)
         play(general, script)
     general_sent = general.sent()

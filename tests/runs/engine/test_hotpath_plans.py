@@ -1,10 +1,12 @@
 """The hot path's statements touch rows in proportion to the step, not to the tables.
 
-Each shape is planned by PostgreSQL from its statistics. After the database grew by
-thousands of other steps and ledger entries of the same organization (and was
-analysed, as autovacuum would), each shape is run under ``EXPLAIN ANALYZE`` (then
-rolled back) for a step of a fresh run, and no part of its plan may touch more than a
-few dozen rows: a plan whose cost grows with the tables, not with the step, fails.
+Each statement of the database's functions (runs/engine/sql) is planned by PostgreSQL
+from its statistics. After the database grew by thousands of other steps and ledger
+entries of the same organization (and was analysed, as autovacuum would), each shape is
+run for a step of a fresh run (then rolled back) with ``auto_explain`` reporting the plan
+of every statement the functions ran, as it ran (``EXPLAIN ANALYZE``), and no part of any
+plan may touch more than a few dozen rows: a plan whose cost grows with the tables, not
+with the step, fails.
 
 Tables not yet analysed are another hazard, not pinned here (what the planner then
 knows depends on the tests that ran before): measured by hand, they had led to a
@@ -16,17 +18,17 @@ scan of the step table; the statements and indexes were changed so that they do 
 from __future__ import annotations
 
 import json
-from decimal import Decimal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from django.db import connection, transaction
-from django.utils import timezone
 
 from billing.models import Organization
-from common.statements import Statement
-from runs import services, transitions
-from runs.engine import control, hotpath
+from runs import services
+from runs.engine import control
+from runs.engine.start import run_start
 from runs.models import Run, Step
 from runs.transitions import claim_step
 from tests import factories
@@ -73,10 +75,11 @@ def dag() -> dict[str, Any]:
     }
 
 
+# A shape of engine.step_completed, the step recorded, and the shape's name in its rows.
 SHAPES = {
-    "a step among others": (parallel, "p0", hotpath._IN_TASK_SQL),
-    "a task's last step": (dag, "r", hotpath._LAST_IN_TASK_SQL),
-    "the run's last step": (lambda: factories.plan(steps=1), "step-0", hotpath._LAST_IN_RUN_SQL),
+    "a step among others": (parallel, "p0", "in_task"),
+    "a task's last step": (dag, "r", "last_in_task"),
+    "the run's last step": (lambda: factories.plan(steps=1), "step-0", "last_in_run"),
 }
 
 
@@ -94,28 +97,23 @@ def touched(node: dict[str, Any], path: str = "") -> list[tuple[int, str]]:
     return found
 
 
-def plan_of_recording(
-    organization: Organization, plan: dict[str, Any], name: str, sql: Statement
-) -> dict[str, Any]:
+def plans_of_recording(
+    organization: Organization, plan: dict[str, Any], name: str, shape: str
+) -> list[dict[str, Any]]:
     run = services.run_create(organization=organization, plan=plan)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     assert control.pick_up(run.pk)
     run = Run.objects.get(pk=run.pk)
     target = Step.objects.get(run=run, name=name)
     claimed = claim_step(target.pk, worker="test", task_id="t", lease_seconds=60)
     assert claimed is not None
-    params = hotpath._params(
-        run,
-        target.pk,
-        claimed["attempts"],
-        output={"n": 1},
-        cost=Decimal("0.001"),
-        now=timezone.now(),
-        beat=False,
+    rows, plans = explained(
+        "SELECT * FROM engine.step_completed(%s, %s, %s, %s, 0.001, '0.001', 0.001, false, "
+        "'', '', 0, false, '', '{}', '{}', NULL)",
+        [target.pk, claimed["attempts"], run.pk, json.dumps({"n": 1})],
     )
-    top = explained(sql, params)
-    assert top.get("Actual Rows", 0) >= 1, "the shape did not apply: the test measures nothing"
-    return top
+    assert [row[0] for row in rows][:1] == [shape], "the shape did not apply: it measures nothing"
+    return plans
 
 
 def grow(organization: Organization) -> None:
@@ -133,7 +131,7 @@ def grow(organization: Organization) -> None:
             organization=organization,
             plan={"name": "bulk", "agents": [{"name": "a", "tasks": [task]}]},
         )
-        services.run_start(run_id=other.pk)
+        run_start(run_id=other.pk)
         assert control.pick_up(other.pk)
     with connection.cursor() as cursor:
         cursor.execute(
@@ -155,60 +153,91 @@ def grow(organization: Organization) -> None:
             cursor.execute(f"ANALYZE {table}")
 
 
-def explained(sql: str | Statement, params: dict[str, Any]) -> dict[str, Any]:
-    """The plan of ``sql`` as it ran (then rolled back)."""
-    if isinstance(sql, Statement):
-        sql = sql.text
-    with transaction.atomic():
+@contextmanager
+def nested_plans() -> Iterator[list[dict[str, Any]]]:
+    """The plan of every statement run meanwhile, functions' statements included, as it
+    ran (``auto_explain`` with ANALYZE, its log sent to this session as notices)."""
+    plans: list[dict[str, Any]] = []
+
+    def noticed(diagnostic: Any) -> None:
+        text = diagnostic.message_primary or ""
+        if text.startswith("duration:") and "{" in text:
+            plans.append(json.loads(text[text.index("{") :])["Plan"])
+
+    connection.ensure_connection()
+    raw = connection.connection
+    raw.add_notice_handler(noticed)
+    try:
         with connection.cursor() as cursor:
-            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
-            (report,) = cursor.fetchone()
+            cursor.execute("LOAD 'auto_explain'")
+            for setting, value in (
+                ("auto_explain.log_min_duration", "0"),
+                ("auto_explain.log_analyze", "on"),
+                ("auto_explain.log_nested_statements", "on"),
+                ("auto_explain.log_format", "json"),
+                ("client_min_messages", "log"),
+            ):
+                cursor.execute("SELECT set_config(%s, %s, true)", [setting, value])
+        yield plans
+    finally:
+        raw.remove_notice_handler(noticed)
+
+
+def explained(sql: str, params: list[Any]) -> tuple[list[tuple[Any, ...]], list[dict[str, Any]]]:
+    """The rows of ``sql`` and the plans of every statement it ran (then rolled back)."""
+    with transaction.atomic(), nested_plans() as plans:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
         transaction.set_rollback(True)
-    plan: dict[str, Any] = (report if isinstance(report, list) else json.loads(report))[0]["Plan"]
-    return plan
+    # The functions' own statements were seen, not only the call (a Function Scan).
+    assert any("Relation Name" in str(plan) for plan in plans), "auto_explain saw nothing"
+    return rows, plans
+
+
+def wide_parts(plans: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    return [(rows, where) for plan in plans for rows, where in touched(plan) if rows > MOST]
 
 
 def test_no_part_of_the_starts_plan_grows_with_the_tables() -> None:
     organization = factories.org(credits=1000)
     grow(organization)
     run = services.run_create(organization=organization, plan=dag())
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     run, picked = services.run_pick_up(run_id=run.pk)  # materialised, not yet started
     assert picked
 
-    plan = explained(hotpath._START_SQL, {"run": run.pk, "now": timezone.now()})
+    rows, plans = explained("SELECT * FROM engine.run_begin(%s, now())", [run.pk])
 
-    assert plan.get("Actual Rows", 0) >= 1, "nothing was started: the test measures nothing"
-    wide = [(rows, where) for rows, where in touched(plan) if rows > MOST]
-    assert wide == [], f"parts of the plan that read more than {MOST} rows: {wide}"
+    assert rows, "nothing was started: the test measures nothing"
+    wide = wide_parts(plans)
+    assert wide == [], f"parts of the plans that read more than {MOST} rows: {wide}"
 
 
 def test_no_part_of_the_claims_plan_grows_with_the_tables() -> None:
     organization = factories.org(credits=1000)
     grow(organization)
     run = services.run_create(organization=organization, plan=parallel())
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     assert control.pick_up(run.pk)
 
-    plan = explained(
-        transitions._CLAIM_NEXT_SQL, {"run": run.pk, "lease": 60, "worker": "test", "task_id": "t"}
-    )
+    rows, plans = explained("SELECT * FROM engine.step_claim(NULL, %s, 'test', 't', 60)", [run.pk])
 
-    assert plan.get("Actual Rows", 0) == 1, "nothing was claimed: the test measures nothing"
-    wide = [(rows, where) for rows, where in touched(plan) if rows > MOST]
-    assert wide == [], f"parts of the plan that read more than {MOST} rows: {wide}"
+    assert len(rows) == 1, "nothing was claimed: the test measures nothing"
+    wide = wide_parts(plans)
+    assert wide == [], f"parts of the plans that read more than {MOST} rows: {wide}"
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_no_part_of_a_shapes_plan_grows_with_the_tables(shape: str) -> None:
-    plan, name, sql = SHAPES[shape]
+    plan, name, applied = SHAPES[shape]
     organization = factories.org(credits=1000)
     grow(organization)
 
-    explained = plan_of_recording(organization, plan(), name, sql)
+    plans = plans_of_recording(organization, plan(), name, applied)
 
-    wide = [(rows, where) for rows, where in touched(explained) if rows > MOST]
-    assert wide == [], f"parts of the plan that read more than {MOST} rows: {wide}"
+    wide = wide_parts(plans)
+    assert wide == [], f"parts of the plans that read more than {MOST} rows: {wide}"
 
 
 def probes(node: dict[str, Any]) -> list[tuple[int, str]]:
@@ -243,12 +272,12 @@ def test_a_wide_start_probes_its_ids_once() -> None:
     tasks = [task, {**task, "name": "u"}]
     spec = {"name": "wide-start", "agents": [{"name": "a", "mode": "parallel", "tasks": tasks}]}
     run = services.run_create(organization=organization, plan=spec)
-    services.run_start(run_id=run.pk)
+    run_start(run_id=run.pk)
     run, picked = services.run_pick_up(run_id=run.pk)  # materialised, not yet started
     assert picked
 
-    plan = explained(hotpath._START_SQL, {"run": run.pk, "now": timezone.now()})
+    rows, plans = explained("SELECT * FROM engine.run_begin(%s, now())", [run.pk])
 
-    assert plan.get("Actual Rows", 0) >= 2 * WIDE, "the start did not apply: it measures nothing"
-    repeated = [(loops, where) for loops, where in probes(plan) if loops > 1]
+    assert len(rows) >= 2 * WIDE, "the start did not apply: it measures nothing"
+    repeated = [(loops, where) for plan in plans for loops, where in probes(plan) if loops > 1]
     assert repeated == [], f"id lists probed more than once: {repeated}"

@@ -1,0 +1,36 @@
+-- engine.credits_settle: a run attempt's reservation settled on its terminal state.
+--
+-- Whatever is reserved and not charged goes back to the organization, as one refund
+-- entry (keyed `refund:<attempt id>`); the reservation is closed (settled_at), so no
+-- charge draws on it afterwards. Returns the amount refunded (0 when nothing remained),
+-- or NULL when there was nothing to settle: no reservation, or settled already.
+-- The reservation's row is locked first, then the organization's (the lock order).
+CREATE FUNCTION engine.credits_settle(
+    p_run uuid, p_attempt_number smallint, p_actor text
+) RETURNS numeric LANGUAGE plpgsql AS $$
+DECLARE
+    v_reservation billing_reservation%ROWTYPE;
+    v_refund numeric;
+BEGIN
+    SELECT * INTO v_reservation FROM billing_reservation
+    WHERE run_id = p_run AND attempt_number = p_attempt_number AND settled_at IS NULL
+    FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    v_refund := v_reservation.reserved - v_reservation.charged - v_reservation.refunded;
+    IF v_refund > 0 THEN
+        PERFORM engine.ledger_entry(
+            v_reservation.organization_id, p_run, v_reservation.attempt_id, NULL, 'refund',
+            v_refund, 'refund:' || v_reservation.attempt_id,
+            'settled run ' || p_run || ' attempt ' || p_attempt_number, p_actor,
+            clock_timestamp());
+        UPDATE billing_organization SET credits_available = credits_available + v_refund
+        WHERE id = v_reservation.organization_id;
+    END IF;
+    UPDATE billing_reservation
+    SET refunded = refunded + GREATEST(v_refund, 0), settled_at = clock_timestamp()
+    WHERE id = v_reservation.id;
+    RETURN GREATEST(v_refund, 0);
+END
+$$;

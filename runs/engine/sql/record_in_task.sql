@@ -1,0 +1,93 @@
+-- engine.record_in_task: a step completed while its task has other children open.
+--
+-- A shape of engine.step_completed, which holds the step's and the task's rows locked.
+-- The step completes (engine.step_finish), its successors in the task are released, and
+-- what became ready is dispatched up to the task's free slots, as the general path
+-- (runs.engine.outcomes, runs.engine.dispatch) would. Returns the steps it dispatched
+-- (the columns runs.engine.dispatch.step_from_row takes), or one row of NULLs when it
+-- dispatched none; no row when it declined, having written nothing: the task is not
+-- RUNNING, an approval would be dispatched (the general path's: there the run may stop to
+-- wait for it), or the reservation cannot pay the step's charge (the general path fails
+-- the step with budget_exhausted).
+CREATE FUNCTION engine.record_in_task(
+    p_step bigint, p_attempt integer, p_task bigint, p_output text, p_cost numeric,
+    p_cost_text text, p_amount numeric, p_organization uuid, p_now timestamptz
+) RETURNS TABLE (
+    id bigint, tool varchar, timeout_ms bigint, run_id uuid, attempt_number smallint,
+    status varchar
+) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_generation smallint;
+    v_free integer;
+    v_dependents jsonb;
+    v_step_name varchar;
+    v_run uuid;
+    v_attempt_number smallint;
+    v_released bigint[];
+    v_ready bigint[];
+    v_approval boolean;
+BEGIN
+    -- Read before anything is written: the task, with the slots the step frees...
+    SELECT t.retry_count, GREATEST(t.max_concurrent_steps - (t.active_children - 1), 0),
+           s.dependents, s.name, s.run_id, s.attempt_number
+      INTO v_generation, v_free, v_dependents, v_step_name, v_run, v_attempt_number
+      FROM runs_task AS t JOIN runs_step AS s ON s.task_id = t.id
+     WHERE s.id = p_step AND t.id = p_task AND t.status = 'running';
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    -- ...the successors it releases...
+    v_released := engine.task_steps_named(p_task, v_generation, v_dependents);
+    -- ...and what becomes ready: those left with no dependency, and the steps already
+    -- ready but held by the concurrency limit (the partial index step_ready holds exactly
+    -- these, so a wide task costs what a narrow one does), first ones first, up to the
+    -- free slots.
+    SELECT COALESCE(array_agg(ready.id ORDER BY ready.position), '{}'),
+           COALESCE(bool_or(ready.tool = 'approval'), false)
+      INTO v_ready, v_approval
+      FROM (
+          SELECT candidate.id, candidate.position, candidate.tool
+          FROM (
+              SELECT st.id, st.position, st.tool FROM runs_step AS st
+              WHERE st.id = ANY (v_released) AND st.pending_dependencies = 1
+                AND st.status = 'pending' AND st.dispatched_at IS NULL
+              UNION
+              (SELECT st.id, st.position, st.tool FROM runs_step AS st
+               WHERE st.task_id = p_task AND st.generation = v_generation
+                 AND st.status = 'pending' AND st.pending_dependencies = 0
+                 AND st.dispatched_at IS NULL
+               ORDER BY st.position
+               LIMIT v_free)
+          ) AS candidate
+          ORDER BY candidate.position
+          LIMIT v_free
+      ) AS ready;
+    IF v_approval THEN
+        RETURN;
+    END IF;
+    IF p_amount > 0 AND engine.credits_charge(
+        p_organization, v_run, v_attempt_number, p_step, p_attempt, p_amount,
+        'step ' || v_step_name || ' attempt ' || p_attempt, 'engine') IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM engine.step_finish(p_step, p_attempt, p_output, p_cost, p_cost_text, p_now);
+    UPDATE runs_step SET pending_dependencies = pending_dependencies - 1
+    WHERE id = ANY (v_released);
+    UPDATE runs_task
+    SET open_children = open_children - 1,
+        active_children = active_children - 1 + cardinality(v_ready)
+    WHERE id = p_task;
+    RETURN QUERY
+    WITH moved AS (
+        UPDATE runs_step AS st SET dispatched_at = p_now
+        WHERE st.id = ANY (v_ready)
+        RETURNING st.id, st.tool, st.timeout_ms, st.run_id, st.attempt_number, st.status,
+                  st.position
+    )
+    SELECT moved.id, moved.tool, moved.timeout_ms, moved.run_id, moved.attempt_number,
+           moved.status
+    FROM (VALUES (1)) AS recorded LEFT JOIN moved ON true
+    ORDER BY moved.position;
+END
+$$;

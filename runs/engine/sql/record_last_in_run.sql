@@ -1,0 +1,105 @@
+-- engine.record_last_in_run: a step completed that was its run's last open work.
+--
+-- A shape of engine.step_completed, which holds the step's, the task's, the agent's and
+-- the run's rows locked. Only when nothing else is open at any level: the task's last
+-- open step, the agent's last open task, every other agent of the attempt completed or
+-- skipped, the run RUNNING with no approval waiting. The step completes
+-- (engine.step_finish), its task (engine.task_finish), its agent, the run, and the
+-- attempt closes with its reservation settled (engine.attempt_close: the step's charge
+-- drawn first, the rest refunded), as runs.services.run_complete would after the general
+-- path's propagation. The dependents each level releases are all finished already (they
+-- would be open otherwise), but their counts are released as the general path releases
+-- them. Events in the general path's order: step, task, agent, run, then the refund.
+-- Returns one row of NULLs when it recorded; no row when it declined, having written
+-- nothing (a level not in that state, or a charge the reservation cannot pay).
+CREATE FUNCTION engine.record_last_in_run(
+    p_step bigint, p_attempt integer, p_task bigint, p_agent bigint, p_run uuid,
+    p_output text, p_cost numeric, p_cost_text text, p_amount numeric,
+    p_organization uuid, p_now timestamptz
+) RETURNS TABLE (
+    id bigint, tool varchar, timeout_ms bigint, run_id uuid, attempt_number smallint,
+    status varchar
+) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_task_generation smallint;
+    v_task_dependents jsonb;
+    v_step_dependents jsonb;
+    v_step_name varchar;
+    v_attempt_number smallint;
+    v_agent_generation integer;
+    v_agent_dependents jsonb;
+    v_last_heartbeat timestamptz;
+    v_released bigint[];
+BEGIN
+    SELECT t.retry_count, t.dependents, s.dependents, s.name, s.attempt_number
+      INTO v_task_generation, v_task_dependents, v_step_dependents, v_step_name,
+           v_attempt_number
+      FROM runs_task AS t JOIN runs_step AS s ON s.task_id = t.id
+     WHERE s.id = p_step AND t.id = p_task AND t.status = 'running' AND t.open_children = 1;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT a.retry_count, a.dependents INTO v_agent_generation, v_agent_dependents
+      FROM runs_agent AS a
+     WHERE a.id = p_agent AND a.status = 'running' AND a.open_children = 1
+       AND NOT EXISTS (
+           SELECT 1 FROM runs_agent AS other
+           WHERE other.run_id = a.run_id AND other.attempt_number = a.attempt_number
+             AND other.id <> a.id AND other.status NOT IN ('completed', 'skipped')
+       );
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT r.last_heartbeat INTO v_last_heartbeat FROM runs_run AS r
+     WHERE r.id = p_run AND r.status = 'running' AND r.open_children = 1
+       AND r.waiting_approvals = 0;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF p_amount > 0 AND engine.credits_charge(
+        p_organization, p_run, v_attempt_number, p_step, p_attempt, p_amount,
+        'step ' || v_step_name || ' attempt ' || p_attempt, 'engine') IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM engine.step_finish(p_step, p_attempt, p_output, p_cost, p_cost_text, p_now);
+    v_released := engine.task_steps_named(p_task, v_task_generation, v_step_dependents);
+    UPDATE runs_step SET pending_dependencies = pending_dependencies - 1
+    WHERE id = ANY (v_released);
+    PERFORM engine.task_finish(p_task, p_now);
+    v_released := engine.agent_tasks_named(p_agent, v_agent_generation, v_task_dependents);
+    UPDATE runs_task SET pending_dependencies = pending_dependencies - 1
+    WHERE id = ANY (v_released);
+    -- The agent, as engine.task_finish completes a task.
+    UPDATE runs_agent AS a
+    SET status = 'completed',
+        status_changed_at = p_now,
+        completed_at = p_now,
+        duration_ms = GREATEST(0, floor(EXTRACT(EPOCH FROM
+            (p_now - COALESCE(a.started_at, a.created_at))) * 1000))::bigint,
+        open_children = a.open_children - 1,
+        active_children = a.active_children - 1
+    WHERE a.id = p_agent;
+    PERFORM engine.run_event(p_run, v_attempt_number, 'agent', p_agent::text, 'transition',
+                             'running', 'completed', 'system', p_now);
+    UPDATE runs_agent SET pending_dependencies = pending_dependencies - 1
+    WHERE run_id = p_run AND attempt_number = v_attempt_number
+      AND name IN (SELECT jsonb_array_elements_text(v_agent_dependents));
+    UPDATE runs_run AS r
+    SET status = 'completed',
+        status_changed_at = p_now,
+        completed_at = p_now,
+        duration_ms = GREATEST(0, floor(EXTRACT(EPOCH FROM
+            (p_now - COALESCE(r.started_at, r.created_at))) * 1000))::bigint,
+        updated_at = p_now,
+        open_children = r.open_children - 1,
+        active_children = r.active_children - 1
+    WHERE r.id = p_run;
+    PERFORM engine.run_heartbeat(p_run, v_last_heartbeat, p_now);
+    PERFORM engine.run_event(p_run, v_attempt_number, 'run', p_run::text, 'transition',
+                             'running', 'completed', 'engine', p_now);
+    PERFORM engine.attempt_close(p_run, v_attempt_number, 'completed', p_now, 'engine', p_now);
+    RETURN QUERY SELECT NULL::bigint, NULL::varchar, NULL::bigint, NULL::uuid,
+                        NULL::smallint, NULL::varchar;
+END
+$$;

@@ -1,0 +1,138 @@
+-- engine.record_last_in_task: a step completed that was its task's last open child,
+-- while the task's agent has other children open.
+--
+-- A shape of engine.step_completed, which holds the step's, the task's and the agent's
+-- rows locked. The step completes (engine.step_finish), then its task
+-- (engine.task_finish); one level up the same again: the task's successors among the
+-- agent's tasks released, the agent's ready tasks started up to its free slots, and each
+-- started task's ready steps dispatched up to that task's own limit. Events in the
+-- general path's order: the step, the task, then the started tasks by id. Returns the
+-- steps it dispatched (by task, then step, in plan order), or one row of NULLs when it
+-- dispatched none; no row when it declined, having written nothing: the task or the
+-- agent is not RUNNING, an approval would be dispatched (the general path's: there the
+-- run may stop to wait for it before the next task dispatches), or the reservation
+-- cannot pay the step's charge.
+CREATE FUNCTION engine.record_last_in_task(
+    p_step bigint, p_attempt integer, p_task bigint, p_agent bigint, p_output text,
+    p_cost numeric, p_cost_text text, p_amount numeric, p_organization uuid,
+    p_now timestamptz
+) RETURNS TABLE (
+    id bigint, tool varchar, timeout_ms bigint, run_id uuid, attempt_number smallint,
+    status varchar
+) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_task_generation smallint;
+    v_task_dependents jsonb;
+    v_step_dependents jsonb;
+    v_step_name varchar;
+    v_run uuid;
+    v_attempt_number smallint;
+    v_agent_generation integer;
+    v_free integer;
+    v_released bigint[];
+    v_released_steps bigint[];
+    v_ready bigint[];
+    v_steps bigint[];
+    v_approval boolean;
+BEGIN
+    -- Read before anything is written: the task and its agent, with the slots the task
+    -- frees...
+    SELECT t.retry_count, t.dependents, s.dependents, s.name, s.run_id, s.attempt_number
+      INTO v_task_generation, v_task_dependents, v_step_dependents, v_step_name, v_run,
+           v_attempt_number
+      FROM runs_task AS t JOIN runs_step AS s ON s.task_id = t.id
+     WHERE s.id = p_step AND t.id = p_task AND t.status = 'running' AND t.open_children = 1;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT a.retry_count, GREATEST(a.max_concurrent_tasks - (a.active_children - 1), 0)
+      INTO v_agent_generation, v_free
+      FROM runs_agent AS a
+     WHERE a.id = p_agent AND a.status = 'running' AND a.open_children > 1;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    -- ...the agent's tasks it releases...
+    v_released := engine.agent_tasks_named(p_agent, v_agent_generation, v_task_dependents);
+    -- ...the tasks that become ready: those left with no dependency, and the tasks
+    -- already ready but held by the agent's limit, first ones first, up to its free
+    -- slots...
+    v_ready := ARRAY(
+        SELECT candidate.id
+        FROM (
+            SELECT tk.id, tk.position FROM runs_task AS tk
+            WHERE tk.id = ANY (v_released) AND tk.pending_dependencies = 1
+              AND tk.status = 'pending' AND tk.dispatched_at IS NULL
+            UNION
+            (SELECT tk.id, tk.position FROM runs_task AS tk
+             WHERE tk.agent_id = p_agent AND tk.generation = v_agent_generation
+               AND tk.status = 'pending' AND tk.pending_dependencies = 0
+               AND tk.dispatched_at IS NULL
+             ORDER BY tk.position
+             LIMIT v_free)
+        ) AS candidate
+        ORDER BY candidate.position
+        LIMIT v_free
+    );
+    -- ...and each ready task's first steps, up to its own limit, looked up by its id.
+    SELECT COALESCE(array_agg(st.id), '{}'), COALESCE(bool_or(st.tool = 'approval'), false)
+      INTO v_steps, v_approval
+      FROM runs_task AS tk
+      CROSS JOIN LATERAL (
+          SELECT s.id, s.tool FROM runs_step AS s
+          WHERE s.task_id = tk.id AND s.generation = tk.retry_count
+            AND s.status = 'pending' AND s.pending_dependencies = 0
+            AND s.dispatched_at IS NULL
+          ORDER BY s.position
+          LIMIT GREATEST(tk.max_concurrent_steps - tk.active_children, 0)
+      ) AS st
+     WHERE tk.id = ANY (v_ready);
+    IF v_approval THEN
+        RETURN;
+    END IF;
+    IF p_amount > 0 AND engine.credits_charge(
+        p_organization, v_run, v_attempt_number, p_step, p_attempt, p_amount,
+        'step ' || v_step_name || ' attempt ' || p_attempt, 'engine') IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM engine.step_finish(p_step, p_attempt, p_output, p_cost, p_cost_text, p_now);
+    v_released_steps := engine.task_steps_named(p_task, v_task_generation, v_step_dependents);
+    UPDATE runs_step SET pending_dependencies = pending_dependencies - 1
+    WHERE id = ANY (v_released_steps);
+    PERFORM engine.task_finish(p_task, p_now);
+    UPDATE runs_task SET pending_dependencies = pending_dependencies - 1
+    WHERE id = ANY (v_released);
+    UPDATE runs_task AS tk
+    SET status = 'running',
+        status_changed_at = p_now,
+        started_at = COALESCE(tk.started_at, p_now),
+        dispatched_at = p_now,
+        active_children = tk.active_children + (
+            SELECT count(*) FROM runs_step AS s WHERE s.id = ANY (v_steps) AND s.task_id = tk.id)
+    WHERE tk.id = ANY (v_ready);
+    INSERT INTO runs_runevent
+        (run_id, attempt_number, entity, entity_id, kind, from_status, to_status, actor,
+         message, payload, created_at)
+    SELECT tk.run_id, tk.attempt_number, 'task', tk.id::text, 'transition', 'pending',
+           'running', 'system', '', '{}'::jsonb, p_now
+    FROM runs_task AS tk WHERE tk.id = ANY (v_ready)
+    ORDER BY tk.id;
+    UPDATE runs_agent
+    SET open_children = open_children - 1,
+        active_children = active_children - 1 + cardinality(v_ready)
+    WHERE id = p_agent;
+    RETURN QUERY
+    WITH moved AS (
+        UPDATE runs_step AS st SET dispatched_at = p_now
+        WHERE st.id = ANY (v_steps)
+        RETURNING st.id, st.tool, st.timeout_ms, st.run_id, st.attempt_number, st.status,
+                  st.task_id, st.position
+    )
+    SELECT moved.id, moved.tool, moved.timeout_ms, moved.run_id, moved.attempt_number,
+           moved.status
+    FROM (VALUES (1)) AS recorded
+    LEFT JOIN (moved JOIN runs_task AS tk ON tk.id = moved.task_id) ON true
+    ORDER BY tk.position, moved.position;
+END
+$$;

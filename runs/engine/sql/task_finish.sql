@@ -1,0 +1,22 @@
+-- engine.task_finish: a running task's RUNNING -> COMPLETED when its last open step
+-- completed, with its event; the step that ended it counted off (open and active).
+CREATE FUNCTION engine.task_finish(p_task bigint, p_now timestamptz)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_run uuid;
+    v_attempt_number smallint;
+BEGIN
+    UPDATE runs_task AS t
+    SET status = 'completed',
+        status_changed_at = p_now,
+        completed_at = p_now,
+        duration_ms = GREATEST(0, floor(EXTRACT(EPOCH FROM
+            (p_now - COALESCE(t.started_at, t.created_at))) * 1000))::bigint,
+        open_children = t.open_children - 1,
+        active_children = t.active_children - 1
+    WHERE t.id = p_task
+    RETURNING t.run_id, t.attempt_number INTO v_run, v_attempt_number;
+    PERFORM engine.run_event(v_run, v_attempt_number, 'task', p_task::text, 'transition',
+                             'running', 'completed', 'system', p_now);
+END
+$$;

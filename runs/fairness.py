@@ -4,8 +4,9 @@ of one organization execute at once (docs/fairness.md).
 Ready steps are claimable rows (``runs.transitions.claim_next_step``); Celery carries the
 doorbells that wake workers and is the fleet. What a worker serves is decided here, on
 PostgreSQL's rows: every ENGINE_FAIR_SLICE seconds a worker serving steps asks
-``next_run`` again, which looks at every organization with work ready (a running run
-with a claimable step, or a run waiting to be picked up) and chooses
+``next_run`` again (the database's ``engine.run_choose``, runs/engine/sql/run_choose.sql),
+which looks at every organization with work ready (a running run with a claimable step,
+or a run waiting to be picked up) and chooses
 
 1. the organization with the fewest steps executing, weighted by its `share`;
 2. among those alike, the one served longest ago (``FairTurn``): round robin;

@@ -34,8 +34,9 @@ _INSTALL_LOCK = 0x656E_6769  # "engi"
 
 
 def sources() -> dict[str, str]:
-    """Every file's text, by file name, in name order (the order they are applied in:
-    PL/pgSQL bodies are checked when called, not when defined, so any order works)."""
+    """Every file's text, by file name, in name order: the order they are applied in.
+    Any order works: a PL/pgSQL body's statements are parsed when it is defined but
+    resolved when called, and the few SQL-language functions call no other function."""
     return {path.name: path.read_text() for path in sorted(FOLDER.glob("*.sql"))}
 
 

@@ -15,7 +15,12 @@ CREATE FUNCTION engine.record_in_task(
 ) RETURNS TABLE (
     id bigint, tool varchar, timeout_ms bigint, run_id uuid, attempt_number smallint,
     status varchar
-) LANGUAGE plpgsql AS $$
+) LANGUAGE plpgsql
+-- One plan per statement, made once per session for any step: their conditions are keys
+-- and ids, and PostgreSQL would otherwise plan a statement given a list of ids anew on
+-- every call (a plan for the list it is given looks cheaper than one for any list).
+SET plan_cache_mode = force_generic_plan
+AS $$
 #variable_conflict use_column
 DECLARE
     v_generation smallint;
@@ -38,7 +43,8 @@ BEGIN
         RETURN;
     END IF;
     -- ...the successors it releases...
-    v_released := engine.task_steps_named(p_task, v_generation, v_dependents);
+    v_released := CASE WHEN v_dependents = '[]'::jsonb THEN '{}'
+                       ELSE engine.task_steps_named(p_task, v_generation, v_dependents) END;
     -- ...and what becomes ready: those left with no dependency, and the steps already
     -- ready but held by the concurrency limit (the partial index step_ready holds exactly
     -- these, so a wide task costs what a narrow one does), first ones first, up to the
@@ -49,9 +55,14 @@ BEGIN
       FROM (
           SELECT candidate.id, candidate.position, candidate.tool
           FROM (
-              SELECT st.id, st.position, st.tool FROM runs_step AS st
-              WHERE st.id = ANY (v_released) AND st.pending_dependencies = 1
-                AND st.status = 'pending' AND st.dispatched_at IS NULL
+              SELECT st.id, st.position, st.tool
+              FROM unnest(v_released) AS released (id)
+              CROSS JOIN LATERAL (
+                  SELECT * FROM runs_step WHERE id = released.id
+                  OFFSET 0  -- by its key: not through an index of every pending step
+              ) AS st
+              WHERE st.pending_dependencies = 1 AND st.status = 'pending'
+                AND st.dispatched_at IS NULL
               UNION
               (SELECT st.id, st.position, st.tool FROM runs_step AS st
                WHERE st.task_id = p_task AND st.generation = v_generation
@@ -72,22 +83,24 @@ BEGIN
         RETURN;
     END IF;
     PERFORM engine.step_finish(p_step, p_attempt, p_output, p_cost, p_cost_text, p_now);
-    UPDATE runs_step SET pending_dependencies = pending_dependencies - 1
-    WHERE id = ANY (v_released);
     UPDATE runs_task
     SET open_children = open_children - 1,
         active_children = active_children - 1 + cardinality(v_ready)
     WHERE id = p_task;
+    -- The successors released and the ready steps dispatched, each row updated once (a
+    -- step both released and dispatched is one new row version, not two).
     RETURN QUERY
     WITH moved AS (
-        UPDATE runs_step AS st SET dispatched_at = p_now
-        WHERE st.id = ANY (v_ready)
+        UPDATE runs_step AS st
+        SET pending_dependencies = st.pending_dependencies - (st.id = ANY (v_released))::int,
+            dispatched_at = CASE WHEN st.id = ANY (v_ready) THEN p_now ELSE st.dispatched_at END
+        WHERE st.id = ANY (v_released || v_ready)
         RETURNING st.id, st.tool, st.timeout_ms, st.run_id, st.attempt_number, st.status,
-                  st.position
+                  st.position, st.id = ANY (v_ready) AS dispatched
     )
     SELECT moved.id, moved.tool, moved.timeout_ms, moved.run_id, moved.attempt_number,
            moved.status
-    FROM (VALUES (1)) AS recorded LEFT JOIN moved ON true
+    FROM (VALUES (1)) AS recorded LEFT JOIN moved ON moved.dispatched
     ORDER BY moved.position;
 END
 $$;

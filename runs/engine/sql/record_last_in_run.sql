@@ -19,7 +19,12 @@ CREATE FUNCTION engine.record_last_in_run(
 ) RETURNS TABLE (
     id bigint, tool varchar, timeout_ms bigint, run_id uuid, attempt_number smallint,
     status varchar
-) LANGUAGE plpgsql AS $$
+) LANGUAGE plpgsql
+-- One plan per statement, made once per session for any step: their conditions are keys
+-- and ids, and PostgreSQL would otherwise plan a statement given a list of ids anew on
+-- every call (a plan for the list it is given looks cheaper than one for any list).
+SET plan_cache_mode = force_generic_plan
+AS $$
 #variable_conflict use_column
 DECLARE
     v_task_generation smallint;
@@ -30,7 +35,6 @@ DECLARE
     v_agent_generation integer;
     v_agent_dependents jsonb;
     v_last_heartbeat timestamptz;
-    v_released bigint[];
 BEGIN
     SELECT t.retry_count, t.dependents, s.dependents, s.name, s.attempt_number
       INTO v_task_generation, v_task_dependents, v_step_dependents, v_step_name,
@@ -63,13 +67,16 @@ BEGIN
         RETURN;
     END IF;
     PERFORM engine.step_finish(p_step, p_attempt, p_output, p_cost, p_cost_text, p_now);
-    v_released := engine.task_steps_named(p_task, v_task_generation, v_step_dependents);
-    UPDATE runs_step SET pending_dependencies = pending_dependencies - 1
-    WHERE id = ANY (v_released);
+    IF v_step_dependents <> '[]'::jsonb THEN
+        UPDATE runs_step SET pending_dependencies = pending_dependencies - 1
+        WHERE id = ANY (engine.task_steps_named(p_task, v_task_generation, v_step_dependents));
+    END IF;
     PERFORM engine.task_finish(p_task, p_now);
-    v_released := engine.agent_tasks_named(p_agent, v_agent_generation, v_task_dependents);
-    UPDATE runs_task SET pending_dependencies = pending_dependencies - 1
-    WHERE id = ANY (v_released);
+    IF v_task_dependents <> '[]'::jsonb THEN
+        UPDATE runs_task SET pending_dependencies = pending_dependencies - 1
+        WHERE id = ANY (engine.agent_tasks_named(p_agent, v_agent_generation,
+                                                 v_task_dependents));
+    END IF;
     -- The agent, as engine.task_finish completes a task.
     UPDATE runs_agent AS a
     SET status = 'completed',

@@ -19,7 +19,12 @@ CREATE FUNCTION engine.record_last_in_task(
 ) RETURNS TABLE (
     id bigint, tool varchar, timeout_ms bigint, run_id uuid, attempt_number smallint,
     status varchar
-) LANGUAGE plpgsql AS $$
+) LANGUAGE plpgsql
+-- One plan per statement, made once per session for any step: their conditions are keys
+-- and ids, and PostgreSQL would otherwise plan a statement given a list of ids anew on
+-- every call (a plan for the list it is given looks cheaper than one for any list).
+SET plan_cache_mode = force_generic_plan
+AS $$
 #variable_conflict use_column
 DECLARE
     v_task_generation smallint;
@@ -31,7 +36,6 @@ DECLARE
     v_agent_generation integer;
     v_free integer;
     v_released bigint[];
-    v_released_steps bigint[];
     v_ready bigint[];
     v_steps bigint[];
     v_approval boolean;
@@ -61,9 +65,14 @@ BEGIN
     v_ready := ARRAY(
         SELECT candidate.id
         FROM (
-            SELECT tk.id, tk.position FROM runs_task AS tk
-            WHERE tk.id = ANY (v_released) AND tk.pending_dependencies = 1
-              AND tk.status = 'pending' AND tk.dispatched_at IS NULL
+            SELECT tk.id, tk.position
+            FROM unnest(v_released) AS released (id)
+            CROSS JOIN LATERAL (
+                SELECT * FROM runs_task WHERE id = released.id
+                OFFSET 0  -- by its key
+            ) AS tk
+            WHERE tk.pending_dependencies = 1 AND tk.status = 'pending'
+              AND tk.dispatched_at IS NULL
             UNION
             (SELECT tk.id, tk.position FROM runs_task AS tk
              WHERE tk.agent_id = p_agent AND tk.generation = v_agent_generation
@@ -97,20 +106,23 @@ BEGIN
         RETURN;
     END IF;
     PERFORM engine.step_finish(p_step, p_attempt, p_output, p_cost, p_cost_text, p_now);
-    v_released_steps := engine.task_steps_named(p_task, v_task_generation, v_step_dependents);
-    UPDATE runs_step SET pending_dependencies = pending_dependencies - 1
-    WHERE id = ANY (v_released_steps);
+    IF v_step_dependents <> '[]'::jsonb THEN
+        UPDATE runs_step SET pending_dependencies = pending_dependencies - 1
+        WHERE id = ANY (engine.task_steps_named(p_task, v_task_generation, v_step_dependents));
+    END IF;
     PERFORM engine.task_finish(p_task, p_now);
-    UPDATE runs_task SET pending_dependencies = pending_dependencies - 1
-    WHERE id = ANY (v_released);
+    -- The agent's tasks released and the ready ones started, each row updated once.
     UPDATE runs_task AS tk
-    SET status = 'running',
-        status_changed_at = p_now,
-        started_at = COALESCE(tk.started_at, p_now),
-        dispatched_at = p_now,
+    SET pending_dependencies = tk.pending_dependencies - (tk.id = ANY (v_released))::int,
+        status = CASE WHEN tk.id = ANY (v_ready) THEN 'running' ELSE tk.status END,
+        status_changed_at = CASE WHEN tk.id = ANY (v_ready) THEN p_now
+                                 ELSE tk.status_changed_at END,
+        started_at = CASE WHEN tk.id = ANY (v_ready) THEN COALESCE(tk.started_at, p_now)
+                          ELSE tk.started_at END,
+        dispatched_at = CASE WHEN tk.id = ANY (v_ready) THEN p_now ELSE tk.dispatched_at END,
         active_children = tk.active_children + (
             SELECT count(*) FROM runs_step AS s WHERE s.id = ANY (v_steps) AND s.task_id = tk.id)
-    WHERE tk.id = ANY (v_ready);
+    WHERE tk.id = ANY (v_released || v_ready);
     INSERT INTO runs_runevent
         (run_id, attempt_number, entity, entity_id, kind, from_status, to_status, actor,
          message, payload, created_at)

@@ -77,11 +77,11 @@ BEGIN
         RETURNING n.id, n.run_id, n.attempt_number, n.agent_id, n.position
     ), moved_steps AS (
         -- The ids as the one index condition, never a join: joined on `steps` with the
-        -- ids also as an index condition, a plan made while
-        -- the tables were small probed all 20,000 ids of a wide fan-out once per step,
-        -- and its pick-up did not end in a quarter of an hour (found by the
-        -- noisy_neighbour bench). Agents and tasks are moved alike (`moved_agents`,
-        -- `moved_tasks`): RUNNING, dispatched, counting the children started with them.
+        -- ids also as an index condition, a plan made while the tables were small
+        -- probed all 20,000 ids of a wide fan-out once per step, and its pick-up did not
+        -- end in a quarter of an hour (found by the noisy_neighbour bench). Agents and
+        -- tasks are moved alike above: RUNNING, dispatched, counting the children
+        -- started with them.
         UPDATE runs_step AS st SET dispatched_at = p_now
         WHERE st.id = ANY (ARRAY(SELECT id FROM steps)) AND EXISTS (SELECT 1 FROM go)
         RETURNING st.id, st.tool, st.timeout_ms, st.run_id, st.attempt_number, st.status,

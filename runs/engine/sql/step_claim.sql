@@ -25,12 +25,14 @@ CREATE FUNCTION engine.step_claim(
 BEGIN
     IF p_step IS NULL THEN
         SELECT s.id INTO p_step FROM runs_step AS s
-        WHERE s.run_id = p_run
+        -- The run as a range of one, in the order of step_claimable (run, id), the one
+        -- index that gives it: with `run_id = p_run` the run drops out of the order, and
+        -- a plan made for any run (PL/pgSQL keeps one after a few calls) read steps in
+        -- id order through the primary key, all of them when a few runs held most.
+        WHERE s.run_id >= p_run AND s.run_id <= p_run
           AND s.status = 'pending'
           AND s.dispatched_at IS NOT NULL
           AND (s.next_run_at IS NULL OR s.next_run_at <= p_now)
-        -- The order of step_claimable (run, id): by id alone, a generic plan read the
-        -- run's pending steps by another index and sorted them all.
         ORDER BY s.run_id, s.id
         LIMIT 1
         FOR NO KEY UPDATE SKIP LOCKED;
@@ -38,41 +40,54 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    UPDATE runs_step AS s
-    SET status = 'running',
-        attempts = s.attempts + 1,
-        started_at = COALESCE(s.started_at, p_now),
-        status_changed_at = p_now,
-        lease_expires_at = p_now + make_interval(secs => p_lease),
-        next_run_at = NULL,
-        worker = p_worker,
-        celery_task_id = p_task_id
-    WHERE s.id = p_step
-      AND s.status = 'pending'
-      AND s.dispatched_at IS NOT NULL
-      AND (s.next_run_at IS NULL OR s.next_run_at <= p_now)
-      -- The run by its key: as a join, a generic plan made while few runs were running
-      -- scanned every running run for it.
-      AND (SELECT r.status FROM runs_run AS r WHERE r.id = s.run_id) = 'running'
-    RETURNING s.id, s.run_id, s.attempt_number, s.attempts, s.task_id, s.generation, s.name,
-              s.tool, s.params, s."when", s.timeout_ms, s.handler_for_id, s.dispatched_at,
-              s.status_changed_at, s.rate_limits
+    -- The step and its event in one statement (engine.run_event's insert, here inline:
+    -- this runs for every step, and a statement and a call less are a tenth of it).
+    WITH claimed AS (
+        UPDATE runs_step AS s
+        SET status = 'running',
+            attempts = s.attempts + 1,
+            started_at = COALESCE(s.started_at, p_now),
+            status_changed_at = p_now,
+            lease_expires_at = p_now + make_interval(secs => p_lease),
+            next_run_at = NULL,
+            worker = p_worker,
+            celery_task_id = p_task_id
+        WHERE s.id = p_step
+          AND s.status = 'pending'
+          AND s.dispatched_at IS NOT NULL
+          AND (s.next_run_at IS NULL OR s.next_run_at <= p_now)
+          -- The run by its key: as a join, a generic plan made while few runs were
+          -- running scanned every running run for it.
+          AND (SELECT r.status FROM runs_run AS r WHERE r.id = s.run_id) = 'running'
+        RETURNING s.*
+    ), event AS (
+        INSERT INTO runs_runevent
+            (run_id, attempt_number, entity, entity_id, kind, from_status, to_status, actor,
+             message, payload, created_at)
+        SELECT c.run_id, c.attempt_number, 'step', c.id::text, 'transition', 'pending',
+               'running', p_worker, '', jsonb_build_object('attempt', c.attempts), p_now
+        FROM claimed AS c
+    )
+    SELECT c.id, c.run_id, c.attempt_number, c.attempts, c.task_id, c.generation, c.name,
+           c.tool, c.params, c."when", c.timeout_ms, c.handler_for_id, c.dispatched_at,
+           c.status_changed_at, c.rate_limits
     INTO id, run_id, attempt_number, attempts, task_id, generation, name, tool, params,
-         "when", timeout_ms, handler_for_id, dispatched_at, status_changed_at, rate_limits;
+         "when", timeout_ms, handler_for_id, dispatched_at, status_changed_at, rate_limits
+    FROM claimed AS c;
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    PERFORM engine.run_event(run_id, attempt_number, 'step', id::text, 'transition',
-                             'pending', 'running', p_worker, p_now, '',
-                             jsonb_build_object('attempt', attempts));
-    -- One probe of the partial index step_claimable (rows being claimed by others at
-    -- this moment included; the step claimed above is running now). Planned for this
-    -- run each time (EXECUTE): planned once for any run (PL/pgSQL's generic plan), with
-    -- a table of a few runs of many steps it walked the primary key through all of them.
-    EXECUTE 'SELECT EXISTS (SELECT 1 FROM runs_step'
-         || ' WHERE run_id = $1 AND status = ''pending'' AND dispatched_at IS NOT NULL'
-         || ' AND (next_run_at IS NULL OR next_run_at <= $2))'
-       INTO more USING run_id, p_now;
+    -- One probe of the partial index step_claimable, as the pick above (rows being
+    -- claimed by others at this moment included; the step claimed above is running now).
+    more := (
+        SELECT other.id FROM runs_step AS other
+        WHERE other.run_id >= step_claim.run_id AND other.run_id <= step_claim.run_id
+          AND other.status = 'pending'
+          AND other.dispatched_at IS NOT NULL
+          AND (other.next_run_at IS NULL OR other.next_run_at <= p_now)
+        ORDER BY other.run_id, other.id
+        LIMIT 1
+    ) IS NOT NULL;
     RETURN NEXT;
 END
 $$;

@@ -8,27 +8,31 @@ CREATE FUNCTION engine.step_finish(
     p_step bigint, p_attempt integer, p_output text, p_cost numeric, p_cost_text text,
     p_now timestamptz
 ) RETURNS void LANGUAGE plpgsql AS $$
-DECLARE
-    v_run uuid;
-    v_attempt_number smallint;
 BEGIN
-    UPDATE runs_step AS s
-    SET status = 'completed',
-        status_changed_at = p_now,
-        completed_at = p_now,
-        duration_ms = GREATEST(0, floor(EXTRACT(EPOCH FROM
-            (p_now - COALESCE(s.started_at, s.created_at))) * 1000))::bigint,
-        output = p_output::jsonb,
-        cost = s.cost + p_cost,
-        lease_expires_at = NULL
-    WHERE s.id = p_step AND s.status = 'running' AND s.attempts = p_attempt
-      AND s.handler_for_id IS NULL
-    RETURNING s.run_id, s.attempt_number INTO v_run, v_attempt_number;
+    -- The step and its event in one statement (engine.run_event's insert, here inline:
+    -- this runs for every step).
+    WITH done AS (
+        UPDATE runs_step AS s
+        SET status = 'completed',
+            status_changed_at = p_now,
+            completed_at = p_now,
+            duration_ms = GREATEST(0, floor(EXTRACT(EPOCH FROM
+                (p_now - COALESCE(s.started_at, s.created_at))) * 1000))::bigint,
+            output = p_output::jsonb,
+            cost = s.cost + p_cost,
+            lease_expires_at = NULL
+        WHERE s.id = p_step AND s.status = 'running' AND s.attempts = p_attempt
+          AND s.handler_for_id IS NULL
+        RETURNING s.run_id, s.attempt_number
+    )
+    INSERT INTO runs_runevent
+        (run_id, attempt_number, entity, entity_id, kind, from_status, to_status, actor,
+         message, payload, created_at)
+    SELECT done.run_id, done.attempt_number, 'step', p_step::text, 'transition', 'running',
+           'completed', 'system', '', jsonb_build_object('cost', p_cost_text), p_now
+    FROM done;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'step % is not running attempt %', p_step, p_attempt;
     END IF;
-    PERFORM engine.run_event(v_run, v_attempt_number, 'step', p_step::text, 'transition',
-                             'running', 'completed', 'system', p_now, '',
-                             jsonb_build_object('cost', p_cost_text));
 END
 $$;

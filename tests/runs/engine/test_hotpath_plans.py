@@ -184,9 +184,13 @@ def nested_plans() -> Iterator[list[dict[str, Any]]]:
 
 
 def explained(sql: str, params: list[Any]) -> tuple[list[tuple[Any, ...]], list[dict[str, Any]]]:
-    """The rows of ``sql`` and the plans of every statement it ran (then rolled back)."""
+    """The rows of ``sql`` and the plans of every statement it ran (then rolled back),
+    each planned for the values it ran with: the session's cached plans are dropped
+    first, so that what earlier tests made the functions' statements plan for (PL/pgSQL
+    keeps one plan for any value after a few calls) does not decide what is measured."""
     with transaction.atomic(), nested_plans() as plans:
         with connection.cursor() as cursor:
+            cursor.execute("DISCARD PLANS")
             cursor.execute(sql, params)
             rows = cursor.fetchall()
         transaction.set_rollback(True)

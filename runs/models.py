@@ -518,11 +518,6 @@ class RunnerJobStatus(models.TextChoices):
     STOPPED = "stopped"
 
 
-RUNNER_JOB_ENDED = frozenset(
-    {RunnerJobStatus.COMPLETED, RunnerJobStatus.FAILED, RunnerJobStatus.STOPPED}
-)
-
-
 class Runner(models.Model):
     """A registered runner. Its id is derived from (organization, hostname, project_dir,
     executor_type): the same host and directory reconnect as the same runner."""

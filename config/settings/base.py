@@ -499,7 +499,7 @@ POLL_MIN_INTERVAL = 0.05
 
 # --------------------------------------------------------------------------- schedules
 # Run schedules (docs/schedules.md): beat publishes a tick every SCHEDULES_TICK_SECONDS
-# (orchestrator/schedules.py) and each tick fires the schedules that are due. A due time
+# (orchestrator/periodic.py) and each tick fires the schedules that are due. A due time
 # the tick reaches more than SCHEDULES_MISFIRE_GRACE seconds late counts as missed (beat
 # was down), and is run or not by the schedule's `catchup` policy; `catchup: all` runs at
 # most SCHEDULES_CATCHUP_MAX of the missed times, the latest ones.

@@ -56,8 +56,8 @@ from common.tools import registry
 from common.tools.base import Tool, ToolContext, ToolError
 from orchestrator import metrics, ratelimited, traces
 from orchestrator.context import StepContext
-from orchestrator.dispatch import CeleryTransport, serving
 from orchestrator.heartbeat import heart
+from orchestrator.transport import CeleryTransport, serving
 from runs import callbacks, fairness, ratewaits
 from runs.engine import control, hotpath
 from runs.engine.dispatch import step_from_row, step_timeout_s

@@ -22,7 +22,7 @@ from kombu.exceptions import OperationalError as BrokerError
 from artifacts import services as artifact_services
 from common import logcontext
 from orchestrator import executor, metrics, notify, planners, polling, sweeps, webhooks
-from orchestrator.dispatch import CeleryTransport, serving
+from orchestrator.transport import CeleryTransport, serving
 from runs import admission, callbacks, children, ratewaits, replanning, runners
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record

@@ -596,7 +596,7 @@ ENGINE_SWEEP_INTERVAL = env.integer(
 ENGINE_SWEEP_BATCH = env.integer(
     "ENGINE_SWEEP_BATCH", 500, "rows a sweep handles per run", minimum=1
 )
-# Doorbells (orchestrator.dispatch): the steps of a run that are ready to start are rows
+# Doorbells (orchestrator.transport): the steps of a run that are ready to start are rows
 # that a worker claims one after another (runs.transitions.claim_next_step); the broker
 # carries doorbells, at most ENGINE_DOORBELLS per run per transaction, not one message
 # per step. A doorbell serves its run for at most ENGINE_BURST_STEPS steps or

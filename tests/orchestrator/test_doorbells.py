@@ -18,7 +18,8 @@ from django.db import OperationalError, transaction
 
 from config.celery import app
 from orchestrator import executor
-from orchestrator.dispatch import (
+from orchestrator.tasks import doorbell_task, pick_up_run_task
+from orchestrator.transport import (
     DOORBELL_TASK,
     EXECUTE_STEP_TASK,
     PICK_UP_TASK,
@@ -26,7 +27,6 @@ from orchestrator.dispatch import (
     pick_up_limits,
     serving,
 )
-from orchestrator.tasks import doorbell_task, pick_up_run_task
 from runs import services
 from runs.engine import control, hotpath
 from runs.engine.outcomes import record_and_claim

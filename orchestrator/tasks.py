@@ -21,9 +21,9 @@ from kombu.exceptions import OperationalError as BrokerError
 
 from artifacts import services as artifact_services
 from common import logcontext
-from orchestrator import executor, metrics, notify, planners, polling, sweeps, webhooks
+from orchestrator import executor, metrics, notify, polling, sweeps, webhooks
 from orchestrator.transport import CeleryTransport, serving
-from runs import admission, callbacks, children, ratewaits, replanning, runners
+from runs import admission, callbacks, children, planners, ratewaits, replanning, runners
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record
 from runs.models import Run

@@ -7,7 +7,7 @@ whichever step is fairest, so whoever works on the run rebuilds its parent from 
 (docs/observability.md). A step parked on a wait keeps its attempt's context
 (``Step.trace_context``), a runner job its step's (``RunnerJob.trace_context``).
 
-Off unless ``config.tracing.setup`` installed an SDK (OTEL_EXPORTER_OTLP_ENDPOINT set):
+Off unless ``config.otel.setup`` installed an SDK (OTEL_EXPORTER_OTLP_ENDPOINT set):
 then ``enabled`` is False and every helper returns at once, after that one check,
 with nothing started, attached or read (the executor's hot path pays nothing more).
 It imports no app.
@@ -26,7 +26,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-# Set by ``config.tracing.setup`` once a provider is installed; read, never set, elsewhere.
+# Set by ``config.otel.setup`` once a provider is installed; read, never set, elsewhere.
 enabled = False
 
 TRACER_NAME = "orchestrator"

@@ -25,7 +25,7 @@ from common.stores import (
     parse_sentinel,
     postgres_hosts,
 )
-from config import tracing as tracing_config
+from config import otel
 from config.env import Env
 
 # Lets classes such as admin.ModelAdmin[Run] be subscripted at run time, as typed.
@@ -292,8 +292,8 @@ LOGGING: dict[str, Any] = {
 
 # --------------------------------------------------------------------------- traces
 # OpenTelemetry (docs/observability.md): off unless OTEL_EXPORTER_OTLP_ENDPOINT is set;
-# config.tracing hands these to the SDK in the web and worker processes.
-TRACING = tracing_config.read(env)
+# config.otel hands these to the SDK in the web and worker processes.
+TRACING = otel.read(env)
 
 # --------------------------------------------------------------------------- Celery
 # Reliability settings (SPEC section 5): a message is acknowledged only after its task

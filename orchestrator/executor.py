@@ -20,7 +20,7 @@ heartbeat thread for the hard one). A step due later (a retry's backoff) has a m
 of its own (``execute_step``), whose Celery time limits are the step's.
 
 With tracing on, each attempt is a span of its run's trace and its recording a child
-span (``orchestrator.traces``, docs/observability.md); off, one check per step.
+span (``orchestrator.step_spans``, docs/observability.md); off, one check per step.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from common.templates import Reference, TemplateError, UnresolvedReference, rend
 from common.text import storable_text, unstorable_string
 from common.tools import registry
 from common.tools.base import Tool, ToolContext, ToolError
-from orchestrator import metrics, ratelimited, traces
+from orchestrator import metrics, ratelimited, step_spans
 from orchestrator.context import StepContext
 from orchestrator.heartbeat import heart
 from orchestrator.transport import CeleryTransport, serving
@@ -127,7 +127,7 @@ def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
             attempt = step.attempts
             logcontext.add(attempt=attempt)
             began = time.monotonic()
-            with traces.attempt(step, attempt) as span:
+            with step_spans.attempt(step, attempt) as span:
                 verdict, refusal = (
                     ratelimited.ask(step, attempt)
                     if ratewaits.spends(step)
@@ -138,7 +138,7 @@ def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
                     return "waiting"
                 outcome = refusal or run_attempt(step, attempt)
                 applied, _ = _record(step, attempt, outcome)
-                traces.finished(span, step, outcome, applied)
+                step_spans.finished(span, step, outcome, applied)
             _measure(step, outcome, time.monotonic() - began, applied)
         finally:
             heart.hold(None)
@@ -252,7 +252,7 @@ class _Server:
             organization_id=organization, run_id=run_id, step_id=step.pk, attempt=attempt
         ):
             began = time.monotonic()
-            with traces.attempt(step, attempt) as span:
+            with step_spans.attempt(step, attempt) as span:
                 refusal = None
                 if ratewaits.spends(step):
                     verdict, refusal = ratelimited.ask(step, attempt)
@@ -266,7 +266,7 @@ class _Server:
                 claim = None if spent or self.leaving else self.claim(choose=now >= until)
                 with serving(str(run_id)):
                     applied, after = _record(step, attempt, outcome, claim)
-                traces.finished(span, step, outcome, applied)
+                step_spans.finished(span, step, outcome, applied)
             self.next, self.chosen = after.claimed, after.chosen
             _measure(step, outcome, time.monotonic() - began, applied)
         if not applied or spent:
@@ -437,7 +437,7 @@ def _record(
     discard_interrupted_connection()
     try:
         if tracing.enabled:
-            with traces.recording(step, attempt, outcome):
+            with step_spans.recording(step, attempt, outcome):
                 return record_and_claim(step.pk, step.run_id, attempt, outcome, claim)
         return record_and_claim(step.pk, step.run_id, attempt, outcome, claim)
     except (OperationalError, InterfaceError) as exc:

@@ -9,7 +9,7 @@ from typing import Any
 
 from common.templates import Reference, TemplateError, UnresolvedReference, render_value
 from common.tools.base import ToolError
-from orchestrator import metrics, traces
+from orchestrator import metrics, step_spans
 from orchestrator.context import StepContext
 from ratelimits.models import KEY_MAX_LENGTH
 from runs import ratewaits
@@ -34,7 +34,7 @@ def ask(step: Step, attempt: int) -> tuple[str, Outcome | None]:
         return RUN, Outcome(error=ToolError("rate_limit_exceeded", admission.refused, False))
     if admission.go:
         metrics.rate_limit_granted(admission.granted, admission.waited_s)
-        traces.rate_limit_waited(admission.waited_s, admission.granted)
+        step_spans.rate_limit_waited(admission.waited_s, admission.granted)
         return RUN, None
     if admission.reason:
         metrics.rate_limit_wait(admission.reason.removeprefix(ratewaits.WAITING_PREFIX))

@@ -54,11 +54,11 @@ from common.templates import Reference, TemplateError, UnresolvedReference, rend
 from common.text import storable_text, unstorable_string
 from common.tools import registry
 from common.tools.base import Tool, ToolContext, ToolError
-from orchestrator import metrics, ratelimited, step_spans
+from orchestrator import metrics, rate_limit_asks, step_spans
 from orchestrator.context import StepContext
 from orchestrator.heartbeat import heart
 from orchestrator.transport import CeleryTransport, serving
-from runs import callbacks, fairness, ratewaits
+from runs import callbacks, fairness, step_admission
 from runs.engine import control, hotpath
 from runs.engine.dispatch import step_from_row, step_timeout_s
 from runs.engine.outcomes import Outcome, record_and_claim
@@ -129,11 +129,11 @@ def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
             began = time.monotonic()
             with step_spans.attempt(step, attempt) as span:
                 verdict, refusal = (
-                    ratelimited.ask(step, attempt)
-                    if ratewaits.spends(step)
-                    else (ratelimited.RUN, None)
+                    rate_limit_asks.ask(step, attempt)
+                    if step_admission.spends(step)
+                    else (rate_limit_asks.RUN, None)
                 )
-                if verdict == ratelimited.WAIT:
+                if verdict == rate_limit_asks.WAIT:
                     span.set_attribute("orchestrator.outcome", "waiting_rate_limit")
                     return "waiting"
                 outcome = refusal or run_attempt(step, attempt)
@@ -254,9 +254,9 @@ class _Server:
             began = time.monotonic()
             with step_spans.attempt(step, attempt) as span:
                 refusal = None
-                if ratewaits.spends(step):
-                    verdict, refusal = ratelimited.ask(step, attempt)
-                    if verdict == ratelimited.WAIT:
+                if step_admission.spends(step):
+                    verdict, refusal = rate_limit_asks.ask(step, attempt)
+                    if verdict == rate_limit_asks.WAIT:
                         span.set_attribute("orchestrator.outcome", "waiting_rate_limit")
                         return True  # it waits for its units without this worker: serve on
                 outcome = refusal or run_time_limited(step, attempt, hard_limits=self.hard_limits)

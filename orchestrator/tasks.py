@@ -23,7 +23,7 @@ from artifacts import services as artifact_services
 from common import logcontext
 from orchestrator import executor, metrics, notify, polling, sweeps, webhooks
 from orchestrator.transport import CeleryTransport, serving
-from runs import admission, callbacks, children, planners, ratewaits, replanning, runners
+from runs import admission, callbacks, children, planners, replanning, runners, step_admission
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record
 from runs.models import Run
@@ -260,7 +260,7 @@ def fire_due_schedules_task() -> dict[str, int]:
 @shared_task(name="orchestrator.sweeps.rate_grants", **RETRY_OPTIONS)
 def sweep_rate_grants_task() -> dict[str, int]:
     """Grants older than the longest period no window counts any more."""
-    return _swept("rate_grants", {"pruned": ratewaits.prune_grants()})
+    return _swept("rate_grants", {"pruned": step_admission.prune_grants()})
 
 
 @shared_task(name="orchestrator.webhooks.sweep", **RETRY_OPTIONS)

@@ -33,10 +33,10 @@ from runs import (
     approvals,
     escalations,
     fairness,
-    ratewaits,
     runners,
     runpage,
     services,
+    step_admission,
     svg,
 )
 from runs.models import (
@@ -887,7 +887,7 @@ admin.site.register(Organization, OrganizationLoadAdmin)
 class RateLimitAdmin(admin.ModelAdmin[RateLimit]):
     """Organizations' limits and the operators' global limits on a tool (no organization,
     a tool named): saving or deleting one re-plans the steps waiting for it
-    (``runs.ratewaits``), as the API does."""
+    (``runs.step_admission``), as the API does."""
 
     list_display = ("name", "organization", "tool", "limit", "period_ms", "waiting", "updated_at")
     list_filter = ("organization",)
@@ -896,19 +896,21 @@ class RateLimitAdmin(admin.ModelAdmin[RateLimit]):
 
     @admin.display(description="steps waiting")
     def waiting(self, limit: RateLimit) -> int:
-        reason = ratewaits.WAITING_PREFIX + (f"tool:{limit.tool}" if limit.tool else limit.name)
+        reason = step_admission.WAITING_PREFIX + (
+            f"tool:{limit.tool}" if limit.tool else limit.name
+        )
         return Step.objects.filter(status="pending", waiting_reason=reason).count()
 
     def save_model(self, request: HttpRequest, obj: RateLimit, form: Any, change: bool) -> None:
         super().save_model(request, obj, form, change)
-        ratewaits.limit_saved(obj)
+        step_admission.limit_saved(obj)
 
     def delete_model(self, request: HttpRequest, obj: RateLimit) -> None:
         super().delete_model(request, obj)
-        ratewaits.limit_saved(obj)
+        step_admission.limit_saved(obj)
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[RateLimit]) -> None:
         removed = list(queryset)
         super().delete_queryset(request, queryset)
         for limit in removed:
-            ratewaits.limit_saved(limit)
+            step_admission.limit_saved(limit)

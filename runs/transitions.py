@@ -415,7 +415,7 @@ _CLAIMED_FIELDS = (
     # For the queue-wait metric (orchestrator.metrics): dispatched, then claimed.
     "dispatched_at",
     "status_changed_at",
-    # The rate limits it spends ([] for most steps: runs.ratewaits).
+    # The rate limits it spends ([] for most steps: runs.step_admission).
     "rate_limits",
     # A doorbell's claim: the run has more claimable steps (always false for claim_step).
     "more",

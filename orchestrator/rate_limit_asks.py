@@ -1,7 +1,8 @@
-"""A claimed step that spends rate limits asks for its units before its tool runs
-(``runs.ratewaits``, docs/rate-limits.md): its keys and units are rendered here, where
-the step's references resolve (variables, earlier steps' outputs), then the engine
-grants them or makes the step wait for them without holding this worker."""
+"""A claimed step's rate-limit asks: before its tool runs, a step that spends rate limits
+asks for their units (``runs.step_admission``, docs/rate-limits.md). Its keys and units
+are rendered here, where the step's references resolve (variables, earlier steps'
+outputs); step admission then grants them or makes the step wait for them without
+holding this worker."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from common.tools.base import ToolError
 from orchestrator import metrics, step_spans
 from orchestrator.context import StepContext
 from ratelimits.models import KEY_MAX_LENGTH
-from runs import ratewaits
+from runs import step_admission
 from runs.engine.outcomes import Outcome
 from runs.models import Step
 
@@ -27,7 +28,7 @@ def ask(step: Step, attempt: int) -> tuple[str, Outcome | None]:
         wanted = _wanted(step, StepContext(step, step.run_id, attempt))
     except (TemplateError, UnresolvedReference, ValueError) as exc:
         return RUN, Outcome(error=ToolError("template_error", f"rate_limits: {exc}", False))
-    admission = ratewaits.admit(
+    admission = step_admission.admit(
         step_id=step.pk, run_id=step.run_id, attempt=attempt, tool=step.tool, wanted=wanted
     )
     if admission.refused:
@@ -37,11 +38,11 @@ def ask(step: Step, attempt: int) -> tuple[str, Outcome | None]:
         step_spans.rate_limit_waited(admission.waited_s, admission.granted)
         return RUN, None
     if admission.reason:
-        metrics.rate_limit_wait(admission.reason.removeprefix(ratewaits.WAITING_PREFIX))
+        metrics.rate_limit_wait(admission.reason.removeprefix(step_admission.WAITING_PREFIX))
     return WAIT, None
 
 
-def _wanted(step: Step, context: StepContext) -> list[ratewaits.Wanted]:
+def _wanted(step: Step, context: StepContext) -> list[step_admission.Wanted]:
     def resolve(ref: Reference) -> Any:
         # A key is stored with the grants and shown to operators: never a secret.
         if ref[0] == "secrets":
@@ -61,5 +62,5 @@ def _wanted(step: Step, context: StepContext) -> list[ratewaits.Wanted]:
             raise ValueError(
                 f"units of {use['name']!r} render to {units!r}, not a whole number from 1"
             )
-        wanted.append(ratewaits.Wanted(use["name"], key, units))
+        wanted.append(step_admission.Wanted(use["name"], key, units))
     return wanted

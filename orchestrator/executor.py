@@ -56,7 +56,7 @@ from common.tools import registry
 from common.tools.base import Tool, ToolContext, ToolError
 from orchestrator import metrics, rate_limit_asks, step_spans
 from orchestrator.context import StepContext
-from orchestrator.heartbeat import heart
+from orchestrator.heartbeat import lease_keeper
 from orchestrator.transport import CeleryTransport, serving
 from runs import callbacks, fairness, step_admission
 from runs.engine import control, hotpath
@@ -71,7 +71,7 @@ logger = logging.getLogger(__name__)
 MAX_OUTPUT_BYTES = 1_000_000
 # A server whose recordings wait longer than this for their locks (and longer than its
 # steps run), this many times in a row, leaves the run to its other servers
-# (``_Server.spread``).
+# (``_Server.leave_if_crowded``).
 CROWDED_WAIT_S = 0.005
 CROWDED_AFTER = 3
 
@@ -119,7 +119,7 @@ def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
         if slot is None:
             CeleryTransport().ring({str(run_id): priority}, "no_slot")
             return "no slot"
-        heart.hold(slot)
+        lease_keeper.hold(slot)
         try:
             step = claim(step_id, f"{worker}:{os.getpid()}", task_id)
             if step is None:
@@ -141,8 +141,8 @@ def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
                 step_spans.finished(span, step, outcome, applied)
             _measure(step, outcome, time.monotonic() - began, applied)
         finally:
-            heart.hold(None)
-            _let_go(slot)
+            lease_keeper.hold(None)
+            _give_back(slot)
     if outcome.skipped:
         return "skipped"
     return "failed" if outcome.error else "completed"
@@ -173,7 +173,7 @@ def serve(run_id: str, priority: int, *, worker: str, task_id: str, hard_limits:
             return server.fairly()
         return server.one_run(run_id, priority)
     finally:
-        server.let_go()
+        server.give_back_slot()
         metrics.doorbell_answered(server.served)
 
 
@@ -203,25 +203,25 @@ class _Server:
         self.full: set[Any] = set()
         self.skip: set[Any] = set()
         # Crowded out: it records the step in hand without claiming another, then leaves
-        # the run to its other servers (``spread``).
+        # the run to its other servers (``leave_if_crowded``).
         self.leaving = False
         # Its last recordings in a row that waited for their locks longer than their
-        # steps ran (``spread``).
+        # steps ran (``leave_if_crowded``).
         self.waits = 0
 
-    def let_go(self) -> None:
+    def give_back_slot(self) -> None:
         if self.slot is not None:
-            heart.hold(None)
+            lease_keeper.hold(None)
             slot, self.slot = self.slot, None
-            _let_go(slot)
+            _give_back(slot)
 
     def hold(self, organization_id: Any) -> bool:
         """A slot of ``organization_id`` (the one held already, or another instead)."""
         if self.slot is not None and self.slot.organization_id == organization_id:
             return True
-        self.let_go()
+        self.give_back_slot()
         self.slot = fairness.acquire_slot(organization_id, self.holder)
-        heart.hold(self.slot)
+        lease_keeper.hold(self.slot)
         return self.slot is not None
 
     def step(self, run_id: Any, priority: int, *, until: float = math.inf) -> bool | None:
@@ -273,14 +273,14 @@ class _Server:
             CeleryTransport().ring({str(run_id): priority}, "burst" if applied else "dropped")
             return False
         if self.next is not None:
-            self.spread(run_id, priority, self.next, now - began)
+            self.leave_if_crowded(run_id, self.next, now - began)
         if self.leaving and self.next is None:
             if _served_by_another(run_id, self.task_id):
                 return False  # no doorbell: the others go on
             self.leaving = False  # alone now: it stays
         return True
 
-    def spread(self, run_id: Any, priority: int, claimed: dict[str, Any], worked_s: float) -> None:
+    def leave_if_crowded(self, run_id: Any, claimed: dict[str, Any], worked_s: float) -> None:
         """Whether this server should leave the run, from a recording that claimed
         ``claimed`` (docs/engine.md, "One run over the fleet").
 
@@ -391,7 +391,7 @@ def _measure(step: Step, outcome: Outcome, duration_s: float, applied: bool) -> 
     metrics.step_attempt(step.tool, result, duration_s, waited)
 
 
-def _let_go(slot: fairness.Slot) -> None:
+def _give_back(slot: fairness.Slot) -> None:
     """Give the slot back; a database that failed meanwhile lets it go by its lease
     instead (what failed is what the caller reports, not this)."""
     try:
@@ -466,7 +466,7 @@ def run_time_limited(step: Step, attempt: int, *, hard_limits: bool) -> Outcome:
     try:
         with _soft_limit(timeout):
             if hard_limits:
-                heart.hard_limit(timeout + settings.ENGINE_HARD_LIMIT_GRACE)
+                lease_keeper.hard_limit(timeout + settings.ENGINE_HARD_LIMIT_GRACE)
             outcome = run_attempt(step, attempt)
     except SoftTimeLimitExceeded:
         # The timer fired after the attempt had ended but before it was disarmed.
@@ -474,7 +474,7 @@ def run_time_limited(step: Step, attempt: int, *, hard_limits: bool) -> Outcome:
             outcome = _timed_out(step)
     finally:
         if hard_limits:
-            heart.hard_limit(None)
+            lease_keeper.hard_limit(None)
     assert outcome is not None  # set by the attempt, or by the except clause
     return outcome
 
@@ -545,7 +545,7 @@ def run_attempt(step: Step, attempt: int) -> Outcome:
     saved = StepArtifacts(step)
     ctx.save_artifact = saved.save
     secrets = redactable(context.secrets_used.values())
-    heart.begin(step.pk, step.run_id, attempt)
+    lease_keeper.begin(step.pk, step.run_id, attempt)
     try:
         with redacting(secrets):
             outcome = saved.listed_in(_run_tool(spec.run, step, params, ctx))
@@ -553,7 +553,7 @@ def run_attempt(step: Step, attempt: int) -> Outcome:
     except SoftTimeLimitExceeded:  # while a large output was being redacted or checked
         return _timed_out(step)
     finally:
-        heart.end()
+        lease_keeper.end()
 
 
 class StepArtifacts:

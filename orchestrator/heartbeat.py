@@ -31,7 +31,10 @@ from runs.models import Run, Step
 logger = logging.getLogger(__name__)
 
 
-class _Heart:
+class _LeaseKeeper:
+    """What the process's heartbeat thread keeps: the running step's lease, the slot held
+    and the step's hard time limit."""
+
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.current: tuple[int, Any, int] | None = None  # step id, run id, attempt
@@ -122,4 +125,4 @@ def renew(step_id: int, run_id: Any, attempt: int) -> bool:
     return bool(renewed)
 
 
-heart = _Heart()
+lease_keeper = _LeaseKeeper()

@@ -193,8 +193,8 @@ def test_a_step_past_its_hard_limit_kills_the_process_it_runs_in() -> None:
     # for a step served by a doorbell; the pool replaces the process, the sweep the step.
     script = (
         "import django, time; django.setup(); "
-        "from orchestrator.heartbeat import heart; "
-        "heart.hard_limit(0.2); time.sleep(30)"
+        "from orchestrator.heartbeat import lease_keeper; "
+        "lease_keeper.hard_limit(0.2); time.sleep(30)"
     )
     began = time.monotonic()
     child = subprocess.run(

@@ -41,8 +41,9 @@ from django.urls import reverse
 from django.utils import timezone
 from kombu import Connection
 
+from common import metrics
 from config.celery import app
-from orchestrator import metrics
+from orchestrator import prometheus
 from runs.models import (
     EscalationStatus,
     EscalationTicket,
@@ -249,17 +250,17 @@ class Queues:
 
 def queue_depths() -> Queues:
     """Messages waiting in each Celery queue, read from the broker's lists (one per
-    priority step: ``orchestrator.metrics``), one pipelined round trip."""
+    priority step: ``orchestrator.prometheus``), one pipelined round trip."""
     options: dict[str, Any] = settings.CELERY_BROKER_TRANSPORT_OPTIONS
     try:
         with metrics.new_client() as client:
             pipe = client.pipeline(transaction=False)
-            metrics.ask_queue_depths(pipe)
+            prometheus.ask_queue_depths(pipe)
             pipe.hlen(options.get("unacked_key", "unacked"))
             results: list[int] = pipe.execute()
     except (redis.RedisError, OSError) as exc:
         return Queues(False, f"{type(exc).__name__}: {exc}", [], 0)
-    depths = metrics.queue_depths_in(results[:-1])
+    depths = prometheus.queue_depths_in(results[:-1])
     return Queues(True, "", [QueueDepth(q, n) for q, n in depths.items()], results[-1])
 
 

@@ -46,7 +46,7 @@ from django.db import InterfaceError, OperationalError
 from artifacts import services as artifact_services
 from billing.models import Organization
 from billing.pricing import tool_price
-from common import logcontext, tracing
+from common import logcontext, metrics, tracing
 from common.connections import discard_interrupted_connection
 from common.expressions import ExpressionError, parsed
 from common.redaction import redact, redact_text, redactable, redacting
@@ -54,7 +54,7 @@ from common.templates import Reference, TemplateError, UnresolvedReference, rend
 from common.text import storable_text, unstorable_string
 from common.tools import registry
 from common.tools.base import Tool, ToolContext, ToolError
-from orchestrator import metrics, rate_limit_asks, step_spans
+from orchestrator import rate_limit_asks, step_spans
 from orchestrator.context import StepContext
 from orchestrator.heartbeat import lease_keeper
 from orchestrator.transport import CeleryTransport, serving
@@ -377,7 +377,7 @@ class _Server:
 
 
 def _measure(step: Step, outcome: Outcome, duration_s: float, applied: bool) -> None:
-    """The attempt's figures for Prometheus (orchestrator.metrics): its outcome, how long
+    """The attempt's figures for Prometheus (common.metrics): its outcome, how long
     it ran and how long it waited to be claimed."""
     if not applied:
         result = "dropped"

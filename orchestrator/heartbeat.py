@@ -24,7 +24,7 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
-from orchestrator import metrics
+from common import metrics
 from runs.fairness import Slot, renew_slot
 from runs.models import Run, Step
 
@@ -82,7 +82,7 @@ class _LeaseKeeper:
         while True:
             time.sleep(tick)
             # The step figures this process summed reach Redis within a second or two,
-            # busy or idle (orchestrator.metrics).
+            # busy or idle (common.metrics).
             metrics.flush_if_due()
             with self.lock:
                 current, since, deadline = self.current, self.since, self.deadline

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from common import metrics
 from common.templates import Reference, TemplateError, UnresolvedReference, render_value
 from common.tools.base import ToolError
-from orchestrator import metrics, step_spans
+from orchestrator import step_spans
 from orchestrator.context import StepContext
 from ratelimits.models import KEY_MAX_LENGTH
 from runs import step_admission

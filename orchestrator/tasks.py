@@ -20,8 +20,8 @@ from django.db import DatabaseError, InterfaceError, OperationalError
 from kombu.exceptions import OperationalError as BrokerError
 
 from artifacts import services as artifact_services
-from common import logcontext
-from orchestrator import executor, metrics, notify, polling, sweeps, webhooks
+from common import logcontext, metrics
+from orchestrator import executor, notify, polling, sweeps, webhooks
 from orchestrator.transport import CeleryTransport, serving
 from runs import admission, callbacks, children, planners, replanning, runners, step_admission
 from runs.engine import control
@@ -62,7 +62,7 @@ class EngineTask(Task):  # type: ignore[type-arg]
 
 
 def _swept(sweep: str, counts: dict[str, int]) -> dict[str, int]:
-    """A sweep's result, counted for Prometheus (orchestrator.metrics) and returned."""
+    """A sweep's result, counted for Prometheus (common.metrics) and returned."""
     metrics.sweep_actions(sweep, counts)
     return counts
 

@@ -412,7 +412,7 @@ _CLAIMED_FIELDS = (
     "when",
     "timeout_ms",
     "handler_for_id",
-    # For the queue-wait metric (orchestrator.metrics): dispatched, then claimed.
+    # For the queue-wait metric (common.metrics): dispatched, then claimed.
     "dispatched_at",
     "status_changed_at",
     # The rate limits it spends ([] for most steps: runs.step_admission).

@@ -79,7 +79,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    # Counts the API's requests for Prometheus (api/metrics.py).
+    # Counts the API's requests for Prometheus (api/metrics.py, into common.metrics).
     "api.metrics.RequestMetrics",
 ]
 
@@ -893,8 +893,8 @@ if not 0 < API_STREAM_HEARTBEAT_S <= 300:
 IDEMPOTENCY_TTL_HOURS = env.integer(
     "IDEMPOTENCY_TTL_HOURS", 24, "hours an Idempotency-Key response is kept", minimum=1
 )
-# Prometheus (`GET /metrics`, api/metrics.py): it answers only to this bearer token; unset,
-# the endpoint does not exist. `make run` generates one into .data/metrics-token.
+# Prometheus (`GET /metrics`, orchestrator/prometheus.py): it answers only to this bearer
+# token; unset, the endpoint does not exist. `make run` generates one into .data/metrics-token.
 METRICS_TOKEN = env.string(
     "METRICS_TOKEN", "", "bearer token /metrics answers to; empty: no /metrics (404)"
 )

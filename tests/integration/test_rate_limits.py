@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from billing.models import Organization
-from orchestrator.metrics import OrchestratorCollector
+from orchestrator.prometheus import OrchestratorCollector
 from ratelimits.models import RateGrant
 from runs import services, step_admission
 from runs.models import Run, Step

@@ -345,7 +345,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # After a broker connection loss a running task's acknowledgement cannot be delivered and
 # Redis restores its message: cancel it rather than let its redelivery meet it. Celery
 # writes a "retry" result when it cancels; the engine's tasks have no result backend
-# (orchestrator.tasks.EngineTask), or that write, Redis being down, killed the worker.
+# (common.task_base.EngineTask), or that write, Redis being down, killed the worker.
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_IGNORE_RESULT = True  # PostgreSQL holds every outcome; opt in per task.

@@ -1,9 +1,11 @@
-"""The run's page in the admin: graph, time line, progress, credits, decisions waiting,
-the control buttons and the event log (laid out by ``runs.runpage``, drawn by
-``runs.svg``), the live endpoint it polls and the control actions it confirms."""
+"""The run's page in the admin (laid out by ``runs.runpage``, drawn by ``runs.svg``), the
+live endpoint it polls, and its controls, each the API's service with the operator as
+the actor (the list's bulk actions use them too)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import admin, messages
@@ -12,10 +14,97 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from runs import runpage, svg
-from runs.admin.controls import CONTROLS, REFUSALS, actor_of, offered
+from billing.services import InsufficientCredits
+from common.admin import actor_of
+from runs import admission, approvals, escalations, runpage, services, svg
 from runs.models import Run, Step
 from runs.selectors import event_label
+from runs.states import RUN_TRANSITIONS, InvalidTransition, RunStatus
+
+# What the services refuse for a reason an operator should read (not a crash): shown as
+# the admin's error message, the run untouched.
+REFUSALS: tuple[type[Exception], ...] = (
+    InvalidTransition,
+    services.AttemptsExhausted,
+    services.RunDeleted,
+    InsufficientCredits,
+    escalations.EscalationNotFound,
+    escalations.EscalationResolved,
+    escalations.ReplanLimitReached,
+    admission.TooManyPendingRuns,
+    approvals.NothingWaiting,
+    services.StepNotFound,
+)
+
+
+@dataclass(frozen=True)
+class Control:
+    """One of the run page's control actions: what the button and the confirmation say,
+    and the service it calls (the API's, with the operator as the actor)."""
+
+    verb: str
+    question: str
+    perform: Callable[[Run, str, int | None, str], Any]
+    takes_step: bool = False
+
+
+def _cancel(run: Run, actor: str, step_id: int | None, comment: str) -> Any:
+    reason = comment or f"cancelled by {actor}"
+    return services.run_cancel(run_id=run.pk, reason=reason, actor=actor)
+
+
+def _decision(approve: bool) -> Callable[[Run, str, int | None, str], Any]:
+    decide = approvals.run_approve if approve else approvals.run_reject
+
+    def perform(run: Run, actor: str, step_id: int | None, comment: str) -> Any:
+        result = decide(
+            run_id=run.pk, step_id=step_id, comment=comment or f"by {actor} in the admin",
+            actor=actor,
+        )  # fmt: skip
+        if not result.changed:
+            raise approvals.NothingWaiting(f"no step of {run.pk} waits for approval")
+        return result
+
+    return perform
+
+
+def offered(run: Run, waiting: bool) -> set[str]:
+    """The controls the run's state machine allows now (the page offers only these; the
+    services still decide, a stale page is refused with the reason)."""
+    allowed = RUN_TRANSITIONS.get(run.status, frozenset())
+    offered = {
+        name
+        for name, target in (
+            ("cancel", RunStatus.CANCELLED),
+            ("pause", RunStatus.PAUSED),
+            ("resume", RunStatus.RESUMING),
+            ("retry", RunStatus.RETRYING),
+        )
+        if target in allowed
+    }
+    return offered | ({"approve", "reject"} if waiting else set())
+
+
+CONTROLS: dict[str, Control] = {
+    "cancel": Control("Cancel", "Cancel this run? Running steps are stopped.", _cancel),
+    "pause": Control(
+        "Pause",
+        "Pause this run? Running steps finish; nothing new starts.",
+        lambda run, actor, _s, _c: services.run_pause(run_id=run.pk, actor=actor),
+    ),
+    "resume": Control(
+        "Resume",
+        "Resume this run?",
+        lambda run, actor, _s, _c: services.run_resume(run_id=run.pk, actor=actor),
+    ),
+    "retry": Control(
+        "Retry",
+        "Retry this run as a new attempt? Credits are reserved again.",
+        lambda run, actor, _s, _c: services.run_retry(run_id=run.pk, actor=actor),
+    ),
+    "approve": Control("Approve", "Approve", _decision(True), takes_step=True),
+    "reject": Control("Reject", "Reject", _decision(False), takes_step=True),
+}
 
 
 class RunPageAdmin(admin.ModelAdmin[Run]):

@@ -15,10 +15,9 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
-from common.admin import ReadOnlyAdminMixin
+from common.admin import ReadOnlyAdminMixin, actor_of
 from runs import escalations, services
-from runs.admin.controls import CONTROLS, REFUSALS, actor_of
-from runs.admin.run_page import RunPageAdmin
+from runs.admin.run_page import CONTROLS, REFUSALS, RunPageAdmin
 from runs.models import Agent, EscalationTicket, Resolution, Run, RunAttempt, RunEvent, Step, Task
 from runs.selectors import event_label, with_paths
 

@@ -16,8 +16,8 @@ It imports no app.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime
 from typing import Any
 
@@ -230,21 +230,6 @@ def annotate(**attributes: Any) -> None:
 
 def failed(span: Span, code: str, message: str = "") -> None:
     span.set_status(Status(StatusCode.ERROR, f"{code}: {message}"[:500] if message else code))
-
-
-@contextmanager
-def attached(stored: str) -> Iterator[None]:
-    """Make the stored context current for the block (the spans a library starts there
-    become its children); nothing when off or when there is none."""
-    context = parent(stored) if enabled else None
-    if context is None:
-        yield
-        return
-    token = otel_context.attach(context)
-    try:
-        yield
-    finally:
-        otel_context.detach(token)
 
 
 def _nanoseconds(moment: datetime) -> int:

@@ -295,7 +295,6 @@ class Workers:
     reachable: bool
     error: str
     workers: list[Worker]
-    asked_at: datetime
     flower_url: str
 
 
@@ -344,15 +343,14 @@ def _inspect(url: str, timeout: float, method: str) -> dict[str, Any]:
 
 def _ask_workers(url: str, timeout: float) -> Workers:
     flower = settings.DASHBOARD_FLOWER_URL
-    now = timezone.now()
     try:
         with ThreadPoolExecutor(max_workers=2) as pool:
             asked = {m: pool.submit(_inspect, url, timeout, m) for m in ("stats", "active")}
             stats, active = asked["stats"].result(), asked["active"].result()
     except Exception as exc:  # noqa: BLE001 - whatever the broker did, the page renders
-        return Workers(False, f"{type(exc).__name__}: {exc}", [], now, flower)
+        return Workers(False, f"{type(exc).__name__}: {exc}", [], flower)
     rows = [_worker(n, stats.get(n), active.get(n), flower) for n in sorted({*stats, *active})]
-    return Workers(True, "", rows, now, flower)
+    return Workers(True, "", rows, flower)
 
 
 def _worker(name: str, stats: Mapping[str, Any] | None, active: Any, flower: str) -> Worker:

@@ -1,6 +1,5 @@
-"""``RequestMetrics`` counts the API's requests by route, method and status for
-Prometheus (``common.metrics``; the exposition, `GET /metrics`, is
-``orchestrator.prometheus``)."""
+"""``RequestMetrics`` counts the API's requests by route, method and status for Prometheus
+(``common.metrics``; `GET /metrics` is ``orchestrator.prometheus``)."""
 
 from __future__ import annotations
 

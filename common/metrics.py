@@ -10,9 +10,7 @@ the processes of one host only, and a scrape of one web process would see none o
 workers' figures. Redis is shared by every process already; counters there survive a
 process's restart (a Redis that loses its data resets them, which Prometheus reads as a
 counter reset). A Redis that is down loses those increments, never the work: the
-engine's state is PostgreSQL's. Every layer counts through here (the API's requests, the
-worker's steps), so it sits in the shared leaf.
-"""
+engine's state is PostgreSQL's. The API and the worker both count here: the shared leaf."""
 
 from __future__ import annotations
 
@@ -93,15 +91,20 @@ _pending: dict[tuple[str, str], float] = defaultdict(float)
 _flushed_at = 0.0
 
 
+def _sum(increments: Iterable[tuple[str, str, float]]) -> None:
+    """Add to what this process sends at its next flush."""
+    with _lock:
+        for key, field, amount in increments:
+            _pending[(key, field)] += amount
+    flush_if_due()
+
+
 def step_attempt(tool: str, outcome: str, duration_s: float, queue_wait_s: float | None) -> None:
     """A step attempt ended (``outcome``: completed, failed, skipped, dropped)."""
     increments = [(STEPS, f"{tool}{SEP}{outcome}", 1), *_observation(DURATION, tool, duration_s)]
     if queue_wait_s is not None and queue_wait_s >= 0:
         increments += _observation(QUEUE_WAIT, tool, queue_wait_s)
-    with _lock:
-        for key, field, amount in increments:
-            _pending[(key, field)] += amount
-    flush_if_due()
+    _sum(increments)
 
 
 def flush_if_due() -> None:
@@ -128,19 +131,13 @@ def flush() -> None:
 def doorbells_rung(reason: str, count: int = 1) -> None:
     """Doorbells sent, by why (docs/engine.md: ready steps, a call for help, a burst's
     end, a run left with work, a replay, a revoke): summed like a step's figures."""
-    _count(DOORBELLS, f"rung{SEP}{reason}", count)
+    _sum([(DOORBELLS, f"rung{SEP}{reason}", count)])
 
 
 def doorbell_answered(served: int) -> None:
     """A doorbell (or a pick-up serving as one) ended: it served steps, or it found
     none (``idle``: a message that woke a worker for nothing)."""
-    _count(DOORBELLS, f"answered{SEP}{'served' if served else 'idle'}", 1)
-
-
-def _count(key: str, field: str, count: int) -> None:
-    with _lock:
-        _pending[(key, field)] += count
-    flush_if_due()
+    _sum([(DOORBELLS, f"answered{SEP}{'served' if served else 'idle'}", 1)])
 
 
 def rate_limit_granted(granted: Iterable[tuple[str, int]], waited_s: float | None) -> None:
@@ -151,15 +148,12 @@ def rate_limit_granted(granted: Iterable[tuple[str, int]], waited_s: float | Non
     if waited_s is not None:
         for name, _ in granted:
             increments += _observation(RATE_LIMIT_WAIT, name, waited_s)
-    with _lock:
-        for key, field, amount in increments:
-            _pending[(key, field)] += amount
-    flush_if_due()
+    _sum(increments)
 
 
 def rate_limit_wait(name: str) -> None:
     """A step went to wait for ``name``'s units."""
-    _count(RATE_LIMITS, f"waits{SEP}{name}", 1)
+    _sum([(RATE_LIMITS, f"waits{SEP}{name}", 1)])
 
 
 def sweep_actions(sweep: str, counts: dict[str, int]) -> None:

@@ -1,11 +1,7 @@
-"""`GET /metrics`: Prometheus's text exposition (README, Metrics), answering only to
-`Authorization: Bearer <METRICS_TOKEN>`; with no token configured it does not exist (404).
-
-It reads, at each scrape, what processes counted in Redis (``common.metrics``), **what
-the database holds** (runs by status, ledger movements, steps waiting for a rate limit)
-and **queue depths** from the broker, as they are now. The exposition is rendered by
-prometheus_client from a custom collector, never from its process-global registry.
-"""
+"""`GET /metrics` (README, Metrics), only to `Authorization: Bearer <METRICS_TOKEN>` (no
+token configured: 404): what processes counted in Redis (``common.metrics``), what the
+database holds and the broker's queue depths, read at each scrape by a custom collector
+(never prometheus_client's process-global registry)."""
 
 from __future__ import annotations
 
@@ -31,21 +27,12 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from common import eventstreams, metrics
-from common.metrics import (
-    API,
-    BUCKETS,
-    DOORBELLS,
-    DURATION,
-    QUEUE_WAIT,
-    RATE_LIMIT_WAIT,
-    RATE_LIMITS,
-    SEP,
-    STEPS,
-    SWEEPS,
-)
 from config.celery import ALL_QUEUES
 
 logger = logging.getLogger(__name__)
+# The hashes processes count in, in the order the scrape reads them.
+_COUNTED = (metrics.STEPS, metrics.DURATION, metrics.QUEUE_WAIT, metrics.SWEEPS, metrics.API,
+            metrics.DOORBELLS, metrics.RATE_LIMITS, metrics.RATE_LIMIT_WAIT)  # fmt: skip
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
@@ -64,7 +51,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
 
 def _fields(raw: dict[bytes, bytes]) -> Iterator[tuple[list[str], str]]:
     for field, value in raw.items():
-        yield field.decode().split(SEP), value.decode()
+        yield field.decode().split(metrics.SEP), value.decode()
 
 
 def _histogram(name: str, help_text: str, raw: dict[bytes, bytes], label: str = "tool") -> Metric:
@@ -75,7 +62,7 @@ def _histogram(name: str, help_text: str, raw: dict[bytes, bytes], label: str = 
     for tool, values in sorted(per_tool.items()):
         cumulative = 0.0
         buckets = []
-        for index, bound in enumerate((*BUCKETS, float("inf"))):
+        for index, bound in enumerate((*metrics.BUCKETS, float("inf"))):
             cumulative += values.get(str(index), 0.0)
             buckets.append((floatToGoString(bound), cumulative))  # type: ignore[no-untyped-call]
         family.add_metric([tool], buckets, values.get("sum", 0.0))
@@ -128,8 +115,7 @@ class OrchestratorCollector(Collector):
         client = metrics.connection()
         try:
             pipe = client.pipeline(transaction=False)
-            for key in (STEPS, DURATION, QUEUE_WAIT, SWEEPS, API, DOORBELLS, RATE_LIMITS,
-                        RATE_LIMIT_WAIT):  # fmt: skip
+            for key in _COUNTED:
                 pipe.hgetall(key)
             ask_queue_depths(pipe)
             pipe.zrangebyscore(eventstreams.WATCHED, time.time(), "+inf")

@@ -58,7 +58,7 @@ from orchestrator import rate_limit_asks, step_spans
 from orchestrator.context import StepContext
 from orchestrator.heartbeat import lease_keeper
 from orchestrator.transport import CeleryTransport, serving
-from runs import callbacks, fairness, step_admission
+from runs import callbacks, fairness
 from runs.engine import control, hotpath
 from runs.engine.dispatch import step_from_row, step_timeout_s
 from runs.engine.outcomes import Outcome, record_and_claim
@@ -128,13 +128,8 @@ def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
             logcontext.add(attempt=attempt)
             began = time.monotonic()
             with step_spans.attempt(step, attempt) as span:
-                verdict, refusal = (
-                    rate_limit_asks.ask(step, attempt)
-                    if step_admission.spends(step)
-                    else (rate_limit_asks.RUN, None)
-                )
+                verdict, refusal = rate_limit_asks.ask(step, attempt, span)
                 if verdict == rate_limit_asks.WAIT:
-                    span.set_attribute("orchestrator.outcome", "waiting_rate_limit")
                     return "waiting"
                 outcome = refusal or run_attempt(step, attempt)
                 applied, _ = _record(step, attempt, outcome)
@@ -253,12 +248,9 @@ class _Server:
         ):
             began = time.monotonic()
             with step_spans.attempt(step, attempt) as span:
-                refusal = None
-                if step_admission.spends(step):
-                    verdict, refusal = rate_limit_asks.ask(step, attempt)
-                    if verdict == rate_limit_asks.WAIT:
-                        span.set_attribute("orchestrator.outcome", "waiting_rate_limit")
-                        return True  # it waits for its units without this worker: serve on
+                verdict, refusal = rate_limit_asks.ask(step, attempt, span)
+                if verdict == rate_limit_asks.WAIT:
+                    return True  # it waits for its units without this worker: serve on
                 outcome = refusal or run_time_limited(step, attempt, hard_limits=self.hard_limits)
                 self.served += 1
                 now = time.monotonic()

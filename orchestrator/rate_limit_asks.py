@@ -1,12 +1,13 @@
-"""A claimed step's rate-limit asks: before its tool runs, a step that spends rate limits
-asks for their units (``runs.step_admission``, docs/rate-limits.md). Its keys and units
-are rendered here, where the step's references resolve (variables, earlier steps'
-outputs); step admission then grants them or makes the step wait for them without
-holding this worker."""
+"""A claimed step's rate-limit asks, before its tool runs (docs/rate-limits.md): its keys
+and units are rendered here, where the step's references resolve (variables, earlier
+steps' outputs); step admission (``runs.step_admission``) then grants them or makes the
+step wait for them without holding this worker."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from opentelemetry.trace import Span
 
 from common import metrics
 from common.templates import Reference, TemplateError, UnresolvedReference, render_value
@@ -22,9 +23,13 @@ RUN = "run"  # the units are granted: run the tool
 WAIT = "wait"  # the step waits for its units (or its attempt is not its own any more)
 
 
-def ask(step: Step, attempt: int) -> tuple[str, Outcome | None]:
-    """(RUN, None), (WAIT, None), or (RUN, outcome): an attempt that fails before its
-    tool runs (a key or units that do not render, units beyond the limit)."""
+def ask(step: Step, attempt: int, span: Span) -> tuple[str, Outcome | None]:
+    """(RUN, None): the step spends no rate limit, or its units are granted; (WAIT, None):
+    it waits for them (its attempt's ``span`` says so), or its attempt is not its own any
+    more; (RUN, outcome): an attempt that fails before its tool runs (a key or units that
+    do not render, units beyond the limit)."""
+    if not step_admission.spends(step):
+        return RUN, None
     try:
         wanted = _wanted(step, StepContext(step, step.run_id, attempt))
     except (TemplateError, UnresolvedReference, ValueError) as exc:
@@ -40,6 +45,7 @@ def ask(step: Step, attempt: int) -> tuple[str, Outcome | None]:
         return RUN, None
     if admission.reason:
         metrics.rate_limit_wait(admission.reason.removeprefix(step_admission.WAITING_PREFIX))
+    span.set_attribute("orchestrator.outcome", "waiting_rate_limit")
     return WAIT, None
 
 

@@ -1,6 +1,5 @@
-"""Step admission: a step that spends rate limits' units runs when they are granted, and
-waits for them otherwise, without holding a worker (docs/rate-limits.md). What
-``runs.admission`` is to a run starting, this is to a step's tool running.
+"""Step admission: what ``runs.admission`` is to a run starting, this is to a step's tool
+running. It waits for its rate limits' units without holding a worker (docs/rate-limits.md).
 
 A worker claims a step as any other; if the step spends rate limits (its plan's
 ``rate_limits``, or a global limit on its tool), the worker renders their keys and units

@@ -1,9 +1,6 @@
-"""The base every Celery task of ours is declared with: ``EngineTask`` and
-``RETRY_OPTIONS`` (transient database and broker errors retried with backoff and jitter).
-
-The worker's tasks (``orchestrator.tasks``) and the API's one sweep (``api.tasks``) both
-declare theirs with it, so it sits in the shared leaf rather than in either interface.
-"""
+"""The base every Celery task of ours is declared with (``EngineTask``, ``RETRY_OPTIONS``):
+the worker's (``orchestrator.tasks``) and the API's sweep (``api.tasks``) alike, so it
+sits in the shared leaf rather than in either interface."""
 
 from __future__ import annotations
 

@@ -32,8 +32,7 @@ logger = logging.getLogger(__name__)
 
 
 class _LeaseKeeper:
-    """What the process's heartbeat thread keeps: the running step's lease, the slot held
-    and the step's hard time limit."""
+    """The heartbeat thread's charge: the step's lease and hard limit, the slot held."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()

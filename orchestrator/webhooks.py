@@ -34,9 +34,6 @@ from webhooks import services
 from webhooks.models import WebhookDelivery
 
 logger = logging.getLogger(__name__)
-# Published by name, as the transport publishes the engine's: ``orchestrator.tasks``
-# imports this module, never the other way round.
-DELIVER_TASK = "orchestrator.webhooks.deliver"
 
 
 def body(delivery: WebhookDelivery) -> dict[str, Any]:
@@ -74,8 +71,9 @@ def sweep() -> dict[str, int]:
         lease_seconds=settings.WEBHOOK_LEASE,
     )
     for claim in claims:
+        # By name: orchestrator.tasks imports this module, never the reverse.
         app.send_task(
-            DELIVER_TASK,
+            "orchestrator.webhooks.deliver",
             args=(claim.delivery_id, claim.token),
             expires=settings.WEBHOOK_LEASE,
             ignore_result=True,

@@ -38,9 +38,6 @@ from webhooks.models import (
 
 logger = logging.getLogger(__name__)
 
-# The sender's sweep (orchestrator.tasks), published by name: this app, below the
-# worker's, imports none of its tasks; the name routes it to the webhooks queue.
-SWEEP_TASK = "orchestrator.webhooks.sweep"
 SECRET_PREFIX = "whsec_"  # noqa: S105 - a prefix, not a secret
 SECRET_MIN_LENGTH = 16
 SECRET_MAX_LENGTH = 200
@@ -257,7 +254,8 @@ def kick() -> None:
 def _publish_sweep() -> None:
     try:
         expires = max(settings.WEBHOOK_SWEEP_INTERVAL, 5)
-        current_app.send_task(SWEEP_TASK, expires=expires, ignore_result=True)
+        # By name: this app, below the worker's, imports none of its tasks.
+        current_app.send_task("orchestrator.webhooks.sweep", expires=expires, ignore_result=True)
     except Exception:  # a lost kick: beat's next sweep does the same
         logger.warning("webhooks: the sweep could not be asked for", exc_info=True)
 

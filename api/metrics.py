@@ -1,33 +1,14 @@
-"""`GET /metrics`: Prometheus's text exposition of ``orchestrator.metrics`` (README,
-Metrics), answering only to `Authorization: Bearer <METRICS_TOKEN>`; with no token
-configured it does not exist (404). ``RequestMetrics`` counts the API's requests by
-route, method and status for it."""
+"""``RequestMetrics`` counts the API's requests by route, method and status for Prometheus
+(``common.metrics``; `GET /metrics` is ``orchestrator.prometheus``)."""
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable
 
-from django.conf import settings
-from django.http import HttpRequest, HttpResponse, HttpResponseNotFound
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from django.http import HttpRequest, HttpResponse
 
 from api.errors import UNKNOWN_ROUTE
-from orchestrator import metrics
-
-
-def metrics_view(request: HttpRequest) -> HttpResponse:
-    token = str(settings.METRICS_TOKEN or "")
-    if not token:
-        return HttpResponseNotFound()
-    sent = request.headers.get("Authorization", "")
-    if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
-        response = HttpResponse("unauthorized\n", status=401, content_type="text/plain")
-        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
-        return response
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(metrics.OrchestratorCollector())
-    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+from common import metrics
 
 
 class RequestMetrics:

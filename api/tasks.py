@@ -9,7 +9,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from api.idempotency import idempotency_records_expire
-from orchestrator.tasks import RETRY_OPTIONS
+from common.task_base import RETRY_OPTIONS
 
 
 @shared_task(name="orchestrator.sweeps.idempotency_records", **RETRY_OPTIONS)

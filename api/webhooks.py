@@ -25,7 +25,6 @@ from api.idempotency import IDEMPOTENCY_PARAMETER, REPLAYED_PARAMETER, idempoten
 from api.pagination import PageQuery, paginated
 from api.serializers import EmptyInput, InputSerializer, StrictBooleanField, StrictCharField
 from api.views import ApiView, page_response, validated
-from orchestrator import webhooks as sender
 from webhooks import selectors, services
 from webhooks.models import (
     DESCRIPTION_MAX_LENGTH,
@@ -327,7 +326,7 @@ class WebhookTestApi(ApiView):
             delivery = services.endpoint_test(
                 endpoint_id=webhook_id, organization=organization_of(request)
             )
-        sender.kick()
+        services.kick()
         return _delivery_response(delivery, 202)
 
 
@@ -380,5 +379,5 @@ class WebhookRedeliverApi(ApiView):
                 endpoint_id=webhook_id,
                 organization=organization_of(request),
             )
-        sender.kick()
+        services.kick()
         return _delivery_response(delivery, 202)

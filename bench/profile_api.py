@@ -65,7 +65,7 @@ LAYERS: tuple[tuple[str, str, str], ...] = (
     ("serializers", "ser", "output serializers and JSON rendering (api.serializers through "
      "DRF's Serializer.data, Response.rendered_content, JSONRenderer)"),
     ("logcontext", "logc", "common.logcontext's bound and add (ApiView.dispatch, initial)"),
-    ("metrics", "metr", "the request counter (api.metrics -> orchestrator.metrics.api_request)"),
+    ("metrics", "metr", "the request counter (api.metrics -> common.metrics.api_request)"),
     ("connection", "conn", "the database connection taken from the pool and given back, "
      "once per request (Django's connect, close, close_if_unusable_or_obsolete)"),
     ("drf", "drf", "the rest of DRF's dispatch (Request, negotiation, finalize_response) and "
@@ -363,7 +363,7 @@ def _install(patches: Patches) -> None:
     import billing.secrets
     import billing.selectors
     import common.logcontext
-    import orchestrator.metrics
+    import common.metrics
     import runs.approvals
     import runs.selectors
     import runs.services
@@ -424,7 +424,7 @@ def _install(patches: Patches) -> None:
 
     patches.replace(common.logcontext, "bound", bound_timed)
     patches.method(common.logcontext, "add", "logcontext")
-    patches.method(orchestrator.metrics, "api_request", "metrics")
+    patches.method(common.metrics, "api_request", "metrics")
     # DRF's dispatch
     patches.method(api.views.ApiView, "dispatch", "drf")
     patches.method(APIView, "dispatch", "drf")

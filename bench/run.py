@@ -230,9 +230,9 @@ def start_collector() -> subprocess.Popen[bytes] | None:
 def stop_collector(collector: subprocess.Popen[bytes] | None) -> None:
     if collector is None:
         return
-    from config import tracing as tracing_config
+    from config import otel
 
-    tracing_config.flush()
+    otel.flush()
     collector.terminate()
     collector.wait(10)
 
@@ -251,9 +251,9 @@ def _main(args: argparse.Namespace) -> int:
     import django
 
     django.setup()
-    from config import tracing as tracing_config
+    from config import otel
 
-    tracing = tracing_config.setup_from_settings("bench")
+    tracing = otel.setup_from_settings("bench")
     from .scenarios import Engine, Raw
 
     signal.signal(signal.SIGTERM, _terminate)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .report import ratio
 from .worker import Worker, WorkerFailed
 
 if TYPE_CHECKING:
@@ -134,10 +135,6 @@ def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None else fmt.format(value)
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or not b else a / b
-
-
 HEADER = (
     "fleet",
     "slots",
@@ -170,13 +167,13 @@ def table(rows: list[Row]) -> str:
                 _num(f.get("group_sleep_efficiency"), "{:.2f}"),
                 _num(f.get("fan_2000_wall_s"), "{:.2f}"),
                 _num(f.get("group_2000_wall_s"), "{:.2f}"),
-                _num(_ratio(f.get("fan_2000_wall_s"), f.get("group_2000_wall_s")), "{:.2f}x"),
+                _num(ratio(f.get("fan_2000_wall_s"), f.get("group_2000_wall_s")), "{:.2f}x"),
                 _num(f.get("many_runs_runs_per_s"), "{:.1f}"),
                 _num(f.get("many_runs_p95_latency_s"), "{:.2f}"),
                 _num(f.get("many_chains_runs_per_s"), "{:.1f}"),
                 _num(f.get("many_chains_p95_latency_s"), "{:.2f}"),
                 _num(
-                    _ratio(f.get("many_runs_runs_per_s"), f.get("many_chains_runs_per_s")),
+                    ratio(f.get("many_runs_runs_per_s"), f.get("many_chains_runs_per_s")),
                     "{:.2f}x",
                 ),
             ]

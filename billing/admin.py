@@ -17,7 +17,7 @@ from billing.models import ApiKey, ApiKeyScope, LedgerEntry, Organization, Reser
 from billing.secrets import is_valid_secret_name, oncall_set, secret_delete, secret_put
 from billing.selectors import organization_balance
 from billing.services import api_key_create, api_key_revoke, credits_grant
-from common.admin import ReadOnlyAdminMixin
+from common.admin import ReadOnlyAdminMixin, actor_of
 
 
 class GrantCreditsForm(forms.Form):
@@ -150,7 +150,7 @@ class OrganizationAdmin(admin.ModelAdmin[Organization]):
                         amount=form.cleaned_data["amount"],
                         reason=form.cleaned_data["reason"],
                         idempotency_key=f"{form.cleaned_data['idempotency_key']}:{organization.pk}",
-                        actor=f"admin:{request.user.get_username()}",
+                        actor=actor_of(request),
                     )
                 self.message_user(
                     request,

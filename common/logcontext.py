@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar, Token
+from contextvars import ContextVar
 from typing import Any
 from uuid import UUID
 
@@ -43,17 +43,6 @@ def bound(**fields: Any) -> Iterator[dict[str, Any]]:
         yield mapping
     finally:
         _bound.reset(token)
-
-
-def push(**fields: Any) -> Token[dict[str, Any] | None]:
-    """``bound`` for callers that cannot wrap the work in a ``with`` (a Celery task's
-    prerun and postrun signals): the token to ``pop``."""
-    current = _bound.get() or {}
-    return _bound.set({**current, **{key: _plain(v) for key, v in fields.items() if v is not None}})
-
-
-def pop(token: Token[dict[str, Any] | None]) -> None:
-    _bound.reset(token)
 
 
 def add(**fields: Any) -> None:

@@ -7,7 +7,7 @@ whichever step is fairest, so whoever works on the run rebuilds its parent from 
 (docs/observability.md). A step parked on a wait keeps its attempt's context
 (``Step.trace_context``), a runner job its step's (``RunnerJob.trace_context``).
 
-Off unless ``config.tracing.setup`` installed an SDK (OTEL_EXPORTER_OTLP_ENDPOINT set):
+Off unless ``config.otel.setup`` installed an SDK (OTEL_EXPORTER_OTLP_ENDPOINT set):
 then ``enabled`` is False and every helper returns at once, after that one check,
 with nothing started, attached or read (the executor's hot path pays nothing more).
 It imports no app.
@@ -16,8 +16,8 @@ It imports no app.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime
 from typing import Any
 
@@ -26,7 +26,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-# Set by ``config.tracing.setup`` once a provider is installed; read, never set, elsewhere.
+# Set by ``config.otel.setup`` once a provider is installed; read, never set, elsewhere.
 enabled = False
 
 TRACER_NAME = "orchestrator"
@@ -230,21 +230,6 @@ def annotate(**attributes: Any) -> None:
 
 def failed(span: Span, code: str, message: str = "") -> None:
     span.set_status(Status(StatusCode.ERROR, f"{code}: {message}"[:500] if message else code))
-
-
-@contextmanager
-def attached(stored: str) -> Iterator[None]:
-    """Make the stored context current for the block (the spans a library starts there
-    become its children); nothing when off or when there is none."""
-    context = parent(stored) if enabled else None
-    if context is None:
-        yield
-        return
-    token = otel_context.attach(context)
-    try:
-        yield
-    finally:
-        otel_context.detach(token)
 
 
 def _nanoseconds(moment: datetime) -> int:

@@ -65,14 +65,14 @@ def _drop_stale_connections(**kwargs: Any) -> None:
 @worker_process_init.connect
 def _start_tracing(**kwargs: Any) -> None:
     """Each pool process exports its own spans (the SDK's export thread does not survive
-    a fork): set up after it, when OTEL_EXPORTER_OTLP_ENDPOINT is set (config.tracing)."""
-    from config import tracing
+    a fork): set up after it, when OTEL_EXPORTER_OTLP_ENDPOINT is set (config.otel)."""
+    from config import otel
 
-    tracing.setup_from_settings("worker")
+    otel.setup_from_settings("worker")
 
 
 @worker_process_shutdown.connect
 def _flush_tracing(**kwargs: Any) -> None:
-    from config import tracing
+    from config import otel
 
-    tracing.flush()
+    otel.flush()

@@ -3,9 +3,9 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from api.errors import UNKNOWN_ROUTE, JsonErrors, unknown_route
-from api.metrics import metrics_view
 from orchestrator.dashboard import dashboard_view
 from orchestrator.health import healthz
+from orchestrator.prometheus import metrics_view
 
 # The admin's index links to the operators' dashboard (its template extends Django's).
 admin.site.index_template = "admin/orchestrator_index.html"

@@ -5,7 +5,7 @@ from django.core.wsgi import get_wsgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
 application = get_wsgi_application()
 
-# Traces (config.tracing): in each gunicorn worker, which loads this module after its fork.
-from config import tracing  # noqa: E402
+# Traces (config.otel): in each gunicorn worker, which loads this module after its fork.
+from config import otel  # noqa: E402
 
-tracing.setup_from_settings("web")
+otel.setup_from_settings("web")

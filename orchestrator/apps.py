@@ -7,8 +7,8 @@ class OrchestratorConfig(AppConfig):
 
     def ready(self) -> None:
         from common import logcontext
-        from orchestrator.dispatch import CeleryTransport
         from orchestrator.tools import asynchronous, builtin  # noqa: F401
+        from orchestrator.transport import CeleryTransport
         from runs.outbox import use_transport
 
         # Built-in tools register themselves; plans are validated against the registry.

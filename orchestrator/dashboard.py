@@ -41,8 +41,9 @@ from django.urls import reverse
 from django.utils import timezone
 from kombu import Connection
 
+from common import metrics
 from config.celery import app
-from orchestrator import metrics
+from orchestrator import prometheus
 from runs.models import (
     EscalationStatus,
     EscalationTicket,
@@ -249,17 +250,17 @@ class Queues:
 
 def queue_depths() -> Queues:
     """Messages waiting in each Celery queue, read from the broker's lists (one per
-    priority step: ``orchestrator.metrics``), one pipelined round trip."""
+    priority step: ``orchestrator.prometheus``), one pipelined round trip."""
     options: dict[str, Any] = settings.CELERY_BROKER_TRANSPORT_OPTIONS
     try:
         with metrics.new_client() as client:
             pipe = client.pipeline(transaction=False)
-            metrics.ask_queue_depths(pipe)
+            prometheus.ask_queue_depths(pipe)
             pipe.hlen(options.get("unacked_key", "unacked"))
             results: list[int] = pipe.execute()
     except (redis.RedisError, OSError) as exc:
         return Queues(False, f"{type(exc).__name__}: {exc}", [], 0)
-    depths = metrics.queue_depths_in(results[:-1])
+    depths = prometheus.queue_depths_in(results[:-1])
     return Queues(True, "", [QueueDepth(q, n) for q, n in depths.items()], results[-1])
 
 
@@ -294,7 +295,6 @@ class Workers:
     reachable: bool
     error: str
     workers: list[Worker]
-    asked_at: datetime
     flower_url: str
 
 
@@ -343,15 +343,14 @@ def _inspect(url: str, timeout: float, method: str) -> dict[str, Any]:
 
 def _ask_workers(url: str, timeout: float) -> Workers:
     flower = settings.DASHBOARD_FLOWER_URL
-    now = timezone.now()
     try:
         with ThreadPoolExecutor(max_workers=2) as pool:
             asked = {m: pool.submit(_inspect, url, timeout, m) for m in ("stats", "active")}
             stats, active = asked["stats"].result(), asked["active"].result()
     except Exception as exc:  # noqa: BLE001 - whatever the broker did, the page renders
-        return Workers(False, f"{type(exc).__name__}: {exc}", [], now, flower)
+        return Workers(False, f"{type(exc).__name__}: {exc}", [], flower)
     rows = [_worker(n, stats.get(n), active.get(n), flower) for n in sorted({*stats, *active})]
-    return Workers(True, "", rows, now, flower)
+    return Workers(True, "", rows, flower)
 
 
 def _worker(name: str, stats: Mapping[str, Any] | None, active: Any, flower: str) -> Worker:

@@ -20,7 +20,7 @@ heartbeat thread for the hard one). A step due later (a retry's backoff) has a m
 of its own (``execute_step``), whose Celery time limits are the step's.
 
 With tracing on, each attempt is a span of its run's trace and its recording a child
-span (``orchestrator.traces``, docs/observability.md); off, one check per step.
+span (``orchestrator.step_spans``, docs/observability.md); off, one check per step.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from django.db import InterfaceError, OperationalError
 from artifacts import services as artifact_services
 from billing.models import Organization
 from billing.pricing import tool_price
-from common import logcontext, tracing
+from common import logcontext, metrics, tracing
 from common.connections import discard_interrupted_connection
 from common.expressions import ExpressionError, parsed
 from common.redaction import redact, redact_text, redactable, redacting
@@ -54,11 +54,11 @@ from common.templates import Reference, TemplateError, UnresolvedReference, rend
 from common.text import storable_text, unstorable_string
 from common.tools import registry
 from common.tools.base import Tool, ToolContext, ToolError
-from orchestrator import metrics, ratelimited, traces
+from orchestrator import rate_limit_asks, step_spans
 from orchestrator.context import StepContext
-from orchestrator.dispatch import CeleryTransport, serving
-from orchestrator.heartbeat import heart
-from runs import callbacks, fairness, ratewaits
+from orchestrator.heartbeat import lease_keeper
+from orchestrator.transport import CeleryTransport, serving
+from runs import callbacks, fairness
 from runs.engine import control, hotpath
 from runs.engine.dispatch import step_from_row, step_timeout_s
 from runs.engine.outcomes import Outcome, record_and_claim
@@ -71,7 +71,7 @@ logger = logging.getLogger(__name__)
 MAX_OUTPUT_BYTES = 1_000_000
 # A server whose recordings wait longer than this for their locks (and longer than its
 # steps run), this many times in a row, leaves the run to its other servers
-# (``_Server.spread``).
+# (``_Server.leave_if_crowded``).
 CROWDED_WAIT_S = 0.005
 CROWDED_AFTER = 3
 
@@ -119,7 +119,7 @@ def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
         if slot is None:
             CeleryTransport().ring({str(run_id): priority}, "no_slot")
             return "no slot"
-        heart.hold(slot)
+        lease_keeper.hold(slot)
         try:
             step = claim(step_id, f"{worker}:{os.getpid()}", task_id)
             if step is None:
@@ -127,22 +127,17 @@ def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
             attempt = step.attempts
             logcontext.add(attempt=attempt)
             began = time.monotonic()
-            with traces.attempt(step, attempt) as span:
-                verdict, refusal = (
-                    ratelimited.ask(step, attempt)
-                    if ratewaits.spends(step)
-                    else (ratelimited.RUN, None)
-                )
-                if verdict == ratelimited.WAIT:
-                    span.set_attribute("orchestrator.outcome", "waiting_rate_limit")
+            with step_spans.attempt(step, attempt) as span:
+                verdict, refusal = rate_limit_asks.ask(step, attempt, span)
+                if verdict == rate_limit_asks.WAIT:
                     return "waiting"
                 outcome = refusal or run_attempt(step, attempt)
                 applied, _ = _record(step, attempt, outcome)
-                traces.finished(span, step, outcome, applied)
+                step_spans.finished(span, step, outcome, applied)
             _measure(step, outcome, time.monotonic() - began, applied)
         finally:
-            heart.hold(None)
-            _let_go(slot)
+            lease_keeper.hold(None)
+            _give_back(slot)
     if outcome.skipped:
         return "skipped"
     return "failed" if outcome.error else "completed"
@@ -173,7 +168,7 @@ def serve(run_id: str, priority: int, *, worker: str, task_id: str, hard_limits:
             return server.fairly()
         return server.one_run(run_id, priority)
     finally:
-        server.let_go()
+        server.give_back_slot()
         metrics.doorbell_answered(server.served)
 
 
@@ -203,25 +198,25 @@ class _Server:
         self.full: set[Any] = set()
         self.skip: set[Any] = set()
         # Crowded out: it records the step in hand without claiming another, then leaves
-        # the run to its other servers (``spread``).
+        # the run to its other servers (``leave_if_crowded``).
         self.leaving = False
         # Its last recordings in a row that waited for their locks longer than their
-        # steps ran (``spread``).
+        # steps ran (``leave_if_crowded``).
         self.waits = 0
 
-    def let_go(self) -> None:
+    def give_back_slot(self) -> None:
         if self.slot is not None:
-            heart.hold(None)
+            lease_keeper.hold(None)
             slot, self.slot = self.slot, None
-            _let_go(slot)
+            _give_back(slot)
 
     def hold(self, organization_id: Any) -> bool:
         """A slot of ``organization_id`` (the one held already, or another instead)."""
         if self.slot is not None and self.slot.organization_id == organization_id:
             return True
-        self.let_go()
+        self.give_back_slot()
         self.slot = fairness.acquire_slot(organization_id, self.holder)
-        heart.hold(self.slot)
+        lease_keeper.hold(self.slot)
         return self.slot is not None
 
     def step(self, run_id: Any, priority: int, *, until: float = math.inf) -> bool | None:
@@ -252,13 +247,10 @@ class _Server:
             organization_id=organization, run_id=run_id, step_id=step.pk, attempt=attempt
         ):
             began = time.monotonic()
-            with traces.attempt(step, attempt) as span:
-                refusal = None
-                if ratewaits.spends(step):
-                    verdict, refusal = ratelimited.ask(step, attempt)
-                    if verdict == ratelimited.WAIT:
-                        span.set_attribute("orchestrator.outcome", "waiting_rate_limit")
-                        return True  # it waits for its units without this worker: serve on
+            with step_spans.attempt(step, attempt) as span:
+                verdict, refusal = rate_limit_asks.ask(step, attempt, span)
+                if verdict == rate_limit_asks.WAIT:
+                    return True  # it waits for its units without this worker: serve on
                 outcome = refusal or run_time_limited(step, attempt, hard_limits=self.hard_limits)
                 self.served += 1
                 now = time.monotonic()
@@ -266,21 +258,21 @@ class _Server:
                 claim = None if spent or self.leaving else self.claim(choose=now >= until)
                 with serving(str(run_id)):
                     applied, after = _record(step, attempt, outcome, claim)
-                traces.finished(span, step, outcome, applied)
+                step_spans.finished(span, step, outcome, applied)
             self.next, self.chosen = after.claimed, after.chosen
             _measure(step, outcome, time.monotonic() - began, applied)
         if not applied or spent:
             CeleryTransport().ring({str(run_id): priority}, "burst" if applied else "dropped")
             return False
         if self.next is not None:
-            self.spread(run_id, priority, self.next, now - began)
+            self.leave_if_crowded(run_id, self.next, now - began)
         if self.leaving and self.next is None:
             if _served_by_another(run_id, self.task_id):
                 return False  # no doorbell: the others go on
             self.leaving = False  # alone now: it stays
         return True
 
-    def spread(self, run_id: Any, priority: int, claimed: dict[str, Any], worked_s: float) -> None:
+    def leave_if_crowded(self, run_id: Any, claimed: dict[str, Any], worked_s: float) -> None:
         """Whether this server should leave the run, from a recording that claimed
         ``claimed`` (docs/engine.md, "One run over the fleet").
 
@@ -377,7 +369,7 @@ class _Server:
 
 
 def _measure(step: Step, outcome: Outcome, duration_s: float, applied: bool) -> None:
-    """The attempt's figures for Prometheus (orchestrator.metrics): its outcome, how long
+    """The attempt's figures for Prometheus (common.metrics): its outcome, how long
     it ran and how long it waited to be claimed."""
     if not applied:
         result = "dropped"
@@ -391,7 +383,7 @@ def _measure(step: Step, outcome: Outcome, duration_s: float, applied: bool) -> 
     metrics.step_attempt(step.tool, result, duration_s, waited)
 
 
-def _let_go(slot: fairness.Slot) -> None:
+def _give_back(slot: fairness.Slot) -> None:
     """Give the slot back; a database that failed meanwhile lets it go by its lease
     instead (what failed is what the caller reports, not this)."""
     try:
@@ -437,7 +429,7 @@ def _record(
     discard_interrupted_connection()
     try:
         if tracing.enabled:
-            with traces.recording(step, attempt, outcome):
+            with step_spans.recording(step, attempt, outcome):
                 return record_and_claim(step.pk, step.run_id, attempt, outcome, claim)
         return record_and_claim(step.pk, step.run_id, attempt, outcome, claim)
     except (OperationalError, InterfaceError) as exc:
@@ -466,7 +458,7 @@ def run_time_limited(step: Step, attempt: int, *, hard_limits: bool) -> Outcome:
     try:
         with _soft_limit(timeout):
             if hard_limits:
-                heart.hard_limit(timeout + settings.ENGINE_HARD_LIMIT_GRACE)
+                lease_keeper.hard_limit(timeout + settings.ENGINE_HARD_LIMIT_GRACE)
             outcome = run_attempt(step, attempt)
     except SoftTimeLimitExceeded:
         # The timer fired after the attempt had ended but before it was disarmed.
@@ -474,7 +466,7 @@ def run_time_limited(step: Step, attempt: int, *, hard_limits: bool) -> Outcome:
             outcome = _timed_out(step)
     finally:
         if hard_limits:
-            heart.hard_limit(None)
+            lease_keeper.hard_limit(None)
     assert outcome is not None  # set by the attempt, or by the except clause
     return outcome
 
@@ -545,7 +537,7 @@ def run_attempt(step: Step, attempt: int) -> Outcome:
     saved = StepArtifacts(step)
     ctx.save_artifact = saved.save
     secrets = redactable(context.secrets_used.values())
-    heart.begin(step.pk, step.run_id, attempt)
+    lease_keeper.begin(step.pk, step.run_id, attempt)
     try:
         with redacting(secrets):
             outcome = saved.listed_in(_run_tool(spec.run, step, params, ctx))
@@ -553,7 +545,7 @@ def run_attempt(step: Step, attempt: int) -> Outcome:
     except SoftTimeLimitExceeded:  # while a large output was being redacted or checked
         return _timed_out(step)
     finally:
-        heart.end()
+        lease_keeper.end()
 
 
 class StepArtifacts:

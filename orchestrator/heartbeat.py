@@ -24,14 +24,16 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
-from orchestrator import metrics
+from common import metrics
 from runs.fairness import Slot, renew_slot
 from runs.models import Run, Step
 
 logger = logging.getLogger(__name__)
 
 
-class _Heart:
+class _LeaseKeeper:
+    """The heartbeat thread's charge: the step's lease and hard limit, the slot held."""
+
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.current: tuple[int, Any, int] | None = None  # step id, run id, attempt
@@ -79,7 +81,7 @@ class _Heart:
         while True:
             time.sleep(tick)
             # The step figures this process summed reach Redis within a second or two,
-            # busy or idle (orchestrator.metrics).
+            # busy or idle (common.metrics).
             metrics.flush_if_due()
             with self.lock:
                 current, since, deadline = self.current, self.since, self.deadline
@@ -122,4 +124,4 @@ def renew(step_id: int, run_id: Any, attempt: int) -> bool:
     return bool(renewed)
 
 
-heart = _Heart()
+lease_keeper = _LeaseKeeper()

@@ -36,7 +36,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span
 
 from common import tracing
-from config import tracing as tracing_config
+from config import otel
 from config.env import Env
 
 logger = logging.getLogger("orchestrator.runner")
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     # Traces: on when OTEL_EXPORTER_OTLP_ENDPOINT is set (the runner reads the OTEL_*
     # variables as the server's settings do, through config.env).
     env = Env()
-    tracing_config.setup(tracing_config.read(env, "orchestrator-runner"), "runner")
+    otel.setup(otel.read(env, "orchestrator-runner"), "runner")
     env.raise_if_invalid()
     runner = Runner(
         url=args.url,
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runner.run()
     finally:
-        tracing_config.flush()
+        otel.flush()
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Periodic sweeps (scheduled by django-celery-beat, see orchestrator.schedules).
+"""Periodic sweeps (scheduled by django-celery-beat, see orchestrator.periodic).
 
 Each sweep is idempotent and batched: it selects a bounded batch of candidate rows,
 then handles each run under that run's lock and re-checks every row before acting, so a

@@ -8,7 +8,7 @@ FOR UPDATE SKIP LOCKED, at most WEBHOOK_ENDPOINT_CONCURRENCY in flight per endpo
 under a lease) and publishes one ``orchestrator.webhooks.deliver`` message per claim, on
 the ``webhooks`` queue (config/celery.py), apart from the engine's sweeps. A delivery
 created from Python (a test ping, a redelivery) and a delivery just answered ask for a
-sweep after commit instead of waiting for beat.
+sweep after commit instead of waiting for beat (``webhooks.services.kick``).
 
 The request mirrors the on-call webhook (orchestrator/notify.py): the same
 ``signature()`` over ``"<t>.<body>"`` in ``X-Orchestrator-Signature``,
@@ -26,8 +26,8 @@ from typing import Any
 import httpx
 from cryptography.fernet import InvalidToken
 from django.conf import settings
-from django.db import transaction
 
+from config.celery import app
 from orchestrator.netguard import AddressNotAllowed, guarded_client
 from orchestrator.notify import SIGNATURE_HEADER, signature
 from webhooks import services
@@ -61,36 +61,22 @@ def encoded(delivery: WebhookDelivery) -> bytes:
     return json.dumps(body(delivery), separators=(",", ":"), sort_keys=True).encode()
 
 
-def kick() -> None:
-    """Ask for a sweep once the current transaction commits (not before: it would find
-    nothing). Beat's sweep finds the delivery anyway; this only makes it prompt."""
-    if settings.ORCHESTRATOR_DISPATCH_ENABLED:
-        transaction.on_commit(_publish_sweep)
-
-
-def _publish_sweep() -> None:
-    from orchestrator.tasks import sweep_webhooks_task
-
-    try:
-        sweep_webhooks_task.apply_async(expires=max(settings.WEBHOOK_SWEEP_INTERVAL, 5))
-    except Exception:  # a lost kick: beat's next sweep does the same
-        logger.warning("webhooks: the sweep could not be asked for", exc_info=True)
-
-
 def sweep() -> dict[str, int]:
     """Claim the due deliveries and publish a message for each (after the claim
     commits). A message lost, or a worker dead while sending: the lease ends and a later
     sweep claims the delivery again."""
-    from orchestrator.tasks import webhook_delivery_task
-
     claims = services.deliveries_claim(
         limit=settings.WEBHOOK_SWEEP_BATCH,
         per_endpoint=settings.WEBHOOK_ENDPOINT_CONCURRENCY,
         lease_seconds=settings.WEBHOOK_LEASE,
     )
     for claim in claims:
-        webhook_delivery_task.apply_async(
-            args=(claim.delivery_id, claim.token), expires=settings.WEBHOOK_LEASE
+        # By name: orchestrator.tasks imports this module, never the reverse.
+        app.send_task(
+            "orchestrator.webhooks.deliver",
+            args=(claim.delivery_id, claim.token),
+            expires=settings.WEBHOOK_LEASE,
+            ignore_result=True,
         )
     return {"claimed": len(claims)}
 
@@ -104,7 +90,7 @@ def deliver(delivery_id: int, token: str) -> str | None:
     result = post(delivery)
     status = services.attempt_record(delivery_id=delivery_id, token=token, result=result)
     if status is not None:
-        kick()  # the run's next delivery to this endpoint may wait for this one
+        services.kick()  # the run's next delivery to this endpoint may wait for this one
     return status
 
 

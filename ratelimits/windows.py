@@ -10,7 +10,7 @@ reserved), at the earliest moment ``t`` such that the units granted in ``(t - pe
 plus its own fit in the limit. Every grant made is then the latest of its bucket, so the
 window ending at it is the only one it can overfill, and that one was checked: every
 window holds at most the limit, whatever the order of asks. A ``t`` in the future is a
-reservation: the step waits for it (``runs.ratewaits``).
+reservation: the step waits for it (``runs.step_admission``).
 """
 
 from __future__ import annotations
@@ -127,11 +127,6 @@ def reserve(
     return at, binding
 
 
-def reserved_for(step_id: int) -> list[RateGrant]:
-    """The step's reservation (its grants not taken yet), locked."""
-    return list(RateGrant.objects.select_for_update().filter(step_id=step_id, used=False))
-
-
 def take(grants: Sequence[RateGrant]) -> None:
     RateGrant.objects.filter(pk__in=[grant.pk for grant in grants]).update(used=True)
 
@@ -139,19 +134,6 @@ def take(grants: Sequence[RateGrant]) -> None:
 def forget(grants: Sequence[RateGrant]) -> None:
     """Reservations given back (their step will not run then): their units free again."""
     RateGrant.objects.filter(pk__in=[grant.pk for grant in grants], used=False).delete()
-
-
-def waiting_in(buckets: Iterable[str], after: datetime) -> list[RateGrant]:
-    """The reservations still ahead in ``buckets`` (after ``after``), and every other
-    reservation of the same steps, locked: what a requeue moves."""
-    steps = (
-        RateGrant.objects.filter(bucket__in=list(buckets), used=False, granted_at__gt=after)
-        .exclude(step_id=None)
-        .values("step_id")
-    )
-    return list(
-        RateGrant.objects.select_for_update().filter(step_id__in=steps, used=False).order_by("id")
-    )
 
 
 def prune(older_than: datetime, batch: int = 10_000) -> int:

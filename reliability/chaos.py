@@ -171,7 +171,7 @@ def publish_duplicates(run_ids: list[str], rng: random.Random) -> str:
     from django.db import close_old_connections
 
     from config.celery import QUEUE_RUNS_NORMAL, QUEUE_STEPS, app
-    from orchestrator.dispatch import EXECUTE_STEP_TASK, PICK_UP_TASK
+    from orchestrator.transport import EXECUTE_STEP_TASK, PICK_UP_TASK
     from runs.models import Step
 
     close_old_connections()
@@ -179,7 +179,7 @@ def publish_duplicates(run_ids: list[str], rng: random.Random) -> str:
         return "no runs yet"
     chosen = rng.sample(run_ids, min(5, len(run_ids)))
     steps = list(Step.objects.filter(run_id__in=chosen).values_list("pk", flat=True)[:40])
-    # As the engine publishes them (orchestrator.dispatch): no result asked for.
+    # As the engine publishes them (orchestrator.transport): no result asked for.
     for step_id in steps:
         app.send_task(
             EXECUTE_STEP_TASK, args=(step_id,), queue=QUEUE_STEPS, priority=5, ignore_result=True

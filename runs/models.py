@@ -129,7 +129,7 @@ class Run(Timestamps):
     concurrency_key = models.CharField(max_length=255, blank=True, db_default="")
     concurrency_max = models.PositiveIntegerField(default=0, db_default=0)
     # A step of its plan spends rate limits: its end gives back what they reserved
-    # (runs.ratewaits); False spares every other run that work.
+    # (runs.step_admission); False spares every other run that work.
     rate_limited = models.BooleanField(default=False, db_default=False)
 
     class Meta:
@@ -385,7 +385,7 @@ class Step(Timestamps):
     failures = models.IntegerField(default=0)
     reclaims = models.IntegerField(default=0)
     next_run_at = models.DateTimeField(null=True, blank=True)
-    # The rate limits it spends (the plan's, templates unrendered: runs.ratewaits) and,
+    # The rate limits it spends (the plan's, templates unrendered: runs.step_admission) and,
     # while it waits for their units, why ("rate_limited:<name>"; "" otherwise).
     rate_limits = models.JSONField(default=list, blank=True, db_default=[])
     waiting_reason = models.CharField(max_length=120, blank=True, default="", db_default="")
@@ -516,11 +516,6 @@ class RunnerJobStatus(models.TextChoices):
     COMPLETED = "completed"
     FAILED = "failed"
     STOPPED = "stopped"
-
-
-RUNNER_JOB_ENDED = frozenset(
-    {RunnerJobStatus.COMPLETED, RunnerJobStatus.FAILED, RunnerJobStatus.STOPPED}
-)
 
 
 class Runner(models.Model):

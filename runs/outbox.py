@@ -3,7 +3,7 @@
 The services and the engine decide; they never talk to the broker. They put what must
 be sent here (a step to execute, a run to pick up or resume, running steps to
 terminate), and the transport that the orchestrator app registers at start-up
-(``orchestrator.dispatch.CeleryTransport``, see ``OrchestratorConfig.ready``) publishes
+(``orchestrator.transport.CeleryTransport``, see ``OrchestratorConfig.ready``) publishes
 it after commit, so a worker never sees work that might still roll back. This keeps the
 layers one way: ``runs`` names no Celery task and imports nothing of ``orchestrator``.
 

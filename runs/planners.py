@@ -8,8 +8,8 @@ with its token usage. It may raise ``PlanningFailed``; anything else it raises i
 recorded the same way. Its answer is never trusted: ``runs.replanning`` puts it through
 the plan validator with the rest of the plan before anything is spawned.
 
-The rule-based planner lives here; the LLM planner, which speaks HTTP, lives with the
-other outbound calls in ``orchestrator.planners``.
+The rule-based planner and the lookup by name live here; the LLM planner, which speaks
+HTTP, lives with the other outbound calls in ``orchestrator.llm_planner``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from django.conf import settings
+from django.utils.module_loading import import_string
 
 from runs.plan import Limits
 from runs.plan.fields import NAME_MAX_LENGTH
@@ -67,6 +70,15 @@ class PlanningFailed(Exception):
 
 
 Planner = Callable[[PlanningRequest], "Proposal | Sequence[AgentJson] | None"]
+
+
+def planner_named(name: str) -> Planner:
+    """The planner configured under ``name`` (``ORCH_PLANNERS``)."""
+    path = settings.ORCH_PLANNERS.get(name)
+    if path is None:
+        raise PlanningFailed("planner_error", f"no planner is configured as {name!r}")
+    planner: Planner = import_string(path)
+    return planner
 
 
 def proposal_of(answer: Any) -> Proposal:

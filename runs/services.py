@@ -29,7 +29,7 @@ from billing.services import (
 from common import eventstreams, tracing
 from common.templates import Reference, UnresolvedReference, render_value, resolve_in
 from common.text import storable_text
-from runs import admission, ratewaits
+from runs import admission, step_admission
 from runs.materialize import materialize
 from runs.models import (
     Agent,
@@ -217,7 +217,7 @@ def run_create(
     derived from it again when a worker materialises the run.
     """
     parsed = parse_plan(plan, size_hint=size_hint)
-    problems = ratewaits.plan_problems(organization.pk, parsed)
+    problems = step_admission.plan_problems(organization.pk, parsed)
     if problems:
         raise PlanInvalid(problems)
     key, most = concurrency_of(parsed)
@@ -496,7 +496,7 @@ def _finish_attempt(run: Run, actor: str = "system") -> None:
         enqueue_run_message(RunMessage.CHILD_ENDED, run.pk, run.priority)
     _close_escalations(run, actor)
     admission.released(run)
-    ratewaits.release_run(run)
+    step_admission.release_run(run)
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT engine.attempt_close(%s, %s::smallint, %s, %s, %s)",
@@ -643,7 +643,7 @@ def run_pause(
     run = lock_run(run_id, organization)
     result = transition(Run, run.pk, RunStatus.PAUSED, actor=actor)
     if result.changed:
-        ratewaits.release_run(result.obj)
+        step_admission.release_run(result.obj)
         _move_work(
             run,
             nodes=([NodeStatus.PENDING, NodeStatus.RUNNING], NodeStatus.PAUSED),

@@ -121,8 +121,6 @@ TERMINAL: dict[str, frozenset[str]] = {
     "task": NODE_TERMINAL,
     "step": STEP_TERMINAL,
 }
-# Run states in which work may be in flight or about to be (sweeps watch these).
-RUN_ACTIVE = frozenset({R.RUNNING, R.WAITING_APPROVAL, R.RESUMING, R.ESCALATED})
 # A run picked up and not yet ended: what an organization's limit of running runs counts
 # (a paused or escalated run holds its place: it may go on at any moment).
 RUN_STARTED = frozenset({R.RUNNING, R.WAITING_APPROVAL, R.PAUSED, R.RESUMING, R.ESCALATED})

@@ -316,10 +316,10 @@ _CLAIMED_FIELDS = (
     "when",
     "timeout_ms",
     "handler_for_id",
-    # For the queue-wait metric (orchestrator.metrics): dispatched, then claimed.
+    # For the queue-wait metric (common.metrics): dispatched, then claimed.
     "dispatched_at",
     "status_changed_at",
-    # The rate limits it spends ([] for most steps: runs.ratewaits).
+    # The rate limits it spends ([] for most steps: runs.step_admission).
     "rate_limits",
     # The run has more claimable steps: its server may call for help.
     "more",

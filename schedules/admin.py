@@ -16,7 +16,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from billing.services import InsufficientCredits
-from common.admin import ReadOnlyAdminMixin
+from common.admin import ReadOnlyAdminMixin, actor_of
 from runs.admission import TooManyPendingRuns
 from runs.plan import PlanInvalid, format_duration_ms
 from schedules import services
@@ -25,10 +25,6 @@ from schedules.selectors import with_last_run
 
 RECENT_FIRES = 20
 REFUSALS = (InsufficientCredits, TooManyPendingRuns, PlanInvalid, services.ScheduleNotFound)
-
-
-def _actor(request: HttpRequest) -> str:
-    return f"admin:{request.user.get_username()}"
 
 
 def _run_link(run_id: Any, status: str | None) -> SafeString | str:
@@ -135,7 +131,7 @@ class ScheduleAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[Schedule]):
         verb: str,
         act: Callable[[Schedule, str], Any],
     ) -> None:
-        actor, done = _actor(request), 0
+        actor, done = actor_of(request), 0
         for schedule in queryset:
             try:
                 act(schedule, actor)

@@ -90,19 +90,20 @@ def test_create_org_refuses_bad_credits() -> None:
 def test_setup_periodic_tasks_installs_every_schedule_once_and_removes_stale_ones() -> None:
     from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-    from orchestrator.schedules import SCHEDULE_PREFIX, schedules
+    from orchestrator.periodic import PERIODIC_PREFIX, periodic_tasks
 
     stale_interval = IntervalSchedule.objects.create(every=99, period="seconds")
     PeriodicTask.objects.create(
-        name=f"{SCHEDULE_PREFIX}retired-sweep", task="x", interval=stale_interval
+        name=f"{PERIODIC_PREFIX}retired-sweep", task="x", interval=stale_interval
     )
     PeriodicTask.objects.create(name="added by hand", task="y", interval=stale_interval)
 
     call_command("setup_periodic_tasks", stdout=StringIO())
     call_command("setup_periodic_tasks", stdout=StringIO())  # twice: nothing doubles
 
-    installed = PeriodicTask.objects.filter(name__startswith=SCHEDULE_PREFIX)
-    assert sorted(installed.values_list("task", flat=True)) == sorted(s.task for s in schedules())
+    installed = PeriodicTask.objects.filter(name__startswith=PERIODIC_PREFIX)
+    declared = sorted(periodic.task for periodic in periodic_tasks())
+    assert sorted(installed.values_list("task", flat=True)) == declared
     assert {t.queue for t in installed} == {"sweeps", "webhooks"}
     assert all(t.enabled and t.expire_seconds for t in installed)
     assert PeriodicTask.objects.filter(name="added by hand").exists()

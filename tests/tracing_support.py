@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from common import tracing
-from config import tracing as tracing_config
+from config import otel
 
 # The worker exports often, so that a test waits tenths of a second for its spans.
 WORKER_SCHEDULE_DELAY_MS = 100
@@ -30,7 +30,7 @@ def provider() -> TracerProvider:
     if _provider is None:
         _provider = TracerProvider(resource=Resource.create({"service.name": "orchestrator-tests"}))
         _provider.add_span_processor(SimpleSpanProcessor(_memory))
-        tracing_config.install(_provider)
+        otel.install(_provider)
         tracing.enable(False)  # on only inside ``traced``
     return _provider
 

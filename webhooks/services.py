@@ -1,5 +1,6 @@
 """Run webhooks' writes (docs/webhooks.md): endpoints registered, changed, deleted and
-pinged; deliveries claimed by the sender, their attempts recorded, re-sent by hand.
+pinged; deliveries claimed by the sender, their attempts recorded, re-sent by hand; a
+sweep asked for after commit (``kick``).
 
 Deliveries of run events are not written here: PostgreSQL writes them, by trigger, in the
 transaction of the state change (migration 0001). The sender (``orchestrator.webhooks``)
@@ -9,6 +10,7 @@ records the answer with ``attempt_record``.
 
 from __future__ import annotations
 
+import logging
 import random
 import secrets
 import uuid
@@ -17,6 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
+from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
@@ -32,6 +35,8 @@ from webhooks.models import (
     WebhookDelivery,
     WebhookEndpoint,
 )
+
+logger = logging.getLogger(__name__)
 
 SECRET_PREFIX = "whsec_"  # noqa: S105 - a prefix, not a secret
 SECRET_MIN_LENGTH = 16
@@ -239,6 +244,22 @@ def endpoint_test(*, endpoint_id: Any, organization: Organization | None = None)
 
 
 # --------------------------------------------------------------------------- deliveries
+def kick() -> None:
+    """Ask for a sweep once the current transaction commits (not before: it would find
+    nothing). Beat's sweep finds the delivery anyway; this only makes it prompt."""
+    if settings.ORCHESTRATOR_DISPATCH_ENABLED:
+        transaction.on_commit(_publish_sweep)
+
+
+def _publish_sweep() -> None:
+    try:
+        expires = max(settings.WEBHOOK_SWEEP_INTERVAL, 5)
+        # By name: this app, below the worker's, imports none of its tasks.
+        current_app.send_task("orchestrator.webhooks.sweep", expires=expires, ignore_result=True)
+    except Exception:  # a lost kick: beat's next sweep does the same
+        logger.warning("webhooks: the sweep could not be asked for", exc_info=True)
+
+
 @transaction.atomic
 def delivery_redeliver(
     *, delivery_uid: Any, endpoint_id: Any | None = None, organization: Organization | None = None

@@ -25,7 +25,7 @@ from common.stores import (
     parse_sentinel,
     postgres_hosts,
 )
-from config import tracing as tracing_config
+from config import otel
 from config.env import Env
 
 # Lets classes such as admin.ModelAdmin[Run] be subscripted at run time, as typed.
@@ -79,7 +79,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    # Counts the API's requests for Prometheus (api/metrics.py).
+    # Counts the API's requests for Prometheus (api/metrics.py, into common.metrics).
     "api.metrics.RequestMetrics",
 ]
 
@@ -292,8 +292,8 @@ LOGGING: dict[str, Any] = {
 
 # --------------------------------------------------------------------------- traces
 # OpenTelemetry (docs/observability.md): off unless OTEL_EXPORTER_OTLP_ENDPOINT is set;
-# config.tracing hands these to the SDK in the web and worker processes.
-TRACING = tracing_config.read(env)
+# config.otel hands these to the SDK in the web and worker processes.
+TRACING = otel.read(env)
 
 # --------------------------------------------------------------------------- Celery
 # Reliability settings (SPEC section 5): a message is acknowledged only after its task
@@ -345,7 +345,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # After a broker connection loss a running task's acknowledgement cannot be delivered and
 # Redis restores its message: cancel it rather than let its redelivery meet it. Celery
 # writes a "retry" result when it cancels; the engine's tasks have no result backend
-# (orchestrator.tasks.EngineTask), or that write, Redis being down, killed the worker.
+# (common.task_base.EngineTask), or that write, Redis being down, killed the worker.
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_IGNORE_RESULT = True  # PostgreSQL holds every outcome; opt in per task.
@@ -499,7 +499,7 @@ POLL_MIN_INTERVAL = 0.05
 
 # --------------------------------------------------------------------------- schedules
 # Run schedules (docs/schedules.md): beat publishes a tick every SCHEDULES_TICK_SECONDS
-# (orchestrator/schedules.py) and each tick fires the schedules that are due. A due time
+# (orchestrator/periodic.py) and each tick fires the schedules that are due. A due time
 # the tick reaches more than SCHEDULES_MISFIRE_GRACE seconds late counts as missed (beat
 # was down), and is run or not by the schedule's `catchup` policy; `catchup: all` runs at
 # most SCHEDULES_CATCHUP_MAX of the missed times, the latest ones.
@@ -596,7 +596,7 @@ ENGINE_SWEEP_INTERVAL = env.integer(
 ENGINE_SWEEP_BATCH = env.integer(
     "ENGINE_SWEEP_BATCH", 500, "rows a sweep handles per run", minimum=1
 )
-# Doorbells (orchestrator.dispatch): the steps of a run that are ready to start are rows
+# Doorbells (orchestrator.transport): the steps of a run that are ready to start are rows
 # that a worker claims one after another (runs.transitions.claim_next_step); the broker
 # carries doorbells, at most ENGINE_DOORBELLS per run per transaction, not one message
 # per step. A doorbell serves its run for at most ENGINE_BURST_STEPS steps or
@@ -828,7 +828,7 @@ REPLAN_TASK_FAILURES = env.integer(
 REPLAN_MAX = env.integer("REPLAN_MAX", 2, "re-plans a run may make", minimum=0)
 ORCH_PLANNERS: dict[str, str] = {
     "rules": "runs.planners.rule_planner",
-    "llm": "orchestrator.planners.llm_planner",
+    "llm": "orchestrator.llm_planner.llm_planner",
 }
 for _entry in env.strings(
     "ORCH_PLANNERS", [], "more planners a plan may name: name=dotted.path,name=dotted.path"
@@ -893,8 +893,8 @@ if not 0 < API_STREAM_HEARTBEAT_S <= 300:
 IDEMPOTENCY_TTL_HOURS = env.integer(
     "IDEMPOTENCY_TTL_HOURS", 24, "hours an Idempotency-Key response is kept", minimum=1
 )
-# Prometheus (`GET /metrics`, api/metrics.py): it answers only to this bearer token; unset,
-# the endpoint does not exist. `make run` generates one into .data/metrics-token.
+# Prometheus (`GET /metrics`, orchestrator/prometheus.py): it answers only to this bearer
+# token; unset, the endpoint does not exist. `make run` generates one into .data/metrics-token.
 METRICS_TOKEN = env.string(
     "METRICS_TOKEN", "", "bearer token /metrics answers to; empty: no /metrics (404)"
 )

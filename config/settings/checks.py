@@ -65,7 +65,7 @@ def check_consistency(env: Env, settings: dict[str, Any]) -> None:
     task_limit = int(settings["CELERY_TASK_TIME_LIMIT"])
     # The longest task is a pick-up: a task's default limit to pick the run up, then a
     # doorbell's: a burst, then the longest step it may start at the burst's end, plus
-    # two graces (orchestrator.dispatch.pick_up_limits and doorbell_limits).
+    # two graces (orchestrator.transport.pick_up_limits and doorbell_limits).
     longest_task = task_limit + math.ceil(burst + longest_step) + 2 * grace
     if visibility <= longest_task:
         # Redis would hand a message still being worked on to a second worker.

@@ -72,7 +72,6 @@ BackoffName = Literal["fixed", "linear", "exponential"]
 ExhaustedName = Literal["fail", "escalate"]
 MODES: tuple[str, ...] = get_args(ModeName)
 FAILURE_MODES: tuple[str, ...] = get_args(FailureModeName)
-BACKOFFS: tuple[str, ...] = get_args(BackoffName)
 
 
 class PlanModel(BaseModel):

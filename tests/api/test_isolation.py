@@ -11,7 +11,7 @@ from billing.models import LedgerEntry, Secret
 from billing.secrets import decrypt_value, secret_put
 from ratelimits.models import RateLimit
 from runs.models import Run, RunEvent
-from runs.ratewaits import rate_limit_put
+from runs.step_admission import rate_limit_put
 from schedules.models import Schedule, ScheduleFire
 from tests.api import states
 from tests.api.conftest import Tenant

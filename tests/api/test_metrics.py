@@ -1,7 +1,7 @@
-"""`GET /metrics` (api/metrics.py, orchestrator/metrics.py): only with its bearer token,
-Prometheus's text format (parsed with prometheus_client's own parser), the database's
-figures and the counters processes keep in Redis. With a real worker: tests/integration/
-test_metrics.py."""
+"""`GET /metrics` (orchestrator/prometheus.py; the counters: common/metrics.py, and
+api/metrics.py for the API's requests): only with its bearer token, Prometheus's text
+format (parsed with prometheus_client's own parser), the database's figures and the
+counters processes keep in Redis. With a real worker: tests/integration/test_metrics.py."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
+from common import metrics
 from config.celery import ALL_QUEUES
-from orchestrator import metrics, tasks
+from orchestrator import tasks
 from runs import services
 from runs.engine.start import run_start
 from tests import factories

@@ -1,5 +1,5 @@
 """The tracing helpers every layer uses (common.tracing), the SDK's set-up from the OTEL_*
-variables (config.tracing) and the trace ids on log lines (common.logcontext,
+variables (config.otel) and the trace ids on log lines (common.logcontext,
 config.logging)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from common import logcontext, tracing
-from config import tracing as tracing_config
+from config import otel
 from config.env import Env
 from config.logging import JsonFormatter, TextFormatter
 
@@ -124,13 +124,13 @@ def test_the_otel_variables_are_read_through_the_settings_env() -> None:
             "OTEL_TRACES_SAMPLER_ARG": "0.25",
         }
     )
-    config = tracing_config.read(env)
+    config = otel.read(env)
     assert env.errors == []
     assert config.endpoint == "http://collector:4318"
     assert config.service_name == "orch"
-    assert tracing_config.parse_headers(config.headers) == {"api-key": "s3cr=t", "x": "1"}
-    assert "0.25" in tracing_config.sampler(config.sampler, config.sampler_arg).get_description()
-    assert not tracing_config.read(Env(environ={})).endpoint  # off by default
+    assert otel.parse_headers(config.headers) == {"api-key": "s3cr=t", "x": "1"}
+    assert "0.25" in otel.sampler(config.sampler, config.sampler_arg).get_description()
+    assert not otel.read(Env(environ={})).endpoint  # off by default
     wrong = Env(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": "ftp://x", "OTEL_TRACES_SAMPLER": "no"})
-    tracing_config.read(wrong)
+    otel.read(wrong)
     assert len(wrong.errors) == 2

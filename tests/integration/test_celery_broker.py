@@ -11,8 +11,8 @@ from celery.signals import before_task_publish
 from django.db import transaction
 
 from config.celery import QUEUE_RUNS_NORMAL, QUEUE_STEPS, QUEUE_SWEEPS, app
-from orchestrator.dispatch import PICK_UP_TASK
 from orchestrator.tasks import echo_task
+from orchestrator.transport import PICK_UP_TASK
 from runs.engine.start import run_start
 from runs.models import Run
 from tests import factories

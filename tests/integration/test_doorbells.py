@@ -11,7 +11,7 @@ import pytest
 from celery.signals import before_task_publish
 from django.conf import settings
 
-from orchestrator.dispatch import PICK_UP_TASK
+from orchestrator.transport import PICK_UP_TASK
 from runs.models import Step
 from tests.factories import step
 from tests.integration.engine_support import assert_books_balanced, submit, wait_for

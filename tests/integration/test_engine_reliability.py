@@ -9,7 +9,7 @@ import pytest
 
 from billing.models import LedgerEntry
 from config.celery import QUEUE_STEPS, QUEUE_SWEEPS, app
-from orchestrator.dispatch import EXECUTE_STEP_TASK
+from orchestrator.transport import EXECUTE_STEP_TASK
 from runs import approvals
 from runs.models import Run, RunEvent, Step
 from tests.factories import plan, step

@@ -47,7 +47,7 @@ def test_the_workers_counters_move_during_a_run(celery_worker: str, settings: An
     )
     assert Step.objects.filter(run=run).exclude(status="completed").exists()
     assert wait_for(run).status == "completed"
-    # The worker sends what it summed within a second or two (orchestrator.metrics).
+    # The worker sends what it summed within a second or two (common.metrics).
     after = wait_until(
         lambda: (
             found

@@ -14,7 +14,7 @@ import redis
 from celery.signals import before_task_publish
 
 from config.celery import QUEUE_RUNS_HIGH, QUEUE_RUNS_NORMAL, app
-from orchestrator.dispatch import PICK_UP_TASK, run_queue
+from orchestrator.transport import PICK_UP_TASK, run_queue
 from runs import services
 from runs.engine.start import run_start
 from tests import factories

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from billing.models import Organization
-from orchestrator.metrics import OrchestratorCollector
+from orchestrator.prometheus import OrchestratorCollector
 from ratelimits.models import RateGrant
-from runs import ratewaits, services
+from runs import services, step_admission
 from runs.models import Run, Step
 from tests import factories
 from tests.integration.engine_support import assert_books_balanced, submit, wait_for
@@ -65,7 +65,9 @@ def grants(bucket_prefix: str) -> list[datetime]:
 
 
 def limit(organization: Organization, name: str, most: int, period_ms: int) -> None:
-    ratewaits.rate_limit_put(organization=organization, name=name, limit=most, period_ms=period_ms)
+    step_admission.rate_limit_put(
+        organization=organization, name=name, limit=most, period_ms=period_ms
+    )
 
 
 def test_three_hundred_steps_under_fifty_per_five_seconds_never_exceed_it_and_all_complete() -> (

@@ -182,12 +182,14 @@ def test_the_broker_follows_a_sentinel_failover(redis_group: RedisGroup) -> None
     assert got == [1, 2]  # the message sent before the failover was kept (WAIT)
 
 
+@pytest.mark.django_db(transaction=True)
 def test_a_worker_and_a_client_through_sentinel_run_work_across_a_failover(
-    redis_group: RedisGroup, tmp_path: Path, django_db_setup: None
+    redis_group: RedisGroup, tmp_path: Path
 ) -> None:
     """A real worker and a process submitting a run, both configured by URLs alone
     (``CELERY_BROKER_URL`` names the Sentinels): a run completes before the primary is
-    lost and another after it, on the promoted replica."""
+    lost and another after it, on the promoted replica. Transactional: the demo runs the
+    other processes commit are flushed after, not left to the tests that count runs."""
     env = child_env(CELERY_BROKER_URL=redis_group.url, REDIS_SENTINEL_MASTER=MASTER)
     worker = Child(
         python_cmd(

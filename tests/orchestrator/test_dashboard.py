@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from billing.models import Organization
 from config.celery import ALL_QUEUES
-from orchestrator import dashboard, metrics
+from orchestrator import dashboard, prometheus
 from runs.models import EscalationTicket, Run, Runner, Step, StepFailure, Task
 from tests import factories
 from tests.api import states
@@ -259,7 +259,7 @@ def test_top_failure_codes_shows_ten_and_counts_every_failure() -> None:
 
 
 def test_queue_depths_are_read_from_the_brokers_lists(quiet_broker: redis.Redis[bytes]) -> None:
-    normal = metrics.queue_keys("runs.normal")
+    normal = prometheus.queue_keys("runs.normal")
     quiet_broker.lpush("steps", "a", "b", "c")
     quiet_broker.lpush(normal[0], "x")
     quiet_broker.lpush(normal[-1], "y", "z")  # a lower priority's own list

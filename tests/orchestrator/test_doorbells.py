@@ -18,7 +18,8 @@ from django.db import OperationalError, transaction
 
 from config.celery import app
 from orchestrator import executor
-from orchestrator.dispatch import (
+from orchestrator.tasks import doorbell_task, pick_up_run_task
+from orchestrator.transport import (
     DOORBELL_TASK,
     EXECUTE_STEP_TASK,
     PICK_UP_TASK,
@@ -26,7 +27,6 @@ from orchestrator.dispatch import (
     pick_up_limits,
     serving,
 )
-from orchestrator.tasks import doorbell_task, pick_up_run_task
 from runs import services
 from runs.engine import control, hotpath
 from runs.engine.outcomes import record_and_claim
@@ -194,8 +194,8 @@ def test_a_step_past_its_hard_limit_kills_the_process_it_runs_in() -> None:
     # for a step served by a doorbell; the pool replaces the process, the sweep the step.
     script = (
         "import django, time; django.setup(); "
-        "from orchestrator.heartbeat import heart; "
-        "heart.hard_limit(0.2); time.sleep(30)"
+        "from orchestrator.heartbeat import lease_keeper; "
+        "lease_keeper.hard_limit(0.2); time.sleep(30)"
     )
     began = time.monotonic()
     child = subprocess.run(

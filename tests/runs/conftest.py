@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.dispatch import CeleryTransport
+from orchestrator.transport import CeleryTransport
 from runs.outbox import use_transport
 from tests.runs.engine.harness import RecordingTransport
 

@@ -1,4 +1,4 @@
-"""Install the schedules declared in `orchestrator.schedules` into django-celery-beat."""
+"""Install the periodic tasks declared in `orchestrator.periodic` into django-celery-beat."""
 
 from __future__ import annotations
 
@@ -9,36 +9,36 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-from orchestrator.schedules import SCHEDULE_PREFIX, schedules
+from orchestrator.periodic import PERIODIC_PREFIX, periodic_tasks
 
 
 class Command(BaseCommand):
-    help = "Create, update or remove periodic tasks to match orchestrator.schedules."
+    help = "Create, update or remove periodic tasks to match orchestrator.periodic."
 
     @transaction.atomic
     def handle(self, *args: Any, **options: Any) -> None:
         wanted = set()
-        for schedule in schedules():
-            name = f"{SCHEDULE_PREFIX}{schedule.name}"
+        for periodic in periodic_tasks():
+            name = f"{PERIODIC_PREFIX}{periodic.name}"
             wanted.add(name)
             interval, _ = IntervalSchedule.objects.get_or_create(
-                every=schedule.every_seconds, period=IntervalSchedule.SECONDS
+                every=periodic.every_seconds, period=IntervalSchedule.SECONDS
             )
             PeriodicTask.objects.update_or_create(
                 name=name,
                 defaults={
-                    "task": schedule.task,
+                    "task": periodic.task,
                     "interval": interval,
-                    "queue": schedule.queue,
+                    "queue": periodic.queue,
                     # Served before any step or run message waiting in the broker: a
                     # sweep that starves behind a backlog cannot rescue it.
                     "priority": 0,
-                    "kwargs": json.dumps(schedule.kwargs),
-                    "expire_seconds": schedule.expires_seconds or schedule.every_seconds,
+                    "kwargs": json.dumps(periodic.kwargs),
+                    "expire_seconds": periodic.expires_seconds or periodic.every_seconds,
                     "enabled": True,
                 },
             )
-        stale = PeriodicTask.objects.filter(name__startswith=SCHEDULE_PREFIX).exclude(
+        stale = PeriodicTask.objects.filter(name__startswith=PERIODIC_PREFIX).exclude(
             name__in=wanted
         )
         removed = stale.count()

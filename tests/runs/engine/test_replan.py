@@ -13,11 +13,10 @@ import pytest
 
 from billing.models import LedgerEntry, Reservation
 from common.invariants import check_all
-from orchestrator.planners import planner_named
 from runs import escalations, replanning
 from runs.models import Agent, EscalationTicket, Replan, RunEvent
 from runs.outbox import RunMessage
-from runs.planners import PlanningRequest, rule_planner
+from runs.planners import PlanningRequest, planner_named, rule_planner
 from tests import factories
 from tests.http_fixture import HttpServer
 from tests.runs.engine.harness import EngineRun

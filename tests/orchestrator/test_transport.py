@@ -10,7 +10,7 @@ from django.db import transaction
 from kombu.exceptions import OperationalError as BrokerError
 
 from config.celery import app
-from orchestrator.dispatch import PICK_UP_TASK
+from orchestrator.transport import PICK_UP_TASK
 from runs.outbox import Outbox, RunMessage, StepMessage, enqueue_run_message
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,13 +1,13 @@
 """A revoke's SIGTERM that lands inside COMMIT ends the pool child as it should, instead
-of surfacing as psycopg's "can't change 'autocommit' now" (orchestrator.tasks)."""
+of surfacing as psycopg's "can't change 'autocommit' now" (common.task_base)."""
 
 from __future__ import annotations
 
 import pytest
 from django.db import DatabaseError, ProgrammingError
 
+from common.task_base import EngineTask, exit_behind
 from config.celery import app
-from orchestrator.tasks import EngineTask, exit_behind
 
 
 def interrupted_commit() -> None:

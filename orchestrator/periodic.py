@@ -1,8 +1,8 @@
 """Every periodic task, declared in code and installed into django-celery-beat.
 
 `python manage.py setup_periodic_tasks` (run by `make run` and at deploy) makes the
-database match this list: it creates or updates each schedule by name and removes
-schedules this project once installed but no longer declares. Sweeps are idempotent and
+database match this list: it creates or updates each periodic task by name and removes
+those this project once installed but no longer declares. Sweeps are idempotent and
 batched, so two beats or a late tick do no harm.
 """
 
@@ -11,13 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# Prefix of every schedule this project owns; others (added by hand in the admin) are
+# Prefix of every periodic task this project owns; others (added by hand in the admin) are
 # left alone.
-SCHEDULE_PREFIX = "orchestrator:"
+PERIODIC_PREFIX = "orchestrator:"
 
 
 @dataclass(frozen=True)
-class Schedule:
+class Periodic:
     name: str
     task: str
     every_seconds: int
@@ -33,47 +33,47 @@ def _every(setting: str) -> int:
     return int(getattr(settings, setting))
 
 
-def schedules() -> tuple[Schedule, ...]:
-    """The schedules, with intervals read from settings at install time."""
+def periodic_tasks() -> tuple[Periodic, ...]:
+    """The periodic tasks, with intervals read from settings at install time."""
     return (
-        Schedule(
+        Periodic(
             name="lease-sweep",
             task="orchestrator.sweeps.leases",
             every_seconds=_every("ENGINE_SWEEP_INTERVAL"),
         ),
-        Schedule(
+        Periodic(
             name="timeout-sweep",
             task="orchestrator.sweeps.timeouts",
             every_seconds=_every("ENGINE_SWEEP_INTERVAL"),
         ),
-        Schedule(
+        Periodic(
             name="idempotency-expiry",
             task="orchestrator.sweeps.idempotency_records",
             every_seconds=600,
         ),
-        Schedule(
+        Periodic(
             name="lost-message-sweep",
             task="orchestrator.sweeps.lost_messages",
             every_seconds=max(
                 _every("ENGINE_SWEEP_INTERVAL"), _every("ENGINE_LOST_MESSAGE_AFTER") // 4
             ),
         ),
-        Schedule(
+        Periodic(
             name="runner-sweep",
             task="orchestrator.sweeps.runners",
             every_seconds=_every("ENGINE_SWEEP_INTERVAL"),
         ),
-        Schedule(
+        Periodic(
             name="artifact-expiry",
             task="orchestrator.sweeps.artifacts",
             every_seconds=300,
         ),
-        Schedule(
+        Periodic(
             name="wait-sweep",
             task="orchestrator.sweeps.waits",
             every_seconds=_every("ENGINE_SWEEP_INTERVAL"),
         ),
-        Schedule(
+        Periodic(
             name="rate-grant-expiry",
             task="orchestrator.sweeps.rate_grants",
             every_seconds=600,
@@ -81,13 +81,13 @@ def schedules() -> tuple[Schedule, ...]:
         # Run schedules (the `schedules` app, docs/schedules.md): each tick fires the
         # schedules that are due. Their due times come from each schedule's own anchor,
         # not from this task's last run, so a tick dropped or doubled changes nothing.
-        Schedule(
+        Periodic(
             name="schedule-tick",
             task="orchestrator.sweeps.schedules",
             every_seconds=_every("SCHEDULES_TICK_SECONDS"),
         ),
         # Run webhooks (docs/webhooks.md): claim the due deliveries and send them.
-        Schedule(
+        Periodic(
             name="webhook-sweep",
             task="orchestrator.webhooks.sweep",
             every_seconds=_every("WEBHOOK_SWEEP_INTERVAL"),

@@ -1,36 +1,22 @@
-"""Prometheus metrics (`GET /metrics`, api/metrics.py; README, Metrics).
-
-Where each figure comes from, and why:
-
-- **What processes count** (step attempts by tool and outcome, step duration and queue
-  wait by tool, sweep actions, API requests by route and status) is added to hashes in
-  the broker's Redis, one pipelined round trip per event. Workers run on several hosts,
-  each with several processes, and the web has its own: prometheus_client's multiprocess
-  mode shares one directory between the processes of one host only, and a scrape of one
-  web process would see none of the workers' figures. Redis is shared by every process
-  already; counters there survive a process's restart (a Redis that loses its data
-  resets them, which Prometheus reads as a counter reset). A Redis that is down loses
-  those increments, never the work: the engine's state is PostgreSQL's.
-- **What the database holds** (runs by status, ledger movements) is read from it at
-  scrape time, and **queue depths** from the broker, as they are now.
-
-The exposition is rendered by prometheus_client from custom collectors, never from its
-process-global registry.
-"""
+"""`GET /metrics` (README, Metrics), only to `Authorization: Bearer <METRICS_TOKEN>` (no
+token configured: 404): what processes counted in Redis (``common.metrics``), what the
+database holds and the broker's queue depths, read at each scrape by a custom collector
+(never prometheus_client's process-global registry)."""
 
 from __future__ import annotations
 
-import bisect
+import hmac
 import logging
-import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import redis
 from django.conf import settings
 from django.db import connection
+from django.http import HttpRequest, HttpResponse, HttpResponseNotFound
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -40,157 +26,32 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from common import eventstreams
-from common.stores import broker_redis
+from common import eventstreams, metrics
 from config.celery import ALL_QUEUES
 
 logger = logging.getLogger(__name__)
-
-PREFIX = "orchestrator:metrics:"
-STEPS = PREFIX + "steps"  # "tool|outcome" -> attempts
-DURATION = PREFIX + "step_duration"  # "tool|bucket index", "tool|sum", "tool|count"
-QUEUE_WAIT = PREFIX + "step_queue_wait"  # the same
-SWEEPS = PREFIX + "sweeps"  # "sweep|action" -> count
-API = PREFIX + "api"  # "route|method|status" -> requests
-DOORBELLS = PREFIX + "doorbells"  # "rung|reason" -> sent; "answered|outcome" -> received
-RATE_LIMITS = PREFIX + "rate_limits"  # "granted|limit" -> units; "waits|limit" -> waits
-RATE_LIMIT_WAIT = PREFIX + "rate_limit_wait"  # "limit|bucket index", "limit|sum", "limit|count"
-# Seconds: a no-op step takes milliseconds, an LLM call or a runner's job minutes.
-BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
-SEP = "|"
+# The hashes processes count in, in the order the scrape reads them.
+_COUNTED = (metrics.STEPS, metrics.DURATION, metrics.QUEUE_WAIT, metrics.SWEEPS, metrics.API,
+            metrics.DOORBELLS, metrics.RATE_LIMITS, metrics.RATE_LIMIT_WAIT)  # fmt: skip
 
 
-def new_client() -> redis.Redis[bytes]:
-    """A client of the broker's Redis with short timeouts (metrics are never worth a wait)."""
-    return broker_redis(socket_timeout=1, socket_connect_timeout=1)
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    token = str(settings.METRICS_TOKEN or "")
+    if not token:
+        return HttpResponseNotFound()
+    sent = request.headers.get("Authorization", "")
+    if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+        response = HttpResponse("unauthorized\n", status=401, content_type="text/plain")
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(OrchestratorCollector())
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
 
-_client: redis.Redis[bytes] | None = None
-
-
-def _connection() -> redis.Redis[bytes]:
-    global _client
-    if _client is None:
-        _client = new_client()
-    return _client
-
-
-def _add(increments: Iterable[tuple[str, str, float]]) -> None:
-    """HINCRBY / HINCRBYFLOAT each (hash, field, amount) in one round trip; a Redis that
-    is down loses them (logged), never the caller's work."""
-    try:
-        pipe = _connection().pipeline(transaction=False)
-        for key, field, amount in increments:
-            if isinstance(amount, int):
-                pipe.hincrby(key, field, amount)
-            else:
-                pipe.hincrbyfloat(key, field, amount)
-        pipe.execute()
-    except (redis.RedisError, OSError) as exc:
-        logger.warning("metrics not recorded: %s", exc)
-
-
-def _observation(key: str, label: str, seconds: float) -> list[tuple[str, str, float]]:
-    bucket = bisect.bisect_left(BUCKETS, seconds)  # len(BUCKETS): the +Inf bucket
-    return [
-        (key, f"{label}{SEP}{bucket}", 1),
-        (key, f"{label}{SEP}sum", float(seconds)),
-        (key, f"{label}{SEP}count", 1),
-    ]
-
-
-# A step's figures are summed in the process and sent at most once a second, by the
-# step or by the worker's heartbeat thread (orchestrator.heartbeat) once the process is
-# idle, never once per step or per task: a round trip to Redis for each cost the dag
-# benchmark a tenth of its time.
-FLUSH_EVERY_S = 1.0
-_lock = threading.Lock()
-_pending: dict[tuple[str, str], float] = defaultdict(float)
-_flushed_at = 0.0
-
-
-def step_attempt(tool: str, outcome: str, duration_s: float, queue_wait_s: float | None) -> None:
-    """A step attempt ended (``outcome``: completed, failed, skipped, dropped)."""
-    increments = [(STEPS, f"{tool}{SEP}{outcome}", 1), *_observation(DURATION, tool, duration_s)]
-    if queue_wait_s is not None and queue_wait_s >= 0:
-        increments += _observation(QUEUE_WAIT, tool, queue_wait_s)
-    with _lock:
-        for key, field, amount in increments:
-            _pending[(key, field)] += amount
-    flush_if_due()
-
-
-def flush_if_due() -> None:
-    if time.monotonic() - _flushed_at >= FLUSH_EVERY_S:
-        flush()
-
-
-def flush() -> None:
-    """Send what this process summed (a Redis that is down loses it, logged)."""
-    global _flushed_at
-    with _lock:
-        _flushed_at = time.monotonic()
-        if not _pending:
-            return
-        # Sums are seconds (HINCRBYFLOAT); the rest are counts (HINCRBY).
-        sending = [
-            (key, field, amount if field.endswith(f"{SEP}sum") else int(amount))
-            for (key, field), amount in _pending.items()
-        ]
-        _pending.clear()
-    _add(sending)
-
-
-def doorbells_rung(reason: str, count: int = 1) -> None:
-    """Doorbells sent, by why (docs/engine.md: ready steps, a call for help, a burst's
-    end, a run left with work, a replay, a revoke): summed like a step's figures."""
-    _count(DOORBELLS, f"rung{SEP}{reason}", count)
-
-
-def doorbell_answered(served: int) -> None:
-    """A doorbell (or a pick-up serving as one) ended: it served steps, or it found
-    none (``idle``: a message that woke a worker for nothing)."""
-    _count(DOORBELLS, f"answered{SEP}{'served' if served else 'idle'}", 1)
-
-
-def _count(key: str, field: str, count: int) -> None:
-    with _lock:
-        _pending[(key, field)] += count
-    flush_if_due()
-
-
-def rate_limit_granted(granted: Iterable[tuple[str, int]], waited_s: float | None) -> None:
-    """Units granted to a step (by limit), and how long it waited in line for them."""
-    increments: list[tuple[str, str, float]] = [
-        (RATE_LIMITS, f"granted{SEP}{name}", units) for name, units in granted
-    ]
-    if waited_s is not None:
-        for name, _ in granted:
-            increments += _observation(RATE_LIMIT_WAIT, name, waited_s)
-    with _lock:
-        for key, field, amount in increments:
-            _pending[(key, field)] += amount
-    flush_if_due()
-
-
-def rate_limit_wait(name: str) -> None:
-    """A step went to wait for ``name``'s units."""
-    _count(RATE_LIMITS, f"waits{SEP}{name}", 1)
-
-
-def sweep_actions(sweep: str, counts: dict[str, int]) -> None:
-    """What a sweep did (its task's result), by action."""
-    _add((SWEEPS, f"{sweep}{SEP}{action}", int(n)) for action, n in counts.items() if n)
-
-
-def api_request(route: str, method: str, status: int) -> None:
-    _add([(API, f"{route}{SEP}{method}{SEP}{status}", 1)])
-
-
-# --------------------------------------------------------------------------- exposition
 def _fields(raw: dict[bytes, bytes]) -> Iterator[tuple[list[str], str]]:
     for field, value in raw.items():
-        yield field.decode().split(SEP), value.decode()
+        yield field.decode().split(metrics.SEP), value.decode()
 
 
 def _histogram(name: str, help_text: str, raw: dict[bytes, bytes], label: str = "tool") -> Metric:
@@ -201,7 +62,7 @@ def _histogram(name: str, help_text: str, raw: dict[bytes, bytes], label: str = 
     for tool, values in sorted(per_tool.items()):
         cumulative = 0.0
         buckets = []
-        for index, bound in enumerate((*BUCKETS, float("inf"))):
+        for index, bound in enumerate((*metrics.BUCKETS, float("inf"))):
             cumulative += values.get(str(index), 0.0)
             buckets.append((floatToGoString(bound), cumulative))  # type: ignore[no-untyped-call]
         family.add_metric([tool], buckets, values.get("sum", 0.0))
@@ -251,11 +112,10 @@ class OrchestratorCollector(Collector):
         yield from (runs, entries, credits, waiting)
 
     def _redis(self) -> Iterator[Metric]:
-        client = _connection()
+        client = metrics.connection()
         try:
             pipe = client.pipeline(transaction=False)
-            for key in (STEPS, DURATION, QUEUE_WAIT, SWEEPS, API, DOORBELLS, RATE_LIMITS,
-                        RATE_LIMIT_WAIT):  # fmt: skip
+            for key in _COUNTED:
                 pipe.hgetall(key)
             ask_queue_depths(pipe)
             pipe.zrangebyscore(eventstreams.WATCHED, time.time(), "+inf")

@@ -1,4 +1,4 @@
-"""Planners that reach out, and the worker's lookup of planners by name.
+"""The LLM planner: it reaches out over HTTP, so it lives on the worker's side.
 
 ``llm_planner`` asks the OpenAI-compatible endpoint the `llm` tool uses (LLM_BASE_URL,
 LLM_API_KEY, LLM_MODEL) for new agents: the request (the plan, what failed, the limits)
@@ -16,11 +16,10 @@ import re
 from typing import Any
 
 from django.conf import settings
-from django.utils.module_loading import import_string
 
 from common.tools.base import ToolError
 from orchestrator.tools.builtin import chat_completion
-from runs.planners import Planner, PlanningFailed, PlanningRequest, Proposal
+from runs.planners import PlanningFailed, PlanningRequest, Proposal
 
 # A fence around the JSON, as chat models like to write it: ```json ... ```
 _FENCE = re.compile(r"^\s*```(?:json)?\s*\n?(.*?)\n?```\s*$", re.DOTALL)
@@ -37,15 +36,6 @@ A step: {"name": str, "tool": one of the tools the plan uses, "params": {...},
 "retry": {"max_attempts": int, "backoff": "fixed"|"linear"|"exponential",
 "base_delay_ms": int}}. Names: letters, digits, "_", "-", "." only, and new agents'
 names must differ from every agent of the run. Stay within the limits given."""
-
-
-def planner_named(name: str) -> Planner:
-    """The planner configured under ``name`` (``ORCH_PLANNERS``)."""
-    path = settings.ORCH_PLANNERS.get(name)
-    if path is None:
-        raise PlanningFailed("planner_error", f"no planner is configured as {name!r}")
-    planner: Planner = import_string(path)
-    return planner
 
 
 def llm_planner(request: PlanningRequest) -> Proposal:

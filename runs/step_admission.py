@@ -1,4 +1,5 @@
-"""Steps that wait for rate limits' units, without holding a worker (docs/rate-limits.md).
+"""Step admission: what ``runs.admission`` is to a run starting, this is to a step's tool
+running. It waits for its rate limits' units without holding a worker (docs/rate-limits.md).
 
 A worker claims a step as any other; if the step spends rate limits (its plan's
 ``rate_limits``, or a global limit on its tool), the worker renders their keys and units

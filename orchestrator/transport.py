@@ -34,10 +34,10 @@ from django.conf import settings
 from kombu.exceptions import OperationalError as BrokerError
 from redis.exceptions import RedisError
 
+from common import metrics
 from common.stores import broker_redis
 from config.celery import QUEUE_RUNS_HIGH, QUEUE_RUNS_NORMAL, QUEUE_STEPS, app
-from orchestrator import metrics
-from orchestrator.metrics import queue_keys
+from orchestrator.prometheus import queue_keys
 from runs.outbox import RunMessage, StepMessage
 from runs.runners import organization_channel, runner_channel
 

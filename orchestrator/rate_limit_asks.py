@@ -1,18 +1,21 @@
-"""A claimed step that spends rate limits asks for its units before its tool runs
-(``runs.ratewaits``, docs/rate-limits.md): its keys and units are rendered here, where
-the step's references resolve (variables, earlier steps' outputs), then the engine
-grants them or makes the step wait for them without holding this worker."""
+"""A claimed step's rate-limit asks, before its tool runs (docs/rate-limits.md): its keys
+and units are rendered here, where the step's references resolve (variables, earlier
+steps' outputs); step admission (``runs.step_admission``) then grants them or makes the
+step wait for them without holding this worker."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from opentelemetry.trace import Span
+
+from common import metrics
 from common.templates import Reference, TemplateError, UnresolvedReference, render_value
 from common.tools.base import ToolError
-from orchestrator import metrics, traces
+from orchestrator import step_spans
 from orchestrator.context import StepContext
 from ratelimits.models import KEY_MAX_LENGTH
-from runs import ratewaits
+from runs import step_admission
 from runs.engine.outcomes import Outcome
 from runs.models import Step
 
@@ -20,28 +23,33 @@ RUN = "run"  # the units are granted: run the tool
 WAIT = "wait"  # the step waits for its units (or its attempt is not its own any more)
 
 
-def ask(step: Step, attempt: int) -> tuple[str, Outcome | None]:
-    """(RUN, None), (WAIT, None), or (RUN, outcome): an attempt that fails before its
-    tool runs (a key or units that do not render, units beyond the limit)."""
+def ask(step: Step, attempt: int, span: Span) -> tuple[str, Outcome | None]:
+    """(RUN, None): the step spends no rate limit, or its units are granted; (WAIT, None):
+    it waits for them (its attempt's ``span`` says so), or its attempt is not its own any
+    more; (RUN, outcome): an attempt that fails before its tool runs (a key or units that
+    do not render, units beyond the limit)."""
+    if not step_admission.spends(step):
+        return RUN, None
     try:
         wanted = _wanted(step, StepContext(step, step.run_id, attempt))
     except (TemplateError, UnresolvedReference, ValueError) as exc:
         return RUN, Outcome(error=ToolError("template_error", f"rate_limits: {exc}", False))
-    admission = ratewaits.admit(
+    admission = step_admission.admit(
         step_id=step.pk, run_id=step.run_id, attempt=attempt, tool=step.tool, wanted=wanted
     )
     if admission.refused:
         return RUN, Outcome(error=ToolError("rate_limit_exceeded", admission.refused, False))
     if admission.go:
         metrics.rate_limit_granted(admission.granted, admission.waited_s)
-        traces.rate_limit_waited(admission.waited_s, admission.granted)
+        step_spans.rate_limit_waited(admission.waited_s, admission.granted)
         return RUN, None
     if admission.reason:
-        metrics.rate_limit_wait(admission.reason.removeprefix(ratewaits.WAITING_PREFIX))
+        metrics.rate_limit_wait(admission.reason.removeprefix(step_admission.WAITING_PREFIX))
+    span.set_attribute("orchestrator.outcome", "waiting_rate_limit")
     return WAIT, None
 
 
-def _wanted(step: Step, context: StepContext) -> list[ratewaits.Wanted]:
+def _wanted(step: Step, context: StepContext) -> list[step_admission.Wanted]:
     def resolve(ref: Reference) -> Any:
         # A key is stored with the grants and shown to operators: never a secret.
         if ref[0] == "secrets":
@@ -61,5 +69,5 @@ def _wanted(step: Step, context: StepContext) -> list[ratewaits.Wanted]:
             raise ValueError(
                 f"units of {use['name']!r} render to {units!r}, not a whole number from 1"
             )
-        wanted.append(ratewaits.Wanted(use["name"], key, units))
+        wanted.append(step_admission.Wanted(use["name"], key, units))
     return wanted

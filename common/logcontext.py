@@ -1,8 +1,8 @@
 """What a log line is about: the run, step, attempt and organization being worked on,
 added to every log record made while they are bound (``bound``), whichever logger
 makes it (a tool's, Celery's, psycopg's), so that one run can be followed across the
-web, worker and beat logs (README, Logs). With tracing on, records also carry the current
-span's ``trace_id`` and ``span_id``, so that a line leads to its span and back.
+web, worker and beat logs (docs/operations.md, Logs). With tracing on, records also
+carry the current span's ``trace_id`` and ``span_id``, so that a line leads to its span and back.
 
 A context variable holds them: per thread, per gevent greenlet (the web's requests) and
 per asyncio task, so that concurrent work never borrows another's fields. ``install``

@@ -1,4 +1,4 @@
-"""`GET /metrics` (README, Metrics), only to `Authorization: Bearer <METRICS_TOKEN>` (no
+"""`GET /metrics` (docs/operations.md, Metrics), only to `Authorization: Bearer <METRICS_TOKEN>` (no
 token configured: 404): what processes counted in Redis (``common.metrics``), what the
 database holds and the broker's queue depths, read at each scrape by a custom collector
 (never prometheus_client's process-global registry)."""

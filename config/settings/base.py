@@ -2,8 +2,8 @@
 
 Every value that can vary between deployments comes from the environment through
 ``config.env.Env``; the thin ``local``, ``test`` and ``production`` modules only change
-defaults and make the production essentials mandatory. The README's configuration table
-lists each variable read here.
+defaults and make the production essentials mandatory. docs/configuration.md lists
+each variable read here.
 """
 
 from __future__ import annotations
@@ -423,7 +423,7 @@ FLOWER_ADDRESS = env.string("FLOWER_ADDRESS", "127.0.0.1", "address Flower liste
 # Where people reach Flower: the admin dashboard links to it (orchestrator/dashboard.py).
 # By default where `make run` starts it; set it when Flower is behind a proxy or listens
 # on every address (0.0.0.0 is no address to browse to). Not FLOWER_*: Flower takes those
-# as its own options (README, Configuration).
+# as its own options (docs/configuration.md).
 _FLOWER_HOST = f"[{FLOWER_ADDRESS}]" if ":" in FLOWER_ADDRESS else FLOWER_ADDRESS
 DASHBOARD_FLOWER_URL = env.url(
     "DASHBOARD_FLOWER_URL",

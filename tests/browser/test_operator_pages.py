@@ -2,7 +2,7 @@
 worker: log in to the admin, open a live run, watch its graph's nodes change status,
 approve its gate from the page, and open the dashboard from the admin's index.
 Screenshots of each page are kept as test artefacts (TEST_SCREENSHOTS_DIR);
-docs/screenshots/ holds copies for the README."""
+docs/screenshots/ holds copies for docs/operations.md."""
 
 from __future__ import annotations
 

@@ -168,7 +168,7 @@ def test_a_2000_step_run_draws_compact_cells_and_costs_the_queries_of_a_small_on
     assert counts[0] == counts[1]
     assert page.count('class="node step st-pending cell"') == 2000
     assert len(page) < 1_500_000  # the plan field is cut at PLAN_SHOWN_BYTES
-    # Measured, not asserted (the README quotes it): the page's server time.
+    # Measured, not asserted (docs/operations.md quotes it): the page's server time.
     print(f"2,000-step run page ({len(page) // 1024} KiB): {took * 1000:.0f} ms")
 
 

@@ -55,6 +55,7 @@ _WHOLE_STACKS = frozenset(
     {
         "tests/integration/test_chaos.py",
         "tests/integration/test_cluster.py",
+        "tests/browser/test_first_run.py",
         "tests/integration/test_make_run.py",
         "tests/integration/test_store_failover.py",
     }

@@ -28,7 +28,7 @@ from cryptography.fernet import InvalidToken
 from django.conf import settings
 
 from config.celery import app
-from orchestrator.netguard import AddressNotAllowed, guarded_client
+from orchestrator.netguard import WEBHOOK, AddressNotAllowed, guarded_client
 from orchestrator.notify import SIGNATURE_HEADER, signature
 from webhooks import services
 from webhooks.models import WebhookDelivery
@@ -113,7 +113,9 @@ def post(delivery: WebhookDelivery) -> services.AttemptResult:
         }
         timeout = float(settings.WEBHOOK_TIMEOUT)
         with (
-            guarded_client(settings.HTTP_TOOL_ALLOWED_NETWORKS, timeout=timeout) as client,
+            guarded_client(
+                settings.HTTP_TOOL_ALLOWED_NETWORKS, refused=WEBHOOK, timeout=timeout
+            ) as client,
             client.stream(
                 "POST", delivery.endpoint.url, content=content, headers=headers
             ) as answer,

@@ -216,6 +216,9 @@ def test_the_guard_refuses_an_address_not_allowed_at_delivery_time(
     (attempt,) = the_delivery().attempt_records.all()
     assert (attempt.status_code, attempt.ok) == (None, False)
     assert "HTTP_TOOL_ALLOWED_NETWORKS" in attempt.error
+    # The refusal names what was refused: a webhook, not the http tool.
+    assert "is a loopback address; a webhook may not be sent to it" in attempt.error
+    assert "http tool" not in attempt.error
     assert http_server.requests == []
 
 

@@ -27,6 +27,7 @@ import httpx
 from cryptography.fernet import InvalidToken
 from django.conf import settings
 
+from common import metrics
 from config.celery import app
 from orchestrator.netguard import WEBHOOK, AddressNotAllowed, guarded_client
 from orchestrator.notify import SIGNATURE_HEADER, signature
@@ -90,6 +91,7 @@ def deliver(delivery_id: int, token: str) -> str | None:
     result = post(delivery)
     status = services.attempt_record(delivery_id=delivery_id, token=token, result=result)
     if status is not None:
+        metrics.webhook_attempt(status)  # recorded and committed: counted once
         services.kick()  # the run's next delivery to this endpoint may wait for this one
     return status
 

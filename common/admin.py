@@ -19,10 +19,14 @@ def actor_of(request: HttpRequest) -> str:
 
 def shortened(text: str, width: int = SHOWN_CHARACTERS) -> SafeString | str:
     """``text`` cut to ``width`` characters with an ellipsis, the whole of it as the
-    tooltip: a URL without spaces cannot wrap and would widen its list past the screen."""
+    tooltip, and free to wrap anywhere (class ``shortened``, config/templates/admin/
+    base_site.html): a URL has no space to wrap at and would widen its list past the
+    screen."""
     if len(text) <= width:
-        return text
-    return format_html('<span title="{}">{}\u2026</span>', text, text[: width - 1])
+        return format_html('<span class="shortened">{}</span>', text)
+    return format_html(
+        '<span class="shortened" title="{}">{}\u2026</span>', text, text[: width - 1]
+    )
 
 
 class ReadOnlyAdminMixin:

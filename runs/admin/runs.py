@@ -328,7 +328,6 @@ class RunEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[RunEvent]):
     list_display = (
         "created_at",
         "run",
-        "attempt_number",
         "what",
         "kind",
         "transition",

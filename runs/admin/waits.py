@@ -66,7 +66,7 @@ class RunnerJobAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[RunnerJob]):
         "step",
         "attempt",
         "status",
-        "runner",
+        "runner_where",
         "created_at",
         "completed_at",
     )
@@ -76,6 +76,13 @@ class RunnerJobAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[RunnerJob]):
     ordering = ("-created_at",)
     show_full_result_count = False
     actions = ("stop_jobs",)
+
+    @admin.display(description="runner", ordering="runner__hostname")
+    def runner_where(self, job: RunnerJob) -> str:
+        """Where the job runs, not the runner's 28-character id (on the job's page), which
+        cannot wrap and would widen the list past the screen."""
+        runner = job.runner
+        return "-" if runner is None else f"{runner.hostname} {runner.project_dir}"
 
     @admin.action(description="Stop selected runner jobs")
     def stop_jobs(self, request: HttpRequest, queryset: QuerySet[RunnerJob]) -> None:

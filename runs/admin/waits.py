@@ -134,7 +134,6 @@ class EscalationTicketAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[EscalationTicke
         "severity",
         "status",
         "resolution",
-        "acknowledged_by",
         "notified_at",
     )
     list_filter = ("status", "reason", "severity", "resolution", "opened_at")

@@ -2,7 +2,8 @@
 broker's Redis; the exposition, `GET /metrics`, is ``orchestrator.prometheus``.
 
 Step attempts by tool and outcome, step duration and queue wait by tool, sweep actions,
-API requests by route and status, doorbells and rate limits' grants and waits are added
+API requests by route and status, doorbells, rate limits' grants and waits, webhook
+attempts and schedule fires by outcome are added
 to hashes in Redis, one pipelined round trip per event (a step's figures summed in the
 process first, below). Workers run on several hosts, each with several processes, and
 the web has its own: prometheus_client's multiprocess mode shares one directory between
@@ -36,6 +37,8 @@ API = PREFIX + "api"  # "route|method|status" -> requests
 DOORBELLS = PREFIX + "doorbells"  # "rung|reason" -> sent; "answered|outcome" -> received
 RATE_LIMITS = PREFIX + "rate_limits"  # "granted|limit" -> units; "waits|limit" -> waits
 RATE_LIMIT_WAIT = PREFIX + "rate_limit_wait"  # "limit|bucket index", "limit|sum", "limit|count"
+WEBHOOK_ATTEMPTS = PREFIX + "webhook_attempts"  # "outcome" -> attempts
+SCHEDULE_FIRES = PREFIX + "schedule_fires"  # "kind|outcome" -> due times (or triggers)
 # Seconds: a no-op step takes milliseconds, an LLM call or a runner's job minutes.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
 SEP = "|"
@@ -163,3 +166,22 @@ def sweep_actions(sweep: str, counts: dict[str, int]) -> None:
 
 def api_request(route: str, method: str, status: int) -> None:
     _add([(API, f"{route}{SEP}{method}{SEP}{status}", 1)])
+
+
+# What a webhook attempt came to (``webhooks.services.attempt_record``'s status after it).
+WEBHOOK_OUTCOMES = {"delivered": "delivered", "pending": "retry", "failed": "failed"}
+
+
+def webhook_attempt(delivery_status: str) -> None:
+    """A webhook delivery's attempt was recorded, the delivery now ``delivery_status``:
+    counted as ``delivered`` (a 2xx), ``retry`` (failed, due again after the backoff) or
+    ``failed`` (failed for good, the delivery with it)."""
+    outcome = WEBHOOK_OUTCOMES.get(delivery_status, delivery_status)
+    _add([(WEBHOOK_ATTEMPTS, outcome, 1)])
+
+
+def schedule_fires(kind: str, outcome: str, count: int = 1) -> None:
+    """Due times of schedules handled (``kind`` scheduled) or triggers (manual), by
+    outcome: ``fired``, the reason one was skipped (``overlap``, ``missed``...), or
+    ``error`` (the schedule could not be fired; the tick goes on)."""
+    _add([(SCHEDULE_FIRES, f"{kind}{SEP}{outcome}", count)])

@@ -13,7 +13,9 @@ decimal integers (``2130706433``), short forms (``127.1``), hex and octal, IPv4-
 and 6to4/Teredo/NAT64 IPv6 forms all resolve to the address they stand for.
 
 ``HTTP_TOOL_ALLOWED_NETWORKS`` (CIDRs, empty by default) lifts the refusal for networks
-an operator trusts, e.g. an internal API on 10.1.2.0/24.
+an operator trusts, e.g. an internal API on 10.1.2.0/24. The run webhooks, the on-call
+webhook and poll steps connect through the same guard and the same setting; a refusal
+names which of them was refused.
 """
 
 from __future__ import annotations
@@ -36,14 +38,22 @@ SHARED = ipaddress.ip_network("100.64.0.0/10")  # carrier-grade NAT (RFC 6598)
 NAT64 = ipaddress.ip_network("64:ff9b::/96")  # IPv4 embedded in the last 32 bits
 
 
-class AddressNotAllowed(Exception):
-    """A connection the guard refused: ``host`` resolved to ``address`` of class ``kind``."""
+# What a refusal says was refused, by who connects (``guarded_client``'s ``refused``).
+HTTP_TOOL = "the http tool may not connect to it"
+WEBHOOK = "a webhook may not be sent to it"
+ONCALL_WEBHOOK = "the on-call webhook may not be sent to it"
+POLL = "a poll step may not connect to it"
 
-    def __init__(self, host: str, address: IPAddress, kind: str) -> None:
+
+class AddressNotAllowed(Exception):
+    """A connection the guard refused: ``host`` resolved to ``address`` of class ``kind``;
+    ``refused`` says what may not happen (the http tool's connection, a webhook...)."""
+
+    def __init__(self, host: str, address: IPAddress, kind: str, refused: str = HTTP_TOOL) -> None:
         self.host, self.address, self.kind = host, address, kind
         shown = host if host == str(address) else f"{host} ({address})"
         super().__init__(
-            f"{shown} is a {kind} address; the http tool may not connect to it "
+            f"{shown} is a {kind} address; {refused} "
             "(HTTP_TOOL_ALLOWED_NETWORKS lists the networks an operator allows)"
         )
 
@@ -93,7 +103,9 @@ def parse_networks(cidrs: tuple[str, ...]) -> tuple[Network, ...]:
     return tuple(ipaddress.ip_network(cidr.strip(), strict=False) for cidr in cidrs)
 
 
-def check_address(host: str, ip: IPAddress, allowed: Sequence[Network] = ()) -> None:
+def check_address(
+    host: str, ip: IPAddress, allowed: Sequence[Network] = (), refused: str = HTTP_TOOL
+) -> None:
     """Raise AddressNotAllowed unless ``ip`` is public or inside an allowed network."""
     kind = classify(ip)
     if kind is None:
@@ -105,7 +117,7 @@ def check_address(host: str, ip: IPAddress, allowed: Sequence[Network] = ()) -> 
             candidates.append(embedded)
     if any(candidate in network for candidate in candidates for network in allowed):
         return
-    raise AddressNotAllowed(host, ip, kind)
+    raise AddressNotAllowed(host, ip, kind, refused)
 
 
 def resolve(host: str, port: int) -> list[IPAddress]:
@@ -118,19 +130,22 @@ def resolve(host: str, port: int) -> list[IPAddress]:
     return found
 
 
-def checked_addresses(host: str, port: int, allowed: Sequence[Network]) -> list[IPAddress]:
+def checked_addresses(
+    host: str, port: int, allowed: Sequence[Network], refused: str = HTTP_TOOL
+) -> list[IPAddress]:
     """Resolve ``host`` and check every answer: one refused address refuses the name."""
     addresses = resolve(host, port)
     for address in addresses:
-        check_address(host, address, allowed)
+        check_address(host, address, allowed, refused)
     return addresses
 
 
 class GuardedBackend(httpcore.SyncBackend):
     """httpcore's socket backend, connecting only to addresses the guard checked."""
 
-    def __init__(self, allowed: Sequence[Network]) -> None:
+    def __init__(self, allowed: Sequence[Network], refused: str = HTTP_TOOL) -> None:
         self.allowed = tuple(allowed)
+        self.refused = refused
 
     def connect_tcp(
         self,
@@ -141,7 +156,7 @@ class GuardedBackend(httpcore.SyncBackend):
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.NetworkStream:
         try:
-            addresses = checked_addresses(host, port, self.allowed)
+            addresses = checked_addresses(host, port, self.allowed, self.refused)
         except socket.gaierror as exc:
             raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from exc
         last: Exception = httpcore.ConnectError(f"{host} resolved to no address")
@@ -163,16 +178,20 @@ class GuardedTransport(httpx.HTTPTransport):
     request's host as server_hostname), only the TCP connection targets the address.
     """
 
-    def __init__(self, allowed: Sequence[Network]) -> None:
+    def __init__(self, allowed: Sequence[Network], refused: str = HTTP_TOOL) -> None:
         super().__init__()
         self._pool = httpcore.ConnectionPool(
             ssl_context=ssl.create_default_context(cafile=certifi.where()),
-            network_backend=GuardedBackend(allowed),
+            network_backend=GuardedBackend(allowed, refused),
         )
 
 
-def guarded_client(allowed_cidrs: Iterable[str], **options: Any) -> httpx.Client:
-    """An httpx client for tenant-supplied URLs. No proxy from the environment: a proxy
+def guarded_client(
+    allowed_cidrs: Iterable[str], *, refused: str = HTTP_TOOL, **options: Any
+) -> httpx.Client:
+    """An httpx client for tenant-supplied URLs; ``refused`` is what a refusal says may
+    not happen (``HTTP_TOOL``, ``WEBHOOK``...). No proxy from the environment: a proxy
     would make the connection for us, out of the guard's sight."""
     allowed = parse_networks(tuple(allowed_cidrs))
-    return httpx.Client(transport=GuardedTransport(allowed), trust_env=False, **options)
+    transport = GuardedTransport(allowed, refused)
+    return httpx.Client(transport=transport, trust_env=False, **options)

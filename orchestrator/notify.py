@@ -30,7 +30,7 @@ from django.conf import settings
 from django.core.mail import send_mail
 
 from billing.secrets import SecretUnreadable, webhook_secret
-from orchestrator.netguard import AddressNotAllowed, guarded_client
+from orchestrator.netguard import ONCALL_WEBHOOK, AddressNotAllowed, guarded_client
 from runs import escalations
 from runs.models import EscalationTicket, NotificationChannel
 
@@ -94,7 +94,9 @@ def _webhook(ticket: EscalationTicket, attempt: int) -> None:
         if secret:
             headers[SIGNATURE_HEADER] = signature(secret, int(time.time()), body)
         with guarded_client(
-            settings.HTTP_TOOL_ALLOWED_NETWORKS, timeout=settings.ESCALATION_WEBHOOK_TIMEOUT
+            settings.HTTP_TOOL_ALLOWED_NETWORKS,
+            refused=ONCALL_WEBHOOK,
+            timeout=settings.ESCALATION_WEBHOOK_TIMEOUT,
         ) as client:
             response = client.post(url, content=body, headers=headers)
         status = response.status_code

@@ -20,7 +20,7 @@ from django.conf import settings
 
 from common.expressions import ExpressionError, parsed
 from common.templates import Reference, TemplateError, UnresolvedReference, resolve_in
-from orchestrator.netguard import AddressNotAllowed, guarded_client
+from orchestrator.netguard import POLL, AddressNotAllowed, guarded_client
 from runs.callbacks import POLL_BODY_LIMIT, Reading, poll_due, record_reading
 
 logger = logging.getLogger(__name__)
@@ -47,7 +47,9 @@ def fetch(url: str, headers: dict[str, Any], query: dict[str, Any]) -> dict[str,
     """One GET: ``{status, headers, body}``, or ``{error}`` when nothing answered."""
     timeout = min(READ_TIMEOUT_S, float(settings.ENGINE_DEFAULT_STEP_TIMEOUT))
     try:
-        with guarded_client(settings.HTTP_TOOL_ALLOWED_NETWORKS, timeout=timeout) as client:
+        with guarded_client(
+            settings.HTTP_TOOL_ALLOWED_NETWORKS, refused=POLL, timeout=timeout
+        ) as client:
             answer = client.get(url, headers=headers, params=query or None)
     except AddressNotAllowed as exc:
         return {"error": f"address not allowed: {exc}"}

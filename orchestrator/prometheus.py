@@ -32,7 +32,8 @@ from config.celery import ALL_QUEUES
 logger = logging.getLogger(__name__)
 # The hashes processes count in, in the order the scrape reads them.
 _COUNTED = (metrics.STEPS, metrics.DURATION, metrics.QUEUE_WAIT, metrics.SWEEPS, metrics.API,
-            metrics.DOORBELLS, metrics.RATE_LIMITS, metrics.RATE_LIMIT_WAIT)  # fmt: skip
+            metrics.DOORBELLS, metrics.RATE_LIMITS, metrics.RATE_LIMIT_WAIT,
+            metrics.WEBHOOK_ATTEMPTS, metrics.SCHEDULE_FIRES)  # fmt: skip
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
@@ -129,6 +130,7 @@ class OrchestratorCollector(Collector):
             yield _redis_up(0)
             return
         steps, duration, queue_wait, sweeps, api, doorbells, rate, rate_wait = results[:8]
+        webhook_attempts, schedule_fires = results[8 : len(_COUNTED)]
         yield _redis_up(1)
 
         attempts = CounterMetricFamily(
@@ -195,10 +197,27 @@ class OrchestratorCollector(Collector):
             rate_wait,
             label="limit",
         )
+        attempts_made = CounterMetricFamily(
+            "orchestrator_webhook_attempts",
+            "Webhook delivery attempts by outcome: delivered (a 2xx answer), retry (failed, "
+            "due again after the backoff), failed (failed for good, the delivery with it).",
+            labels=["outcome"],
+        )
+        for parts, value in _fields(webhook_attempts):
+            attempts_made.add_metric(parts[:1], float(value))
+        fires = CounterMetricFamily(
+            "orchestrator_schedule_fires",
+            "Schedules' due times (kind scheduled) and triggers (manual) by outcome: fired, "
+            "the reason one was skipped (overlap, missed, insufficient_credits...), or error.",
+            labels=["kind", "outcome"],
+        )
+        for parts, value in _fields(schedule_fires):
+            fires.add_metric(parts[:2], float(value))
+        yield from (attempts_made, fires)
         depth = GaugeMetricFamily(
             "orchestrator_queue_depth", "Messages waiting in each Celery queue.", labels=["queue"]
         )
-        for queue, waiting in queue_depths_in(results[8:-1]).items():
+        for queue, waiting in queue_depths_in(results[len(_COUNTED) : -1]).items():
             depth.add_metric([queue], float(waiting))
         yield depth
         streams = GaugeMetricFamily(

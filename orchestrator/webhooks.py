@@ -27,8 +27,9 @@ import httpx
 from cryptography.fernet import InvalidToken
 from django.conf import settings
 
+from common import metrics
 from config.celery import app
-from orchestrator.netguard import AddressNotAllowed, guarded_client
+from orchestrator.netguard import WEBHOOK, AddressNotAllowed, guarded_client
 from orchestrator.notify import SIGNATURE_HEADER, signature
 from webhooks import services
 from webhooks.models import WebhookDelivery
@@ -90,6 +91,7 @@ def deliver(delivery_id: int, token: str) -> str | None:
     result = post(delivery)
     status = services.attempt_record(delivery_id=delivery_id, token=token, result=result)
     if status is not None:
+        metrics.webhook_attempt(status)  # recorded and committed: counted once
         services.kick()  # the run's next delivery to this endpoint may wait for this one
     return status
 
@@ -113,7 +115,9 @@ def post(delivery: WebhookDelivery) -> services.AttemptResult:
         }
         timeout = float(settings.WEBHOOK_TIMEOUT)
         with (
-            guarded_client(settings.HTTP_TOOL_ALLOWED_NETWORKS, timeout=timeout) as client,
+            guarded_client(
+                settings.HTTP_TOOL_ALLOWED_NETWORKS, refused=WEBHOOK, timeout=timeout
+            ) as client,
             client.stream(
                 "POST", delivery.endpoint.url, content=content, headers=headers
             ) as answer,

@@ -21,9 +21,11 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime, tzinfo
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn, TypeVar
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import typer
 from rich.console import Console
@@ -213,8 +215,36 @@ def _page(limit: int) -> int:
     return min(limit, 500) if limit else 500
 
 
-def _when(value: str | None) -> str:
-    return (value or "")[:19].replace("T", " ")
+def _when(
+    value: str | None, zone: str | None = None, *, seconds: bool = True, labelled: bool = True
+) -> str:
+    """A time of the API (ISO 8601 with its offset) with its zone: read in ``zone`` (an
+    IANA name, a schedule's) and named, else in UTC and labelled so (``labelled=False``:
+    a table's column says "(UTC)" once instead); "" for none. A zone this machine does
+    not know is read as UTC."""
+    if not value:
+        return ""
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return value  # not a time: as it came
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    label, where = _zone(zone)
+    written = moment.astimezone(where).strftime(
+        "%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M"
+    )
+    return f"{written} {label}" if labelled else written
+
+
+def _zone(name: str | None) -> tuple[str, tzinfo]:
+    """The zone ``name`` (IANA) and its name; UTC for none, or one unknown here."""
+    if name and name != "UTC":
+        try:
+            return name, ZoneInfo(name)
+        except (ZoneInfoNotFoundError, ValueError):
+            pass
+    return "UTC", UTC
 
 
 def _table(*columns: str) -> Table:
@@ -536,14 +566,14 @@ def runs_ls(
     if as_json:
         out.json(runs)
         return
-    table = _table("ID", "NAME", "STATUS", "ATTEMPT", "CREATED", "CHARGED")
+    table = _table("ID", "NAME", "STATUS", "ATTEMPT", "CREATED (UTC)", "CHARGED")
     for run in runs:
         table.add_row(
             run["id"],
             escape(run["name"]),
             run["status"],
             str(run["attempt_number"]),
-            _when(run["created_at"]),
+            _when(run["created_at"], labelled=False),
             _credits(run["credits"]["charged"]),
         )
     out.console.print(table) if runs else out.line("no runs")
@@ -754,10 +784,10 @@ def ledger(
     if as_json:
         out.json(entries)
         return
-    table = _table("CREATED", "TYPE", "AMOUNT", "RUN", "REASON")
+    table = _table("CREATED (UTC)", "TYPE", "AMOUNT", "RUN", "REASON")
     for entry in entries:
         table.add_row(
-            _when(entry["created_at"]),
+            _when(entry["created_at"], labelled=False),
             entry["type"],
             _credits(entry["amount"]),
             entry["run"] or "",
@@ -814,7 +844,7 @@ def jobs_ls(
     if as_json:
         out.json(jobs)
         return
-    table = _table("ID", "STATUS", "RUN", "STEP", "ATTEMPT", "RUNNER", "CREATED")
+    table = _table("ID", "STATUS", "RUN", "STEP", "ATTEMPT", "RUNNER", "CREATED (UTC)")
     for job in jobs:
         table.add_row(
             job["id"],
@@ -823,7 +853,7 @@ def jobs_ls(
             str(job["step"]),
             str(job["attempt"]),
             escape(job["runner_id"] or ""),
-            _when(job["created_at"]),
+            _when(job["created_at"], labelled=False),
         )
     out.console.print(table) if jobs else out.line("no jobs")
 
@@ -872,34 +902,41 @@ def _cadence(schedule: Schedule) -> str:
     return f"every {schedule['interval']}" if schedule["interval"] else f"cron {schedule['cron']}"
 
 
+def _next_due(schedule: Schedule, *, seconds: bool = True) -> str:
+    """In the schedule's zone, named; none while paused (resuming computes it again)."""
+    if schedule["status"] == "paused":
+        return "paused"
+    return _when(schedule["next_due_at"], schedule["timezone"], seconds=seconds) or "-"
+
+
 def _run_ref(schedule: Schedule | ScheduleFire, key: Literal["last_run", "run"]) -> str:
     run = schedule.get(key)
     return f"{run['id']} ({run['status']})" if isinstance(run, dict) else "-"
 
 
 def _schedule_lines(schedule: ScheduleDetail) -> list[str]:
+    zone = schedule["timezone"]
     lines = [
         f"schedule  {schedule['id']}  {schedule['name']}",
         f"status    {schedule['status']}",
         f"when      {_cadence(schedule)} ({schedule['timezone']})",
         f"policies  overlap {schedule['overlap']}, catchup {schedule['catchup']}",
-        f"next due  {_when(schedule['next_due_at']) or '-'}",
-        f"last due  {_when(schedule['last_due_at']) or '-'}",
+        f"next due  {_next_due(schedule)}",
+        f"last due  {_when(schedule['last_due_at'], zone) or '-'}",
         f"last run  {_run_ref(schedule, 'last_run')}",
     ]
     if schedule["start_at"] or schedule["end_at"]:
-        lines.append(
-            f"window    {_when(schedule['start_at']) or '-'} to {_when(schedule['end_at']) or '-'}"
-        )
+        start, end = _when(schedule["start_at"], zone), _when(schedule["end_at"], zone)
+        lines.append(f"window    {start or '-'} to {end or '-'}")
     if schedule["variables"]:
         lines.append(f"variables {json.dumps(schedule['variables'], ensure_ascii=False)}")
     return lines
 
 
-def _fire_line(fire: ScheduleFire) -> str:
+def _fire_line(fire: ScheduleFire, zone: str) -> str:
     why = f"  {fire['reason']}: {fire['message']}" if fire["status"] == "skipped" else ""
     run = f"  run {_run_ref(fire, 'run')}" if fire["run"] else ""
-    return f"{_when(fire['due_at'])}  {fire['kind']:<9}  {fire['status']:<7}{run}{why}"
+    return f"{_when(fire['due_at'], zone)}  {fire['kind']:<9}  {fire['status']:<7}{run}{why}"
 
 
 def _variables(pairs: list[str] | None) -> dict[str, str] | None:
@@ -934,15 +971,16 @@ def schedules_ls(
     if as_json:
         out.json(schedules)
         return
-    table = _table("ID", "NAME", "STATUS", "WHEN", "TIMEZONE", "NEXT DUE", "LAST RUN")
+    # The next due time in the schedule's zone, named in the column beside it.
+    table = _table("ID", "NAME", "STATUS", "WHEN", "NEXT DUE", "TIMEZONE", "LAST RUN")
     for schedule in schedules:
         table.add_row(
             schedule["id"],
             escape(schedule["name"]),
             schedule["status"],
             escape(_cadence(schedule)),
+            _next_due(schedule, seconds=False).removesuffix(f" {schedule['timezone']}"),
             schedule["timezone"],
-            _when(schedule["next_due_at"]) or "-",
             _run_ref(schedule, "last_run"),
         )
     out.console.print(table) if schedules else out.line("no schedules")
@@ -963,7 +1001,7 @@ def schedules_show(schedule_id: ScheduleArgument, as_json: JsonOption = False) -
     for line in _schedule_lines(schedule):
         out.line(line)
     for fire in fires:
-        out.line(f"fired     {_fire_line(fire)}")
+        out.line(f"fired     {_fire_line(fire, schedule['timezone'])}")
 
 
 @schedules_app.command("create")
@@ -1035,7 +1073,7 @@ def schedules_create(
         out.json(schedule)
         return
     out.line(f"schedule {schedule['id']} ({schedule['name']}) created: {_cadence(schedule)}")
-    out.line(f"next due  {_when(schedule['next_due_at']) or '-'} (UTC)")
+    out.line(f"next due  {_next_due(schedule)}")
 
 
 def _schedule_control(
@@ -1047,8 +1085,9 @@ def _schedule_control(
     if as_json:
         out.json(schedule)
     else:
-        next_due = _when(schedule["next_due_at"]) or "-"
-        out.line(f"schedule {schedule['id']}: {schedule['status']}, next due {next_due}")
+        status = schedule["status"]
+        due = "" if status == "paused" else f", next due {_next_due(schedule)}"
+        out.line(f"schedule {schedule['id']}: {status}{due}")
 
 
 @schedules_app.command("pause")

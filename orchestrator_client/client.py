@@ -45,9 +45,8 @@ from orchestrator_client.pagination import Paginator
 from orchestrator_client.plans import (
     PlanFile,
     PlanFormat,
-    json_body,
+    at_plan_positions,
     json_body_with,
-    yaml_body,
     yaml_body_with,
 )
 from orchestrator_client.types import (
@@ -395,18 +394,39 @@ class Client:
         """Create (and start) a run from a plan as written: JSON or YAML text holding the
         plan itself. It is sent as it is, for the API to validate (``invalid_json``,
         ``invalid_yaml``, ``invalid_plan``); YAML as ``application/yaml``."""
-        if format == "yaml":
-            content, media = yaml_body(text, start=start), "application/yaml"
-        else:
-            content, media = json_body(text, start=start), "application/json"
-        response = self.request(
-            "POST",
-            "runs",
-            content=content.encode("utf-8"),
-            headers={"Content-Type": media},
-            idempotency_key=idempotency_key or str(uuid.uuid4()),
+        return cast(
+            RunDetail,
+            self._post_plan_text("runs", text, format, {"start": start}, idempotency_key),
         )
-        return cast(RunDetail, decoded(response))
+
+    def _post_plan_text(
+        self,
+        route: str,
+        text: str,
+        format: PlanFormat,
+        fields: dict[str, Any],
+        idempotency_key: str | None,
+    ) -> Any:
+        """POST ``fields`` and the plan as written. A refusal to parse it says where in
+        the plan, not in the body around it (``plans.at_plan_positions``)."""
+        if format == "yaml":
+            content, media = yaml_body_with(text, fields), "application/yaml"
+        else:
+            content, media = json_body_with(text, fields), "application/json"
+        try:
+            response = self.request(
+                "POST",
+                route,
+                content=content.encode("utf-8"),
+                headers={"Content-Type": media},
+                idempotency_key=idempotency_key or str(uuid.uuid4()),
+            )
+        except ApiError as exc:
+            if exc.code in ("invalid_json", "invalid_yaml"):
+                exc.message = at_plan_positions(exc.message, format=format, fields=fields)
+                exc.args = (exc.message,)
+            raise
+        return decoded(response)
 
     def submit_file(
         self, path: str | Path, *, start: bool = True, idempotency_key: str | None = None
@@ -883,18 +903,10 @@ class Client:
         """``create_schedule`` with the plan as written (JSON or YAML text), sent as it
         is for the API to validate, as ``submit_text`` sends a run's."""
         values = _schedule_fields(name=name, **fields)
-        if format == "yaml":
-            content, media = yaml_body_with(text, values), "application/yaml"
-        else:
-            content, media = json_body_with(text, values), "application/json"
-        response = self.request(
-            "POST",
-            "schedules",
-            content=content.encode("utf-8"),
-            headers={"Content-Type": media},
-            idempotency_key=idempotency_key or str(uuid.uuid4()),
+        return cast(
+            ScheduleDetail,
+            self._post_plan_text("schedules", text, format, values, idempotency_key),
         )
-        return cast(ScheduleDetail, decoded(response))
 
     def update_schedule(self, schedule_id: str, **fields: Any) -> ScheduleDetail:
         """Change the fields given (``plan``, ``name``, ``cron``, ``interval``,

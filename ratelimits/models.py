@@ -15,6 +15,7 @@ from django.db import models
 from django.db.models import Q
 
 from billing.models import Organization
+from common.units import duration_text
 
 # A limit's period: from 1 ms to a day (grants older than the longest are pruned).
 MAX_PERIOD_MS = 86_400_000
@@ -68,7 +69,7 @@ class RateLimit(models.Model):
 
     def __str__(self) -> str:
         owner = f"tool {self.tool}" if self.organization_id is None else self.name
-        return f"{owner}: {self.limit} per {self.period_ms} ms"
+        return f"{owner}: {self.limit} per {duration_text(self.period_ms)}"
 
 
 class RateGrant(models.Model):

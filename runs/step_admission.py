@@ -33,6 +33,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
+from common.units import duration_text
 from ratelimits import selectors as limits
 from ratelimits import windows
 from ratelimits.models import MAX_PERIOD_MS, RateGrant, RateLimit
@@ -103,7 +104,7 @@ def plan_problems(organization_id: Any, plan: Plan) -> list[PlanError]:
                 PlanError(
                     f"{path}.units",
                     f"{use.units} units can never fit rate limit {use.name!r}"
-                    f" ({limit.limit} per {limit.period_ms} ms)",
+                    f" ({limit.limit} per {duration_text(limit.period_ms)})",
                 )
             )
     return problems
@@ -187,7 +188,7 @@ def _asks(organization_id: Any, tool: str, wanted: Sequence[Wanted]) -> tuple[li
         if w.units > limit.limit:
             return [], (
                 f"{w.units} units can never fit rate limit {w.name!r}"
-                f" ({limit.limit} per {limit.period_ms} ms)"
+                f" ({limit.limit} per {duration_text(limit.period_ms)})"
             )
         asks.append(_ask(limit, bucket_of(organization_id, w.name, w.key), w.units))
     tool_limit = limits.tool_limit(tool)

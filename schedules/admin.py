@@ -17,10 +17,11 @@ from django.utils.safestring import SafeString
 
 from billing.services import InsufficientCredits
 from common.admin import ReadOnlyAdminMixin, actor_of
+from common.units import duration_text, time_in_zone
 from runs.admission import TooManyPendingRuns
-from runs.plan import PlanInvalid, format_duration_ms
+from runs.plan import PlanInvalid
 from schedules import services
-from schedules.models import Schedule, ScheduleFire
+from schedules.models import Schedule, ScheduleFire, ScheduleStatus
 from schedules.selectors import with_last_run
 
 RECENT_FIRES = 20
@@ -41,9 +42,8 @@ class ScheduleAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[Schedule]):
         "organization",
         "state",
         "cadence",
-        "timezone",
-        "next_due_at",
-        "last_due_at",
+        "next_due",
+        "last_due",
         "last_run",
         "overlap",
         "catchup",
@@ -65,8 +65,8 @@ class ScheduleAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[Schedule]):
         "end_at",
         "overlap",
         "catchup",
-        "next_due_at",
-        "last_due_at",
+        "next_due",
+        "last_due",
         "last_run",
         "paused_at",
         "variables",
@@ -88,8 +88,21 @@ class ScheduleAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[Schedule]):
     @admin.display(description="when")
     def cadence(self, schedule: Schedule) -> str:
         if schedule.interval_ms:
-            return f"every {format_duration_ms(schedule.interval_ms)}"
-        return f"cron {schedule.cron}"
+            return f"every {duration_text(schedule.interval_ms)}"
+        return f"cron {schedule.cron} ({schedule.timezone})"
+
+    @admin.display(description="next due", ordering="next_due_at")
+    def next_due(self, schedule: Schedule) -> str:
+        """In the schedule's zone, named; none while paused (resuming computes it again)."""
+        if schedule.status == ScheduleStatus.PAUSED:
+            return "paused"
+        if schedule.next_due_at is None:
+            return "none (ended)"
+        return time_in_zone(schedule.next_due_at, schedule.timezone)
+
+    @admin.display(description="last due", ordering="last_due_at")
+    def last_due(self, schedule: Schedule) -> str:
+        return time_in_zone(schedule.last_due_at, schedule.timezone)
 
     @admin.display(description="last run")
     def last_run(self, schedule: Schedule) -> SafeString | str:
@@ -109,7 +122,7 @@ class ScheduleAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[Schedule]):
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             (
                 (
-                    fire.due_at,
+                    time_in_zone(fire.due_at, schedule.timezone, seconds=True),
                     fire.kind,
                     fire.status,
                     fire.reason or fire.message,

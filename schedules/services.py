@@ -29,6 +29,7 @@ from django.utils import timezone
 
 from billing.models import Organization
 from billing.services import InsufficientCredits
+from common import metrics
 from runs import services as run_services
 from runs.admission import TooManyPendingRuns
 from runs.engine.start import run_start
@@ -410,7 +411,16 @@ def schedule_trigger(
         _cancel_previous(schedule, fire)
     fire.run = _start_run(schedule)
     fire.save(update_fields=["run"])
+    _count(fire)
     return fire
+
+
+def _count(fire: ScheduleFire, due_times: int = 1) -> None:
+    """Count the fire for Prometheus once it is committed (``common.metrics``): by kind,
+    and ``fired`` or the reason it was skipped. A fire rolled back is not counted."""
+    outcome = fire.reason or str(fire.status)
+    kind = str(fire.kind)
+    transaction.on_commit(lambda: metrics.schedule_fires(kind, outcome, due_times))
 
 
 # --------------------------------------------------------------------------- firing
@@ -516,7 +526,7 @@ def _record_missed(schedule: Schedule, times: timing.DueTimes, plan: timing.Catc
     )
     try:
         with transaction.atomic():
-            ScheduleFire.objects.create(
+            fire = ScheduleFire.objects.create(
                 schedule=schedule,
                 kind=FireKind.SCHEDULED,
                 due_at=plan.missed_last,
@@ -526,6 +536,7 @@ def _record_missed(schedule: Schedule, times: timing.DueTimes, plan: timing.Catc
             )
     except IntegrityError:
         return 0
+    _count(fire, due_times=count)
     return count
 
 
@@ -560,6 +571,7 @@ def schedule_fire_due(*, schedule_id: UUID | str, now: datetime | None = None) -
         fire = _fire(schedule, due_at)
         if fire is not None:
             counts[fire.status] += 1
+            _count(fire)
     if plan.latest is not None:
         schedule.last_due_at = plan.latest
     schedule.next_due_at = times.after(now)
@@ -593,5 +605,6 @@ def schedules_fire_due(*, now: datetime | None = None, batch: int = TICK_BATCH) 
             except Exception:  # one broken schedule must not stop the others
                 logger.exception("schedule %s could not be fired", schedule_id)
                 counts["errors"] += 1
+                metrics.schedule_fires(str(FireKind.SCHEDULED), "error")
         if len(due) < batch:
             return dict(counts)

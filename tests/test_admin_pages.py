@@ -4,25 +4,20 @@ or a link shows here, whichever app it belongs to)."""
 
 from __future__ import annotations
 
-import io
-from datetime import timedelta
+import re
 
 import pytest
 from django.contrib import admin
+from django.contrib.admin.utils import quote
 from django.contrib.auth.models import User
 from django.db.models import Model
 from django.test import Client
 from django.urls import reverse
-from django.utils import timezone
 
-from artifacts import services as artifact_services
-from runs import escalations
-from runs.models import Replan, Step, StepFailure, StepWait
+from ratelimits.models import RateLimit
 from schedules import services as schedule_services
-from schedules.models import ScheduleFire
-from tests import factories
-from tests.api import states
-from webhooks.models import WebhookAttempt
+from tests import admin_rows, factories
+from tests.schedules.conftest import make_schedule
 
 pytestmark = pytest.mark.django_db
 
@@ -36,54 +31,7 @@ def operator(client: Client) -> Client:
 
 @pytest.fixture
 def rows_of_every_kind() -> None:
-    organization = factories.org()
-    run = states.running(organization)
-    states.runner_job(organization, states.runner(organization))
-    step = Step.objects.filter(run=run).first()
-    assert step is not None
-    StepWait.objects.create(
-        run=run,
-        step=step,
-        attempt=1,
-        kind="poll",
-        params={"url": "https://status.example/1"},
-        expires_at=timezone.now() + timedelta(minutes=5),
-    )
-    artifact_services.upload(
-        organization=organization, run_id=run.pk, name="a.txt", stream=io.BytesIO(b"a"), size=1
-    )
-    # An escalation with a delivery attempt, and a re-plan of another run.
-    ticket = states.escalation(organization)
-    escalations.notification_record(
-        ticket=ticket, channel="webhook", attempt=1, target="https://pager.example", delivered=True
-    )
-    Replan.objects.create(
-        run=run,
-        attempt_number=1,
-        number=1,
-        trigger="agents_failed",
-        planner="rules",
-        requested_at=timezone.now(),
-    )
-    StepFailure.objects.create(
-        run=run, attempt_number=1, step=step, step_attempt=1, code="timeout", retryable=True
-    )
-    # A schedule with a fire that started a run and one skipped.
-    schedule = states.schedule(organization)
-    schedule_services.schedule_trigger(schedule_id=schedule.pk)
-    ScheduleFire.objects.create(
-        schedule=schedule,
-        kind="scheduled",
-        due_at=timezone.now(),
-        status="skipped",
-        reason="missed",
-        message="beat was down",
-    )
-    # A webhook endpoint with a delivery and an attempt (docs/webhooks.md).
-    delivery = states.webhook_delivery(organization)
-    WebhookAttempt.objects.create(
-        delivery=delivery, number=1, status_code=500, ok=False, error="HTTP 500", duration_ms=7
-    )
+    admin_rows.rows_of_every_kind()
 
 
 @pytest.mark.usefixtures("rows_of_every_kind")
@@ -96,5 +44,41 @@ def test_every_admin_page_renders(operator: Client, model: type[Model]) -> None:
     assert listing.status_code == 200, listing.content[:500]
     row = model._default_manager.order_by("pk").first()
     if row is not None:
-        page = operator.get(reverse("admin:{}_{}_change".format(*info), args=[row.pk]))
+        # Quoted as the admin's own links are: a runner's id "rnr_2f..." unquoted is "rnr/...".
+        page = operator.get(reverse("admin:{}_{}_change".format(*info), args=[quote(row.pk)]))
         assert page.status_code == 200, page.content[:500]
+
+
+def test_times_are_shown_with_their_zone_and_periods_in_human_units(operator: Client) -> None:
+    organization = factories.org()
+    RateLimit.objects.create(
+        organization=organization, name="openai-tokens", limit=90_000, period_ms=60_000
+    )
+    RateLimit.objects.create(organization=organization, name="burst", limit=5, period_ms=5_000)
+    # Created at 2026-05-01 12:00 UTC: first due at 01:30 in Paris, 23:30 UTC.
+    make_schedule(organization, name="nightly", cron="30 1 * * *", timezone_name="Europe/Paris")
+    paused = make_schedule(organization, name="hourly", interval="1h")
+    schedule_services.schedule_pause(schedule_id=paused.pk)
+    factories.run(organization)
+
+    limits = page(operator, "admin:ratelimits_ratelimit_changelist")
+    schedules = page(operator, "admin:schedules_schedule_changelist")
+    runs = page(operator, "admin:runs_run_changelist")
+    index = page(operator, "admin:index")
+
+    assert '<td class="field-period">1 min</td>' in limits
+    assert '<td class="field-period">5 s</td>' in limits
+    assert "60000" not in limits
+    assert "cron 30 1 * * * (Europe/Paris)" in schedules
+    assert '<td class="field-next_due">2026-05-02 01:30 Europe/Paris</td>' in schedules
+    assert '<td class="field-next_due">paused</td>' in schedules
+    assert "every 1 h" in schedules
+    assert re.search(r'class="field-created_at nowrap">\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC<', runs)
+    assert "Webhook deliveries" in index
+    assert "deliverys" not in index
+
+
+def page(operator: Client, name: str) -> str:
+    response = operator.get(reverse(name))
+    assert response.status_code == 200
+    return response.content.decode()

@@ -15,7 +15,8 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from common.admin import ReadOnlyAdminMixin
+from common.admin import ReadOnlyAdminMixin, shortened
+from common.units import duration_text, time_in_zone
 from webhooks import services
 from webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
@@ -41,14 +42,13 @@ def _each(
 @admin.register(WebhookEndpoint)
 class WebhookEndpointAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[WebhookEndpoint]):
     list_display = (
-        "url",
+        "short_url",
         "organization",
         "enabled",
         "disabled_reason",
         "consecutive_failures",
         "failing_since",
         "last_delivered_at",
-        "created_at",
     )
     list_filter = ("enabled", "created_at")
     list_select_related = ("organization",)
@@ -73,6 +73,10 @@ class WebhookEndpointAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[WebhookEndpoint]
         "updated_at",
     )
     readonly_fields = fields
+
+    @admin.display(description="URL", ordering="url")
+    def short_url(self, endpoint: WebhookEndpoint) -> SafeString | str:
+        return shortened(endpoint.url)
 
     @admin.action(description="Enable selected endpoints (their failures forgotten)")
     def enable_endpoints(self, request: HttpRequest, queryset: QuerySet[WebhookEndpoint]) -> None:
@@ -109,7 +113,7 @@ class WebhookEndpointAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[WebhookEndpoint]
 class WebhookDeliveryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[WebhookDelivery]):
     list_display = (
         "uid",
-        "endpoint",
+        "endpoint_url",
         "event_type",
         "status",
         "attempts",
@@ -143,13 +147,23 @@ class WebhookDeliveryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[WebhookDelivery]
     )
     readonly_fields = fields
 
+    @admin.display(description="endpoint", ordering="endpoint__url")
+    def endpoint_url(self, delivery: WebhookDelivery) -> SafeString | str:
+        return shortened(delivery.endpoint.url)
+
     @admin.display(description="attempts made")
     def attempt_table(self, delivery: WebhookDelivery) -> SafeString:
         rows = format_html_join(
             "",
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{} ms</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             (
-                (a.number, a.created_at, a.status_code or "-", a.duration_ms, a.error or "ok")
+                (
+                    a.number,
+                    time_in_zone(a.created_at, seconds=True),
+                    a.status_code or "-",
+                    duration_text(a.duration_ms),
+                    a.error or "ok",
+                )
                 for a in WebhookAttempt.objects.filter(delivery=delivery).order_by("number")
             ),
         )

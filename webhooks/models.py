@@ -108,6 +108,7 @@ class WebhookDelivery(models.Model):
     retry_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        verbose_name_plural = "webhook deliveries"
         ordering = ["-id"]
         indexes = [
             models.Index(fields=["endpoint", "-id"], name="webhook_delivery_endpoint"),

@@ -90,7 +90,9 @@ ASGI_APPLICATION = "config.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        # Site-wide overrides of Django's own templates (admin/base_site.html), found
+        # before the apps' templates.
+        "DIRS": [BASE_DIR / "config" / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -213,6 +215,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --------------------------------------------------------------------------- i18n, static
 LANGUAGE_CODE = "en-us"
+# Dates and times as the admin writes them: ISO-like, each with its zone (config/formats).
+FORMAT_MODULE_PATH = ["config.formats"]
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True

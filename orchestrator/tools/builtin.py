@@ -36,6 +36,7 @@ from common.tools.base import (
 from common.tools.registry import register
 from orchestrator.netguard import AddressNotAllowed, guarded_client
 from runs.plan import DurationRefused, read_duration_ms
+from runs.plan.errors import listing, suggest
 
 Problems = list[tuple[str, str]]
 
@@ -243,7 +244,10 @@ def validate_fail(params: dict[str, Any]) -> Problems:
     problems = _number(params, "until_attempt", 0, 1000, required=False)
     code = params.get("code", "tool_error")
     if not has_template(code) and (not isinstance(code, str) or code not in ERROR_CODES):
-        problems.append(("code", f"unknown error code {code!r}"))
+        hint = suggest(code, ERROR_CODES) if isinstance(code, str) else ""
+        problems.append(
+            ("code", f"unknown error code {code!r}{hint}; the codes: {listing(ERROR_CODES)}")
+        )
     retryable = params.get("retryable")
     if "retryable" in params and not has_template(retryable) and not isinstance(retryable, bool):
         problems.append(("retryable", "must be true or false"))

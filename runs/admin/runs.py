@@ -16,6 +16,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
 from common.admin import ReadOnlyAdminMixin, actor_of
+from common.units import duration_text
 from runs import escalations
 from runs.admin.run_page import CONTROLS, REFUSALS, RunPageAdmin
 from runs.engine.start import run_start
@@ -109,7 +110,7 @@ class RunAdmin(RunPageAdmin):
                     "picked_up_at",
                     "completed_at",
                     "cancelled_at",
-                    "duration_ms",
+                    "duration",
                     "last_heartbeat",
                     "deleted_at",
                 )
@@ -131,6 +132,10 @@ class RunAdmin(RunPageAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # audit: runs are cancelled or soft-deleted, never removed
+
+    @admin.display(description="duration")
+    def duration(self, run: Run) -> str:
+        return "-" if run.duration_ms is None else duration_text(run.duration_ms)
 
     @admin.display(description="plan")
     def plan_json(self, run: Run) -> SafeString:
@@ -323,11 +328,9 @@ class RunEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[RunEvent]):
     list_display = (
         "created_at",
         "run",
-        "attempt_number",
         "what",
         "kind",
-        "from_status",
-        "to_status",
+        "transition",
         "actor",
         "message",
     )
@@ -345,3 +348,7 @@ class RunEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[RunEvent]):
         """The entity by its path in the plan (``agent.task.step``, and a step's
         attempt), not its database id."""
         return event_label(event)
+
+    @admin.display(description="transition")
+    def transition(self, event: RunEvent) -> str:
+        return f"{event.from_status} \u2192 {event.to_status}" if event.to_status else ""

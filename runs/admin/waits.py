@@ -16,6 +16,7 @@ from billing.admin import OrganizationAdmin, OrganizationForm
 from billing.models import Organization
 from billing.services import InsufficientCredits
 from common.admin import ReadOnlyAdminMixin, actor_of
+from common.units import duration_text
 from ratelimits.models import RateLimit
 from runs import admission, escalations, fairness, runners, services, step_admission
 from runs.models import (
@@ -43,7 +44,6 @@ class RunnerAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[Runner]):
         "executor_type",
         "status",
         "last_heartbeat",
-        "registered_at",
     )
     list_filter = ("executor_type",)
     search_fields = ("=id", "hostname", "project_dir")
@@ -66,9 +66,8 @@ class RunnerJobAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[RunnerJob]):
         "step",
         "attempt",
         "status",
-        "runner",
+        "runner_where",
         "created_at",
-        "claimed_at",
         "completed_at",
     )
     list_filter = ("status", "created_at")
@@ -77,6 +76,13 @@ class RunnerJobAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[RunnerJob]):
     ordering = ("-created_at",)
     show_full_result_count = False
     actions = ("stop_jobs",)
+
+    @admin.display(description="runner", ordering="runner__hostname")
+    def runner_where(self, job: RunnerJob) -> str:
+        """Where the job runs, not the runner's 28-character id (on the job's page), which
+        cannot wrap and would widen the list past the screen."""
+        runner = job.runner
+        return "-" if runner is None else f"{runner.hostname} {runner.project_dir}"
 
     @admin.action(description="Stop selected runner jobs")
     def stop_jobs(self, request: HttpRequest, queryset: QuerySet[RunnerJob]) -> None:
@@ -128,8 +134,6 @@ class EscalationTicketAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[EscalationTicke
         "severity",
         "status",
         "resolution",
-        "acknowledged_by",
-        "resolved_by",
         "notified_at",
     )
     list_filter = ("status", "reason", "severity", "resolution", "opened_at")
@@ -336,10 +340,14 @@ class RateLimitAdmin(admin.ModelAdmin[RateLimit]):
     a tool named): saving or deleting one re-plans the steps waiting for it
     (``runs.step_admission``), as the API does."""
 
-    list_display = ("name", "organization", "tool", "limit", "period_ms", "waiting", "updated_at")
+    list_display = ("name", "organization", "tool", "limit", "period", "waiting", "updated_at")
     list_filter = ("organization",)
     search_fields = ("name", "tool")
     fields = ("organization", "name", "tool", "limit", "period_ms")
+
+    @admin.display(description="period", ordering="period_ms")
+    def period(self, limit: RateLimit) -> str:
+        return duration_text(limit.period_ms)
 
     @admin.display(description="steps waiting")
     def waiting(self, limit: RateLimit) -> int:

@@ -492,7 +492,10 @@ class ErrorCode:
         def refusal(value: Any, _: Limits) -> str:
             if not isinstance(value, str) or value not in ERROR_CODES:
                 hint = suggest(value, ERROR_CODES) if isinstance(value, str) else ""
-                return f"unknown error code {show(value)}{hint}"
+                return (
+                    f"unknown error code {show(value)}{hint}; retry_on takes the retryable "
+                    f"codes ({listing(RETRYABLE_CODES)})"
+                )
             return (
                 f"'{value}' is never retried; retry_on can only narrow the retryable codes "
                 f"({listing(RETRYABLE_CODES)})"

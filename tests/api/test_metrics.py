@@ -110,3 +110,25 @@ def test_step_attempts_durations_and_sweeps_are_counted_from_redis(client: Clien
     assert grew("orchestrator_step_duration_seconds_sum", tool="echo") == pytest.approx(7.02)
     assert grew("orchestrator_step_queue_wait_seconds_count", tool="echo") == 1
     assert grew("orchestrator_sweep_actions_total", sweep="leases", action="reclaimed") == 2
+
+
+@pytest.mark.usefixtures("token")
+def test_webhook_attempts_and_schedule_fires_are_exposed_by_outcome(client: Client) -> None:
+    before = scrape(client)
+    for status in ("delivered", "pending", "pending", "failed"):
+        metrics.webhook_attempt(status)  # the delivery's status after each attempt
+    metrics.schedule_fires("scheduled", "missed", 3)
+    metrics.schedule_fires("manual", "fired")
+
+    after = scrape(client)
+
+    def grew(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert grew("orchestrator_webhook_attempts_total", outcome="delivered") == 1
+    assert grew("orchestrator_webhook_attempts_total", outcome="retry") == 2
+    assert grew("orchestrator_webhook_attempts_total", outcome="failed") == 1
+    assert grew("orchestrator_schedule_fires_total", kind="scheduled", outcome="missed") == 3
+    assert grew("orchestrator_schedule_fires_total", kind="manual", outcome="fired") == 1
+    for queue in ALL_QUEUES:  # read after the counters, from the same pipeline
+        assert ("orchestrator_queue_depth", (("queue", queue),)) in after

@@ -73,6 +73,23 @@ def test_an_invalid_plan_is_400_with_every_problem_and_its_path(tenant: Tenant) 
     assert not Run.objects.exists()
 
 
+def test_an_unknown_error_code_is_answered_with_the_valid_ones(tenant: Tenant) -> None:
+    plan = factories.plan()
+    plan["agents"][0]["tasks"][0]["steps"][0].update(tool="fail", params={"code": "boom"})
+    plan["agents"][0]["tasks"][0]["steps"][0]["retry"] = {"retry_on": ["timout"]}
+
+    response = tenant.post(RUNS, {"plan": plan})
+
+    body = response.json()
+    assert (response.status_code, body["code"]) == (400, "invalid_plan")
+    problems = {problem["path"]: problem["message"] for problem in body["details"]}
+    step = "agents[0].tasks[0].steps[0]"
+    assert problems[f"{step}.params.code"].startswith("unknown error code 'boom'; the codes: ")
+    assert "tool_error" in problems[f"{step}.params.code"]
+    assert "retryable codes (" in problems[f"{step}.retry.retry_on[0]"]
+    assert "gateway_timeout" in problems[f"{step}.retry.retry_on[0]"]
+
+
 def test_a_missing_plan_is_400_invalid_request_naming_the_field(tenant: Tenant) -> None:
     response = tenant.post(RUNS, {"start": True})
 

@@ -190,7 +190,7 @@ def test_a_loopback_server_is_refused_unless_allowed(
     error = refused({"url": f"{http_server.url}/secret"})
 
     assert error.code == "address_not_allowed"
-    assert "127.0.0.1 is a loopback address" in error.message
+    assert "127.0.0.1 is a loopback address; the http tool may not connect to it" in (error.message)
     assert http_server.requests == []
 
 

@@ -15,6 +15,7 @@ import pytest
 from pytest_django.fixtures import Settings
 
 from billing.pricing import llm_cost
+from common.errors import ERROR_CODES
 from common.tools import registry
 from common.tools.base import ToolContext, ToolError, ToolResult
 from orchestrator.tools.asynchronous import callback, poll, validate_callback, validate_poll
@@ -694,9 +695,18 @@ def test_validate_fail_reports_every_bad_param() -> None:
     params = {"code": "oops", "retryable": "yes", "until_attempt": -1}
     assert validate_fail(params) == [
         ("until_attempt", "must be a number from 0 to 1000"),
-        ("code", "unknown error code 'oops'"),
+        ("code", f"unknown error code 'oops'; the codes: {', '.join(sorted(ERROR_CODES))}"),
         ("retryable", "must be true or false"),
     ]
+
+
+def test_an_unknown_code_to_fail_with_is_answered_with_the_valid_ones() -> None:
+    ((path, message),) = validate_fail({"code": "timout"})
+
+    assert path == "code"
+    assert message.startswith("unknown error code 'timout'; did you mean 'timeout'?")
+    for code in ERROR_CODES:
+        assert code in message
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from django.db import IntegrityError, transaction
 
 from billing.models import Organization
 from billing.services import InsufficientCredits, credits_grant
+from common import metrics
 from runs import admission
 from runs import services as run_services
 from runs.models import Run
@@ -287,6 +288,42 @@ def test_one_broken_schedule_does_not_stop_the_tick_for_the_others(
 # --------------------------------------------------------------------------- catch-up
 # Beat down from T0 + 1 min to T0 + 1 h + 20 s: 60 due times passed.
 BACK = T0 + timedelta(hours=1, seconds=20)
+
+
+# --------------------------------------------------------------------------- metrics
+def fires_counted() -> dict[str, float]:
+    """``orchestrator_schedule_fires_total`` as Redis holds it: "kind|outcome" -> count."""
+    raw = metrics.connection().hgetall(metrics.SCHEDULE_FIRES)
+    return {field.decode(): float(count) for field, count in raw.items()}
+
+
+def test_every_fire_is_counted_for_prometheus_by_kind_and_outcome_once_committed(
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    before = fires_counted()
+    schedule = make_schedule()  # overlap: skip, catchup: none
+    broken = make_schedule()
+    Schedule.objects.filter(pk=broken.pk).update(timezone="Atlantis/Capital")
+    refused = make_schedule(broke())
+
+    with django_capture_on_commit_callbacks(execute=True):
+        tick(BACK)  # 59 due times missed and one fired; the broken schedule fails
+        Schedule.objects.filter(pk__in=[broken.pk, refused.pk]).update(paused_at=BACK)
+        tick(BACK + MINUTE)  # the run of the last is still pending: skipped (overlap)
+        services.schedule_trigger(schedule_id=schedule.pk)
+        with pytest.raises(InsufficientCredits):
+            services.schedule_trigger(schedule_id=refused.pk)  # rolled back: not counted
+
+    after = fires_counted()
+    grew = {key: after[key] - before.get(key, 0) for key in after}
+    assert {key: count for key, count in grew.items() if count} == {
+        "scheduled|missed": 59 + 59,
+        "scheduled|fired": 1,
+        "scheduled|insufficient_credits": 1,
+        "scheduled|overlap": 1,
+        "scheduled|error": 1,
+        "manual|fired": 1,
+    }
 
 
 def test_catchup_none_runs_only_a_due_time_still_on_time_and_records_the_missed_ones() -> None:

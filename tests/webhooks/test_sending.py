@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from django.conf import settings as django_settings
 
+from common import metrics
 from orchestrator import webhooks as sender
 from runs.models import Run, RunEvent
 from runs.services import run_cancel
@@ -183,6 +184,31 @@ def test_an_endpoint_failing_for_long_is_disabled_and_its_deliveries_wait(
     wait_until(settled(), timeout=10, what="the delivery after the endpoint is enabled")
 
 
+def attempts_counted() -> dict[str, float]:
+    """``orchestrator_webhook_attempts_total`` as Redis holds it: outcome -> attempts."""
+    raw = metrics.connection().hgetall(metrics.WEBHOOK_ATTEMPTS)
+    return {field.decode(): float(count) for field, count in raw.items()}
+
+
+def test_each_attempt_is_counted_for_prometheus_by_what_it_came_to(
+    http_server: HttpServer,
+) -> None:
+    http_server.respond("/ok", status=204)
+    http_server.respond("/down", status=500)
+    http_server.respond("/gone", status=410)
+    for path in ("ok", "down", "gone"):
+        ended_run(endpoint(factories.org(), f"{http_server.url}/{path}"))
+    before = attempts_counted()
+
+    assert send_due() == 3
+
+    after = attempts_counted()
+    grew = {outcome: after.get(outcome, 0) - before.get(outcome, 0) for outcome in after}
+    assert grew == {"delivered": 1, "retry": 1, "failed": 1}
+    statuses = sorted(WebhookDelivery.objects.values_list("status", flat=True))
+    assert statuses == ["delivered", "failed", "pending"]
+
+
 def test_past_its_retry_window_a_delivery_fails_and_can_be_sent_again_by_hand(
     http_server: HttpServer, settings: Any
 ) -> None:
@@ -216,6 +242,9 @@ def test_the_guard_refuses_an_address_not_allowed_at_delivery_time(
     (attempt,) = the_delivery().attempt_records.all()
     assert (attempt.status_code, attempt.ok) == (None, False)
     assert "HTTP_TOOL_ALLOWED_NETWORKS" in attempt.error
+    # The refusal names what was refused: a webhook, not the http tool.
+    assert "is a loopback address; a webhook may not be sent to it" in attempt.error
+    assert "http tool" not in attempt.error
     assert http_server.requests == []
 
 

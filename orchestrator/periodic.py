@@ -7,12 +7,12 @@ batched, so two beats or a late tick do no harm.
 
 Most sweeps wait for their work: beat asks PostgreSQL, every ``check_seconds``, when the
 sweep next has something to do (``next_due``: the earliest moment any row it acts on is
-due, or None), and sends it only once that moment has come (orchestrator/beat.py). An
-idle fleet therefore sends almost nothing, and a sweep still runs as soon as its work is
-due, as late as one look at most. Such a sweep is also sent every ``BACKSTOP_SECONDS``
-whatever the look says: PostgreSQL holds every due time, so a look that is lost (its
-message expired, its worker died) is repeated by the next one, and the backstop covers
-a look that is wrong.
+due, or None; sooner is allowed, later is not), and sends it once that moment has come
+(orchestrator/beat.py). An idle fleet therefore sends almost nothing, and a sweep runs
+when its work is due, one look late at most. PostgreSQL holds every due time: a sweep
+whose message is lost (expired, its worker died) is sent again at the next look while
+its work is still due. Such a sweep is also sent every ``BACKSTOP_SECONDS`` whatever its
+look says, which covers a look that is wrong.
 """
 
 from __future__ import annotations

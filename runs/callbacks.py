@@ -295,7 +295,7 @@ _UNTOLD = Q(parent_run__isnull=False, parent_notified_at__isnull=True, status__i
 
 
 def next_due() -> datetime | None:
-    """The earliest moment ``sweep`` has something to do (each rule below, in order)."""
+    """The earliest moment ``sweep`` has something to do: its rules, in their order."""
     waits = StepWait.objects.filter(status=W.WAITING)
     lost_after = timedelta(seconds=settings.WAIT_LOST_AFTER)
     polled = waits.filter(kind=StepWaitKind.POLL).aggregate(at=Min("next_poll_at"))["at"]

@@ -105,7 +105,8 @@ def installed_per_minute() -> float:
     """What beat's ordinary schedule sends of this project's tasks: each installed
     interval once per interval (the backstops of the sweeps that wait for work)."""
     tasks = PeriodicTask.objects.filter(name__startswith=PERIODIC_PREFIX, enabled=True)
-    return sum(60 / task.interval.every for task in tasks.select_related("interval"))
+    per_minute: float = sum(60 / task.interval.every for task in tasks.select_related("interval"))
+    return per_minute
 
 
 def test_an_idle_fleet_sends_at_most_two_tasks_a_minute(

@@ -60,7 +60,7 @@ def test_a_lease_is_looked_for_when_it_expires() -> None:
     assert sweeps.leases_next_due() == expiry
     assert sweeps.reclaim_expired_leases() == {"reclaimed": 0, "failed": 0}
     Step.objects.filter(pk=step.pk).update(lease_expires_at=timezone.now() - SECOND)
-    assert sweeps.leases_next_due() <= timezone.now()  # type: ignore[operator]
+    assert sweeps.leases_next_due() <= timezone.now()
     assert sweeps.reclaim_expired_leases() == {"reclaimed": 1, "failed": 0}
     assert sweeps.leases_next_due() is None
 

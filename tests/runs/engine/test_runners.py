@@ -255,7 +255,7 @@ def test_the_sweep_recovers_a_stale_runners_jobs_and_fails_unmatched_ones(
 
     later = timezone.now() + timedelta(seconds=settings.RUNNER_MATCH_TIMEOUT + 1)
     # Beat's look: the runner goes stale first, before the sweep below acts.
-    assert timezone.now() < runners.next_due() <= later  # type: ignore[operator]
+    assert timezone.now() < runners.next_due() <= later
     with held._committed():
         swept = runners.sweep(later)
 

@@ -291,7 +291,7 @@ def test_the_sweep_tells_a_parent_whose_message_was_lost(engine_run: Start) -> N
     engine = engine_run(plan_with(run_step()))
     child = drive(engine, child_of(spawn(engine)))
     past = timezone.now() + timedelta(minutes=5)
-    assert timezone.now() < callbacks.next_due() <= past  # type: ignore[operator]
+    assert timezone.now() < callbacks.next_due() <= past
 
     with engine._committed():
         assert callbacks.sweep(now=past)["children_told"] == 1
@@ -386,7 +386,7 @@ def test_an_expired_callback_is_refused_and_the_sweep_times_its_step_out(
     with pytest.raises(CallbackRefused) as late:
         callbacks.receive_callback(token, status="completed")
     assert (late.value.status, late.value.code) == (410, "callback_expired")
-    assert callbacks.next_due() <= timezone.now()  # type: ignore[operator]
+    assert callbacks.next_due() <= timezone.now()
 
     with engine._committed():
         assert callbacks.sweep()["expired"] == 1
@@ -474,7 +474,7 @@ def test_the_sweep_sends_a_lost_poll_again_and_times_one_out(engine_run: Start) 
     wait = start_poll(engine)
     later = timezone.now() + timedelta(minutes=1)
     StepWait.objects.filter(pk=wait.pk).update(expires_at=later + timedelta(hours=1))
-    assert timezone.now() < callbacks.next_due() <= later  # type: ignore[operator]
+    assert timezone.now() < callbacks.next_due() <= later
 
     assert callbacks.sweep(now=later)["polls_resent"] == 1
     assert engine.transport.polls[-1] == (str(wait.pk), 1, 0.0)

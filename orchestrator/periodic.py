@@ -4,27 +4,54 @@
 database match this list: it creates or updates each periodic task by name and removes
 those this project once installed but no longer declares. Sweeps are idempotent and
 batched, so two beats or a late tick do no harm.
+
+Most sweeps wait for their work: beat asks PostgreSQL, every ``check_seconds``, when the
+sweep next has something to do (``next_due``: the earliest moment any row it acts on is
+due, or None; sooner is allowed, later is not), and sends it once that moment has come
+(orchestrator/beat.py). An idle fleet therefore sends almost nothing, and a sweep runs
+when its work is due, one look late at most. PostgreSQL holds every due time: a sweep
+whose message is lost (expired, its worker died) is sent again at the next look while
+its work is still due. Such a sweep is also sent every ``BACKSTOP_SECONDS`` whatever its
+look says, which covers a look that is wrong.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
+
+from orchestrator import sweeps
+from runs import callbacks, runners
+from schedules import selectors as schedule_selectors
+from webhooks import services as webhook_services
 
 # Prefix of every periodic task this project owns; others (added by hand in the admin) are
 # left alone.
 PERIODIC_PREFIX = "orchestrator:"
+
+# How often a sweep that waits for its work is sent although its look finds none.
+BACKSTOP_SECONDS = 300
 
 
 @dataclass(frozen=True)
 class Periodic:
     name: str
     task: str
+    # The installed interval: how often beat sends the task whatever PostgreSQL says.
     every_seconds: int
     queue: str = "sweeps"
     kwargs: dict[str, Any] = field(default_factory=dict)
-    # Drop a tick that waited longer than one interval: the next one does the same work.
-    expires_seconds: int | None = None
+    # When the sweep next has work, read by beat every `check_seconds` (module docstring).
+    next_due: Callable[[], datetime | None] | None = None
+    check_seconds: int = 0
+
+    @property
+    def expires_seconds(self) -> int:
+        """A message that waited longer than one look (or one interval) is dropped: the
+        next one does the same work."""
+        return self.check_seconds or self.every_seconds
 
 
 def _every(setting: str) -> int:
@@ -33,46 +60,37 @@ def _every(setting: str) -> int:
     return int(getattr(settings, setting))
 
 
+def _waiting(
+    name: str, task: str, next_due: Callable[[], datetime | None], check: int, **options: Any
+) -> Periodic:
+    """A sweep that waits for its work, looked for every ``check`` seconds."""
+    return Periodic(name, task, BACKSTOP_SECONDS, next_due=next_due, check_seconds=check, **options)
+
+
 def periodic_tasks() -> tuple[Periodic, ...]:
     """The periodic tasks, with intervals read from settings at install time."""
+    sweep = _every("ENGINE_SWEEP_INTERVAL")
     return (
-        Periodic(
-            name="lease-sweep",
-            task="orchestrator.sweeps.leases",
-            every_seconds=_every("ENGINE_SWEEP_INTERVAL"),
-        ),
-        Periodic(
-            name="timeout-sweep",
-            task="orchestrator.sweeps.timeouts",
-            every_seconds=_every("ENGINE_SWEEP_INTERVAL"),
-        ),
+        _waiting("lease-sweep", "orchestrator.sweeps.leases", sweeps.leases_next_due, sweep),
+        _waiting("timeout-sweep", "orchestrator.sweeps.timeouts", sweeps.timeouts_next_due, sweep),
         Periodic(
             name="idempotency-expiry",
             task="orchestrator.sweeps.idempotency_records",
             every_seconds=600,
         ),
-        Periodic(
-            name="lost-message-sweep",
-            task="orchestrator.sweeps.lost_messages",
-            every_seconds=max(
-                _every("ENGINE_SWEEP_INTERVAL"), _every("ENGINE_LOST_MESSAGE_AFTER") // 4
-            ),
+        _waiting(
+            "lost-message-sweep",
+            "orchestrator.sweeps.lost_messages",
+            sweeps.lost_messages_next_due,
+            max(sweep, _every("ENGINE_LOST_MESSAGE_AFTER") // 4),
         ),
-        Periodic(
-            name="runner-sweep",
-            task="orchestrator.sweeps.runners",
-            every_seconds=_every("ENGINE_SWEEP_INTERVAL"),
-        ),
+        _waiting("runner-sweep", "orchestrator.sweeps.runners", runners.next_due, sweep),
         Periodic(
             name="artifact-expiry",
             task="orchestrator.sweeps.artifacts",
             every_seconds=300,
         ),
-        Periodic(
-            name="wait-sweep",
-            task="orchestrator.sweeps.waits",
-            every_seconds=_every("ENGINE_SWEEP_INTERVAL"),
-        ),
+        _waiting("wait-sweep", "orchestrator.sweeps.waits", callbacks.next_due, sweep),
         Periodic(
             name="rate-grant-expiry",
             task="orchestrator.sweeps.rate_grants",
@@ -80,17 +98,20 @@ def periodic_tasks() -> tuple[Periodic, ...]:
         ),
         # Run schedules (the `schedules` app, docs/schedules.md): each tick fires the
         # schedules that are due. Their due times come from each schedule's own anchor,
-        # not from this task's last run, so a tick dropped or doubled changes nothing.
-        Periodic(
-            name="schedule-tick",
-            task="orchestrator.sweeps.schedules",
-            every_seconds=_every("SCHEDULES_TICK_SECONDS"),
+        # not from this task's last run, so a tick dropped or doubled changes nothing;
+        # beat sends the tick when the earliest of them comes.
+        _waiting(
+            "schedule-tick",
+            "orchestrator.sweeps.schedules",
+            schedule_selectors.schedules_next_due,
+            _every("SCHEDULES_TICK_SECONDS"),
         ),
         # Run webhooks (docs/webhooks.md): claim the due deliveries and send them.
-        Periodic(
-            name="webhook-sweep",
-            task="orchestrator.webhooks.sweep",
-            every_seconds=_every("WEBHOOK_SWEEP_INTERVAL"),
+        _waiting(
+            "webhook-sweep",
+            "orchestrator.webhooks.sweep",
+            webhook_services.deliveries_next_due,
+            _every("WEBHOOK_SWEEP_INTERVAL"),
             queue="webhooks",
         ),
     )

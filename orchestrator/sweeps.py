@@ -13,7 +13,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Q
+from django.db.models import F, Min, Q
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from runs import admission, escalations, services
@@ -61,6 +62,12 @@ def reclaim_expired_leases() -> dict[str, int]:
     return counts
 
 
+def leases_next_due() -> datetime | None:
+    """When the first running step's lease expires: when beat sends the lease sweep."""
+    rows = Step.objects.filter(status=StepStatus.RUNNING, lease_expires_at__isnull=False)
+    return rows.order_by("lease_expires_at").values_list("lease_expires_at", flat=True).first()
+
+
 def _reclaim(run: Any, step: Step, outbox: Outbox) -> None:
     pending = transition(
         Step,
@@ -91,25 +98,44 @@ _RUN_TIMEOUTS = (
 # The last_error code of each timeout, where it is not "<key>_timeout".
 _TIMEOUT_CODES = {"escalated": "escalation_timeout"}
 
-# Runs whose own `timeouts` (milliseconds) or the default put them past their deadline.
-_OVERDUE_RUNS_SQL = """
-SELECT id FROM runs_run
-WHERE status = %(status)s
-  AND {clock} IS NOT NULL
-  AND {clock} < %(now)s - make_interval(
-        secs => COALESCE((timeouts ->> %(key)s)::bigint, %(default_ms)s) / 1000.0)
-ORDER BY {clock}
-LIMIT %(limit)s
+# The moment a run in a timed state is past its deadline: its own `timeouts`
+# (milliseconds) or the default, from the state's clock column.
+_RUN_DEADLINE = """{clock} + make_interval(
+        secs => COALESCE((timeouts ->> %(key)s)::bigint, %(default_ms)s) / 1000.0)"""
+_TIMED_RUNS = "FROM runs_run WHERE status = %(status)s AND {clock} IS NOT NULL"
+_OVERDUE_RUNS_SQL = f"""
+SELECT id {_TIMED_RUNS} AND {_RUN_DEADLINE} < %(now)s ORDER BY {{clock}} LIMIT %(limit)s
 """
 
-_OVERDUE_NODES_SQL = """
-SELECT id, run_id FROM {table}
-WHERE status = 'running'
-  AND started_at < %(now)s - make_interval(
-        secs => COALESCE(timeout_ms, %(default_ms)s) / 1000.0)
-ORDER BY started_at
-LIMIT %(limit)s
+# Agents and tasks running in a run that can time them out (_time_out_node).
+_NODE_DEADLINE = """n.started_at + make_interval(
+        secs => COALESCE(n.timeout_ms, %(default_ms)s) / 1000.0)"""
+_TIMED_NODES = """FROM {table} AS n JOIN runs_run AS r ON r.id = n.run_id
+WHERE n.status = 'running' AND r.status IN ('running', 'waiting_approval')"""
+_OVERDUE_NODES_SQL = f"""
+SELECT n.id, n.run_id {_TIMED_NODES} AND {_NODE_DEADLINE} < %(now)s
+ORDER BY n.started_at LIMIT %(limit)s
 """
+_NODE_TIMEOUTS = ((Agent, "runs_agent", "agent"), (Task, "runs_task", "task"))
+
+
+def _timeout_ms(key: str) -> int:
+    return int(settings.RUN_TIMEOUT_DEFAULTS[key]) * 1000
+
+
+def timeouts_next_due() -> datetime | None:
+    """The earliest deadline ``sweep_timeouts`` acts on: when beat sends it next."""
+    deadlines = []
+    with connection.cursor() as cursor:
+        for status, key, clock, _ in _RUN_TIMEOUTS:
+            sql = f"SELECT min({_RUN_DEADLINE}) {_TIMED_RUNS}".format(clock=clock)
+            cursor.execute(sql, {"status": status, "key": key, "default_ms": _timeout_ms(key)})
+            deadlines.append(cursor.fetchone()[0])
+        for _, table, key in _NODE_TIMEOUTS:
+            sql = f"SELECT min({_NODE_DEADLINE}) {_TIMED_NODES}".format(table=table)
+            cursor.execute(sql, {"default_ms": _timeout_ms(key)})
+            deadlines.append(cursor.fetchone()[0])
+    return min((deadline for deadline in deadlines if deadline is not None), default=None)
 
 
 def sweep_timeouts(now: datetime | None = None) -> dict[str, int]:
@@ -121,7 +147,6 @@ def sweep_timeouts(now: datetime | None = None) -> dict[str, int]:
     re-checked under its run's lock, so a run that moved on meanwhile is left alone.
     """
     now = now or timezone.now()
-    defaults = settings.RUN_TIMEOUT_DEFAULTS
     counts: dict[str, int] = defaultdict(int)
     for status, key, clock, action in _RUN_TIMEOUTS:
         with connection.cursor() as cursor:
@@ -130,7 +155,7 @@ def sweep_timeouts(now: datetime | None = None) -> dict[str, int]:
                 {
                     "status": status,
                     "key": key,
-                    "default_ms": int(defaults[key]) * 1000,
+                    "default_ms": _timeout_ms(key),
                     "now": now,
                     "limit": settings.ENGINE_SWEEP_BATCH,
                 },
@@ -139,15 +164,11 @@ def sweep_timeouts(now: datetime | None = None) -> dict[str, int]:
         for run_id in run_ids:
             if _time_out_run(run_id, status, key, action, now):
                 counts[_TIMEOUT_CODES.get(key, f"{key}_timeout")] += 1
-    for model, table, key in ((Agent, "runs_agent", "agent"), (Task, "runs_task", "task")):
+    for model, table, key in _NODE_TIMEOUTS:
         with connection.cursor() as cursor:
             cursor.execute(
                 _OVERDUE_NODES_SQL.format(table=table),
-                {
-                    "default_ms": int(defaults[key]) * 1000,
-                    "now": now,
-                    "limit": settings.ENGINE_SWEEP_BATCH,
-                },
+                {"default_ms": _timeout_ms(key), "now": now, "limit": settings.ENGINE_SWEEP_BATCH},
             )
             rows = cursor.fetchall()
         for node_id, run_id in rows:
@@ -260,6 +281,29 @@ def redispatch_lost(now: datetime | None = None, older_than: float | None = None
         counts["runs"] += 1
     counts.update(_redispatch_policy(now, threshold))
     return counts
+
+
+def lost_messages_next_due() -> datetime | None:
+    """The earliest moment ``redispatch_lost`` finds something to send again: each rule's
+    clock (GREATEST skips a NULL) plus ENGINE_LOST_MESSAGE_AFTER; now while runs wait for a
+    place (looked at on every pass). A ticket's clock is its opening, earlier than the
+    rule's (its last notice): a lower bound, sooner than needed, never later."""
+    if admission.organizations_waiting(1):
+        return timezone.now()
+    clocks = [
+        Step.objects.filter(
+            status=StepStatus.PENDING, dispatched_at__isnull=False, run__status=RunStatus.RUNNING
+        ).aggregate(at=Min(Greatest("dispatched_at", "next_run_at")))["at"],
+        Run.objects.filter(
+            status__in=[RunStatus.PENDING, RunStatus.RETRYING, RunStatus.RESUMING]
+        ).aggregate(at=Min(Greatest("status_changed_at", "redispatched_at")))["at"],
+        Run.objects.filter(replan_pending_since__isnull=False).aggregate(
+            at=Min(Greatest("replan_pending_since", "redispatched_at"))
+        )["at"],
+        escalations.first_unnotified(),
+    ]
+    after = timedelta(seconds=settings.ENGINE_LOST_MESSAGE_AFTER)
+    return min((clock + after for clock in clocks if clock is not None), default=None)
 
 
 def _redispatch_policy(now: datetime, threshold: datetime) -> dict[str, int]:

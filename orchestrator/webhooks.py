@@ -2,8 +2,9 @@
 signed POST of one delivery through the outbound address guard.
 
 PostgreSQL writes a delivery in the transaction of the state change it announces
-(webhooks/migrations/0001); this module only sends. Beat's sweep, every
-WEBHOOK_SWEEP_INTERVAL s, claims what is due (``webhooks.services.deliveries_claim``:
+(webhooks/migrations/0001); this module only sends. The sweep, which beat sends once a
+delivery is due (``webhooks.services.deliveries_next_due``, looked for every
+WEBHOOK_SWEEP_INTERVAL s), claims what is due (``webhooks.services.deliveries_claim``:
 FOR UPDATE SKIP LOCKED, at most WEBHOOK_ENDPOINT_CONCURRENCY in flight per endpoint, each
 under a lease) and publishes one ``orchestrator.webhooks.deliver`` message per claim, on
 the ``webhooks`` queue (config/celery.py), apart from the engine's sweeps. A delivery

@@ -28,6 +28,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Min, Q
 from django.utils import timezone
 
 from billing.pricing import tool_price
@@ -36,7 +37,7 @@ from common.text import storable_text
 from common.tools.base import ToolError
 from runs.children import child_ended
 from runs.engine.outcomes import Outcome, record
-from runs.engine.waiting import overdue
+from runs.engine.waiting import Parked
 from runs.models import EventKind, Run, Step, StepWait, StepWaitKind, StepWaitStatus
 from runs.outbox import after_commit, schedule_poll
 from runs.services import lock_run, run_cancel
@@ -282,15 +283,30 @@ def record_reading(wait_id: Any, number: int, reading: Reading) -> bool:
 
 
 # --------------------------------------------------------------------------- sweep
-_LIVE_SYNC_CHILDREN_SQL = """
-SELECT c.id FROM runs_run AS c JOIN runs_step AS s ON s.id = c.parent_step_id
+_LIVE_SYNC_CHILDREN = Parked(
+    id="c.id",
+    rows="""FROM runs_run AS c JOIN runs_step AS s ON s.id = c.parent_step_id
 WHERE c.parent_mode = 'sync' AND c.parent_notified_at IS NULL
-  AND s.status = 'running' AND s.attempts = c.parent_step_attempt
-  AND c.created_at < %(now)s - make_interval(
-        secs => COALESCE(s.timeout_ms, %(default_ms)s) / 1000.0)
-ORDER BY c.created_at
-LIMIT 1000
-"""
+  AND s.status = 'running' AND s.attempts = c.parent_step_attempt""",
+    clock="c.created_at",
+)
+# Ended child runs whose parent was not told.
+_UNTOLD = Q(parent_run__isnull=False, parent_notified_at__isnull=True, status__in=RUN_TERMINAL)
+
+
+def next_due() -> datetime | None:
+    """The earliest moment ``sweep`` has something to do: its rules, in their order."""
+    waits = StepWait.objects.filter(status=W.WAITING)
+    lost_after = timedelta(seconds=settings.WAIT_LOST_AFTER)
+    polled = waits.filter(kind=StepWaitKind.POLL).aggregate(at=Min("next_poll_at"))["at"]
+    untold = Run.objects.filter(_UNTOLD).aggregate(at=Min("status_changed_at"))["at"]
+    dues = [
+        waits.aggregate(at=Min("expires_at"))["at"],
+        polled + lost_after if polled else None,
+        untold + lost_after if untold else None,
+        _LIVE_SYNC_CHILDREN.next_deadline(),
+    ]
+    return min((due for due in dues if due is not None), default=None)
 
 
 def sweep(now: datetime | None = None) -> dict[str, int]:
@@ -319,12 +335,7 @@ def sweep(now: datetime | None = None) -> dict[str, int]:
         schedule_poll(str(wait_id), polls + 1, 0.0)
         resent += 1
     told = 0
-    untold = Run.objects.filter(
-        parent_run__isnull=False,
-        parent_notified_at__isnull=True,
-        status__in=RUN_TERMINAL,
-        status_changed_at__lt=lost_before,
-    )
+    untold = Run.objects.filter(_UNTOLD, status_changed_at__lt=lost_before)
     for child_id in untold.values_list("pk", flat=True)[:1000]:
         told += child_ended(child_id)
     return {
@@ -354,7 +365,7 @@ def _expire(wait_id: Any, now: datetime) -> int:
 
 def _time_out_children(now: datetime) -> int:
     count = 0
-    for child_id in overdue(_LIVE_SYNC_CHILDREN_SQL, now):
+    for child_id in _LIVE_SYNC_CHILDREN.overdue(now):
         with transaction.atomic():
             child = Run.objects.get(pk=child_id)
             if child.parent_run_id is None:

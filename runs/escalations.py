@@ -22,12 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, F, Q, QuerySet
+from django.db.models import Count, F, Min, Q, QuerySet
 from django.utils import timezone
 
 from billing.models import Organization
@@ -412,6 +412,13 @@ def notice(ticket: EscalationTicket) -> dict[str, Any]:
             "admin": f"{settings.PUBLIC_BASE_URL}/admin/runs/escalationticket/{ticket.pk}/change/",
         },
     }
+
+
+def first_unnotified() -> datetime | None:
+    """When the oldest ticket whose notice is not done was opened."""
+    rows = EscalationTicket.objects.filter(notified_at__isnull=True)
+    opened: datetime | None = rows.aggregate(at=Min("opened_at"))["at"]
+    return opened
 
 
 def overdue_notices(older_than: timedelta, limit: int) -> list[Any]:

@@ -28,6 +28,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import connection, transaction
+from django.db.models import Min
 from django.utils import timezone
 
 from billing.models import Organization
@@ -35,7 +36,7 @@ from billing.pricing import tool_price
 from common import tracing
 from common.tools.base import ToolError
 from runs.engine.outcomes import Outcome, record
-from runs.engine.waiting import overdue
+from runs.engine.waiting import Parked
 from runs.models import EventKind, Runner, RunnerJob, RunnerJobStatus
 from runs.outbox import after_commit, wake_runners
 from runs.services import lock_run
@@ -456,22 +457,32 @@ def sweep(now: datetime | None = None) -> dict[str, int]:
 
 # A parked step has no worker to enforce its timeout: its job's age does, from the
 # attempt's job (a retry's new job starts the clock again), with the step's own limit.
-_OVERDUE_JOBS_SQL = """
-SELECT j.id FROM runs_runnerjob AS j JOIN runs_step AS s ON s.id = j.step_id
+_PARKED_JOBS = Parked(
+    id="j.id",
+    rows="""FROM runs_runnerjob AS j JOIN runs_step AS s ON s.id = j.step_id
 WHERE j.status IN ('pending', 'claimed', 'running')
-  AND s.status = 'running' AND s.attempts = j.attempt
-  AND j.created_at < %(now)s - make_interval(
-        secs => COALESCE(s.timeout_ms, %(default_ms)s) / 1000.0)
-ORDER BY j.created_at
-LIMIT 1000
-"""
+  AND s.status = 'running' AND s.attempts = j.attempt""",
+    clock="j.created_at",
+)
+
+
+def next_due() -> datetime | None:
+    """The earliest moment ``sweep`` has something to do: a runner holding jobs goes
+    stale, a pending job's match timeout or a parked step's own timeout passes."""
+    stale = Runner.objects.filter(jobs__status__in=HELD).aggregate(at=Min("last_heartbeat"))["at"]
+    dues = [
+        stale + timedelta(seconds=settings.RUNNER_STALE_AFTER) if stale else None,
+        RunnerJob.objects.filter(status=J.PENDING).aggregate(at=Min("timeout_at"))["at"],
+        _PARKED_JOBS.next_deadline(),
+    ]
+    return min((due for due in dues if due is not None), default=None)
 
 
 def _time_out_steps(now: datetime) -> int:
     """Fail, with ``timeout`` (retried by the step's policy), the attempts whose job has
     outlived the step's timeout, and stop their jobs."""
     count = 0
-    for job_id in overdue(_OVERDUE_JOBS_SQL, now):
+    for job_id in _PARKED_JOBS.overdue(now):
         with transaction.atomic():
             job = _locked_job(None, job_id)
             if job.status not in (J.PENDING, J.CLAIMED, J.RUNNING):

@@ -27,6 +27,8 @@ from billing.models import Organization
 from runs.models import Run
 
 NAME_MAX_LENGTH = 200
+# Schedules with a due time to come: what the tick fires, by ``next_due_at``.
+ACTIVE = Q(paused_at__isnull=True, next_due_at__isnull=False)
 CRON_MAX_LENGTH = 200
 TIMEZONE_MAX_LENGTH = 64
 MIN_INTERVAL_MS = 1000
@@ -113,12 +115,9 @@ class Schedule(models.Model):
             ),
         ]
         indexes = [
-            # The tick's query: active schedules by their next due time.
-            models.Index(
-                fields=["next_due_at"],
-                condition=Q(paused_at__isnull=True, next_due_at__isnull=False),
-                name="schedules_due",
-            ),
+            # The tick's query, and beat's look for the next: active schedules by their
+            # next due time.
+            models.Index(fields=["next_due_at"], condition=ACTIVE, name="schedules_due"),
             models.Index(fields=["organization", "-created_at"], name="schedules_by_org"),
         ]
 

@@ -3,6 +3,7 @@ queries, each a fixed number of statements whatever the number of rows."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from uuid import UUID
 
 from django.core.exceptions import ValidationError
@@ -13,8 +14,15 @@ from common.filters import QueryData
 from runs import selectors as run_selectors
 from runs.models import Run
 from schedules.filters import ScheduledRunFilter, ScheduleFilter
-from schedules.models import Schedule, ScheduleFire
+from schedules.models import ACTIVE, Schedule, ScheduleFire
 from schedules.services import ScheduleNotFound
+
+
+def schedules_next_due() -> datetime | None:
+    """The earliest due time of an active schedule: when beat sends the tick next
+    (orchestrator/periodic.py). One row of the tick's own index."""
+    rows = Schedule.objects.filter(ACTIVE).order_by("next_due_at")
+    return rows.values_list("next_due_at", flat=True).first()
 
 
 def with_last_run(schedules: QuerySet[Schedule]) -> QuerySet[Schedule]:

@@ -39,6 +39,7 @@ from runs.states import RUN_TERMINAL
 from schedules import timing
 from schedules.cron import Cron, CronInvalid
 from schedules.models import (
+    ACTIVE,
     MIN_INTERVAL_MS,
     NAME_MAX_LENGTH,
     Catchup,
@@ -591,7 +592,7 @@ def schedules_fire_due(*, now: datetime | None = None, batch: int = TICK_BATCH) 
     seen: set[UUID] = set()
     while True:
         due = list(
-            Schedule.objects.filter(paused_at__isnull=True, next_due_at__lte=now or timezone.now())
+            Schedule.objects.filter(ACTIVE, next_due_at__lte=now or timezone.now())
             .exclude(pk__in=seen)
             .order_by("next_due_at")
             .values_list("pk", flat=True)[:batch]

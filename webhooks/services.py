@@ -282,31 +282,41 @@ def delivery_redeliver(
     return delivery
 
 
-CLAIM_SQL = """
+# The pending deliveries a sweep may send, when their time comes: an enabled endpoint's (a
+# test ping goes to a disabled one too), and a run's deliveries to an endpoint in order,
+# none while an earlier one is pending.
+SENDABLE_SQL = """
+FROM webhooks_webhookdelivery d
+JOIN webhooks_webhookendpoint e ON e.id = d.endpoint_id
+WHERE d.status = 'pending'
+  AND (e.enabled OR d.event_type = %(test)s)
+  AND NOT EXISTS (
+      SELECT 1 FROM webhooks_webhookdelivery p
+      WHERE p.endpoint_id = d.endpoint_id AND p.run_id = d.run_id
+        AND p.status = 'pending' AND p.id < d.id
+  )
+"""
+
+CLAIM_SQL = f"""
 WITH due AS (
     SELECT d.id, d.endpoint_id, d.next_attempt_at,
            row_number() OVER (
                PARTITION BY d.endpoint_id ORDER BY d.next_attempt_at, d.id
            ) AS place
-    FROM webhooks_webhookdelivery d
-    JOIN webhooks_webhookendpoint e ON e.id = d.endpoint_id
-    WHERE d.status = 'pending'
+    {SENDABLE_SQL}
       AND d.next_attempt_at <= clock_timestamp()
       AND (d.lease_until IS NULL OR d.lease_until < clock_timestamp())
-      AND (e.enabled OR d.event_type = %(test)s)
-      -- a run's deliveries to an endpoint go in order: not while an earlier is pending
-      AND NOT EXISTS (
-          SELECT 1 FROM webhooks_webhookdelivery p
-          WHERE p.endpoint_id = d.endpoint_id AND p.run_id = d.run_id
-            AND p.status = 'pending' AND p.id < d.id
-      )
 )
 -- Each endpoint's first few only: one endpoint's backlog never hides another's.
 SELECT id, endpoint_id FROM due
 WHERE place <= %(per_endpoint)s
 ORDER BY next_attempt_at, id
 LIMIT %(limit)s
-"""
+"""  # noqa: S608 - a constant of this module, no input
+
+# When the sweep next has a delivery to claim: a delivery is due at its next attempt, or
+# when the lease of the claim that holds it ends (GREATEST ignores a NULL).
+NEXT_DUE_SQL = f"SELECT min(GREATEST(d.next_attempt_at, d.lease_until)) {SENDABLE_SQL}"
 
 LOCK_SQL = """
 SELECT id FROM webhooks_webhookdelivery
@@ -367,6 +377,17 @@ def deliveries_claim(*, limit: int, per_endpoint: int, lease_seconds: float) -> 
                 lease_until=until, lease_token=claim.token
             )
         return claims
+
+
+def deliveries_next_due() -> datetime | None:
+    """The earliest moment a sweep finds a delivery to claim, or None: when beat sends the
+    sweep next (orchestrator/periodic.py). A delivery held back only by its endpoint's
+    concurrency counts as due: the attempt that holds the endpoint asks for a sweep when it
+    is answered (``kick``), or its lease ends."""
+    with connection.cursor() as cursor:
+        cursor.execute(NEXT_DUE_SQL, {"test": TEST_EVENT})
+        due: datetime | None = cursor.fetchone()[0]
+        return due
 
 
 def delivery_claimed(*, delivery_id: int, token: str) -> WebhookDelivery | None:

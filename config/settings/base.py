@@ -502,13 +502,14 @@ CALLBACK_MAX_TIMEOUT = 30 * 24 * 3600
 POLL_MIN_INTERVAL = 0.05
 
 # --------------------------------------------------------------------------- schedules
-# Run schedules (docs/schedules.md): beat publishes a tick every SCHEDULES_TICK_SECONDS
-# (orchestrator/periodic.py) and each tick fires the schedules that are due. A due time
-# the tick reaches more than SCHEDULES_MISFIRE_GRACE seconds late counts as missed (beat
-# was down), and is run or not by the schedule's `catchup` policy; `catchup: all` runs at
-# most SCHEDULES_CATCHUP_MAX of the missed times, the latest ones.
+# Run schedules (docs/schedules.md): beat looks for the earliest due time every
+# SCHEDULES_TICK_SECONDS (orchestrator/periodic.py) and publishes a tick when it comes,
+# which fires the schedules that are due. A due time the tick reaches more than
+# SCHEDULES_MISFIRE_GRACE seconds late counts as missed (beat was down), and is run or
+# not by the schedule's `catchup` policy; `catchup: all` runs at most
+# SCHEDULES_CATCHUP_MAX of the missed times, the latest ones.
 SCHEDULES_TICK_SECONDS = env.integer(
-    "SCHEDULES_TICK_SECONDS", 1, "seconds between beat's ticks that fire due schedules", minimum=1
+    "SCHEDULES_TICK_SECONDS", 1, "seconds between beat's looks for a due schedule", minimum=1
 )
 SCHEDULES_MISFIRE_GRACE = env.integer(
     "SCHEDULES_MISFIRE_GRACE", 60, "seconds late a due time may fire before it is missed",
@@ -594,8 +595,10 @@ ENGINE_DEFAULT_STEP_TIMEOUT = env.number(
 RATE_LIMIT_LATE_S = env.number(
     "RATE_LIMIT_LATE_S", 2, "seconds a rate-limited step may start after its reserved moment"
 )
+# Beat looks for the work of the lease, timeout, runner and wait sweeps this often, and
+# sends each when its work is due (orchestrator/periodic.py).
 ENGINE_SWEEP_INTERVAL = env.integer(
-    "ENGINE_SWEEP_INTERVAL", 15, "seconds between lease sweeps", minimum=1
+    "ENGINE_SWEEP_INTERVAL", 15, "seconds between beat's looks for the sweeps' work", minimum=1
 )
 ENGINE_SWEEP_BATCH = env.integer(
     "ENGINE_SWEEP_BATCH", 500, "rows a sweep handles per run", minimum=1
@@ -770,9 +773,10 @@ ESCALATION_WEBHOOK_TIMEOUT = env.number(
 )
 
 # Run webhooks (docs/webhooks.md): a delivery per event and endpoint, written by
-# PostgreSQL in the state change's transaction, claimed by a beat sweep every
-# WEBHOOK_SWEEP_INTERVAL s and sent by a task; retried from WEBHOOK_BACKOFF s, doubled
-# up to WEBHOOK_BACKOFF_MAX, with jitter, until WEBHOOK_RETRY_WINDOW has passed.
+# PostgreSQL in the state change's transaction, claimed by a sweep that beat sends once
+# one is due (it looks every WEBHOOK_SWEEP_INTERVAL s) and sent by a task; retried from
+# WEBHOOK_BACKOFF s, doubled up to WEBHOOK_BACKOFF_MAX, with jitter, until
+# WEBHOOK_RETRY_WINDOW has passed.
 WEBHOOK_TIMEOUT = env.number("WEBHOOK_TIMEOUT", 10, "seconds one delivery's POST may take, in all")
 WEBHOOK_MAX_RESPONSE_BYTES = env.integer(
     "WEBHOOK_MAX_RESPONSE_BYTES", 65536, "bytes of a receiver's answer read at most", minimum=0
@@ -800,7 +804,7 @@ WEBHOOK_DISABLE_FAILURES = env.integer(
     minimum=1,
 )
 WEBHOOK_SWEEP_INTERVAL = env.integer(
-    "WEBHOOK_SWEEP_INTERVAL", 1, "seconds between beat's sweeps of due deliveries", minimum=1
+    "WEBHOOK_SWEEP_INTERVAL", 1, "seconds between beat's looks for a due delivery", minimum=1
 )
 WEBHOOK_SWEEP_BATCH = env.integer(
     "WEBHOOK_SWEEP_BATCH", 200, "deliveries one sweep claims at most", minimum=1

@@ -22,6 +22,7 @@ Parking is idempotent: a recording delivered twice finds the wait of its attempt
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -108,14 +109,38 @@ def _park_on_job(run: Run, step: Step, wait: dict[str, Any], now: datetime) -> N
     after_commit(lambda: wake_runners(organization, runners))
 
 
-def overdue(sql: str, now: datetime) -> list[Any]:
-    """The ids ``sql`` selects of parked steps' waits that outlived the step's own
-    timeout: a parked step has no worker to enforce it. The statement reads ``%(now)s``
-    and ``%(default_ms)s`` (the timeout of a step whose plan sets none)."""
-    default_ms = int(float(settings.ENGINE_DEFAULT_STEP_TIMEOUT) * 1000)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, {"now": now, "default_ms": default_ms})
-        return [row[0] for row in cursor.fetchall()]
+@dataclass(frozen=True)
+class Parked:
+    """Parked steps' waits that may outlive the step's own timeout (a parked step has no
+    worker to enforce it): ``rows`` (``FROM ... WHERE ...``, the step aliased ``s``), each
+    overdue once the step's timeout has passed since its ``clock`` column."""
+
+    id: str
+    rows: str
+    clock: str
+
+    @property
+    def _deadline(self) -> str:
+        timeout = "make_interval(secs => COALESCE(s.timeout_ms, %(default_ms)s) / 1000.0)"
+        return f"{self.clock} + {timeout}"
+
+    def _query(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        default_ms = int(float(settings.ENGINE_DEFAULT_STEP_TIMEOUT) * 1000)
+        with connection.cursor() as cursor:
+            cursor.execute(sql, {**params, "default_ms": default_ms})
+            return list(cursor.fetchall())
+
+    def overdue(self, now: datetime) -> list[Any]:
+        """The ids of those past their deadline, the oldest first, at most 1,000."""
+        sql = f"SELECT {self.id} {self.rows} AND {self._deadline} < %(now)s"
+        rows = self._query(f"{sql} ORDER BY {self.clock} LIMIT 1000", {"now": now})
+        return [row[0] for row in rows]
+
+    def next_deadline(self) -> datetime | None:
+        """The earliest deadline among them, or None."""
+        sql = f"SELECT min({self._deadline}) {self.rows}"
+        deadline: datetime | None = self._query(sql, {})[0][0]
+        return deadline
 
 
 # --------------------------------------------------------------------------- child runs

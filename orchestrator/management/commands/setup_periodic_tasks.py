@@ -34,7 +34,7 @@ class Command(BaseCommand):
                     # sweep that starves behind a backlog cannot rescue it.
                     "priority": 0,
                     "kwargs": json.dumps(periodic.kwargs),
-                    "expire_seconds": periodic.expires_seconds or periodic.every_seconds,
+                    "expire_seconds": periodic.expires_seconds,
                     "enabled": True,
                 },
             )

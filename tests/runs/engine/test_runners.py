@@ -254,6 +254,8 @@ def test_the_sweep_recovers_a_stale_runners_jobs_and_fails_unmatched_ones(
     unmatched_job = park(unmatched)
 
     later = timezone.now() + timedelta(seconds=settings.RUNNER_MATCH_TIMEOUT + 1)
+    # Beat's look: the runner goes stale first, before the sweep below acts.
+    assert timezone.now() < runners.next_due() <= later
     with held._committed():
         swept = runners.sweep(later)
 
@@ -279,6 +281,10 @@ def test_a_parked_step_times_out_by_its_own_limit_and_its_job_is_stopped(
     runner = register(engine.run.organization)
     claim(engine, runner)
 
+    # Beat's look: due when the step's own limit passes, between the two sweeps below.
+    due = runners.next_due()
+    assert due is not None
+    assert timezone.now() + timedelta(seconds=60) < due <= timezone.now() + timedelta(seconds=91)
     with engine._committed():
         assert runners.sweep(timezone.now() + timedelta(seconds=60))["timeout"] == 0
     with engine._committed():

@@ -291,6 +291,7 @@ def test_the_sweep_tells_a_parent_whose_message_was_lost(engine_run: Start) -> N
     engine = engine_run(plan_with(run_step()))
     child = drive(engine, child_of(spawn(engine)))
     past = timezone.now() + timedelta(minutes=5)
+    assert timezone.now() < callbacks.next_due() <= past
 
     with engine._committed():
         assert callbacks.sweep(now=past)["children_told"] == 1
@@ -302,6 +303,8 @@ def test_the_sweep_tells_a_parent_whose_message_was_lost(engine_run: Start) -> N
 def test_a_sync_child_outliving_its_step_timeout_is_cancelled(engine_run: Start) -> None:
     engine = engine_run(plan_with(run_step(timeout="5s", retry={"max_attempts": 1})))
     child = child_of(spawn(engine))
+    # Beat's look: due when the step's 5 s have passed since the child was made.
+    assert callbacks.next_due() == child.created_at + timedelta(seconds=5)
 
     with engine._committed():
         swept = callbacks.sweep(now=timezone.now() + timedelta(seconds=6))
@@ -383,9 +386,11 @@ def test_an_expired_callback_is_refused_and_the_sweep_times_its_step_out(
     with pytest.raises(CallbackRefused) as late:
         callbacks.receive_callback(token, status="completed")
     assert (late.value.status, late.value.code) == (410, "callback_expired")
+    assert callbacks.next_due() <= timezone.now()
 
     with engine._committed():
         assert callbacks.sweep()["expired"] == 1
+    assert callbacks.next_due() is None  # nothing left to look after
     step = engine.step("hook")
     assert step.status == "failed"
     assert step.error["cause"] == "timeout"
@@ -469,6 +474,7 @@ def test_the_sweep_sends_a_lost_poll_again_and_times_one_out(engine_run: Start) 
     wait = start_poll(engine)
     later = timezone.now() + timedelta(minutes=1)
     StepWait.objects.filter(pk=wait.pk).update(expires_at=later + timedelta(hours=1))
+    assert timezone.now() < callbacks.next_due() <= later
 
     assert callbacks.sweep(now=later)["polls_resent"] == 1
     assert engine.transport.polls[-1] == (str(wait.pk), 1, 0.0)

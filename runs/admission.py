@@ -328,10 +328,15 @@ def limits_set(organization_id: Any, *, actor: str, **limits: int | None) -> Org
 
 
 def organizations_waiting(limit: int) -> list[Any]:
-    """Organizations with runs waiting for a place (the sweep looks at them again)."""
+    """Organizations with runs waiting for a place (the sweep looks at them again), each
+    once: without ``order_by()`` the model's ordering (created_at) joined the DISTINCT, an
+    organization came back once per waiting run, and each sweep pass asked for the pick-up
+    of its first runs that many times (make chaos: 2,300 messages a pass, the queues
+    flooded and admission starved)."""
     return list(
         Run.objects.filter(WAITING)
         .exclude(queued_reason="")
+        .order_by()
         .values_list("organization_id", flat=True)
         .distinct()[:limit]
     )

@@ -115,6 +115,19 @@ def test_waiting_runs_are_admitted_by_priority_then_fifo_as_places_free() -> Non
     assert event.message == "admitted"
 
 
+def test_the_sweep_names_each_waiting_organization_once_and_asks_for_its_free_places() -> None:
+    organization = factories.org()
+    admission.limits_set(organization.pk, actor="test", max_running_runs=1)
+    runs = [started(organization) for _ in range(4)]
+    assert [control.pick_up(run.pk) for run in runs] == [True, False, False, False]
+    factories.org()  # an organization with nothing waiting is not named
+
+    assert admission.organizations_waiting(100) == [organization.pk]
+    services.run_cancel(run_id=runs[0].pk)
+    asked = [admission.admit_waiting(org) for org in admission.organizations_waiting(100)]
+    assert asked == [[runs[1].pk]]
+
+
 def test_a_concurrency_key_is_rendered_from_the_variables_and_limits_its_runs() -> None:
     organization = factories.org()
     a1, b1, a2 = keyed(organization, "a"), keyed(organization, "b"), keyed(organization, "a")

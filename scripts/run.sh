@@ -49,6 +49,9 @@ honcho_pid=""
 cleanup() {
   local status=$?
   trap - EXIT INT TERM HUP
+  # 130: a command of ours died of the Ctrl-C, and `set -e` ended the script on it
+  # before the INT trap below could: the same clean stop.
+  [ "$status" != 130 ] || status=0
   if [ -n "$honcho_pid" ] && kill -0 "$honcho_pid" 2>/dev/null; then
     kill -TERM "$honcho_pid" 2>/dev/null || true
     wait "$honcho_pid" 2>/dev/null || true

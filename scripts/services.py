@@ -488,6 +488,10 @@ def main() -> None:
     start.add_argument("--no-redis", action="store_true")
     stop = sub.add_parser("stop", help="stop the servers started in --dir")
     stop.add_argument("--dir", required=True, type=Path)
+    remove = sub.add_parser(
+        "remove", help="stop them and delete --dir and their data, wherever it lives"
+    )
+    remove.add_argument("--dir", required=True, type=Path)
     healthy = sub.add_parser("wait-healthy", help="wait until a /healthz URL answers 200")
     healthy.add_argument("--url", required=True)
     healthy.add_argument("--timeout", type=float, default=60.0)
@@ -506,11 +510,14 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace, root: Path) -> None:
-    """`start` or `stop`."""
-    if args.command == "stop":
+    """`start`, `stop` or `remove`."""
+    if args.command in ("stop", "remove"):
         stop_pgbouncer(root)
         stop_postgres(root)
         stop_redis(root)
+        if args.command == "remove":
+            shutil.rmtree(pg_home(root), ignore_errors=True)
+            shutil.rmtree(root, ignore_errors=True)
         return
     if not args.no_postgres:
         pg_port = args.pg_port or free_port()

@@ -98,6 +98,12 @@ def test_a_checkout_the_server_account_cannot_enter_keeps_its_data_where_it_can(
         with psycopg.connect(urls["DATABASE_URL"]) as connection:
             assert connection.execute("SELECT word FROM kept").fetchall() == [("still here",)]
         assert redis.Redis.from_url(urls["CELERY_BROKER_URL"]).get("kept") == b"still here"
+
+        # `make clean`: the servers stop, and their data goes, wherever it lives.
+        removed = services("remove", "--dir", str(private_checkout))
+        assert removed.returncode == 0, removed.stderr
+        assert not home.exists()
+        assert not private_checkout.exists()
     finally:
         services("stop", "--dir", str(private_checkout))
         if home is not None:

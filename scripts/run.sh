@@ -69,6 +69,15 @@ trap 'exit 0' INT
 trap 'exit 143' TERM
 trap 'exit 129' HUP
 
+# Another program on these ports (another make run?) would answer in our stead. Checked
+# first: a second make run of this checkout must not stop the servers the first uses.
+for port in "$WEB_PORT" "$FLOWER_PORT"; do
+  if (: <"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "127.0.0.1:$port is taken by another program (WEB_PORT and FLOWER_PORT choose others)" >&2
+    exit 1
+  fi
+done
+
 service_args=()
 [ -n "${DATABASE_URL:-}" ] && service_args+=(--no-postgres)
 [ -n "${CELERY_BROKER_URL:-}" ] && service_args+=(--no-redis)
@@ -95,14 +104,6 @@ export METRICS_TOKEN=${METRICS_TOKEN:-$(cat "$metrics_token_file")}
 
 echo "==> migrating, static files, periodic tasks, admin user"
 python manage.py prepare --admin-username admin --admin-password-file "$admin_password_file"
-
-# Another program on these ports (another make run?) would answer in our stead.
-for port in "$WEB_PORT" "$FLOWER_PORT"; do
-  if (: <"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-    echo "127.0.0.1:$port is taken by another program (WEB_PORT and FLOWER_PORT choose others)" >&2
-    exit 1
-  fi
-done
 
 echo "==> starting web, worker, beat and flower"
 honcho start -f Procfile &
@@ -132,7 +133,8 @@ if [ "$DATABASE_URL" != "$DEFAULT_DATABASE_URL" ] \
   second_terminal="    export DATABASE_URL=$(mask_password "$DATABASE_URL")
     export CELERY_BROKER_URL=$(mask_password "$CELERY_BROKER_URL")
     export DJANGO_SETTINGS_MODULE=$DJANGO_SETTINGS_MODULE"
-  if [ "$(mask_password "$DATABASE_URL$CELERY_BROKER_URL")" != "$DATABASE_URL$CELERY_BROKER_URL" ]; then
+  if [ "$(mask_password "$DATABASE_URL")" != "$DATABASE_URL" ] \
+    || [ "$(mask_password "$CELERY_BROKER_URL")" != "$CELERY_BROKER_URL" ]; then
     second_terminal+=$'\n'"    (*** stands for the password you set)"
   fi
 fi

@@ -8,8 +8,11 @@ export VENV
 install:
 	@scripts/bootstrap.sh
 
+# In a terminal, the script runs as a job of its own (set -m), with the terminal's Ctrl-C
+# to itself: it stops the stack and exits 0, and make, which never sees the Ctrl-C, exits
+# 0 too (make itself dies of a Ctrl-C it receives, whatever the script does).
 run: install  ## start PostgreSQL, Redis, web, worker, beat and Flower
-	@scripts/run.sh
+	@if [ -t 0 ]; then set -m; fi; scripts/run.sh; exit $$?
 
 # The browser tests need Debian's chromium: `install` adds it for `make test` only.
 test: export WITH_BROWSER := 1
@@ -49,5 +52,8 @@ format: install
 typecheck: install
 	@$(VENV)/bin/mypy .
 
-clean:  ## remove local data (the make-run database) and caches
-	rm -rf .data .pytest_cache .mypy_cache .ruff_cache
+# services.py (stdlib only) stops make run's servers and finds PostgreSQL's data where it
+# lives, in .data/ or the folder under /var/tmp a checkout under a 0700 parent uses.
+clean:  ## stop make run's servers, remove their data (the make-run database) and caches
+	@[ ! -d .data ] || python3 scripts/services.py remove --dir .data
+	rm -rf .pytest_cache .mypy_cache .ruff_cache

@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Django's command-line utility for administrative tasks."""
 
+import gc
 import os
 import sys
 
@@ -10,6 +11,9 @@ def main() -> None:
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(sys.argv)
+    # The process ends here. Python's last collections would walk every object Django
+    # loaded, a second on 2 cores (`make run` waits on it), to free memory the exit frees.
+    gc.freeze()
 
 
 if __name__ == "__main__":

@@ -244,6 +244,8 @@ class ArtifactApi(ApiView):
         responses={200: ArtifactOutput, **error_responses(*READ_ERRORS, 404)},
     )
     def get(self, request: Request, artifact_id: UUID) -> Response:
+        """One artifact: its name, size, SHA-256, content type and status, the run and
+        step it belongs to, when it expires, and its `download_url`."""
         artifact = selectors.artifact_get(
             organization=organization_of(request), artifact_id=artifact_id
         )

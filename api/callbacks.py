@@ -70,6 +70,10 @@ class CallbackApi(ApiView):
         },
     )
     def post(self, request: Request, token: str) -> Response:
+        """End the `callback` step that handed out this URL: `completed` with `result` as
+        the step's output, or `failed` with `error` (the attempt fails with
+        `callback_failed`, and the step's retry policy decides what follows). No API key:
+        the URL's token is the credential, and it is good for one post."""
         data = validated(CallbackInput, request.data)
         try:
             callbacks.receive_callback(

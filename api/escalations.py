@@ -116,6 +116,8 @@ class EscalationApi(ApiView):
         responses={200: EscalationOutput, **error_responses(*LIST_ERRORS)},
     )
     def get(self, request: Request, escalation_id: UUID) -> Response:
+        """One escalation ticket: why the run escalated and the errors that made it, and
+        who acknowledged and resolved it, when and how."""
         ticket = escalations.escalation_get(
             organization=organization_of(request), ticket_id=escalation_id
         )

@@ -269,6 +269,9 @@ class HeartbeatApi(RunnerApi):
     )
     @idempotent
     def post(self, request: Request) -> Response:
+        """The runner is alive (a poll counts as one too). A runner silent for longer
+        than the stale time (120 s unless the server says otherwise) loses its jobs, which
+        fail with `runner_lost`; a deregistered runner stays deregistered."""
         data = validated(RunnerIdInput, request.data)
         runners.heartbeat(organization=organization_of(request), runner_id=data["runner_id"])
         return Response({"ok": True})
@@ -313,6 +316,19 @@ class ReportApi(RunnerApi):
         return Response({"ok": True})
 
 
+# What each report does, as clients read it in the schema.
+_REPORTED = {
+    "started": "The runner has started the job: claimed -> running. After a stop was sent "
+    "to the job, the stop stands and this changes nothing.",
+    "completed": "The job finished: its step completes with `result` (any JSON) as its "
+    "output, and the `runner` tool's price is charged.",
+    "failed": "The job failed: its step's attempt fails with `runner_failed` and `error` "
+    "as the message; the step's retry policy may make a new attempt, with a new job.",
+    "stopped": "The job ended on a stop command, by `signal` (`SIGTERM`, or `SIGKILL` "
+    "5 s later): its step's attempt fails with `runner_stopped`, not retried.",
+}
+
+
 def _reporting(kind: str, body: type[InputSerializer]) -> type[ReportApi]:
     """The view of one report: ``POST /runner/jobs/{id}/<kind>``."""
     view = type(
@@ -323,6 +339,9 @@ def _reporting(kind: str, body: type[InputSerializer]) -> type[ReportApi]:
     schema = extend_schema(
         tags=[TAG_RUNNERS],
         summary=f"Report a job {kind}",
+        description=f"{_REPORTED[kind]} The same report again changes nothing. 409 "
+        "`not_job_owner` from a runner that does not hold the job, `invalid_transition` "
+        "when the job's state does not allow the report.",
         operation_id=f"runner_job_{kind}",
         request=body,
         responses={200: OkOutput, **error_responses(*WRITE_ERRORS, 404)},
@@ -388,6 +407,8 @@ class RunnerJobApi(ApiView):
         responses={200: JobOutput, **error_responses(*LIST_ERRORS)},
     )
     def get(self, request: Request, job_id: UUID) -> Response:
+        """One runner job: its status and demands, the runner that holds it, its run,
+        step, attempt and session, its result, error or signal, and its timestamps."""
         job = RunnerJob.objects.filter(organization=organization_of(request), pk=job_id).first()
         if job is None:
             raise runners.RunnerJobNotFound(f"runner job {job_id} not found")

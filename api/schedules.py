@@ -230,6 +230,8 @@ class ScheduleOutput(serializers.Serializer[Any]):
 
 
 class ScheduleDetailOutput(ScheduleOutput):
+    """A schedule with its plan."""
+
     plan = serializers.JSONField(help_text="The plan exactly as submitted.")
 
 

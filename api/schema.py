@@ -10,13 +10,19 @@ graphs, templates, names, total sizes.
 The document is OpenAPI 3.0.3 (docs/api.md says why): pydantic writes JSON Schema 2020-12,
 so ``_openapi`` translates what has a 3.0 equivalent and refuses what has none, and
 tests/api/test_openapi_document.py validates the whole document served.
+
+Its descriptions are what was written for clients (``PublicAutoSchema``), never a
+docstring that documents the code.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
+from drf_spectacular.drainage import get_override
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
+from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import ResolvedComponent, list_hash
 from rest_framework import serializers
 
@@ -137,6 +143,39 @@ class PlanFieldExtension(OpenApiSerializerFieldExtension):  # type: ignore[no-un
             )
             auto_schema.registry.register_on_missing(component)
         return {"$ref": "#/components/schemas/Plan"}
+
+
+class PublicAutoSchema(AutoSchema):
+    """An operation's description is its ``extend_schema(description=...)`` or its method's
+    own docstring; a component's, its serializer class's own docstring. drf-spectacular
+    would otherwise fall back on the docstrings of base classes, which explain the code to
+    its readers: ``ApiView``'s described five operations, ``FastOutput``'s two outputs
+    (tests/api/test_schema_descriptions.py)."""
+
+    def get_description(self) -> str:  # type: ignore[override]
+        action = getattr(self.view, "action", None) or (self.method or "").lower()
+        return own_doc(getattr(self.view, action, None))
+
+    def _map_basic_serializer(self, serializer: Any, direction: Any) -> dict[str, Any]:
+        schema: dict[str, Any] = super()._map_basic_serializer(serializer, direction)  # type: ignore[no-untyped-call]
+        description = get_override(serializer, "description", own_doc(type(serializer)))
+        if description:
+            schema["description"] = description
+        else:
+            schema.pop("description", None)
+        return schema
+
+
+def own_doc(thing: Any) -> str:
+    """The docstring ``thing`` was written with, not one inherited from a base class."""
+    doc = (
+        thing.__dict__.get("__doc__")
+        if isinstance(thing, type)
+        else getattr(thing, "__doc__", None)
+    )
+    if not doc:
+        return ""
+    return "\n".join(line.rstrip() for line in inspect.cleandoc(doc).splitlines())
 
 
 def strict_request_bodies(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:

@@ -295,6 +295,9 @@ class TaskOutput(serializers.Serializer[Any]):
 
 
 class StepOutput(FastOutput):
+    """A step of one attempt of the run: where it is in the plan, its tool and
+    parameters, its status and attempts, its output or error, and its cost."""
+
     id = serializers.IntegerField()
     task_id = serializers.IntegerField()
     task_name = serializers.CharField(source="task.name")
@@ -344,6 +347,9 @@ class StepOutput(FastOutput):
 
 
 class EventOutput(FastOutput):
+    """Something that happened to the run or one of its parts: a transition, a retry, a
+    charge, an approval, an error, an operator's action."""
+
     id = serializers.IntegerField()
     attempt_number = serializers.IntegerField()
     entity = serializers.CharField(help_text="run, agent, task or step.")

@@ -7,16 +7,17 @@ from django.urls import path
 from api import artifacts as artifact_api
 from api import callbacks as callback_api
 from api import escalations as escalation_api
+from api import index, streams, views
 from api import ratelimits as rate_limit_api
 from api import runners as runner_api
 from api import schedules as schedule_api
-from api import streams, views
 from api import webhooks as webhook_api
 from api.billing import BalanceApi, LedgerApi, OrganizationApi, SecretApi, SecretsApi
 
 app_name = "api"
 
 urlpatterns = [
+    path("", index.ApiIndexApi.as_view(), name="index"),
     path("runs", views.RunsApi.as_view(), name="runs"),
     path("runs/<uuid:run_id>", views.RunApi.as_view(), name="run"),
     path("runs/<uuid:run_id>/start", views.RunStartApi.as_view(), name="run-start"),

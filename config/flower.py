@@ -13,10 +13,10 @@ import sys
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
-    import django
+    # The settings only (validated as they load), not django.setup(): the apps would be
+    # loaded again by Flower after the exec, and loading them costs seconds at start-up.
     from django.conf import settings
 
-    django.setup()
     if not settings.FLOWER_BASIC_AUTH:
         sys.exit("FLOWER_BASIC_AUTH is not set: Flower does not run without authentication.")
     os.environ["FLOWER_BASIC_AUTH"] = settings.FLOWER_BASIC_AUTH

@@ -60,7 +60,9 @@ if [ -n "${BENCH_PGBOUNCER:-}" ]; then
     export DATABASE_PREPARED_STATEMENTS=false
   fi
 fi
-eval "$(python scripts/services.py start --dir "$tmp" --fast "${bouncer[@]}")"
+# A server that does not start: services.py's one line, and nothing after it.
+exports=$(python scripts/services.py start --dir "$tmp" --fast "${bouncer[@]}") || exit 1
+eval "$exports"
 export DATABASE_URL CELERY_BROKER_URL
 unset CELERY_RESULT_BACKEND  # results go to the broker's Redis
 export DJANGO_SETTINGS_MODULE=config.settings.local

@@ -16,7 +16,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-eval "$(python scripts/services.py start --dir "$tmp" --fast)"
+# A server that does not start: services.py's one line, and nothing after it.
+exports=$(python scripts/services.py start --dir "$tmp" --fast) || exit 1
+eval "$exports"
 export DATABASE_URL CELERY_BROKER_URL
 export DJANGO_SETTINGS_MODULE=config.settings.test
 unset CELERY_RESULT_BACKEND

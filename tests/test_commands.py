@@ -1,13 +1,16 @@
-"""Management commands: create_org, set_limits and check_invariants."""
+"""Management commands: create_org, set_limits, check_invariants and prepare."""
 
 from __future__ import annotations
 
 import json
+import os
 from io import StringIO
+from pathlib import Path
 from typing import Any
 
 import pytest
 from cryptography.fernet import Fernet
+from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.db import connection
 
@@ -213,3 +216,85 @@ def test_set_limits_refuses_bad_input_and_changes_nothing(
         call_command("set_limits", *arguments, stdout=StringIO())
     organization.refresh_from_db()
     assert (organization.max_running_runs, organization.max_pending_runs) == (None, None)
+
+
+# --------------------------------------------------------------------------- prepare
+@pytest.fixture
+def static_sources(settings: Any, tmp_path: Path) -> Path:
+    """Static files from one folder of ours only, collected into another (the apps'
+    thousand files would make each collection cost seconds)."""
+    sources = tmp_path / "sources"
+    sources.mkdir()
+    (sources / "site.css").write_text("body { color: black; }")
+    settings.STATICFILES_DIRS = [str(sources)]
+    settings.STATICFILES_FINDERS = ["django.contrib.staticfiles.finders.FileSystemFinder"]
+    settings.STATIC_ROOT = str(tmp_path / "static")
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.ManifestStaticFilesStorage"},
+    }
+    return sources
+
+
+def prepare(password_file: Path) -> str:
+    out = StringIO()
+    call_command("prepare", "--admin-password-file", str(password_file), stdout=out)
+    return out.getvalue()
+
+
+def test_prepare_collects_static_files_again_only_when_one_changed(
+    static_sources: Path, tmp_path: Path
+) -> None:
+    password = tmp_path / "admin-password"
+    password.write_text("a-long-admin-password\n")
+
+    first = prepare(password)
+    second = prepare(password)
+    source = static_sources / "site.css"
+    source.write_text("body { color: navy; }")
+    os.utime(source, ns=(source.stat().st_atime_ns, source.stat().st_mtime_ns + 1_000_000))
+    third = prepare(password)
+
+    assert "migrations: none applied" in first
+    assert "static files: collected" in first
+    assert "static files: unchanged" in second
+    assert "static files: collected" in third
+    manifest = json.loads((tmp_path / "static" / "staticfiles.json").read_text())
+    assert "site.css" in manifest["paths"]
+
+
+def test_prepare_collects_again_when_the_manifest_is_gone(
+    static_sources: Path, tmp_path: Path
+) -> None:
+    password = tmp_path / "admin-password"
+    password.write_text("a-long-admin-password\n")
+    prepare(password)
+
+    (tmp_path / "static" / "staticfiles.json").unlink()
+
+    assert "static files: collected" in prepare(password)
+
+
+def test_prepare_sets_the_admin_password_once_and_again_when_it_changed(
+    static_sources: Path, tmp_path: Path
+) -> None:
+    password = tmp_path / "admin-password"
+    password.write_text("a-long-admin-password\n")
+
+    created = prepare(password)
+    unchanged = prepare(password)
+    admin = get_user_model().objects.get(username="admin")
+    admin.set_password("changed-in-the-admin")
+    admin.save()
+    reset = prepare(password)
+    password.write_text("another-long-password\n")
+    new_password = prepare(password)
+
+    assert "admin user 'admin' created" in created
+    assert "admin user 'admin' unchanged" in unchanged
+    assert "admin user 'admin' updated" in reset
+    assert "admin user 'admin' updated" in new_password
+    admin.refresh_from_db()
+    assert admin.is_superuser
+    assert admin.is_staff
+    assert admin.check_password("another-long-password")

@@ -871,7 +871,7 @@ REST_FRAMEWORK: dict[str, Any] = {
     ],
     "DEFAULT_THROTTLE_CLASSES": ["api.throttling.ApiKeyRateThrottle"],
     "EXCEPTION_HANDLER": "api.errors.api_exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "api.schema.PublicAutoSchema",
 }
 API_THROTTLE_RATE = env.string(
     "API_THROTTLE_RATE", "1200/min", "requests per API key (n/sec|min|hour|day)"

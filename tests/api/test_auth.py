@@ -92,8 +92,8 @@ def test_every_api_route_requires_a_key(tenant: Tenant) -> None:
             assert response.status_code == 401, (method, path)
 
 
-def test_only_callback_urls_take_no_key() -> None:
-    assert [route.name for route in api_routes(public=True)] == ["callback"]
+def test_only_the_index_and_callback_urls_take_no_key() -> None:
+    assert [route.name for route in api_routes(public=True)] == ["index", "callback"]
     unknown = APIClient().post("/api/v1/callbacks/nope", {"status": "completed"}, format="json")
     assert unknown.status_code == 404
     assert unknown.json()["code"] == "not_found"

@@ -27,7 +27,7 @@ UNKNOWN_PATHS = [
     f"/api/v1/runs/{RUN_ID}/nothing/deeper/still",
     "/api/v1/runs/not-a-uuid",
     "/api/v1/runs//start",
-    "/api/v1/",
+    "/api/v1//",
     "/api/v2/runs",
     "/api/",
     "/api/nothing",

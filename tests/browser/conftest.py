@@ -4,16 +4,20 @@ installs both from Debian when missing).
 
 The browser resolves no name but the loopback's (`--host-resolver-rules`), so a page
 that reaches for the internet (a CDN) fails here as it would on a machine without
-access, and no test opens a connection beyond 127.0.0.0/8. Screenshots go to
-TEST_SCREENSHOTS_DIR (default: <tmp>/orchestrator-test-screenshots)."""
+access, and no test opens a connection beyond 127.0.0.0/8. It also records every
+request its pages make (`requested`), so a test can fail on one that leaves the
+loopback. Screenshots go to TEST_SCREENSHOTS_DIR (default:
+<tmp>/orchestrator-test-screenshots)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,9 +58,30 @@ def browser() -> Iterator[object]:
         "--disable-sync",
     ):
         options.add_argument(argument)
+    # Network events in the performance log: what `requested` reads.
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
+    options.add_experimental_option(
+        "perfLoggingPrefs", {"enableNetwork": True, "enablePage": False}
+    )
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(30)
     try:
         yield driver
     finally:
         driver.quit()
+
+
+def requested(browser: Any) -> list[str]:
+    """The URLs the browser's pages asked for since the last call, whether or not they
+    could be reached (a name that does not resolve was still asked for), except those the
+    page's own Content-Security-Policy stopped: those never left the browser."""
+    asked: dict[str, str] = {}
+    stopped = set()
+    for entry in browser.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        params = message["params"]
+        if message["method"] == "Network.requestWillBeSent":
+            asked[params["requestId"]] = params["request"]["url"]
+        elif message["method"] == "Network.loadingFailed" and params.get("blockedReason") == "csp":
+            stopped.add(params["requestId"])
+    return [url for request_id, url in asked.items() if request_id not in stopped]

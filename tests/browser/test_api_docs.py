@@ -1,13 +1,17 @@
 """/api/docs/ (Swagger UI) and /api/redoc/ (ReDoc) render the API's operations in a real
 browser that can reach nothing but the server: their scripts are our own static files
-(drf-spectacular-sidecar), not a CDN's."""
+(drf-spectacular-sidecar), not a CDN's, and no font, script or image is asked of the
+internet. The front page (`/`) likewise."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+
+from tests.browser.conftest import requested
 
 pytestmark = [pytest.mark.django_db, pytest.mark.browser]
 
@@ -45,3 +49,35 @@ def test_redoc_renders_the_operations_offline(
 
     browser.save_screenshot(str(screenshots / "api-redoc.png"))
     assert operations >= 30
+
+
+def beyond_the_loopback(urls: list[str]) -> list[str]:
+    local = ("127.0.0.1", "localhost", "[::1]")
+    return [
+        url
+        for url in urls
+        if not url.startswith(("data:", "blob:", "about:"))
+        and (urlsplit(url).hostname or "") not in local
+        and not (urlsplit(url).hostname or "").startswith("127.")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("path", "rendered_when", "at_least"),
+    [
+        ("/api/docs/", ".opblock", 30),
+        ("/api/redoc/", "[data-section-id^='operation/']", 30),
+        ("/", "a#dashboard", 1),
+    ],
+)
+def test_the_docs_and_front_page_ask_nothing_of_the_internet(
+    browser: Any, live_server: Any, path: str, rendered_when: str, at_least: int
+) -> None:
+    requested(browser)  # what earlier pages asked: not this one's
+
+    browser.get(f"{live_server.url}{path}")
+    rendered(browser, rendered_when, at_least=at_least)
+    asked = requested(browser)
+
+    assert any(url.startswith(live_server.url) for url in asked), asked
+    assert beyond_the_loopback(asked) == []

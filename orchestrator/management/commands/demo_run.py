@@ -3,16 +3,19 @@
 The plan has a sequential task, a parallel fan-out, a small DAG of tasks, a step that
 fails once and succeeds on retry, and a tool chain that passes outputs along through
 templates (no LLM needed). Progress is printed until the run ends, then the credits
-reserved, charged and refunded. `make run` calls it once the stack is healthy.
+reserved, charged and refunded. `make run` calls it once the stack is healthy, with
+`--id-file`, and links to the run's page in its banner.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.urls import reverse
 
 from billing.models import Organization
 from billing.services import credits_grant, organization_create
@@ -105,6 +108,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--timeout", type=float, default=120.0)
+        parser.add_argument(
+            "--id-file", type=Path, help="write the run's id here as soon as it is submitted"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         organization = Organization.objects.filter(name=DEMO_ORGANIZATION).first()
@@ -116,7 +122,10 @@ class Command(BaseCommand):
             )
         run = services.run_create(organization=organization, plan=demo_plan(), actor="demo")
         run = run_start(run_id=run.pk, actor="demo")
-        self.stdout.write(f"demo run {run.pk} started; following it (Ctrl-C stops following only)")
+        if options["id_file"]:
+            options["id_file"].write_text(f"{run.pk}\n")
+        page = reverse("admin:runs_run_change", args=[run.pk])
+        self.stdout.write(f"demo run {run.pk} started ({page}); following it")
         deadline = time.monotonic() + options["timeout"]
         last = ""
         while True:

@@ -114,13 +114,6 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _not_zombie(pid: int) -> bool:
-    try:
-        return " Z " not in Path(f"/proc/{pid}/stat").read_text().split(")", 1)[1][:4]
-    except OSError:
-        return False
-
-
 def _answers(host: str, port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)
@@ -284,7 +277,7 @@ class Cluster:
 
     def alive(self, name: str) -> bool:
         pid = self._state()["processes"].get(name, {}).get("pid")
-        return pid is not None and Path(f"/proc/{pid}").exists() and _not_zombie(int(pid))
+        return pid is not None and services.running(int(pid))
 
     def stop_all(self) -> None:
         state = self._state()

@@ -374,7 +374,7 @@ class Stack:
         pid = int(pidfile.read_text().strip())
         if lose_data:
             os.kill(pid, signal.SIGKILL)
-            wait_for(lambda: not Path(f"/proc/{pid}").exists(), 10, "Redis to die")
+            wait_for(lambda: not services.running(pid), 10, "Redis to die")
             for item in data.iterdir():
                 if item.name not in ("redis.log",):
                     if item.is_dir():

@@ -18,6 +18,7 @@ to read) and exit status 1, never a traceback. `wait-healthy` waits for the web 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import hashlib
 import json
@@ -376,6 +377,19 @@ def answers_as_redis(port: int) -> bool:
     return answer.startswith((b"+PONG", b"-NOAUTH", b"-ERR"))
 
 
+def running(pid: int) -> bool:
+    """Whether process ``pid`` runs. One that exited but is not yet reaped (a zombie: a
+    server this process started as its child, stopped) has ended; when it is our child it
+    is reaped here, so that its pid is not held."""
+    with contextlib.suppress(ChildProcessError):  # not ours: its own parent reaps it
+        os.waitpid(pid, os.WNOHANG)
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
 def stop_redis(root: Path) -> None:
     pidfile = root / "redis" / "redis.pid"
     try:
@@ -390,11 +404,7 @@ def stop_redis(root: Path) -> None:
     except (ProcessLookupError, FileNotFoundError):
         return
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
+    while time.monotonic() < deadline and running(pid):
         time.sleep(0.05)
 
 
@@ -445,7 +455,7 @@ def wait_healthy(url: str, timeout: float, pid: int | None) -> None:
     deadline = time.monotonic() + timeout
     last = "no answer"
     while time.monotonic() < deadline:
-        if pid is not None and not Path(f"/proc/{pid}").exists():
+        if pid is not None and not running(pid):
             raise ServerFailed(f"the processes stopped before {url} answered: see above")
         try:
             with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 - our loopback URL

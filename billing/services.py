@@ -173,10 +173,10 @@ def credits_reserve(
     attempt_number: int,
     amount: Decimal | int | str,
     actor: str = "system",
-) -> LedgerEntry:
-    """Hold ``amount`` for a run attempt (``engine.credits_reserve``); raise
-    InsufficientCredits if it is not available. Keyed by the attempt: a retried call
-    returns the first reservation."""
+) -> UUID:
+    """Hold ``amount`` for a run attempt (``engine.credits_reserve``) and return its
+    ledger entry's id; raise InsufficientCredits if it is not available. Keyed by the
+    attempt: a retried call returns the first reservation."""
     amount = to_credits(amount)
     if amount <= 0:
         raise ValueError("a reservation must be positive")
@@ -191,7 +191,7 @@ def credits_reserve(
             pk=organization_id
         )
         raise InsufficientCredits(amount, available)
-    return LedgerEntry.objects.get(pk=entry_id)
+    return UUID(str(entry_id))
 
 
 @transaction.atomic

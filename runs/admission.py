@@ -79,16 +79,40 @@ def lock(organization_id: Any) -> None:
 
 
 def on_start(run: Run) -> bool:
-    """At ``run_start``, before anything is written (the caller holds the run's lock):
-    refuse the run when its organization has as many runs waiting to start as it may
-    (``TooManyPendingRuns``), and say whether it may be admitted at once, which it is
-    in the same transaction: a place free, none waiting for one (so no order to keep),
-    its concurrency key's room too. The common case then costs its pick-up one read.
-    A child run is part of its parent's work: never refused, never counted, admitted."""
+    """At a run's start (the caller holds the run's lock), under the organization's
+    lock, held until commit: refuse the run when its organization has as many runs
+    waiting to start as it may (``TooManyPendingRuns``), and say whether it may be
+    admitted at once, which it is in the same transaction: a place free, none waiting
+    for one (so no order to keep), its concurrency key's room too. The run itself is
+    never counted: a start that takes the organization's locks last asks this after it
+    has begun the run (``runs.engine.start``). A child run is part of its parent's
+    work: never refused, never counted, admitted."""
     if run.parent_run_id is not None:
         return True
     lock(run.organization_id)
-    # The limits and the counts in one statement: this runs on every start.
+    pending, pending_limit, admitted = _at_start(run)
+    if pending >= pending_limit:
+        raise TooManyPendingRuns(
+            f"the organization has {pending} runs waiting to start, its limit; "
+            "try again when some have started"
+        )
+    return admitted
+
+
+def looks_free(run: Run) -> bool:
+    """``on_start``'s answer as things stand, without its lock and without refusing: a
+    start's guess whether it will be admitted at once, worth beginning the run for
+    before asking ``on_start`` (which decides)."""
+    if run.parent_run_id is not None:
+        return True
+    pending, pending_limit, admitted = _at_start(run)
+    return admitted and pending < pending_limit
+
+
+def _at_start(run: Run) -> tuple[int, int, bool]:
+    """(runs of the organization waiting to start, their limit, whether ``run`` may be
+    admitted at once), the limits and the counts in one statement: this runs on every
+    start."""
     with connection.cursor() as cursor:
         cursor.execute(
             _ON_START_SQL,
@@ -101,14 +125,9 @@ def on_start(run: Run) -> bool:
             },
         )
         pending_limit, pending, running_limit, held, waiting, key_held = cursor.fetchone()
-    if pending >= pending_limit:
-        raise TooManyPendingRuns(
-            f"the organization has {pending} runs waiting to start, its limit; "
-            "try again when some have started"
-        )
     if run.concurrency_key and key_held >= run.concurrency_max:
-        return False
-    return held < running_limit and not waiting
+        return pending, pending_limit, False
+    return pending, pending_limit, held < running_limit and not waiting
 
 
 _STARTED_SQL = ", ".join(f"'{status}'" for status in RUN_STARTED)
@@ -131,7 +150,7 @@ FROM billing_organization AS o, LATERAL (
            count(*) FILTER (WHERE %(key)s <> '' AND r.concurrency_key = %(key)s
                             AND {_HOLDS_SQL}) AS key_held
     FROM runs_run AS r
-    WHERE r.organization_id = o.id AND r.parent_run_id IS NULL
+    WHERE r.organization_id = o.id AND r.parent_run_id IS NULL AND r.id <> %(run)s
       AND r.status IN ('pending', 'retrying', {_STARTED_SQL})
 ) AS counts
 WHERE o.id = %(organization)s

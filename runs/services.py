@@ -24,6 +24,7 @@ from django.utils import timezone
 from billing.models import Organization
 from billing.services import (
     InsufficientCredits,
+    credits_reserve,
     to_credits,
 )
 from common import eventstreams, tracing
@@ -312,6 +313,17 @@ STARTED = frozenset(
 
 
 @dataclass(frozen=True)
+class Starting:
+    """A run locked for its start (``run_to_start``): its plan as stored and the credits
+    its first attempt reserves. ``plan`` None: the run was started before and is returned
+    as it is."""
+
+    run: Run
+    plan: Plan | None = None
+    amount: Decimal = Decimal(0)
+
+
+@dataclass(frozen=True)
 class Pending:
     """What ``run_start_pending`` did: the run; attempt 1, opened now (None: the run was
     started before, and is returned as it is); whether admission let it in at once."""
@@ -322,53 +334,76 @@ class Pending:
     plan: Plan | None = None
 
 
-@transaction.atomic
-def run_start_pending(
+def run_to_start(
     *, run_id: RunId, organization: Organization | None = None, actor: str = "system"
-) -> Pending:
-    """CREATED -> PENDING: open attempt 1 and reserve its credits (``engine.run_start``),
-    admission asked whether a place is free at once (``runs.admission``). The first half
-    of a start: ``runs.engine.start.run_start`` then begins the run or asks for its
-    pick-up, in the same transaction.
-
-    Started already (pending, running or any state its start led to, short of a terminal
-    one): returned unchanged. Too little available: InsufficientCredits, and the whole
-    transaction rolls back, so the run stays CREATED.
-    """
+) -> Starting:
+    """The run locked (in the caller's transaction) and checked for its start: deleted,
+    refused; started already (pending, running or any state its start led to, short of a
+    terminal one), returned as it is; a terminal state, refused by the transition table."""
     run = lock_run(run_id, organization)
     if run.deleted_at is not None:
         raise RunDeleted(f"run {run.pk} was deleted")
     if run.status != RunStatus.CREATED:
         if run.status in STARTED:
-            return Pending(run)
+            return Starting(run)
         # A terminal state start() can never lead to: the table refuses it explicitly.
-        return Pending(transition(Run, run.pk, RunStatus.PENDING, actor=actor).obj)
+        return Starting(transition(Run, run.pk, RunStatus.PENDING, actor=actor).obj)
     if tracing.enabled:
         _trace_start(run)
     plan = stored_plan(run)
     amount = to_credits(plan_reservation(plan))
     if amount <= 0:
         raise ValueError("a reservation must be positive")
-    # Refused with 429 beyond the organization's pending runs; admitted at once when a
-    # place is free and nobody waits for one (runs.admission). Its lock on the
-    # organization is held until commit: taken after the plan is read, not before.
-    admitted_at = timezone.now() if admission.on_start(run) else None
+    return Starting(run, plan, amount)
+
+
+def run_start_pending(starting: Starting, *, actor: str, admitted: bool | None = None) -> Pending:
+    """CREATED -> PENDING for a run ``run_to_start`` locked: attempt 1 opened
+    (``engine.run_start``). ``admitted`` None: admission is asked whether a place is free
+    at once (``runs.admission.on_start``: its lock on the organization held until
+    commit) and the credits are reserved here (InsufficientCredits when short: the
+    caller's transaction rolls back, the run stays CREATED). ``admitted`` True: the
+    caller takes the organization's locks last, after it has begun the run
+    (``runs.engine.start``): it asks admission itself and reserves with
+    ``run_reserve`` before it commits."""
+    run, plan = starting.run, starting.plan
+    if plan is None:
+        return Pending(run)
+    reserve = admitted is None
+    if admitted is None:
+        # Refused with 429 beyond the organization's pending runs; admitted at once when
+        # a place is free and nobody waits for one (runs.admission).
+        admitted = admission.on_start(run)
+    admitted_at = timezone.now() if admitted else None
     now = timezone.now()
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT * FROM engine.run_start(%s, %s, %s, %s, %s)",
-            [run.pk, amount, actor, admitted_at, now],
+            "SELECT * FROM engine.run_start(%s, %s, %s, %s, %s, %s)",
+            [run.pk, starting.amount, actor, admitted_at, now, reserve],
         )
         row = cursor.fetchone()
     if row[3] is None:
-        raise _short_of_credits(run.organization_id, amount)
+        raise _short_of_credits(run.organization_id, starting.amount)
     eventstreams.events_written(run.pk)  # the function wrote the start's events
     run.status, run.attempt_number, run.admitted_at = RunStatus.PENDING, 1, admitted_at
     run.status_changed_at, run.started_at, run.updated_at, attempt_id = row
     attempt = RunAttempt.from_db(
         connection.alias, ["id", "run_id", "attempt_number"], [attempt_id, run.pk, 1]
     )
-    return Pending(run, attempt, admitted_at is not None, plan)
+    return Pending(run, attempt, admitted, plan)
+
+
+def run_reserve(run: Run, attempt: RunAttempt, amount: Decimal, actor: str) -> None:
+    """Reserve the credits of a start that opened its attempt without them
+    (``run_start_pending(admitted=True)``): InsufficientCredits when short."""
+    credits_reserve(
+        organization_id=run.organization_id,
+        run_id=run.pk,
+        attempt_id=attempt.pk,
+        attempt_number=attempt.attempt_number,
+        amount=amount,
+        actor=actor,
+    )
 
 
 def _short_of_credits(organization_id: UUID, amount: Decimal) -> InsufficientCredits:

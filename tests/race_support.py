@@ -32,8 +32,12 @@ def contender(
         for run_id in run_ids:
             barrier.wait()
             try:
-                # An operation may say it lost (False) without raising.
-                outcomes.append("refused" if do(run_id) is False else "won")
+                # An operation may say it lost (False) without raising, or name its
+                # outcome.
+                said = do(run_id)
+                if not isinstance(said, str):
+                    said = "refused" if said is False else "won"
+                outcomes.append(said)
             except InvalidTransition:
                 outcomes.append("refused")
     finally:
@@ -78,6 +82,20 @@ def _start_admitted(pair: str, side: int) -> bool:
     from runs.engine.start import run_start
 
     return run_start(run_id=pair.split("|")[side]).admitted_at is not None
+
+
+def _start_outcome(run_id: str) -> str:
+    """Start the run as a client would: what came of it (running, waiting, or the code
+    of the refusal)."""
+    from billing.services import InsufficientCredits
+    from runs.admission import TooManyPendingRuns
+    from runs.engine.start import run_start
+
+    try:
+        run = run_start(run_id=run_id)
+    except (TooManyPendingRuns, InsufficientCredits) as refused:
+        return refused.code
+    return "running" if run.status == "running" else "waiting"
 
 
 def _take_slot(organization_id: str) -> bool:
@@ -149,6 +167,7 @@ OPERATIONS = {
     "cancel": _cancel,
     "start_left": lambda pair: _start_admitted(pair, 0),
     "start_right": lambda pair: _start_admitted(pair, 1),
+    "start_outcome": _start_outcome,
     "take_slot": _take_slot,
     "take_slot_too": _take_slot,
     "free_and_take_slot": _free_and_take_slot,

@@ -289,4 +289,4 @@ def test_reserve_is_keyed_by_attempt() -> None:
     )
 
     assert LedgerEntry.objects.filter(attempt=attempt, type="reserve").count() == 1
-    assert again.amount == Decimal(10)
+    assert LedgerEntry.objects.get(pk=again).amount == Decimal(10)

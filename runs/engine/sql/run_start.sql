@@ -7,9 +7,11 @@
 -- CREATED (no row returned), nor when the organization cannot cover the reservation (one
 -- row, its attempt_id NULL: the caller refuses with 402 insufficient_credits). Returns the
 -- run's new timestamps and the attempt's id, for the caller's copy of the row.
+-- `p_reserve` false: the credits are reserved by the caller before it commits
+-- (engine.attempt_open).
 CREATE FUNCTION engine.run_start(
     p_run uuid, p_amount numeric, p_actor text, p_admitted_at timestamptz,
-    p_now timestamptz DEFAULT now()
+    p_now timestamptz DEFAULT now(), p_reserve boolean DEFAULT true
 ) RETURNS TABLE (
     status_changed_at timestamptz, started_at timestamptz, updated_at timestamptz,
     attempt_id bigint
@@ -29,7 +31,7 @@ BEGIN
     END IF;
     PERFORM engine.run_event(p_run, 1::smallint, 'run', p_run::text, 'transition', 'created',
                              'pending', p_actor, p_now);
-    attempt_id := engine.attempt_open(p_run, 1::smallint, p_amount, p_actor, p_now);
+    attempt_id := engine.attempt_open(p_run, 1::smallint, p_amount, p_actor, p_now, p_reserve);
     IF attempt_id IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'OEC01';
     END IF;

@@ -190,7 +190,23 @@ def database_config(url: str) -> dict[str, Any]:
     )
     if pool_size:
         config["CONN_MAX_AGE"] = 0  # the pool keeps them; Django refuses both
-        config["OPTIONS"]["pool"] = {"min_size": 1, "max_size": pool_size, "timeout": 10}
+        config["OPTIONS"]["pool"] = {
+            "min_size": 1,
+            "max_size": pool_size,
+            "timeout": 10,
+            # psycopg_pool retries a lost connection with a doubling delay for as long as
+            # this (its default 300 s): after a 30 s outage its next try came a minute
+            # later, every connection of the pool waiting its turn, and requests were
+            # answered 503 for minutes once the database was back (make chaos-net,
+            # docs/reliability.md). Given up sooner, a connection is opened again by the
+            # next request that needs one.
+            "reconnect_timeout": env.integer(
+                "DATABASE_POOL_RECONNECT_S",
+                5,
+                "seconds the pool retries a lost connection before leaving it to demand",
+                minimum=1,
+            ),
+        }
     # Prepared statements: the engine's statements are large (data-modifying CTEs) and
     # PostgreSQL spent as long planning them as running them; prepared, a statement is
     # planned once per connection (psycopg prepares a query on its second execution,

@@ -16,8 +16,9 @@ machine with cores to spare the driver, not the system measured, would set the f
 
 The processes are spawned (fresh interpreters, as separate client programs are: no
 copy of the benchmark's connections) on the first scenario that needs them, each sets
-Django up once, and they serve every scenario after until ``close()``. A client that
-fails or hangs fails the scenario; the processes are then replaced on the next one.
+Django up once, and they serve every scenario after until ``close()``. A call that
+fails in a client fails the scenario; a client that dies or hangs too, and then every
+process is replaced on the next scenario.
 """
 
 from __future__ import annotations

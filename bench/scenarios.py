@@ -14,7 +14,8 @@ percentiles): ``bench.report`` prints them under the table and writes them to th
 
 The many-runs scenarios (``many_runs``, ``many_runs_orgs``, ``many_runs_api``,
 ``many_chains``) submit through ``bench.clients``: BENCH_CLIENTS processes side by side,
-each its share, as a service's clients do (``many``'s docstring says what is timed).
+each its share, as a service's clients do (``Engine.many_runs`` and ``Raw.many_chains``
+say what is timed).
 """
 
 from __future__ import annotations
@@ -134,10 +135,21 @@ def _timed_calls(items: list[Any], call: Callable[[Any], str]) -> list[Submissio
     return done
 
 
+def _connect() -> None:
+    """Open this client's database and broker connections before the clock, as a
+    long-lived client has them; otherwise its first call would pay for them."""
+    from django.db import connection
+
+    connection.ensure_connection()
+    with app.producer_or_acquire() as producer:
+        producer.connection.ensure_connection()
+
+
 # The clients' jobs (bench.clients.Job): run in a client process with its share.
 def start_runs(ids: list[str]) -> Callable[[], list[Submission]]:
     """many_runs: ``run_start`` of each created run, in process, as a service that
     embeds the engine would call it."""
+    _connect()
 
     def call(pk: str) -> str:
         run_start(run_id=pk, actor="bench")
@@ -149,6 +161,7 @@ def start_runs(ids: list[str]) -> Callable[[], list[Submission]]:
 def send_chains(count: int, links: int) -> Callable[[], list[Submission]]:
     """many_chains: ``count`` chains of ``links - 1`` no-ops and a ``stamp``, built
     before the clock; ``apply_async`` of each."""
+    _connect()
     canvases = [chain(*[noop.si() for _ in range(links - 1)], stamp.si()) for _ in range(count)]
     return lambda: _timed_calls(canvases, lambda canvas: str(canvas.apply_async().id))
 
@@ -286,7 +299,8 @@ def dag_plan(nodes: int, seed: int = 42) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- engine
 class Engine:
-    """Submits plans on behalf of one organization with credits to spare.
+    """Submits plans on behalf of one organization with credits to spare (the many-runs
+    scenarios: of new ones each time).
 
     ``alive`` says whether the worker still runs: every wait gives up when it does not.
     ``clients`` submit the many-runs scenarios, ``web`` serves ``many_runs_api``.

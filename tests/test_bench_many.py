@@ -6,13 +6,14 @@ not the suite's."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench.clients import Clients, shares
+from bench.clients import Clients, ClientsFailed, Submission, shares
 from bench.scenarios import Engine, Raw, Sample
 from bench.web import Web
 from bench.worker import Worker
@@ -71,6 +72,26 @@ def completed_runs_by_organization() -> dict[Any, int]:
 def test_shares_deal_every_item_once_in_turn() -> None:
     assert shares(list(range(7)), 3) == [[0, 3, 6], [1, 4], [2, 5]]
     assert shares([1], 3) == [[1], [], []]
+
+
+def refuse_share_one(n: int) -> Callable[[], list[Submission]]:
+    if n == 1:
+        raise ValueError("no share for this one")
+    return list
+
+
+def echo(items: list[int]) -> Callable[[], list[Submission]]:
+    return lambda: [Submission(str(item), time.time(), 0.0) for item in items]
+
+
+def test_a_client_that_fails_fails_the_batch_and_the_clients_serve_the_next() -> None:
+    with Clients(2, env=child_env()) as clients:
+        with pytest.raises(ClientsFailed, match="client 1: preparing: ValueError: no share"):
+            clients.submit(refuse_share_one, [(0,), (1,)], timeout=60)
+
+        batch = clients.submit(echo, [([1, 2],), ([3],)], timeout=60)
+
+    assert [submission.ref for submission in batch.submissions] == ["1", "2", "3"]
 
 
 @pytest.mark.django_db(transaction=True)

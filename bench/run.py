@@ -7,6 +7,10 @@ reported), stops the worker and prints the side-by-side table and the goals. Wit
 ``BENCH_JSON=path`` every figure is also written there as JSON. Figures are reported,
 never asserted: the exit code is 0 unless the harness itself could not run.
 
+The many-runs scenarios submit from ``BENCH_CLIENTS`` client processes (default 8,
+``bench.clients``), started on the first of them; ``many_runs_api`` to a gunicorn
+started for it (``bench.web``). Both are stopped at the end.
+
 Expects migrated PostgreSQL and Redis at DATABASE_URL and CELERY_BROKER_URL:
 ``scripts/bench.sh`` (``make bench``) starts throwaway ones.
 """
@@ -29,6 +33,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from .clients import Clients
 from .report import NOTES, Figure, Goal, format_extras, format_table, goals, table_rows
 from .worker import Worker, WorkerFailed
 
@@ -72,6 +77,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--repeat", type=int, default=_env_int("BENCH_REPEAT", 1))
     parser.add_argument(
+        "--clients",
+        type=int,
+        default=_env_int("BENCH_CLIENTS", 8),
+        help="client processes the many-runs scenarios submit from (BENCH_CLIENTS, default 8)",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         default=float(_env_int("BENCH_TIMEOUT", 600)),
@@ -92,9 +103,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=os.environ.get("BENCH_NO_ANALYZE", "") == "1",
     )
     args = parser.parse_args(argv)
-    if args.workers < 1 or args.wide_workers < 1 or args.repeat < 1 or args.timeout <= 0:
+    if min(args.workers, args.wide_workers, args.repeat, args.clients) < 1 or args.timeout <= 0:
         parser.error(
-            "--workers, --wide-workers and --repeat must be at least 1, --timeout positive"
+            "--workers, --wide-workers, --repeat and --clients must be at least 1, --timeout"
+            " positive"
         )
     return args
 
@@ -105,6 +117,7 @@ def scenario_table() -> list[tuple[str, str, int, Callable[[Engine, Raw], Sample
     The widest come last: fan_20000 takes minutes.
     """
     from .scenarios import (
+        MANY_ORGS,
         MANY_RUNS,
         MANY_STEPS,
         SLEEP_WIDTH,
@@ -129,8 +142,13 @@ def scenario_table() -> list[tuple[str, str, int, Callable[[Engine, Raw], Sample
         ("dag_1000", "engine", 1000, lambda e, r: e.run(dag_plan(1000), 1000)),
         ("start_latency", "engine", 1, lambda e, r: e.start_latency()),
         ("start_latency_raw", "raw", 1, lambda e, r: r.start_latency()),
+        # BENCH_CLIENTS client processes submit these (bench.clients): one organization;
+        # raw Celery; MANY_ORGS organizations (whose raw twin is many_chains: raw Celery
+        # has none); one organization through the API's gunicorn (bench.web).
         ("many_runs", "engine", many, lambda e, r: e.many_runs()),
         ("many_chains", "raw", many, lambda e, r: r.many_chains()),
+        ("many_runs_orgs", "engine", many, lambda e, r: e.many_runs(organizations=MANY_ORGS)),
+        ("many_runs_api", "engine", many, lambda e, r: e.many_runs_api()),
         ("fan_20000", "engine", wide, lambda e, r: e.run(wide_fan_plan(WIDE_FAN_WIDTH), wide)),
         ("group_20000", "raw", 20_000, lambda e, r: r.group(20_000)),
         ("noisy_neighbour", "engine", wide, lambda e, r: e.noisy_neighbour()),
@@ -255,6 +273,7 @@ def _main(args: argparse.Namespace) -> int:
 
     tracing = otel.setup_from_settings("bench")
     from .scenarios import Engine, Raw
+    from .web import Web
 
     signal.signal(signal.SIGTERM, _terminate)
     selected = scenario_table()
@@ -268,6 +287,7 @@ def _main(args: argparse.Namespace) -> int:
 
     workdir = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-"))
     worker = Worker(args.workers, workdir / "worker.log")
+    clients, web = Clients(args.clients), Web(workdir)
     figures = {name: Figure(name, kind, steps) for name, kind, steps, _ in selected}
     # Worker memory over the pass: from after the warm-up until the end, or until the
     # first restart (the last scenarios run on a worker restarted for them).
@@ -280,7 +300,8 @@ def _main(args: argparse.Namespace) -> int:
         _say(f"==> starting a worker: prefork, {args.workers} children (log {worker.log_path})")
         worker.start()
         rss["before_warm_up"] = worker.rss_kib()
-        engine, raw = Engine(args.timeout, worker.alive), Raw(args.timeout, worker.alive)
+        engine = Engine(args.timeout, worker.alive, clients=clients, web=web)
+        raw = Raw(args.timeout, worker.alive, clients=clients)
         engine.slots = raw.slots = args.workers
         _say("==> warming up")
         warm_up_errors = warm_up(engine, raw, args.workers)
@@ -334,12 +355,15 @@ def _main(args: argparse.Namespace) -> int:
         _say("interrupted: stopping the worker")
         return 130
     finally:
+        clients.close()
+        web.stop()
         worker.stop()
 
     verdicts = goals(figures, rss)
     header = (
         f"Engine vs raw Celery: 1 worker, prefork, {args.workers} children ({args.wide_workers} "
-        f"for {', '.join(WIDE)}); {args.repeat} "
+        f"for {', '.join(WIDE)}); {args.clients} clients submitting the many-runs scenarios "
+        f"(gunicorn: {web.workers} workers); {args.repeat} "
         f"pass(es), medians; ANALYZE before each scenario: {'no' if args.no_analyze else 'yes'}; "
         f"{os.cpu_count()} CPUs, 1-min load average {load['before']:.2f} "
         f"before, {load['after']:.2f} after; tracing "
@@ -360,6 +384,8 @@ def _main(args: argparse.Namespace) -> int:
                 "wide_workers": args.wide_workers,
                 "pool": "prefork",
                 "repeat": args.repeat,
+                "clients": args.clients,
+                "web_workers": web.workers,
                 "analyze_before_each_scenario": not args.no_analyze,
                 "timeout_s": args.timeout,
                 "settings": os.environ.get("DJANGO_SETTINGS_MODULE"),

@@ -10,8 +10,9 @@ Celery on the same fleet:
   join; efficiency = the ideal wall (2,000 x 50 ms / the fleet's children) / the
   measured one;
 - ``fan_2000`` / ``group_2000``: the same width of no-op steps (tasks);
-- ``many_runs`` / ``many_chains``: 500 runs (chains) of 5 no-op steps, runs/s and p95
-  latency.
+- ``many_runs`` / ``many_chains``: 500 runs (chains) of 5 no-op steps, one
+  organization's, submitted by BENCH_CLIENTS client processes (default 8,
+  ``bench.clients``); runs/s and p95 completion latency.
 
 It prints one table, one row per fleet, and with ``--json`` (or SCALE_JSON) writes every
 figure. Figures are reported, never asserted. On a machine with fewer cores than the
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .clients import Clients
 from .report import ratio
 from .worker import Worker, WorkerFailed
 
@@ -42,6 +44,9 @@ if TYPE_CHECKING:
     from .scenarios import Engine, Raw, Sample
 
 DEFAULT_SET = "1x4 2x4 4x4 8x4 12x4"
+# What the many-runs scenarios report (bench.scenarios._many_extra), in the JSON; the
+# table shows runs/s and p95 completion latency.
+MANY_EXTRAS = ("runs_per_s", "p50_start_s", "p95_start_s", "p50_latency_s", "p95_latency_s")
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,7 @@ class Row:
             self.figures[f"{name}_{extra}"] = sample.extra.get(extra)
 
 
-def measure(fleet: Fleet, timeout: float, workdir: Path) -> Row:
+def measure(fleet: Fleet, timeout: float, workdir: Path, clients: Clients) -> Row:
     from .run import analyze, warm_up
     from .scenarios import Engine, Raw, fan_plan
 
@@ -103,8 +108,8 @@ def measure(fleet: Fleet, timeout: float, workdir: Path) -> Row:
         def alive() -> bool:
             return all(worker.alive() for worker in workers)
 
-        engine: Engine = Engine(timeout, alive, fleet.slots)
-        raw: Raw = Raw(timeout, alive, fleet.slots)
+        engine: Engine = Engine(timeout, alive, fleet.slots, clients=clients)
+        raw: Raw = Raw(timeout, alive, fleet.slots, clients=clients)
         for problem in warm_up(engine, raw, fleet.slots):
             _say(f"    warm-up failed: {problem}")
         time.sleep(1)
@@ -113,8 +118,8 @@ def measure(fleet: Fleet, timeout: float, workdir: Path) -> Row:
             ("group_sleep", raw.group_sleep, ("efficiency",)),
             ("fan_2000", lambda: engine.run(fan_plan(2000), 2001), ()),
             ("group_2000", lambda: raw.group(2000), ()),
-            ("many_runs", engine.many_runs, ("runs_per_s", "p95_latency_s")),
-            ("many_chains", raw.many_chains, ("runs_per_s", "p95_latency_s")),
+            ("many_runs", engine.many_runs, MANY_EXTRAS),
+            ("many_chains", raw.many_chains, MANY_EXTRAS),
         ]
         for name, scenario, extras in scenarios:
             analyze()
@@ -208,7 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", default=os.environ.get("SCALE_JSON", ""))
     parser.add_argument("--dir", default=os.environ.get("BENCH_DIR", ""))
+    parser.add_argument("--clients", type=int, default=int(os.environ.get("BENCH_CLIENTS", 8)))
     args = parser.parse_args(argv)
+    if args.clients < 1:
+        parser.error("--clients must be at least 1")
     try:
         fleets = parse_set(args.set)
     except ValueError as exc:
@@ -220,11 +228,15 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-scale-"))
     load_before = os.getloadavg()[0]
     rows = []
-    for fleet in fleets:
-        _say(f"==> fleet {fleet.label}: {fleet.processes} worker process(es) of {fleet.children}")
-        rows.append(measure(fleet, args.timeout, workdir))
+    with Clients(args.clients) as clients:
+        for fleet in fleets:
+            _say(
+                f"==> fleet {fleet.label}: {fleet.processes} worker process(es) of {fleet.children}"
+            )
+            rows.append(measure(fleet, args.timeout, workdir, clients))
     header = (
-        f"One run over the fleet: {len(fleets)} fleet(s), {os.cpu_count()} CPUs, 1-min load "
+        f"One run over the fleet: {len(fleets)} fleet(s), {args.clients} clients submitting "
+        f"many_runs and many_chains, {os.cpu_count()} CPUs, 1-min load "
         f"average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
     )
     print(f"\n{header}\n\n{table(rows)}\n")
@@ -237,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         report: dict[str, Any] = {
             "cpus": os.cpu_count(),
             "set": args.set,
+            "clients": args.clients,
             "rows": [
                 {
                     "fleet": row.fleet.label,

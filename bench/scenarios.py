@@ -11,6 +11,11 @@ the last result is in (the canvas is built before).
 
 A scenario may report more than its wall time in ``Sample.extra`` (runs/s, latency
 percentiles): ``bench.report`` prints them under the table and writes them to the JSON.
+
+The many-runs scenarios (``many_runs``, ``many_runs_orgs``, ``many_runs_api``,
+``many_chains``) submit through ``bench.clients``: BENCH_CLIENTS processes side by side,
+each its share, as a service's clients do (``Engine.many_runs`` and ``Raw.many_chains``
+say what is timed).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import chain, chord, group
 from celery.canvas import Signature
@@ -32,14 +37,18 @@ from django.db.models import Count
 from django.utils import timezone
 
 from billing.models import Organization
-from billing.services import credits_grant, organization_create
+from billing.services import api_key_create, credits_grant, organization_create
 from config.celery import app
 from runs import services
 from runs.engine.start import run_start
 from runs.models import Run, Step
 from runs.states import RUN_TERMINAL, RunStatus, StepStatus
 
+from .clients import Batch, Clients, Submission, shares
 from .raw_tasks import BENCH_QUEUE, join, noop, sleep, stamp
+
+if TYPE_CHECKING:
+    from .web import Web
 
 POLL_S = 0.01
 # many_runs: one COUNT over 500 ids per poll. Latencies come from completed_at, not from
@@ -49,6 +58,7 @@ MANY_POLL_S = 0.05
 LATENCY_SAMPLES = 10
 MANY_RUNS = 500  # many_runs / many_chains: this many runs (chains) submitted at once
 MANY_STEPS = 5  # of this many sequential no-op steps (links) each
+MANY_ORGS = 8  # many_runs_orgs: the runs spread over this many organizations
 # fan_20000: 20,000 steps, the most a run may have (PLAN_MAX_STEPS_PER_RUN, default
 # 20,000), so 19,999 parallel steps and the join; at most 5,000 of them per task
 # (PLAN_MAX_STEPS_PER_TASK; a task's max_concurrent_steps stops at 10,000 anyway).
@@ -101,15 +111,80 @@ def percentile(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
-def _many_extra(
-    count: int, wall: float, submitted: float, latencies: list[float]
-) -> dict[str, float]:
+def _many_extra(wall: float, batch: Batch, completions: list[float]) -> dict[str, float]:
+    """runs/s; the calls' own time (start latency: a call until it returned) and each
+    run's (completion latency: its call until it was done), p50 and p95."""
+    starts = [submission.took for submission in batch.submissions]
     return {
-        "runs_per_s": count / wall,
-        "submit_s": submitted,
-        "p50_latency_s": percentile(latencies, 50),
-        "p95_latency_s": percentile(latencies, 95),
+        "runs_per_s": len(starts) / wall,
+        "submit_s": batch.submitted_s,
+        "p50_start_s": percentile(starts, 50),
+        "p95_start_s": percentile(starts, 95),
+        "p50_latency_s": percentile(completions, 50),
+        "p95_latency_s": percentile(completions, 95),
     }
+
+
+def _timed_calls(items: list[Any], call: Callable[[Any], str]) -> list[Submission]:
+    """``call`` for each of ``items``, one after another: a client's submissions."""
+    done = []
+    for item in items:
+        sent, began = time.time(), time.perf_counter()
+        ref = call(item)
+        done.append(Submission(ref, sent, time.perf_counter() - began))
+    return done
+
+
+def _connect() -> None:
+    """Open this client's database and broker connections before the clock, as a
+    long-lived client has them; otherwise its first call would pay for them."""
+    from django.db import connection
+
+    connection.ensure_connection()
+    with app.producer_or_acquire() as producer:
+        producer.connection.ensure_connection()
+
+
+# The clients' jobs (bench.clients.Job): run in a client process with its share.
+def start_runs(ids: list[str]) -> Callable[[], list[Submission]]:
+    """many_runs: ``run_start`` of each created run, in process, as a service that
+    embeds the engine would call it."""
+    _connect()
+
+    def call(pk: str) -> str:
+        run_start(run_id=pk, actor="bench")
+        return pk
+
+    return lambda: _timed_calls(ids, call)
+
+
+def send_chains(count: int, links: int) -> Callable[[], list[Submission]]:
+    """many_chains: ``count`` chains of ``links - 1`` no-ops and a ``stamp``, built
+    before the clock; ``apply_async`` of each."""
+    _connect()
+    canvases = [chain(*[noop.si() for _ in range(links - 1)], stamp.si()) for _ in range(count)]
+    return lambda: _timed_calls(canvases, lambda canvas: str(canvas.apply_async().id))
+
+
+def post_runs(url: str, keys: list[str], plan: dict[str, Any]) -> Callable[[], list[Submission]]:
+    """many_runs_api: ``POST /api/v1/runs {"plan": plan, "start": true}`` once per key
+    in ``keys`` (each run's organization's), through the project's own client library
+    (an Idempotency-Key on every POST, as it always sends; no retries: a refusal is a
+    failure here). One connection per key, opened before the clock."""
+    from orchestrator_client import Client
+
+    sessions = {key: Client(url, key, retries=0) for key in set(keys)}
+    for session in sessions.values():
+        session.organization()  # connected, and the web worker it reached warmed up
+
+    def submit() -> list[Submission]:
+        try:
+            return _timed_calls(keys, lambda key: str(sessions[key].submit(plan)["id"]))
+        finally:
+            for session in sessions.values():
+                session.close()
+
+    return submit
 
 
 # --------------------------------------------------------------------------- plans
@@ -224,20 +299,33 @@ def dag_plan(nodes: int, seed: int = 42) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- engine
 class Engine:
-    """Submits plans on behalf of one organization with credits to spare.
+    """Submits plans on behalf of one organization with credits to spare (the many-runs
+    scenarios: of new ones each time).
 
     ``alive`` says whether the worker still runs: every wait gives up when it does not.
+    ``clients`` submit the many-runs scenarios, ``web`` serves ``many_runs_api``.
     """
 
-    def __init__(self, timeout: float, alive: Callable[[], bool], slots: int = 1) -> None:
+    def __init__(
+        self,
+        timeout: float,
+        alive: Callable[[], bool],
+        slots: int = 1,
+        clients: Clients | None = None,
+        web: Web | None = None,
+    ) -> None:
         self.timeout = timeout
         self.alive = alive
         self.slots = slots  # the fleet's worker slots (prefork children): for efficiency
-        self.organization: Organization = organization_create(name=f"bench-{uuid.uuid4().hex[:8]}")
-        credits_grant(organization=self.organization, amount=10_000_000, reason="benchmark")
+        self.clients = clients
+        self.web = web
+        self._web_warm = False
+        self.organization = _organization()
 
-    def _create(self, spec: dict[str, Any]) -> Run:
-        return services.run_create(organization=self.organization, plan=spec, actor="bench")
+    def _create(self, spec: dict[str, Any], organization: Organization | None = None) -> Run:
+        return services.run_create(
+            organization=organization or self.organization, plan=spec, actor="bench"
+        )
 
     def _wait_terminal(self, run: Run, started: float) -> str:
         while True:
@@ -323,35 +411,82 @@ class Engine:
                 raise ScenarioFailed("the worker died (no step started)")
             time.sleep(POLL_S)
 
-    def many_runs(self, runs: int = MANY_RUNS, steps: int = MANY_STEPS) -> Sample:
-        """``runs`` runs of ``steps`` sequential no-op steps, submitted at once.
+    def many_runs(
+        self, runs: int = MANY_RUNS, steps: int = MANY_STEPS, organizations: int = 1
+    ) -> Sample:
+        """``runs`` runs of ``steps`` sequential no-op steps, started by the clients at
+        once, in ``organizations`` new organizations (run i in organization i modulo
+        their number: with as many organizations as clients, one each).
 
-        All runs are created first (``run_create``, untimed); the clock starts before
-        the first ``run_start``, which are called one after another as fast as they
-        return (how long that takes is ``submit_s``). Wall time ends when one COUNT of
-        the runs not yet terminal, polled every 50 ms, reads 0. A run's latency runs
-        from ``timezone.now()`` just before its own ``run_start`` to its
-        ``completed_at`` (the worker's clock, the same host's).
+        All runs are created first (``run_create``, untimed); each client then calls
+        ``run_start`` for its share, one after another. The clock starts when every
+        client is ready; the calls' own time is the start latency, ``submit_s`` when the
+        last returned. Wall time ends when one COUNT of the runs not yet terminal,
+        polled every 50 ms once the clients are done, reads 0. A run's completion
+        latency runs from its client's ``time.time()`` just before its ``run_start`` to
+        its ``completed_at`` (the worker's clock, the same host's).
         """
         try:
-            created = [self._create(sequential_plan(steps)) for _ in range(runs)]
-            ids = [run.pk for run in created]
-            sent: dict[Any, datetime] = {}
-            started = time.perf_counter()
-            for run in created:
-                sent[run.pk] = timezone.now()
-                run_start(run_id=run.pk, actor="bench")
-            submitted = time.perf_counter() - started
-            self._wait_all_terminal(ids, started)
-            wall = time.perf_counter() - started
-            finished = self._check_all_completed(ids, steps)
-            latencies = [(finished[pk] - sent[pk]).total_seconds() for pk in ids]
+            clients = self._clients()
+            orgs = [_organization() for _ in range(organizations)]
+            ids = [
+                str(self._create(sequential_plan(steps), orgs[i % organizations]).pk)
+                for i in range(runs)
+            ]
+            jobs = [(share,) for share in shares(ids, clients.count)]
+            return self._many(clients.submit(start_runs, jobs, self.timeout), steps)
         except Exception as exc:  # noqa: BLE001 - a failure is a figure too
             return Sample(runs * steps, error=_describe(exc))
-        extra = _many_extra(runs, wall, submitted, latencies)
-        return Sample(runs * steps, wall_s=wall, extra=extra)
 
-    def _wait_all_terminal(self, ids: list[Any], started: float) -> None:
+    def many_runs_api(
+        self, runs: int = MANY_RUNS, steps: int = MANY_STEPS, organizations: int = 1
+    ) -> Sample:
+        """``many_runs`` through the API: each client creates and starts its share with
+        ``POST /api/v1/runs {"start": true}`` (an API key per organization) against the
+        bench's gunicorn (``bench.web``). The call's time includes creating the run,
+        which ``many_runs`` leaves out of the clock; the rest is timed alike."""
+        try:
+            clients, url = self._clients(), self._web_url()
+            keys = [_api_key(_organization()) for _ in range(organizations)]
+            per_run = [keys[i % organizations] for i in range(runs)]
+            plan = sequential_plan(steps)
+            jobs = [(url, share, plan) for share in shares(per_run, clients.count)]
+            return self._many(clients.submit(post_runs, jobs, self.timeout), steps)
+        except Exception as exc:  # noqa: BLE001 - a failure is a figure too
+            return Sample(runs * steps, error=_describe(exc))
+
+    def _clients(self) -> Clients:
+        if self.clients is None:
+            raise ScenarioFailed("no clients to submit with (Engine(clients=...))")
+        return self.clients
+
+    def _web_url(self) -> str:
+        """The web tier's URL, once it has served a run from every client untimed (each
+        web worker imports the API's modules on its first requests, a cost no client of
+        a settled deployment sees)."""
+        if self.web is None:
+            raise ScenarioFailed("no web server to submit to (Engine(web=...))")
+        url = self.web.url()
+        if not self._web_warm:
+            clients = self._clients()
+            keys = [_api_key(_organization())] * (2 * clients.count)
+            plan = sequential_plan(1)
+            jobs = [(url, share, plan) for share in shares(keys, clients.count)]
+            self._many(clients.submit(post_runs, jobs, self.timeout), 1)
+            self._web_warm = True
+        return url
+
+    def _many(self, batch: Batch, steps: int) -> Sample:
+        """Wait until every run of ``batch`` is terminal, check that each completed its
+        ``steps``: the figures of ``many_runs``."""
+        ids = [submission.ref for submission in batch.submissions]
+        self._wait_all_terminal(ids, batch.started_perf)
+        wall = time.perf_counter() - batch.started_perf
+        finished = self._check_all_completed(ids, steps)
+        completions = [finished[s.ref].timestamp() - s.sent for s in batch.submissions]
+        return Sample(len(ids) * steps, wall_s=wall, extra=_many_extra(wall, batch, completions))
+
+    def _wait_all_terminal(self, ids: list[str], started: float) -> None:
         pending = Run.objects.filter(pk__in=ids).exclude(status__in=RUN_TERMINAL)
         while True:
             left = pending.count()
@@ -368,10 +503,10 @@ class Engine:
                 raise ScenarioFailed(f"the worker died ({left} of {len(ids)} runs not terminal)")
             time.sleep(MANY_POLL_S)
 
-    def _check_all_completed(self, ids: list[Any], steps: int) -> dict[Any, datetime]:
+    def _check_all_completed(self, ids: list[str], steps: int) -> dict[str, datetime]:
         """Every run COMPLETED with ``steps`` completed steps: their ``completed_at``."""
         rows = Run.objects.filter(pk__in=ids).values_list("pk", "status", "completed_at")
-        finished = {pk: at for pk, status, at in rows if status == RunStatus.COMPLETED and at}
+        finished = {str(pk): at for pk, status, at in rows if status == RunStatus.COMPLETED and at}
         if len(finished) != len(ids):
             failed = next(pk for pk in ids if pk not in finished)
             run = Run.objects.filter(pk=failed).values_list("status", "last_error").get()
@@ -380,12 +515,13 @@ class Engine:
                 f"{len(ids) - len(finished)} of {len(ids)} runs did not complete "
                 f"(run {failed} ended {run[0]}{detail})"
             )
-        done = dict(
-            Step.objects.filter(run_id__in=ids, status=StepStatus.COMPLETED)
+        done = {
+            str(pk): count
+            for pk, count in Step.objects.filter(run_id__in=ids, status=StepStatus.COMPLETED)
             .values("run_id")
             .annotate(done=Count("pk"))
             .values_list("run_id", "done")
-        )
+        }
         short = [pk for pk in ids if done.get(pk, 0) != steps]
         if short:
             raise ScenarioFailed(
@@ -477,6 +613,17 @@ class Engine:
         return wall
 
 
+def _organization() -> Organization:
+    """A new organization with credits to spare."""
+    organization = organization_create(name=f"bench-{uuid.uuid4().hex[:8]}")
+    credits_grant(organization=organization, amount=10_000_000, reason="benchmark")
+    return organization
+
+
+def _api_key(organization: Organization) -> str:
+    return api_key_create(organization=organization, name="bench")[1]
+
+
 def _analyze() -> None:
     """Statistics as autovacuum would soon have them once A's 20,000 steps are in (a
     running server's, as bench.run.analyze says): plans made for the step table before
@@ -491,10 +638,17 @@ def _analyze() -> None:
 class Raw:
     """Celery canvas on the ``bench`` queue, results through the Redis result backend."""
 
-    def __init__(self, timeout: float, alive: Callable[[], bool], slots: int = 1) -> None:
+    def __init__(
+        self,
+        timeout: float,
+        alive: Callable[[], bool],
+        slots: int = 1,
+        clients: Clients | None = None,
+    ) -> None:
         self.timeout = timeout
         self.alive = alive
         self.slots = slots
+        self.clients = clients
 
     def _get(self, result: Any, deadline: float | None = None) -> Any:
         """``result.get()``, in slices of at most 2 s so that a dead worker is noticed.
@@ -575,42 +729,44 @@ class Raw:
         return Sample(1, wall_s=statistics.median(latencies))
 
     def many_chains(self, chains: int = MANY_RUNS, links: int = MANY_STEPS) -> Sample:
-        """``chains`` chains of ``links`` no-op links, sent one after another at once.
+        """``chains`` chains of ``links`` no-op links, sent by the clients at once, each
+        its share (``many_runs``'s raw twin; organizations mean nothing to raw Celery, so
+        it is the twin of ``many_runs_orgs`` too).
 
-        The canvases are built first (untimed); the clock starts before the first
-        ``apply_async`` (how long they take is ``submit_s``). Wall time ends when the
-        last chain's result is in (results are collected in sending order, through the
-        Redis result backend).
+        Each client builds its canvases first (untimed); the clock starts when every
+        client is ready, and each calls ``apply_async`` for its chains one after
+        another (their time is the start latency). Wall time ends when the last
+        chain's result is in (results are collected once the clients are done, in
+        sending order, through the Redis result backend).
 
-        A chain's latency runs from ``time.time()`` just before its own ``apply_async``
-        to the start of its last link: ``links - 1`` ``noop`` then ``stamp``, a no-op
-        that returns the worker's ``time.time()`` (the same host's clock). Read from the
-        results, it costs nothing while the chains run, unlike polling 500 results
-        (which would compete with the worker and round every latency to the poll). It
-        leaves out the last link's own execution and the storing of its result (well
-        under a millisecond), which the engine's latency, ending at the run's
-        ``completed_at``, includes.
+        A chain's completion latency runs from its client's ``time.time()`` just before
+        its ``apply_async`` to the start of its last link: ``links - 1`` ``noop`` then
+        ``stamp``, a no-op that returns the worker's ``time.time()`` (the same host's
+        clock). Read from the results, it costs nothing while the chains run, unlike
+        polling 500 results (which would compete with the worker and round every
+        latency to the poll). It leaves out the last link's own execution and the
+        storing of its result (well under a millisecond), which the engine's latency,
+        ending at the run's ``completed_at``, includes.
         """
         try:
-            canvases = [chain(*self._noops(links - 1), stamp.si()) for _ in range(chains)]
-            sent: list[float] = []
-            results: list[Any] = []
-            started = time.perf_counter()
-            deadline = started + self.timeout
-            for canvas in canvases:
-                sent.append(time.time())
-                results.append(canvas.apply_async())
-            submitted = time.perf_counter() - started
-            stamps = [float(self._get(result, deadline)) for result in results]
-            wall = time.perf_counter() - started
-            latencies = [stamped - at for stamped, at in zip(stamps, sent, strict=True)]
+            if self.clients is None:
+                raise ScenarioFailed("no clients to submit with (Raw(clients=...))")
+            counts = [len(share) for share in shares(range(chains), self.clients.count)]
+            jobs = [(count, links) for count in counts]
+            batch = self.clients.submit(send_chains, jobs, self.timeout)
+            deadline = batch.started_perf + self.timeout
+            stamps = [float(self._get(app.AsyncResult(s.ref), deadline)) for s in batch.submissions]
+            wall = time.perf_counter() - batch.started_perf
+            completions = [
+                stamped - s.sent for stamped, s in zip(stamps, batch.submissions, strict=True)
+            ]
         except CeleryTimeout:
             self._purge()
             return Sample(chains * links, error=f"timed out after {self.timeout:g}s")
         except Exception as exc:  # noqa: BLE001 - a failure is a figure too
             self._purge()
             return Sample(chains * links, error=_describe(exc))
-        extra = _many_extra(chains, wall, submitted, latencies)
+        extra = _many_extra(wall, batch, completions)
         return Sample(chains * links, wall_s=wall, extra=extra)
 
     def _purge(self) -> None:

@@ -40,7 +40,7 @@ class Worker:
 
     def start(self, timeout: float = 60.0) -> None:
         self._log = self.log_path.open("ab")
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         self.proc = subprocess.Popen(
             [
                 sys.executable, "-m", "celery", "-A", "config", "worker",

@@ -245,6 +245,17 @@ class Stack:
         return [name for name in self.processes if name.startswith("worker-")]
 
     def start_processes(self) -> None:
+        self.start_web()
+        for index in range(self.workers):
+            letter = "abcdefghij"[index]
+            hostname = f"chaos-{letter}@localhost"
+            self._process(f"worker-{letter}", self._worker_args(hostname)).start()
+        self._process("beat", self._beat_args()).start()
+        self.wait_healthy()
+
+    def start_web(self) -> None:
+        """gunicorn with config/gunicorn.py on ``web_port``, ``web_workers`` processes
+        (`make bench`'s many_runs_api starts this alone, on the bench's own stores)."""
         venv_bin = Path(sys.executable).parent
         self._process(
             "web",
@@ -264,12 +275,6 @@ class Stack:
             ],
             self.web_env,
         ).start()
-        for index in range(self.workers):
-            letter = "abcdefghij"[index]
-            hostname = f"chaos-{letter}@localhost"
-            self._process(f"worker-{letter}", self._worker_args(hostname)).start()
-        self._process("beat", self._beat_args()).start()
-        self.wait_healthy()
 
     def _worker_args(self, hostname: str) -> list[str]:
         return [

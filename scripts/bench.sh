@@ -7,6 +7,8 @@
 #
 #   BENCH_WORKERS=2   worker children (prefork)
 #   BENCH_REPEAT=1    passes over every scenario; medians are reported
+#   BENCH_CLIENTS=8   client processes that submit the many-runs scenarios side by
+#                     side (many_runs, many_runs_orgs, many_runs_api, many_chains)
 #   BENCH_TIMEOUT=600 seconds each scenario may take
 #   BENCH_JSON=path   also write every figure and goal verdict there as JSON
 #   BENCH_NO_ANALYZE=1 no ANALYZE before each scenario (statistics as fresh as a new

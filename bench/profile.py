@@ -7,6 +7,12 @@ Prints the time per step, the statements per step by kind, and the functions tha
 the most time. The tool itself is not run: what is measured is the engine's own cost,
 which is what a no-op step costs on a worker besides the broker hop.
 
+``--starts N`` profiles N starts instead: ``run_start`` of a 5-step plan (many_runs'),
+one organization, begun at once as a small run is; it prints the time per start, its
+statements, and how long the organization's locks are held (from admission's lock to
+the commit), which bounds one organization's starts per second however many clients
+start them.
+
 Expects migrated PostgreSQL at DATABASE_URL: ``scripts/bench.sh profile`` (``make
 profile``) starts a throwaway one. ``--steps N`` (default 300), ``--top N`` (25).
 """
@@ -23,12 +29,14 @@ import sys
 import time
 from collections import Counter
 from decimal import Decimal
+from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--starts", type=int, default=0, help="profile N run starts instead")
     parser.add_argument(
         "--executor",
         action="store_true",
@@ -58,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     organization = organization_create(name=f"profile-{time.time_ns()}")
     credits_grant(organization=organization, amount=Decimal(100_000), reason="profile")
     price = tool_price("noop")  # charged as a worker charges it
+    if args.starts:
+        return _starts(args, organization)
 
     def sequence() -> tuple[Run, list[int]]:
         steps = [{"name": f"s{index}", "tool": "noop"} for index in range(args.steps)]
@@ -92,22 +102,82 @@ def main(argv: list[str] | None = None) -> int:
         profiled_ms = play(run, ids)
         profile.disable()
 
-    kinds = Counter(_kind(query["sql"]) for query in queries.captured_queries)
-    spent: dict[str, float] = {}
-    for query in queries.captured_queries:  # Django's wall time of each, driver included
-        kind = _kind(query["sql"])
-        spent[kind] = spent.get(kind, 0.0) + float(query["time"])
     how = "executed as a worker does" if args.executor else "claim + record each"
     print(f"{args.steps} sequential no-op steps, {how}, in process, twice:")
     print(f"  {plain_ms:.2f} ms per step; {profiled_ms:.2f} ms under cProfile")
-    print(f"  {len(queries.captured_queries) / args.steps:.1f} statements per step:")
-    print("    per step  ms per step  statement")
-    for kind, count in kinds.most_common():
-        print(f"    {count / args.steps:8.2f}  {spent[kind] / args.steps * 1000:11.2f}  {kind}")
+    _statements(queries.captured_queries, args.steps, "step")
     out = io.StringIO()
     pstats.Stats(profile, stream=out).sort_stats("cumulative").print_stats(args.top)
     print(out.getvalue())
     return 0
+
+
+def _starts(args: argparse.Namespace, organization: Any) -> int:
+    """``--starts``: the time of a small run's start, and of its organization's locks."""
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    from bench.scenarios import MANY_STEPS, sequential_plan
+    from runs import admission, services
+    from runs.engine.start import run_start
+
+    held: list[float] = []
+    lock = admission.lock
+
+    def timed_lock(organization_id: Any) -> None:
+        # From the lock to the commit's end: what one organization's starts queue for.
+        lock(organization_id)
+        taken = time.perf_counter()
+        transaction.on_commit(lambda: held.append(time.perf_counter() - taken))
+
+    admission.lock = timed_lock
+
+    def created(count: int) -> list[Any]:
+        plan = sequential_plan(MANY_STEPS)
+        return [
+            services.run_create(organization=organization, plan=plan, actor="profile").pk
+            for _ in range(count)
+        ]
+
+    def starts(ids: list[Any]) -> float:
+        started = time.perf_counter()
+        for run_id in ids:
+            if run_start(run_id=run_id).status != "running":
+                raise SystemExit(f"run {run_id} was not begun at its start")
+        return (time.perf_counter() - started) / len(ids) * 1000
+
+    plain_ms = starts(created(args.starts))
+    plain_held = sorted(held)[len(held) // 2]
+    held.clear()
+    ids = created(args.starts)
+    profile = cProfile.Profile()
+    with CaptureQueriesContext(connection) as queries:
+        profile.enable()
+        profiled_ms = starts(ids)
+        profile.disable()
+    print(f"{args.starts} starts of a {MANY_STEPS}-step run, one organization, in process:")
+    print(f"  {plain_ms:.2f} ms per start; {profiled_ms:.2f} ms under cProfile")
+    print(
+        f"  the organization's locks held {plain_held * 1000:.2f} ms per start (median): "
+        f"at most {1 / plain_held:.0f} starts/s for one organization, however many start them"
+    )
+    _statements(queries.captured_queries, args.starts, "start")
+    out = io.StringIO()
+    pstats.Stats(profile, stream=out).sort_stats("cumulative").print_stats(args.top)
+    print(out.getvalue())
+    return 0
+
+
+def _statements(captured: list[dict[str, Any]], per: int, unit: str) -> None:
+    kinds = Counter(_kind(query["sql"]) for query in captured)
+    spent: dict[str, float] = {}
+    for query in captured:  # Django's wall time of each, driver included
+        kind = _kind(query["sql"])
+        spent[kind] = spent.get(kind, 0.0) + float(query["time"])
+    print(f"  {len(captured) / per:.1f} statements per {unit}:")
+    print(f"    per {unit}  ms per {unit}  statement")
+    for kind, count in kinds.most_common():
+        print(f"    {count / per:8.2f}  {spent[kind] / per * 1000:11.2f}  {kind}")
 
 
 def _kind(sql: str) -> str:

@@ -15,8 +15,9 @@ Around each phase it reads what the server counts:
 - ``pg_stat_statements`` (track = top: the statements clients sent; a function's own
   statements are its call's): calls, execution time and rows, per statement;
 - ``pg_stat_user_tables``: rows inserted, updated (HOT among them) and deleted, per table;
-- WAL: bytes between the insert positions before and after, records, full-page images
-  and flushes from ``pg_stat_wal``, and bytes by record type (``pg_walinspect``);
+- WAL: bytes between the insert positions before and after, its records by type and
+  their full-page images (``pg_walinspect``), from a checkpoint just before; and the
+  flushes (``pg_stat_wal``, which also counts the STATS_FLUSH_S after the phase);
 - CPU time from ``/proc/<pid>/stat``: PostgreSQL's processes by kind (the time of those
   that ended inside the phase is the postmaster's reaped children's), the worker's, this
   process's, and Redis's (``INFO cpu``).
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -76,7 +78,7 @@ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
 TABLES_SQL = (
     "SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del FROM pg_stat_user_tables"
 )
-STAT_WAL_SQL = "SELECT wal_records, wal_fpi, wal_bytes, wal_write, wal_sync FROM pg_stat_wal"
+STAT_WAL_SQL = "SELECT wal_write, wal_sync FROM pg_stat_wal"
 LSN_SQL = "SELECT pg_current_wal_insert_lsn()::text"
 WAL_BYTES_SQL = "SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)::bigint"
 FLUSHED_SQL = "SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn"
@@ -222,7 +224,7 @@ class Monitor:
 @dataclass(frozen=True)
 class Counters:
     """Rows inserted, updated, HOT-updated and deleted by table, and pg_stat_wal's
-    records, full-page images, bytes, writes and flushes, since the server began."""
+    writes and flushes, since the server began."""
 
     tables: dict[str, tuple[int, int, int, int]]
     wal: tuple[int, ...]
@@ -236,7 +238,7 @@ class Counters:
             if ins or upd or dele:
                 tables[name] = {"inserted": ins, "updated": upd, "hot": hot, "deleted": dele}
         wal = [now - old for now, old in zip(self.wal, before.wal, strict=True)]
-        return tables, dict(zip(("records", "fpi", "bytes", "writes", "flushes"), wal, strict=True))
+        return tables, dict(zip(("writes", "flushes"), wal, strict=True))
 
 
 def redis_seconds(url: str) -> float:
@@ -295,6 +297,10 @@ class Measured:
         return value / self.phase.units
 
     @property
+    def wal_records(self) -> int:
+        return sum(count for count, _size, _fpi in self.wal_types.values())
+
+    @property
     def page_bytes(self) -> int:
         """Of the WAL, the full-page images' bytes (from a checkpoint just before)."""
         return sum(fpi for _count, _size, fpi in self.wal_types.values())
@@ -329,6 +335,7 @@ class Measured:
                 ),
                 "wal_bytes": self.per(self.wal_bytes),
                 "wal_bytes_without_pages": self.per(self.wal_bytes - self.page_bytes),
+                "wal_records": self.per(self.wal_records),
             },
             "ceiling": {str(cores): ceiling(self, cores) for cores in CORES},
         }
@@ -474,9 +481,7 @@ def _phase_lines(result: Measured) -> list[str]:
         f"worker {ms('worker')} ms, driver {ms('driver')} ms, Redis {ms('redis')} ms",
         f"  WAL per {unit}: {per(result.wal_bytes):,.0f} bytes after a checkpoint, "
         f"{per(result.wal_bytes - result.page_bytes):,.0f} without its full-page images; "
-        f"{per(result.stat_wal['records']):.1f} records, "
-        f"{per(result.stat_wal['fpi']):.2f} full-page images, "
-        f"{per(result.stat_wal['flushes']):.2f} flushes",
+        f"{per(result.wal_records):.1f} records; {per(result.stat_wal['flushes']):.2f} flushes",
         f"  statements per {unit}: {per(calls):.1f}, executing {per(spent):.3f} ms; "
         f"the {TOP} costliest:",
         f"    {'calls':>7} {'ms':>7} {'mean ms':>8} {'rows':>6}  statement (per {unit})",
@@ -527,6 +532,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+    # Stopped: the worker is stopped too (the finally below), as on Ctrl-C.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     import django
 
     django.setup()

@@ -89,7 +89,7 @@ def test_make_capacity_measures_a_step_and_a_small_run_on_servers_of_its_own(
         assert recordings[0]["calls"] > 0
         per_unit = phase["per_unit"]
         assert per_unit["wal_bytes"] >= per_unit["wal_bytes_without_pages"] > 0
-        assert phase["stat_wal"]["records"] > 0
+        assert per_unit["wal_records"] > 0
         bounds = [phase["ceiling"][str(cores)]["per_s"] for cores in CORES]
         assert bounds[1] == pytest.approx(bounds[0] * CORES[1] / CORES[0])
     assert sum(phase["cpu_s"]["postgres"] for phase in phases.values()) > 0

@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 export VENV
 
-.PHONY: install run test bench profile profile-api chaos chaos-net load cluster cluster-down lint format typecheck clean
+.PHONY: install run test bench profile profile-api capacity chaos chaos-net load cluster cluster-down lint format typecheck clean
 
 install:
 	@scripts/bootstrap.sh
@@ -27,6 +27,9 @@ profile: install  ## one step's cost in the engine, in process, under cProfile (
 
 profile-api: install  ## an API request's cost by layer, in process, on throwaway servers (PROFILE_API_ARGS="--requests 100 --route create")
 	@scripts/bench.sh profile-api $(PROFILE_API_ARGS)
+
+capacity: install  ## PostgreSQL's cost of a step and a small run: statements, rows, WAL, CPU (CAPACITY_ARGS="--json path")
+	@scripts/bench.sh capacity $(CAPACITY_ARGS)
 
 chaos: install  ## faults injected under a mixed workload; exit 1 if anything is lost (CHAOS_JSON=path)
 	@scripts/chaos.sh $(CHAOS_ARGS)

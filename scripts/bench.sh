@@ -31,6 +31,9 @@
 # `scripts/bench.sh scale [--json path]` runs `python -m bench.scale`: one run over fleets
 # of several sizes, each worker a `celery worker` process of its own hostname
 # (SCALE_SET="1x4 2x4 4x4 8x4 12x4", processes x children; SCALE_JSON=path).
+# `scripts/bench.sh capacity [--json path]` (`make capacity`) runs `python -m
+# bench.capacity`: what a step and a small run cost PostgreSQL (statements, rows, WAL,
+# CPU), on a server with pg_stat_statements loaded and durability on (docs/capacity.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -62,8 +65,15 @@ if [ -n "${BENCH_PGBOUNCER:-}" ]; then
     export DATABASE_PREPARED_STATEMENTS=false
   fi
 fi
+server=(--fast)
+if [ "${1:-}" = capacity ]; then
+  # Its statements counted, and what a production server writes and flushes: WAL with
+  # full pages, a flush at each commit.
+  server+=(--pg-option shared_preload_libraries=pg_stat_statements --pg-option fsync=on
+    --pg-option synchronous_commit=on --pg-option full_page_writes=on)
+fi
 # A server that does not start: services.py's one line, and nothing after it.
-exports=$(python scripts/services.py start --dir "$tmp" --fast "${bouncer[@]}") || exit 1
+exports=$(python scripts/services.py start --dir "$tmp" "${server[@]}" "${bouncer[@]}") || exit 1
 eval "$exports"
 export DATABASE_URL CELERY_BROKER_URL
 unset CELERY_RESULT_BACKEND  # results go to the broker's Redis
@@ -84,6 +94,9 @@ elif [ "${1:-}" = profile-api ]; then
 elif [ "${1:-}" = scale ]; then
   shift
   python -m bench.scale "$@"     # one run over fleets of several sizes
+elif [ "${1:-}" = capacity ]; then
+  shift
+  python -m bench.capacity "$@"  # `make capacity`: PostgreSQL's cost of a step and a run
 else
   python -m bench.run "$@"
 fi

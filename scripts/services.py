@@ -184,7 +184,12 @@ def claim_home(home: Path) -> None:
     os.chmod(home, 0o755)  # noqa: S103 - the server account must reach its data dir
 
 
-def start_postgres(root: Path, port: int, dbname: str, fast: bool) -> str:
+def start_postgres(
+    root: Path, port: int, dbname: str, fast: bool, settings: tuple[str, ...] = ()
+) -> str:
+    """Start PostgreSQL unless it runs; ``settings`` (``name=value``) are given to the
+    server as ``-c`` options after our own, so they win (``make capacity`` loads
+    pg_stat_statements and turns durability back on for a ``fast`` server)."""
     if not dbname.replace("_", "").isalnum():
         raise ServerFailed(f"database name must be letters, digits and underscores: {dbname!r}")
     root.mkdir(parents=True, exist_ok=True)
@@ -236,6 +241,12 @@ def start_postgres(root: Path, port: int, dbname: str, fast: bool) -> str:
     if fast:
         # Throwaway test server: durability buys nothing, speed does.
         options += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
+    for setting in settings:
+        # pg_ctl hands -o to the server split at spaces: a value may hold none.
+        name, equals, value = setting.partition("=")
+        if not (equals and re.fullmatch(r"[a-z_.]+", name) and re.fullmatch(r"[\w.,-]+", value)):
+            raise ServerFailed(f"a PostgreSQL setting is name=value, no spaces: {setting!r}")
+        options.append(f"-c {name}={value}")
     status = subprocess.run(
         as_server_user([pg_bin("pg_ctl"), "-D", str(data), "status"]), capture_output=True
     )
@@ -494,6 +505,14 @@ def main() -> None:
         help="put PgBouncer (transaction mode, POOL server connections) in front of "
         "PostgreSQL; DATABASE_URL then names PgBouncer, DATABASE_DIRECT_URL the server",
     )
+    start.add_argument(
+        "--pg-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a PostgreSQL server setting, after ours (repeatable), such as "
+        "shared_preload_libraries=pg_stat_statements; a server already running keeps its own",
+    )
     start.add_argument("--no-postgres", action="store_true")
     start.add_argument("--no-redis", action="store_true")
     stop = sub.add_parser("stop", help="stop the servers started in --dir")
@@ -531,7 +550,7 @@ def run(args: argparse.Namespace, root: Path) -> None:
         return
     if not args.no_postgres:
         pg_port = args.pg_port or free_port()
-        url = start_postgres(root, pg_port, args.db, args.fast)
+        url = start_postgres(root, pg_port, args.db, args.fast, tuple(args.pg_option))
         if args.pgbouncer:
             bouncer = free_port()
             start_pgbouncer(root, bouncer, pg_port, args.pgbouncer)

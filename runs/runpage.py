@@ -22,7 +22,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from runs.models import Agent, Run, RunEvent, Step, Task
-from runs.selectors import RunSummary, run_summary, with_credits, with_paths, with_work
+from runs.selectors import RunSummary, attach_credits, run_summary, with_paths, with_work
 from runs.states import RUN_TERMINAL, StepStatus
 
 # Past this many steps in the current attempt the graph draws agents and tasks with their
@@ -454,7 +454,7 @@ def _segments(
 
 # --------------------------------------------------------------------------- the page
 def run_credits(run: Run) -> Credits:
-    row = with_credits(Run.objects.filter(pk=run.pk).only("pk")).get()
+    row = attach_credits([Run(pk=run.pk)])[0]
     return Credits(
         reserved=row.credits_reserved,  # type: ignore[attr-defined]
         charged=row.credits_charged,  # type: ignore[attr-defined]

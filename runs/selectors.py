@@ -44,6 +44,9 @@ from runs.states import STEP_TERMINAL, RunStatus, StepStatus
 
 ZERO = Decimal(0)
 QUERIES = named(Path(__file__).parent / "queries")
+# A one-row table function of the database as an ORM expression: a scalar subquery of it,
+# which the planner inlines (a plain call of a SQL function with subqueries it does not).
+INLINED = "(SELECT * FROM %s(%%(expressions)s))"
 
 
 def run_list(*, organization: Organization, query: QueryData | None = None) -> QuerySet[Run]:
@@ -181,7 +184,7 @@ def with_work(steps: QuerySet[Step]) -> QuerySet[Step]:
     """Each step with ``job``, the id of its latest attempt's runner job (a `runner`
     step), and ``child_run``, the child run its latest attempt started (a `run` step);
     None for other tools and until the attempt creates them (engine.step_work)."""
-    work = Func(F("pk"), F("tool"), function="engine.step_work", output_field=UUIDField())
+    work = Func(F("pk"), F("tool"), template=INLINED % "engine.step_work", output_field=UUIDField())
     return steps.annotate(
         job=Case(When(tool="runner", then=work), output_field=UUIDField()),
         child_run=Case(When(tool="run", then=work), output_field=UUIDField()),
@@ -221,7 +224,12 @@ def with_paths(events: QuerySet[RunEvent]) -> QuerySet[RunEvent]:
     """Events annotated with ``path``: where in the plan the entity they name is,
     ``agent.task.step`` (``agent.task``, ``agent``; "" for the run itself), as people
     read it, rather than a database id (engine.event_path)."""
-    path = Func(F("entity"), F("entity_id"), function="engine.event_path", output_field=CharField())
+    path = Func(
+        F("entity"),
+        F("entity_id"),
+        template=INLINED % "engine.event_path",
+        output_field=CharField(),
+    )
     return events.annotate(path=path)
 
 

@@ -25,7 +25,8 @@ WITH page AS (
     )
 )
 SELECT e.id, e.attempt_number, e.entity, e.entity_id, e.kind, e.from_status, e.to_status,
-       e.actor, e.message, e.payload, e.created_at,
-       engine.event_path(e.entity, e.entity_id) AS path
-FROM page JOIN runs_runevent e ON e.id = page.id
+       e.actor, e.message, e.payload, e.created_at, named.path
+FROM page
+JOIN runs_runevent e ON e.id = page.id
+CROSS JOIN LATERAL engine.event_path(e.entity, e.entity_id) named
 ORDER BY e.id

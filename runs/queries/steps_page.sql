@@ -10,8 +10,8 @@ SELECT s.id, s.task_id, page.task_name, page.agent_name, s.name, s.attempt_numbe
        s.status, s.attempts, s.failures, s.reclaims, s.next_run_at, s.waiting_reason,
        s.rate_limits, s.output, s.error, s.handled, s.cost, s.created_at, s.started_at,
        s.completed_at, s.duration_ms,
-       CASE s.tool WHEN 'runner' THEN engine.step_work(s.id, s.tool) END AS job,
-       CASE s.tool WHEN 'run' THEN engine.step_work(s.id, s.tool) END AS child_run,
+       CASE s.tool WHEN 'runner' THEN started.work END AS job,
+       CASE s.tool WHEN 'run' THEN started.work END AS child_run,
        page.total
 FROM (
     SELECT s.id, t.name AS task_name, a.name AS agent_name, count(*) OVER () AS total,
@@ -31,5 +31,6 @@ FROM (
     LIMIT %(limit)s OFFSET %(offset)s
 ) page
 JOIN runs_step s ON s.id = page.id
+CROSS JOIN LATERAL engine.step_work(s.id, s.tool) started
 ORDER BY page.agent_position, page.task_generation, page.task_position, page.generation,
          page.position, page.id

@@ -164,14 +164,14 @@ class CursorQuery(serializers.Serializer[Any]):
             raise serializers.ValidationError(INVALID_CURSOR, code="invalid") from exc
 
 
-CursorRead = Callable[[Cursor | None, int], list[Any]]
+CursorRead = Callable[[Cursor | None, int], list[dict[str, Any]]]
 
 
 def paginate_by_id(
     request: Request, read: CursorRead, *, cursor: Cursor | None, page_size: int | None
 ) -> tuple[dict[str, Any], list[Any]]:
-    """The page's envelope (next, previous) and its rows, in ascending ``id``: one read,
-    never a COUNT. ``read(cursor, limit)`` returns, in ascending id, the ``limit`` rows
+    """The page's envelope (next, previous) and its rows (dicts), in ascending ``id``: one
+    read, never a COUNT. ``read(cursor, limit)`` returns, in ascending id, the ``limit`` rows
     just after the cursor (the first ones without one) or, for a ``previous`` link's,
     just before it; a page reads one row more than it shows, which says whether there
     is more."""
@@ -190,8 +190,8 @@ def paginate_by_id(
         return replace_query_param(url, "cursor", to.encode())
 
     envelope = {
-        "next": link(Cursor(rows[-1].id)) if rows and has_next else None,
-        "previous": link(Cursor(rows[0].id, before=True)) if rows and has_previous else None,
+        "next": link(Cursor(rows[-1]["id"])) if rows and has_next else None,
+        "previous": link(Cursor(rows[0]["id"], before=True)) if rows and has_previous else None,
     }
     return envelope, rows
 

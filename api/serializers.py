@@ -11,8 +11,7 @@ from __future__ import annotations
 import decimal
 import functools
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -89,7 +88,6 @@ class EmptyInput(InputSerializer):
 
 # --------------------------------------------------------------------------- outputs
 _MISSING = object()
-_UTC_OFFSET = timedelta(0)
 Convert = Callable[[Any], Any]
 
 
@@ -110,8 +108,11 @@ def _short(field: serializers.Field[Any, Any, Any, Any]) -> Convert:
             return exact
 
         def iso(value: Any) -> Any:
-            if isinstance(value, datetime) and value.utcoffset() == _UTC_OFFSET:
-                return value.replace(tzinfo=None).isoformat() + "Z"
+            # At offset 0 DRF's conversion to UTC changes nothing but the offset's name.
+            if type(value) is datetime:
+                text = value.isoformat()
+                if text.endswith("+00:00"):
+                    return text[:-6] + "Z"
             return exact(value)
 
         return iso
@@ -144,17 +145,10 @@ def _same(value: Any) -> Any:
     return value
 
 
-@dataclass(frozen=True)
-class _Column:
-    """One field of a FastOutput: its name in the answer, the row attribute it reads
-    (None: through DRF's ``get_attribute``), the field, and its conversions (``short``
-    when date-times are written in UTC, else ``exact``)."""
-
-    name: str
-    attr: str | None
-    field: serializers.Field[Any, Any, Any, Any]
-    short: Convert
-    exact: Convert
+# One field of a FastOutput: its name in the answer; the row's attribute it reads ("" for
+# the row itself, a nested output's `source="*"`; None: through DRF's `get_attribute`);
+# its conversion; the field.
+_Column = tuple[str, str | None, Convert, serializers.Field[Any, Any, Any, Any]]
 
 
 class FastOutput(serializers.Serializer[Any]):
@@ -173,43 +167,39 @@ class FastOutput(serializers.Serializer[Any]):
     to the same."""
 
     @classmethod
-    def _columns(cls) -> list[_Column]:
-        columns: list[_Column] | None = cls.__dict__.get("_fast_columns")
+    def _columns(cls, utc: bool) -> list[_Column]:
+        """The fields, bound once per class, with their conversions: ``_short``'s when
+        date-times are written in UTC, the fields' own otherwise."""
+        key = "_fast_utc" if utc else "_fast_exact"
+        columns: list[_Column] | None = cls.__dict__.get(key)
         if columns is None:
             columns = []
             for field in cls()._readable_fields:
-                attr = field.source_attrs[0] if len(field.source_attrs) == 1 else None
+                attrs = field.source_attrs
+                attr = attrs[0] if len(attrs) == 1 else "" if field.source == "*" else None
                 if isinstance(field, FastOutput):
-                    nested = type(field)
-                    short: Convert = functools.partial(nested._row, utc=True)
-                    exact: Convert = functools.partial(nested._row, utc=False)
+                    convert: Convert = functools.partial(type(field)._row, utc=utc)
                 else:
-                    short, exact = _short(field), field.to_representation
-                columns.append(_Column(str(field.field_name), attr, field, short, exact))
-            cls._fast_columns = columns  # type: ignore[attr-defined]
+                    convert = _short(field) if utc else field.to_representation
+                columns.append((str(field.field_name), attr, convert, field))
+            setattr(cls, key, columns)
         return columns
 
     @classmethod
     def _row(cls, instance: Any, *, utc: bool) -> dict[str, Any]:
         ret: dict[str, Any] = {}
-        mapping = type(instance) is dict
-        for column in cls._columns():
-            attr = column.attr
-            if attr is None:
-                value = _MISSING
-            elif mapping:
-                value = instance.get(attr, _MISSING)
+        get = instance.get if type(instance) is dict else None
+        for name, attr, convert, field in cls._columns(utc):
+            if attr:
+                value = getattr(instance, attr, _MISSING) if get is None else get(attr, _MISSING)
             else:
-                value = getattr(instance, attr, _MISSING)
+                value = instance if attr == "" else _MISSING
             if value is _MISSING or callable(value):
                 try:
-                    value = column.field.get_attribute(instance)
+                    value = field.get_attribute(instance)
                 except SkipField:
                     continue
-            if value is None:
-                ret[column.name] = None
-            else:
-                ret[column.name] = (column.short if utc else column.exact)(value)
+            ret[name] = None if value is None else convert(value)
         return ret
 
     @classmethod

@@ -319,10 +319,10 @@ class EventStream:
             return
         while True:
             rows = selectors.events_page(run=self.run, query={}, after=self.after, limit=BATCH)
-            ready = [row for row in rows if row.pk <= stable]
+            ready = [row for row in rows if row["id"] <= stable]
             held = len(ready) < len(rows)
             if ready:
-                self.after = ready[-1].pk
+                self.after = ready[-1]["id"]
             yield b"".join(frame(event) for event in EventOutput.rows(ready)), held
             if held or len(rows) < BATCH:
                 return

@@ -573,7 +573,7 @@ class RunEventsApi(ApiView):
         Pages by cursor: follow `next` until it is null (no `count`, no `page`)."""
         run = selectors.run_get(organization=organization_of(request), run_id=run_id)
 
-        def read(cursor: Cursor | None, limit: int) -> list[Any]:
+        def read(cursor: Cursor | None, limit: int) -> list[dict[str, Any]]:
             if cursor is None or not cursor.before:
                 after = 0 if cursor is None else cursor.key
                 return selectors.events_page(

@@ -35,6 +35,23 @@ def fetch(sql: str, params: Mapping[str, Any]) -> tuple[list[str], list[tuple[An
         return names, cursor.fetchall()
 
 
+def dicts(
+    model: type[Model], names: list[str], rows: list[tuple[Any, ...]]
+) -> list[dict[str, Any]]:
+    """``rows`` of a statement whose columns are ``names`` as dicts, each column that is
+    one of ``model``'s fields converted as the ORM would (a JSON column arrives as text),
+    the others as they came: a page of rows to write out, without making a model
+    instance of each (a tenth of the cost)."""
+    decode = [(names[index], fn) for index, fn in _layout(model, tuple(names))[2] if fn is not None]
+    made = []
+    for row in rows:
+        record = dict(zip(names, row, strict=True))
+        for name, fn in decode:
+            record[name] = fn(record[name])
+        made.append(record)
+    return made
+
+
 def instances(model: type[M], names: list[str], rows: list[tuple[Any, ...]]) -> list[M]:
     """``model`` instances made from ``rows`` of a statement whose columns are ``names``,
     as the ORM makes them (its fields' ``from_db_value``: a JSON column arrives as text);

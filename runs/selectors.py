@@ -31,7 +31,7 @@ from django.db.models import (
 
 from billing.models import Organization
 from common.filters import MAX_BIGINT, QueryData
-from common.queries import fetch, instances, named
+from common.queries import dicts, fetch, instances, named
 from runs.filters import (
     AgentFilter,
     RunFilter,
@@ -75,17 +75,17 @@ def attach_credits(runs: list[Run]) -> list[Run]:
 
 def runs_by_status(
     *, organization: Organization, statuses: list[str], limit: int, offset: int
-) -> tuple[int | None, list[Run]]:
+) -> tuple[int | None, list[dict[str, Any]]]:
     """A page of the organization's runs in ``statuses``, newest first, as ``run_list``
     orders and filters them for ``{"status": statuses}``, their credits set: one
     statement (runs/queries/runs_by_status.sql). Returns how many match in all (None when
-    the page is empty: past the end, or nothing matches) and the page."""
+    the page is empty: past the end, or nothing matches) and the page, a dict a run."""
     names, rows = fetch(
         QUERIES["runs_by_status"],
         {"organization": organization.pk, "statuses": statuses, "limit": limit, "offset": offset},
     )
-    runs = instances(Run, names, rows)
-    return (runs[0].total if runs else None), runs  # type: ignore[attr-defined]
+    runs = dicts(Run, names, rows)
+    return (runs[0]["total"] if runs else None), runs
 
 
 def run_get(*, organization: Organization, run_id: UUID | str) -> Run:
@@ -165,19 +165,19 @@ def task_list(*, run: Run, query: QueryData | None = None) -> QuerySet[Task]:
 
 def steps_page(
     *, run: Run, query: QueryData, limit: int, offset: int
-) -> tuple[int | None, list[Step]]:
+) -> tuple[int | None, list[dict[str, Any]]]:
     """A page of the run's steps of one attempt in plan order, as ``query`` (the cleaned
     values of ``StepFilter``: attempt, the current one when None; task, status, tool)
     selects them, each with ``task_name``, ``agent_name`` and the work it started
     (``job``, ``child_run``: engine.step_work): one statement
     (runs/queries/steps_page.sql). Returns how many match in all (None when the page is
-    empty) and the page."""
+    empty) and the page, a dict a step."""
     params = {name: query.get(name) or None for name in ("attempt", "task", "status", "tool")}
     names, rows = fetch(
         QUERIES["steps_page"], {**params, "run": run.pk, "limit": limit, "offset": offset}
     )
-    steps = instances(Step, names, rows)
-    return (steps[0].total if steps else None), steps  # type: ignore[attr-defined]
+    steps = dicts(Step, names, rows)
+    return (steps[0]["total"] if steps else None), steps
 
 
 def with_work(steps: QuerySet[Step]) -> QuerySet[Step]:
@@ -201,12 +201,12 @@ def runner_job_list(
 
 def events_page(
     *, run: Run, query: QueryData, after: int = 0, before: int | None = None, limit: int
-) -> list[RunEvent]:
+) -> list[dict[str, Any]]:
     """The run's events in ascending id, as ``query`` (the cleaned values of
     ``EventFilter``: attempt, kind, after) selects them, each with its ``path``
     (engine.event_path): the ``limit`` first after ``after`` or, with ``before``, the
-    ``limit`` last before it. One statement (runs/queries/events_page.sql) on the (run,
-    id) index, to keyset pages and to follow a run as it grows."""
+    ``limit`` last before it, a dict an event. One statement (runs/queries/events_page.sql)
+    on the (run, id) index, to keyset pages and to follow a run as it grows."""
     params = {
         "run": run.pk,
         "attempt": query.get("attempt"),
@@ -217,7 +217,7 @@ def events_page(
         "limit": limit,
     }
     names, rows = fetch(QUERIES["events_page"], params)
-    return instances(RunEvent, names, rows)
+    return dicts(RunEvent, names, rows)
 
 
 def with_paths(events: QuerySet[RunEvent]) -> QuerySet[RunEvent]:

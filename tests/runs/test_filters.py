@@ -127,8 +127,8 @@ def test_the_hierarchy_lists_the_current_attempt_unless_asked_for_another() -> N
     agents = selectors.agent_list(run=run, query={"attempt": 1})
     tasks = selectors.task_list(run=run)
 
-    assert {step.attempt_number for step in current} == {2}
-    assert {step.attempt_number for step in first} == {1}
+    assert {step["attempt_number"] for step in current} == {2}
+    assert {step["attempt_number"] for step in first} == {1}
     assert len(current) == len(first) == 2
     assert [agent.attempt_number for agent in agents] == [1]
     assert [task.attempt_number for task in tasks] == [2]
@@ -138,10 +138,12 @@ def test_events_follow_from_an_id_by_kind_and_attempt() -> None:
     run = states.failed(factories.org())
     events = selectors.events_page(run=run, query={}, limit=100)
 
-    later = selectors.events_page(run=run, query={"after": events[1].pk}, limit=100)
+    later = selectors.events_page(run=run, query={"after": events[1]["id"]}, limit=100)
     transitions = selectors.events_page(
         run=run, query={"kind": "transition", "attempt": 1}, limit=100
     )
 
     assert later == events[2:]
-    assert {(event.kind, event.attempt_number) for event in transitions} == {("transition", 1)}
+    assert {(event["kind"], event["attempt_number"]) for event in transitions} == {
+        ("transition", 1)
+    }

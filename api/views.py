@@ -269,7 +269,8 @@ class RunsApi(ApiView):
             envelope, rows = paginate_counted(request, read, page=page, page_size=page_size)
         else:
             runs = schedule_selectors.run_list(organization=organization, query=self.filters)
-            envelope, rows = paginate(request, runs, page=page, page_size=page_size)
+            listed = selectors.run_rows(runs)
+            envelope, rows = paginate(request, listed, page=page, page_size=page_size)
             selectors.attach_credits(rows)
         return Response({**envelope, "results": RunOutput.rows(rows)})
 

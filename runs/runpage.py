@@ -454,12 +454,12 @@ def _segments(
 
 # --------------------------------------------------------------------------- the page
 def run_credits(run: Run) -> Credits:
-    row = attach_credits([Run(pk=run.pk)])[0]
+    row = attach_credits([{"id": run.pk}])[0]
     return Credits(
-        reserved=row.credits_reserved,  # type: ignore[attr-defined]
-        charged=row.credits_charged,  # type: ignore[attr-defined]
-        refunded=row.credits_refunded,  # type: ignore[attr-defined]
-        held=row.credits_held,  # type: ignore[attr-defined]
+        reserved=row["credits_reserved"],
+        charged=row["credits_charged"],
+        refunded=row["credits_refunded"],
+        held=row["credits_held"],
     )
 
 

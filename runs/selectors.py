@@ -58,18 +58,34 @@ def run_list(*, organization: Organization, query: QueryData | None = None) -> Q
     return RunFilter(query or {}, queryset=runs.defer("plan", "variables")).filtered()
 
 
-def attach_credits(runs: list[Run]) -> list[Run]:
+# A run as a list shows it: every column but its plan and variables.
+LISTED = tuple(
+    field.attname for field in Run._meta.concrete_fields if field.name not in ("plan", "variables")
+)
+
+
+def run_rows(runs: QuerySet[Run]) -> QuerySet[Any]:
+    """``runs`` as dict rows of what a list shows (``LISTED``), no model instances."""
+    rows: QuerySet[Any] = runs.values(*LISTED)
+    return rows
+
+
+def attach_credits(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Set each run's credits over all its attempts (``credits_reserved``,
     ``credits_charged``, ``credits_refunded``, ``credits_held``: engine.run_credits), for
-    runs already read: one statement for all of them."""
+    runs already read (dict rows with their ``id``): one statement for all of them."""
     sums: dict[Any, tuple[Decimal, Decimal, Decimal, Decimal]] = {}
     if runs:
-        _, rows = fetch(QUERIES["page_credits"], {"runs": [run.pk for run in runs]})
+        _, rows = fetch(QUERIES["page_credits"], {"runs": [run["id"] for run in runs]})
         sums = {run_id: tuple(rest) for run_id, *rest in rows}
     for run in runs:
-        reserved, charged, refunded, held = sums.get(run.pk, (ZERO, ZERO, ZERO, ZERO))
-        run.credits_reserved, run.credits_charged = reserved, charged  # type: ignore[attr-defined]
-        run.credits_refunded, run.credits_held = refunded, held  # type: ignore[attr-defined]
+        reserved, charged, refunded, held = sums.get(run["id"], (ZERO, ZERO, ZERO, ZERO))
+        run.update(
+            credits_reserved=reserved,
+            credits_charged=charged,
+            credits_refunded=refunded,
+            credits_held=held,
+        )
     return runs
 
 

@@ -321,6 +321,29 @@ def test_runs_by_status_are_the_lists_general_answer_page_by_page(tenant: Tenant
         assert bool(fast.json()["previous"]) == bool(general_path.json()["previous"]), page
 
 
+@pytest.mark.parametrize(
+    "query",
+    [{}, {"ordering": "-priority"}, {"ordering": "status", "name": "with"}, {"priority": "5"}],
+    ids=["newest-first", "by-priority", "by-status-named", "of-a-priority"],
+)
+def test_every_other_list_is_the_runs_the_orm_lists(tenant: Tenant, query: dict[str, str]) -> None:
+    for make in STATES.values():
+        make(tenant.organization)
+    ordering = query.get("ordering", "-created_at")
+    runs = Run.objects.filter(organization=tenant.organization, deleted_at__isnull=True)
+    if "name" in query:
+        runs = runs.filter(name__icontains=query["name"])
+    if "priority" in query:
+        runs = runs.filter(priority=int(query["priority"]))
+    ordered = runs.order_by(ordering, "-pk" if ordering.startswith("-") else "pk")
+    reference = rendered([general(RunOutput(), with_credits(run)) for run in ordered])
+
+    answer = tenant.get("/api/v1/runs", {**query, "page_size": "500"})
+
+    assert answer.json()["results"] == reference
+    assert answer.json()["count"] == len(reference)
+
+
 def test_no_run_in_those_states_is_an_empty_first_page_and_a_404_after(tenant: Tenant) -> None:
     first = tenant.get("/api/v1/runs", {"status": "escalated"})
     second = tenant.get("/api/v1/runs", {"status": "escalated", "page": "2"})

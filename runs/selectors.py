@@ -40,7 +40,7 @@ from runs.filters import (
 )
 from runs.models import Agent, Run, RunEvent, RunnerJob, Step, Task
 from runs.services import RunNotFound
-from runs.states import STEP_TERMINAL, RunStatus, StepStatus
+from runs.states import STEP_TERMINAL, RunStatus
 
 ZERO = Decimal(0)
 QUERIES = named(Path(__file__).parent / "queries")
@@ -277,14 +277,16 @@ def run_detail(
     *, organization: Organization, run_id: UUID | str, exclude: Collection[str] = ()
 ) -> RunDetail:
     """A run with its credits, counts, progress, child runs and outputs: one statement
-    (runs/queries/run_read.sql), then one for its outputs unless they are excluded or
-    none of its steps has completed, and one for its children when it has any."""
+    (runs/queries/run_read.sql), with its outputs when it has no more than
+    ``OUTPUTS_INLINE`` (one statement more for them otherwise), and one for its children
+    when it has any."""
     excluded = frozenset(exclude)
     unknown = excluded.difference(DETAIL_EXCLUDABLE)
     if unknown:
         raise ValueError(f"cannot exclude {sorted(unknown)}")
     params = {"organization": organization.pk, "run": _run_id(run_id)}
-    names, rows = fetch(QUERIES["run_read"], {**params, "plan": "plan" not in excluded})
+    wanted = {"plan": "plan" not in excluded, "outputs": "outputs" not in excluded}
+    names, rows = fetch(QUERIES["run_read"], {**params, **wanted, "inline": OUTPUTS_INLINE + 1})
     if not rows:
         raise RunNotFound(f"run {run_id} not found")
     run = instances(Run, names, rows)[0]
@@ -295,8 +297,8 @@ def run_detail(
         children = [dict(zip(names, row, strict=True)) for row in rows]
     outputs = None
     if "outputs" not in excluded:
-        completed = summary.counts["steps"].get(StepStatus.COMPLETED, 0)
-        outputs = run_outputs(run) if completed else RunOutputs({}, truncated=False)
+        first = run.outputs or []  # type: ignore[attr-defined]
+        outputs = _outputs(first) if len(first) <= OUTPUTS_INLINE else run_outputs(run)
     return RunDetail(run, summary, children, outputs, excluded)
 
 
@@ -322,6 +324,9 @@ def created_run_detail(run: Run) -> RunDetail:
 # The most of a run's outputs that its detail, or a sync parent step, carries: the step
 # output limit (orchestrator.executor.MAX_OUTPUT_BYTES) of JSON.
 OUTPUTS_MAX_BYTES = 1_000_000
+# The outputs a run's detail reads in its own statement (a small run's all): past this
+# many, one statement more reads them all, as many as fit in OUTPUTS_MAX_BYTES.
+OUTPUTS_INLINE = 100
 
 
 @dataclass(frozen=True)
@@ -333,13 +338,19 @@ class RunOutputs:
 def run_outputs(run: Run, max_bytes: int = OUTPUTS_MAX_BYTES) -> RunOutputs:
     """``{"agent.task.step": output}`` of the completed steps of the run's current
     attempt (a task run again by its failure mode: its last generation's), in plan
-    order, as many as fit in ``max_bytes`` of JSON."""
+    order, as many as fit in ``max_bytes`` of JSON (engine.run_outputs)."""
     _, rows = fetch(QUERIES["run_outputs"], {"run": run.pk, "attempt": run.attempt_number})
+    # jsonb arrives as text
+    decoded = [(*names, None if output is None else json.loads(output)) for *names, output in rows]
+    return _outputs(decoded, max_bytes)
+
+
+def _outputs(rows: list[Any], max_bytes: int = OUTPUTS_MAX_BYTES) -> RunOutputs:
+    """``run_outputs`` of its rows: (agent, task, step, the output decoded)."""
     values: dict[str, Any] = {}
     used = 0
-    for agent, task, step, output in rows:
+    for agent, task, step, value in rows:
         key = f"{agent}.{task}.{step}"
-        value = None if output is None else json.loads(output)  # jsonb arrives as text
         used += len(key) + len(json.dumps(value, separators=(",", ":"))) + 4
         if used > max_bytes:
             return RunOutputs(values, truncated=True)

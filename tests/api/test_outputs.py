@@ -30,6 +30,7 @@ from billing.models import Organization, Reservation
 from runs import services
 from runs.engine.outcomes import Outcome, record
 from runs.models import Agent, Run, RunEvent, Step, Task
+from runs.selectors import OUTPUTS_INLINE
 from runs.states import STEP_TERMINAL
 from runs.transitions import claim_step
 from tests import factories
@@ -40,10 +41,10 @@ pytestmark = pytest.mark.django_db
 
 
 # --------------------------------------------------------------------------- runs
-def completed(organization: Organization) -> Run:
+def completed(organization: Organization, steps: int = 2) -> Run:
     """Every step claimed and recorded, as a worker would, each with an output (text,
     numbers, nesting) and a cost: the run completed, its credits charged and settled."""
-    spec = factories.plan(name="with-outputs", agents=2, tasks=2, steps=2, tool="echo")
+    spec = factories.plan(name="with-outputs", agents=2, tasks=2, steps=steps, tool="echo")
     run = states.running_plan(organization, spec)
     while True:
         ready = Step.objects.filter(run=run, status="pending", dispatched_at__isnull=False)
@@ -220,6 +221,15 @@ def test_a_runs_detail_is_what_the_orm_reads_of_it(tenant: Tenant, run: Run) -> 
     assert answer.status_code == 200
     assert answer.json() == reference_detail(run.pk)
     assert list(answer.json()) == list(reference_detail(run.pk))  # the fields' order too
+
+
+def test_a_runs_detail_past_the_outputs_it_reads_inline_reads_them_all(tenant: Tenant) -> None:
+    run = completed(tenant.organization, steps=OUTPUTS_INLINE // 4 + 1)  # 4 tasks
+
+    answer = tenant.get(f"/api/v1/runs/{run.pk}")
+
+    assert len(answer.json()["outputs"]) > OUTPUTS_INLINE
+    assert answer.json() == reference_detail(run.pk)
 
 
 def test_a_runs_detail_without_its_plan_and_outputs_leaves_only_them_out(

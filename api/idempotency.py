@@ -2,9 +2,10 @@
 
 A key is scoped to (organization, method, path) and kept ``IDEMPOTENCY_TTL_HOURS``.
 
-1. **Claim.** The request inserts an ``in_progress`` IdempotencyRecord in its own,
-   committed transaction; the unique constraint decides, across every web process, which
-   of several concurrent requests owns the key. A loser reads the row it collided with:
+1. **Claim.** The request inserts an ``in_progress`` IdempotencyRecord in one statement
+   of its own, committed, taking over the key's row in place if it has expired; the
+   unique constraint decides, across every web process, which of several concurrent
+   requests owns the key. A loser reads the row it collided with:
    ``in_progress`` -> 409 ``idempotency_key_in_use``; completed with another body ->
    422 ``idempotency_key_reused``; completed with the same body -> the stored response,
    replayed (a 201 as 200) with ``Idempotent-Replayed: true`` and no side effect.
@@ -29,10 +30,11 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter
@@ -44,6 +46,7 @@ from rest_framework.response import Response
 from api.authentication import organization_of
 from api.models import IdempotencyRecord, IdempotencyStatus
 from billing.models import Organization
+from common.queries import fetch, named
 
 HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -53,6 +56,7 @@ MAX_KEY_LENGTH = 255
 # gets 409 idempotency_key_in_use, with Retry-After, only until the lease runs out.
 IN_PROGRESS_LEASE = timedelta(seconds=60)
 CLAIM_ATTEMPTS = 5
+QUERIES = named(Path(__file__).parent / "queries")
 
 IDEMPOTENCY_PARAMETER = OpenApiParameter(
     name=HEADER,
@@ -110,9 +114,17 @@ class Scope:
 
 @dataclass(frozen=True)
 class Claim:
-    """This request owns the key (``record_id`` is its in_progress row)."""
+    """This request owns the key: ``record_id`` is its in_progress row, claimed at
+    ``claimed_at`` (the row's ``created_at``: a claim taken over later has another)."""
 
     record_id: int
+    claimed_at: datetime
+
+    def records(self) -> QuerySet[IdempotencyRecord]:
+        """This claim's row, while it is still this claim's and in progress."""
+        return IdempotencyRecord.objects.filter(
+            pk=self.record_id, created_at=self.claimed_at, status=IdempotencyStatus.IN_PROGRESS
+        )
 
 
 def validate_key(raw: str) -> str:
@@ -130,24 +142,24 @@ def fingerprint(data: Any) -> str:
 def idempotency_claim(
     *, scope: Scope, fingerprint: str, now: datetime | None = None
 ) -> Claim | IdempotencyRecord:
-    """Claim the key, or return the completed record to replay; or raise 409 / 422."""
+    """Claim the key, or return the completed record to replay; or raise 409 / 422. The
+    claim is one statement (api/queries/idempotency_claim.sql, which takes over an
+    expired row in place); only a collision reads the row it collided with."""
     for _ in range(CLAIM_ATTEMPTS):
         now = now or timezone.now()
-        with transaction.atomic():
-            scope.records().filter(expires_at__lte=now).delete()
-        try:
-            with transaction.atomic():
-                record = IdempotencyRecord.objects.create(
-                    organization=scope.organization,
-                    method=scope.method,
-                    path=scope.path,
-                    key=scope.key,
-                    fingerprint=fingerprint,
-                    expires_at=now + IN_PROGRESS_LEASE,
-                )
-            return Claim(record.pk)
-        except IntegrityError:
-            existing = scope.records().filter(expires_at__gt=now).first()
+        params = {
+            "organization": scope.organization.pk,
+            "method": scope.method,
+            "path": scope.path,
+            "key": scope.key,
+            "fingerprint": fingerprint,
+            "now": now,
+            "lease": now + IN_PROGRESS_LEASE,
+        }
+        _, rows = fetch(QUERIES["idempotency_claim"], params)
+        if rows:
+            return Claim(rows[0][0], now)
+        existing = scope.records().filter(expires_at__gt=now).first()
         if existing is None:
             continue  # released or expired since the collision: claim again
         if existing.status == IdempotencyStatus.IN_PROGRESS:
@@ -163,9 +175,7 @@ def idempotency_complete(
 ) -> bool:
     """Store the response; False if the claim was lost (expired and taken over)."""
     now = now or timezone.now()
-    stored = IdempotencyRecord.objects.filter(
-        pk=claim.record_id, status=IdempotencyStatus.IN_PROGRESS
-    ).update(
+    stored = claim.records().update(
         status=IdempotencyStatus.COMPLETED,
         response_status=response_status,
         response_body=response_body,
@@ -175,9 +185,7 @@ def idempotency_complete(
 
 
 def idempotency_release(*, claim: Claim) -> None:
-    IdempotencyRecord.objects.filter(
-        pk=claim.record_id, status=IdempotencyStatus.IN_PROGRESS
-    ).delete()
+    claim.records().delete()
 
 
 def idempotency_records_expire(*, now: datetime | None = None, batch: int = 1000) -> int:

@@ -13,6 +13,7 @@ Two kinds, validated with the rest of a list's query parameters: a malformed val
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -54,13 +55,36 @@ def paginate(
         current = paginator.page(number)
     except EmptyPage as exc:
         raise NotFound(f"page {number} does not exist") from exc
+    return _envelope(request, number, paginator.count, current.has_next()), list(
+        current.object_list
+    )
+
+
+Counted = Callable[[int, int], tuple[int | None, list[Any]]]
+
+
+def paginate_counted(
+    request: Request, read: Counted, *, page: int | None, page_size: int | None
+) -> tuple[dict[str, Any], list[Any]]:
+    """``paginate``'s envelope and rows, read by one statement that counts as well:
+    ``read(limit, offset)`` returns how many rows there are in all (None with no row on
+    the page) and the page's rows. An empty page past the first is a 404, as ever."""
+    size = page_size_for(page_size)
+    number = page or 1
+    count, rows = read(size, (number - 1) * size)
+    if not rows and number > 1:
+        raise NotFound(f"page {number} does not exist")
+    count = count or 0
+    return _envelope(request, number, count, (number - 1) * size + len(rows) < count), rows
+
+
+def _envelope(request: Request, number: int, count: int, has_next: bool) -> dict[str, Any]:
     url = request.build_absolute_uri()
-    envelope = {
-        "count": paginator.count,
-        "next": replace_query_param(url, "page", number + 1) if current.has_next() else None,
+    return {
+        "count": count,
+        "next": replace_query_param(url, "page", number + 1) if has_next else None,
         "previous": replace_query_param(url, "page", number - 1) if number > 1 else None,
     }
-    return envelope, list(current.object_list)
 
 
 def paginated(
@@ -140,28 +164,25 @@ class CursorQuery(serializers.Serializer[Any]):
             raise serializers.ValidationError(INVALID_CURSOR, code="invalid") from exc
 
 
+CursorRead = Callable[[Cursor | None, int], list[dict[str, Any]]]
+
+
 def paginate_by_id(
-    request: Request,
-    queryset: QuerySet[Any],
-    *,
-    cursor: Cursor | None,
-    page_size: int | None,
+    request: Request, read: CursorRead, *, cursor: Cursor | None, page_size: int | None
 ) -> tuple[dict[str, Any], list[Any]]:
-    """The page's envelope (next, previous) and its rows, in ascending ``id``: one query
-    (``LIMIT size + 1``: the extra row says whether there is more), never a COUNT."""
+    """The page's envelope (next, previous) and its rows (dicts), in ascending ``id``: one
+    read, never a COUNT. ``read(cursor, limit)`` returns, in ascending id, the ``limit`` rows
+    just after the cursor (the first ones without one) or, for a ``previous`` link's,
+    just before it; a page reads one row more than it shows, which says whether there
+    is more."""
     size = page_size_for(page_size)
-    if cursor is None:
-        rows = list(queryset.order_by("id")[: size + 1])
-    elif cursor.before:
-        rows = list(queryset.filter(id__lt=cursor.key).order_by("-id")[: size + 1])
-    else:
-        rows = list(queryset.filter(id__gt=cursor.key).order_by("id")[: size + 1])
+    rows = read(cursor, size + 1)
     more = len(rows) > size
-    rows = rows[:size]
     if cursor is not None and cursor.before:
-        rows.reverse()
+        rows = rows[-size:]  # the nearest before it
         has_next, has_previous = True, more  # the rows after it are those we came from
     else:
+        rows = rows[:size]
         has_next, has_previous = more, cursor is not None
     url = request.build_absolute_uri()
 
@@ -169,8 +190,8 @@ def paginate_by_id(
         return replace_query_param(url, "cursor", to.encode())
 
     envelope = {
-        "next": link(Cursor(rows[-1].id)) if rows and has_next else None,
-        "previous": link(Cursor(rows[0].id, before=True)) if rows and has_previous else None,
+        "next": link(Cursor(rows[-1]["id"])) if rows and has_next else None,
+        "previous": link(Cursor(rows[0]["id"], before=True)) if rows and has_previous else None,
     }
     return envelope, rows
 

@@ -35,9 +35,11 @@ def checked_query(
     request: Request,
     serializer_class: type[serializers.Serializer[Any]] = NoQuery,
     filterset_class: type[StrictFilterSet] | None = None,
-) -> tuple[dict[str, Any], QueryDict]:
+) -> tuple[dict[str, Any], QueryDict, dict[str, Any]]:
     """The serializer's parameters validated, and the filters' parameters checked (for
-    the selector to apply); ``ValidationError`` naming each parameter otherwise.
+    the selector to apply): as sent, and as the FilterSet cleans them (each of its
+    filters by name, None where not given), for a selector that reads them in a
+    statement of its own; ``ValidationError`` naming each parameter otherwise.
 
     An unknown parameter is reported alone, explained when the serializer's ``refused``
     names it (``page`` where pages go by cursor). ``?priority=`` is a malformed integer,
@@ -60,11 +62,14 @@ def checked_query(
             filter_query.setlist(key, values)
     serializer = serializer_class(data=data)
     errors: dict[str, Any] = {} if serializer.is_valid() else dict(serializer.errors)
+    cleaned: dict[str, Any] = {}
     if filterset_class is not None:
-        errors.update(problems_detail(filterset_class(filter_query).problems()))
+        filterset = filterset_class(filter_query)
+        errors.update(problems_detail(filterset.problems()))
+        cleaned = getattr(filterset.form, "cleaned_data", {})
     if errors:
         raise serializers.ValidationError(errors)
-    return dict(serializer.validated_data), filter_query
+    return dict(serializer.validated_data), filter_query, cleaned
 
 
 class CommaSeparatedChoices(serializers.ListField):

@@ -318,12 +318,12 @@ class EventStream:
             yield b"", newer  # nothing new, or nothing new that is final yet
             return
         while True:
-            rows = list(selectors.event_list(run=self.run, query={"after": self.after})[:BATCH])
-            ready = [row for row in rows if row.pk <= stable]
+            rows = selectors.events_page(run=self.run, query={}, after=self.after, limit=BATCH)
+            ready = [row for row in rows if row["id"] <= stable]
             held = len(ready) < len(rows)
             if ready:
-                self.after = ready[-1].pk
-            yield b"".join(frame(event) for event in EventOutput(ready, many=True).data), held
+                self.after = ready[-1]["id"]
+            yield b"".join(frame(event) for event in EventOutput.rows(ready)), held
             if held or len(rows) < BATCH:
                 return
 
@@ -377,7 +377,7 @@ class RunEventsStreamApi(ApiView):
     @extend_schema(exclude=True)
     def get(self, request: Request, run_id: UUID) -> StreamingHttpResponse:
         """The run's events after ``Last-Event-ID`` as they happen, until it has ended."""
-        run = selectors.run_get(organization=organization_of(request), run_id=run_id, credits=False)
+        run = selectors.run_get(organization=organization_of(request), run_id=run_id)
         after = last_event_id(request, self.query)
         stream = EventStream(run=run, after=after, heartbeat_s=settings.API_STREAM_HEARTBEAT_S)
         response = StreamingHttpResponse(stream.frames(), content_type="text/event-stream")

@@ -37,11 +37,13 @@ from api.errors import (
 )
 from api.idempotency import IDEMPOTENCY_PARAMETER, REPLAYED_PARAMETER, idempotent
 from api.pagination import (
+    Cursor,
     CursorQuery,
     PageQuery,
     cursor_paginated,
     paginate,
     paginate_by_id,
+    paginate_counted,
     paginated,
 )
 from api.parsers import (
@@ -57,6 +59,7 @@ from api.serializers import (
     ApprovalOutput,
     EmptyInput,
     EventOutput,
+    FastOutput,
     InputSerializer,
     RunDetailOutput,
     RunOutput,
@@ -126,23 +129,24 @@ def validated(serializer_class: type[serializers.Serializer[Any]], data: Any) ->
     return dict(serializer.validated_data)
 
 
+def written(output: Any, rows: list[Any]) -> Any:
+    """A page's rows as ``output`` (a serializer class, or a callable making one with its
+    context) writes them: a FastOutput the short way."""
+    if isinstance(output, type) and issubclass(output, FastOutput):
+        return output.rows(rows)
+    return output(rows, many=True).data
+
+
 def page_response(request: Request, rows: Any, params: dict[str, Any], output: Any) -> Response:
     envelope, page = paginate(
         request, rows, page=params.get("page"), page_size=params.get("page_size")
     )
-    return Response({**envelope, "results": output(page, many=True).data})
-
-
-def cursor_response(request: Request, rows: Any, params: dict[str, Any], output: Any) -> Response:
-    envelope, page = paginate_by_id(
-        request, rows, cursor=params.get("cursor"), page_size=params.get("page_size")
-    )
-    return Response({**envelope, "results": output(page, many=True).data})
+    return Response({**envelope, "results": written(output, page)})
 
 
 def detail_response(request: Request, run_id: UUID, status: int = 200) -> Response:
     detail = selectors.run_detail(organization=organization_of(request), run_id=run_id)
-    return Response(RunDetailOutput(detail).data, status=status)
+    return Response(RunDetailOutput.row(detail), status=status)
 
 
 class ApiView(APIView):
@@ -152,7 +156,9 @@ class ApiView(APIView):
     default; a list's pagination), and ``filterset`` the filters of a GET list, which its
     selector applies. Both are checked after authentication and throttling and before
     anything is looked up (``api.query.checked_query``): the former validated into
-    ``self.query``, the latter kept as sent in ``self.filters``, for the selector.
+    ``self.query``, the latter kept as sent in ``self.filters``, for the selector, and
+    as the FilterSet cleans them in ``self.filter_values``, for a selector that applies
+    them in a statement of its own.
     """
 
     queries: ClassVar[dict[str, type[serializers.Serializer[Any]]]] = {}
@@ -160,6 +166,7 @@ class ApiView(APIView):
     large_body: ClassVar[bool] = False
     query: dict[str, Any]
     filters: QueryDict
+    filter_values: dict[str, Any]
 
     def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         # The request's log lines name the run it is about, and (once its key is known)
@@ -196,7 +203,7 @@ class ApiView(APIView):
         if method in ("post", "put", "patch") and not self.large_body:
             refuse_if_too_large(request.META.get("CONTENT_LENGTH"))
         filterset = self.filterset if method == "get" else None
-        self.query, self.filters = checked_query(
+        self.query, self.filters, self.filter_values = checked_query(
             request, self.queries.get(method, NoQuery), filterset
         )
 
@@ -249,14 +256,23 @@ class RunsApi(ApiView):
     def get(self, request: Request) -> Response:
         """Your organization's runs, newest first unless `ordering` says otherwise;
         deleted runs are not listed. `schedule`: the runs that schedule started."""
-        runs = schedule_selectors.run_list(
-            organization=organization_of(request), query=self.filters
-        )
-        envelope, page = paginate(
-            request, runs, page=self.query.get("page"), page_size=self.query.get("page_size")
-        )
-        rows = selectors.attach_credits(list(page))
-        return Response({**envelope, "results": RunOutput(rows, many=True).data})
+        organization = organization_of(request)
+        page, page_size = self.query.get("page"), self.query.get("page_size")
+        if set(self.filters) == {"status"}:  # the most asked list: one statement
+            statuses = self.filters.getlist("status")
+
+            def read(limit: int, offset: int) -> tuple[int | None, list[Any]]:
+                return selectors.runs_by_status(
+                    organization=organization, statuses=statuses, limit=limit, offset=offset
+                )
+
+            envelope, rows = paginate_counted(request, read, page=page, page_size=page_size)
+        else:
+            runs = schedule_selectors.run_list(organization=organization, query=self.filters)
+            listed = selectors.run_rows(runs)
+            envelope, rows = paginate(request, listed, page=page, page_size=page_size)
+            selectors.attach_credits(rows)
+        return Response({**envelope, "results": RunOutput.rows(rows)})
 
     @extend_schema(
         tags=[TAG_RUNS],
@@ -295,7 +311,7 @@ class RunsApi(ApiView):
         if data["start"]:
             response = detail_response(request, run.pk, status=201)
         else:  # just created: its detail is the row in hand (no re-read, make profile-api)
-            response = Response(RunDetailOutput(selectors.created_run_detail(run)).data, 201)
+            response = Response(RunDetailOutput.row(selectors.created_run_detail(run)), 201)
         response["Location"] = reverse("api:run", kwargs={"run_id": run.pk})
         return response
 
@@ -334,7 +350,7 @@ class RunApi(ApiView):
         detail = selectors.run_detail(
             organization=organization_of(request), run_id=run_id, exclude=exclude
         )
-        return Response(RunDetailOutput(detail).data)
+        return Response(RunDetailOutput.row(detail))
 
     @extend_schema(
         tags=[TAG_RUNS],
@@ -511,7 +527,7 @@ class RunAgentsApi(ApiView):
     @list_schema("List a run's agents", PageQuery, AgentFilter, AgentPage, "runs_agents")
     def get(self, request: Request, run_id: UUID) -> Response:
         """The agents of one attempt of the run (the current one unless `attempt` says)."""
-        run = selectors.run_get(organization=organization_of(request), run_id=run_id, credits=False)
+        run = selectors.run_get(organization=organization_of(request), run_id=run_id)
         agents = selectors.agent_list(run=run, query=self.filters)
         return page_response(request, agents, self.query, AgentOutput)
 
@@ -523,7 +539,7 @@ class RunTasksApi(ApiView):
     @list_schema("List a run's tasks", PageQuery, TaskFilter, TaskPage, "runs_tasks")
     def get(self, request: Request, run_id: UUID) -> Response:
         """The tasks of one attempt of the run (the current one unless `attempt` says)."""
-        run = selectors.run_get(organization=organization_of(request), run_id=run_id, credits=False)
+        run = selectors.run_get(organization=organization_of(request), run_id=run_id)
         tasks = selectors.task_list(run=run, query=self.filters)
         return page_response(request, tasks, self.query, TaskOutput)
 
@@ -536,9 +552,16 @@ class RunStepsApi(ApiView):
     def get(self, request: Request, run_id: UUID) -> Response:
         """The steps of one attempt of the run (the current one unless `attempt` says), with
         their output, error and cost."""
-        run = selectors.run_get(organization=organization_of(request), run_id=run_id, credits=False)
-        steps = selectors.step_list(run=run, query=self.filters)
-        return page_response(request, steps, self.query, StepOutput)
+        run = selectors.run_get(organization=organization_of(request), run_id=run_id)
+
+        def read(limit: int, offset: int) -> tuple[int | None, list[Any]]:
+            return selectors.steps_page(
+                run=run, query=self.filter_values, limit=limit, offset=offset
+            )
+
+        page, page_size = self.query.get("page"), self.query.get("page_size")
+        envelope, rows = paginate_counted(request, read, page=page, page_size=page_size)
+        return Response({**envelope, "results": StepOutput.rows(rows)})
 
 
 class RunEventsApi(ApiView):
@@ -549,6 +572,18 @@ class RunEventsApi(ApiView):
     def get(self, request: Request, run_id: UUID) -> Response:
         """The run's history, oldest first: transitions, retries, charges, approvals.
         Pages by cursor: follow `next` until it is null (no `count`, no `page`)."""
-        run = selectors.run_get(organization=organization_of(request), run_id=run_id, credits=False)
-        events = selectors.event_list(run=run, query=self.filters)
-        return cursor_response(request, events, self.query, EventOutput)
+        run = selectors.run_get(organization=organization_of(request), run_id=run_id)
+
+        def read(cursor: Cursor | None, limit: int) -> list[dict[str, Any]]:
+            if cursor is None or not cursor.before:
+                after = 0 if cursor is None else cursor.key
+                return selectors.events_page(
+                    run=run, query=self.filter_values, after=after, limit=limit
+                )
+            return selectors.events_page(
+                run=run, query=self.filter_values, before=cursor.key, limit=limit
+            )
+
+        cursor, page_size = self.query.get("cursor"), self.query.get("page_size")
+        envelope, rows = paginate_by_id(request, read, cursor=cursor, page_size=page_size)
+        return Response({**envelope, "results": EventOutput.rows(rows)})

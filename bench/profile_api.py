@@ -359,6 +359,7 @@ def _install(patches: Patches) -> None:
     import api.pagination
     import api.parsers
     import api.query
+    import api.serializers
     import api.views
     import billing.secrets
     import billing.selectors
@@ -410,11 +411,21 @@ def _install(patches: Patches) -> None:
         billing.secrets,
     ):
         patches.module(module, "services")
-    patches.module(api.pagination, "services", names=("paginate", "paginate_by_id"))
+    patches.module(
+        api.pagination, "services", names=("paginate", "paginate_by_id", "paginate_counted")
+    )
     # serializers and rendering
     for owner in (serializers.BaseSerializer, serializers.Serializer, serializers.ListSerializer):
         patches.prop(owner, "data", "serializers")
     patches.prop(Response, "rendered_content", "serializers")
+    # Rows written the short way (api.serializers.FastOutput's class methods).
+    for name in ("row", "rows"):
+        function = vars(api.serializers.FastOutput)[name].__func__
+        wrapper: classmethod[Any, Any, Any] = classmethod(
+            timed(patches.ledger, "serializers", function)
+        )
+        patches.replace(api.serializers.FastOutput, name, wrapper)
+    patches.module(api.views, "serializers", names=("written",))
     patches.method(JSONRenderer, "render", "serializers")
     # log context, metrics
     bound = common.logcontext.bound

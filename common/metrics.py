@@ -3,10 +3,10 @@ broker's Redis; the exposition, `GET /metrics`, is ``orchestrator.prometheus``.
 
 Step attempts by tool and outcome, step duration and queue wait by tool, sweep actions,
 API requests by route and status, doorbells, rate limits' grants and waits, webhook
-attempts and schedule fires by outcome are added
-to hashes in Redis, one pipelined round trip per event (a step's figures summed in the
-process first, below). Workers run on several hosts, each with several processes, and
-the web has its own: prometheus_client's multiprocess mode shares one directory between
+attempts and schedule fires by outcome are added to hashes in Redis, one pipelined round
+trip per event (a step's figures and the API's requests summed in the process first,
+below). Workers run on several hosts, each with several processes, and the web has its
+own: prometheus_client's multiprocess mode shares one directory between
 the processes of one host only, and a scrape of one web process would see none of the
 workers' figures. Redis is shared by every process already; counters there survive a
 process's restart (a Redis that loses its data resets them, which Prometheus reads as a
@@ -165,7 +165,27 @@ def sweep_actions(sweep: str, counts: dict[str, int]) -> None:
 
 
 def api_request(route: str, method: str, status: int) -> None:
-    _add([(API, f"{route}{SEP}{method}{SEP}{status}", 1)])
+    """An API request answered: summed like a step's figures, not a round trip to Redis
+    per request (make profile-api: about 0.2 ms of every request, a tenth of the
+    cheapest). A web process has no heartbeat thread: the counts a quiet process holds
+    go out a second later (``_flush_soon``)."""
+    _sum([(API, f"{route}{SEP}{method}{SEP}{status}", 1)])
+    _flush_soon()
+
+
+_timer: threading.Timer | None = None
+
+
+def _flush_soon() -> None:
+    """Flush once FLUSH_EVERY_S from now, unless a flush is already due then: one timer
+    (a greenlet under gevent) per process at a time."""
+    global _timer
+    with _lock:
+        if _timer is not None and _timer.is_alive():
+            return
+        _timer = threading.Timer(FLUSH_EVERY_S, flush)
+        _timer.daemon = True
+        _timer.start()
 
 
 # What a webhook attempt came to (``webhooks.services.attempt_record``'s status after it).

@@ -45,6 +45,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         response = HttpResponse("unauthorized\n", status=401, content_type="text/plain")
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
+    metrics.flush()  # what this process summed (its API requests) goes out first
     registry = CollectorRegistry(auto_describe=False)
     registry.register(OrchestratorCollector())
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

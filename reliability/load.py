@@ -7,29 +7,33 @@
    The web process alone serves ``reliability.floor`` as its URLconf
    (``reliability.load_settings``): the public routes and the floor's.
 2. Unless LOAD_FLOOR_SECONDS is 0: create runs through the API (SEED_RUNS_PER_ORG per
-   organization) and wait until they end; then two phases of LOAD_USERS clients for
+   organization) and wait until they end; then three phases of LOAD_USERS clients for
    LOAD_FLOOR_SECONDS (20) each, with no think time: the *floor* (``GET
    /api/v1/load-floor``: one row read by primary key through authentication and DRF,
-   nothing of the API's own logic) and the *reads* (a run, and runs by status, of those
-   runs). They measure what the server can answer, for the mix to be read against.
+   nothing of the API's own logic), the *reads* (a run, and runs by status, of those
+   runs) and the *saturated mix* (the mix's requests in its proportions, each sent as
+   soon as the last is answered; the runs it creates end before the mix starts). They
+   measure what the server can answer: the reads and the saturated mix as fractions of
+   the floor's requests/s (``CAPACITY_GOALS``).
 3. The *mix*: LOAD_USERS clients (50) for LOAD_SECONDS (60) after they are all up,
    creating runs with Idempotency-Keys (replaying some), starting, polling, listing,
    cancelling and deleting them, plus a share of bad requests
-   (``reliability.load_mix.BAD_KINDS``).
+   (``reliability.load_mix.BAD_KINDS``), each client waiting 0.1 - 0.9 s between
+   requests: the realistic latency figure (its p95).
    Each phase runs locust headless in a child process of its own
    (``reliability.load_users``: gevent's monkey-patching stays out of this process,
    which uses Django's ORM).
 4. Wait (bounded) until every run in the database is terminal, then the checks of
    `make chaos` (``reliability.checks``): ledgers settle, nothing charged twice,
-   invariants clean; and the runs the clients saw created are exactly the runs stored
-   (besides the seeded ones), no refused request stored one, no key acted on another
-   organization's run.
+   invariants clean; and the runs the clients saw created (in the saturated mix and the
+   mix) are exactly the runs stored (besides the seeded ones), no refused request stored
+   one, no key acted on another organization's run.
 
-Prints a markdown report (the floor, the reads and the mix side by side with the ratios
-of their requests/s and the goals for them; requests per second, p50/p95/p99 by
-endpoint, statuses, bad requests by kind, consistency); LOAD_JSON=path also writes it as
-JSON. Exits 1 on any 5xx (in any phase), any unexpected answer and any inconsistency;
-the capacity goals are informational.
+Prints a markdown report (the floor, the reads, the saturated mix and the mix side by
+side with the ratios of their requests/s and the goals for them, the mix's p95; requests
+per second, p50/p95/p99 by endpoint, statuses, bad requests by kind, consistency);
+LOAD_JSON=path also writes it as JSON. Exits 1 on any 5xx (in any phase), any unexpected
+answer and any inconsistency; the capacity goals are informational.
 """
 
 from __future__ import annotations
@@ -68,16 +72,21 @@ from reliability.stack import ROOT, Stack
 REFUSED_NAMES = ("load-refused", "load-bad", "load-changed-body", "too-big")
 # The web process's settings: the stack's, with the floor's URLconf.
 LOAD_SETTINGS_MODULE = "reliability.load_settings"
-# Requests/s of the reads and of the whole mix as a fraction of the floor's: the goals of
-# the API capacity round. Informational, like `make bench`'s: reported, never asserted.
-CAPACITY_GOALS = {"reads": 0.6, "mix": 0.35}
+# Requests/s of the reads and of the whole mix without think time as a fraction of the
+# floor's: the goals of the API capacity rounds. Informational, like `make bench`'s:
+# reported, never asserted. The mix with its think time is held to no throughput: its
+# think time caps it (``capacity``); its p95 is the latency a client sees.
+CAPACITY_GOALS = {"reads": 0.6, "mix_saturated": 0.35}
+# The phases before the mix, each LOAD_FLOOR_SECONDS long (none when it is 0).
+MEASURED_PHASES = ("floor", "reads", "mix_saturated")
 
 
 @dataclass(frozen=True)
 class Config:
     users: int = 50
     seconds: float = 60.0
-    # Each of the floor and reads phases; 0 skips both (and the runs seeded for them).
+    # Each of the floor, reads and saturated mix phases; 0 skips them (and the runs
+    # seeded for the reads).
     floor_seconds: float = 20.0
     orgs: int = 5
     seed: int = 1
@@ -304,8 +313,8 @@ def bad_request_rows(bad: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
 
 
 def phase_problems(phase: str, stats: dict[str, Any]) -> list[str]:
-    """Why the floor or the reads phase fails the run: what fails the mix, but for its
-    own bookkeeping (no runs, no replays)."""
+    """Why a phase before the mix fails the run: what fails the mix, but for the runs,
+    which are checked once, at the end (the floor and the reads create none)."""
     found = []
     errors_5xx = server_errors(stats["statuses"])
     if errors_5xx:
@@ -316,6 +325,9 @@ def phase_problems(phase: str, stats: dict[str, Any]) -> list[str]:
         found.append(f"{phase}: {len(stats['user_exceptions'])} kinds of exceptions in the users")
     if stats.get("peak_users", 0) < stats["users"]:
         found.append(f"{phase}: only {stats.get('peak_users', 0)} users ran at once")
+    replays = stats.get("replays", {})
+    if replays.get("ok", 0) != sum(replays.values()):
+        found.append(f"{phase}: idempotent replays: {replays}")
     return found
 
 
@@ -367,9 +379,10 @@ def phase_row(phase: str, stats: dict[str, Any]) -> dict[str, Any]:
 
 
 def capacity(report: dict[str, Any]) -> dict[str, Any] | None:
-    """The floor, the reads and the mix side by side, each one's requests/s as a fraction
-    of the floor's, and the goals for those fractions (``CAPACITY_GOALS``); None when the
-    floor and the reads were skipped."""
+    """The floor, the reads, the saturated mix and the mix side by side, each one's
+    requests/s as a fraction of the floor's, the goals for those fractions
+    (``CAPACITY_GOALS``) and the mix's p95; None when the phases before the mix were
+    skipped."""
     measured = {**report.get("phases", {}), "mix": report["load"]}
     if "floor" not in measured:
         return None
@@ -397,6 +410,7 @@ def capacity(report: dict[str, Any]) -> dict[str, Any] | None:
         "phases": rows,
         "ratios": ratios,
         "goals": goals,
+        "mix_p95_ms": mix["p95_ms"],
         "mix_think_ceiling_rps": ceiling,
         "mix_think_ceiling_of_floor": ceiling / floor_rps if ceiling and floor_rps else None,
     }
@@ -415,7 +429,7 @@ def _think(seconds: list[float]) -> str:
     return "none" if high == 0 else f"{low:g}-{high:g} s"
 
 
-GOAL_NAMES = {"reads": "reads", "mix": "whole mix"}
+GOAL_NAMES = {"reads": "reads", "mix_saturated": "whole mix without think time"}
 
 
 def format_capacity(report: dict[str, Any]) -> list[str]:
@@ -423,7 +437,10 @@ def format_capacity(report: dict[str, Any]) -> list[str]:
     but the mix's, which have their own table), then the goals."""
     figures = report.get("capacity")
     if not figures:
-        return ["", "capacity: the floor and the reads were skipped (--floor-seconds 0)"]
+        return [
+            "",
+            "capacity: the floor, the reads and the saturated mix were skipped (--floor-seconds 0)",
+        ]
     config = report["config"]
     lines = [
         "",
@@ -458,12 +475,17 @@ def format_capacity(report: dict[str, Any]) -> list[str]:
             f"| {GOAL_NAMES[goal['phase']]} >= {goal['goal']:g}x the floor's requests/s | "
             f"{_ratio(goal['ratio'])} | {'met' if goal['met'] else 'NOT met'} |"
         )
+    mix = figures["phases"][-1]
+    lines += [
+        "",
+        f"the mix with its think time, the latency a client sees: p95 {_ms(mix['p95_ms'])} ms",
+    ]
     ceiling = figures.get("mix_think_ceiling_rps")
     if ceiling:
         lines += [
             "",
-            f"the mix's think time ({_think(figures['phases'][-1]['think_s'])}) caps it at "
-            f"{ceiling:.0f} requests/s with {figures['phases'][-1]['users']} users, however "
+            f"the mix's think time ({_think(mix['think_s'])}) caps it at "
+            f"{ceiling:.0f} requests/s with {mix['users']} users, however "
             f"fast the answers: {_ratio(figures['mix_think_ceiling_of_floor'])} of the floor's",
         ]
     return lines
@@ -580,18 +602,25 @@ def run_load(config: Config, directory: Path, log: Any = print) -> dict[str, Any
         started = time.time()
         phases: dict[str, dict[str, Any]] = {}
         seeded: list[str] = []
+        created: dict[str, str] = {}  # run id -> organization, of the saturated mix
         if config.floor_seconds > 0:
             seeded = seed_runs(stack, orgs, config.seed)
             # The workers idle again before the clock starts: the floor and the reads
             # measure the web server, not the web server beside the engine.
             log(f"==> {len(seeded)} runs created for the reads; waiting for them to end")
             wait_terminal(seeded, config.settle_timeout_s)
-            for phase in ("floor", "reads"):
+            for phase in MEASURED_PHASES:
                 log(f"==> {phase}: {config.users} users for {config.floor_seconds:g}s")
                 phase_stats = run_users(stack, config, orgs, phase, config.floor_seconds)
+                created.update(phase_stats.get("runs", {}))
                 phases[phase] = {k: v for k, v in phase_stats.items() if k != "runs"}
+            # The mix's latency is measured beside its own runs only, not the backlog of
+            # the saturated mix's.
+            log(f"==> {len(created)} runs created by the saturated mix; waiting for them")
+            wait_terminal(sorted(created), config.settle_timeout_s)
         log(f"==> mix: {config.users} users for {config.seconds:g}s (locust, headless)")
         stats = run_users(stack, config, orgs, "mix", config.seconds)
+        stats["runs"] = {**created, **stats["runs"]}  # every run a client saw created
         log(f"==> load done; waiting (at most {config.settle_timeout_s:g}s) for every run")
         runs = consistency_report(stats, config.settle_timeout_s, frozenset(seeded))
         report: dict[str, Any] = {
@@ -632,7 +661,8 @@ def main(argv: list[str] | None = None) -> int:
         "--floor-seconds",
         type=float,
         default=float(os.environ.get("LOAD_FLOOR_SECONDS") or Config.floor_seconds),
-        help="seconds of each of the floor and reads phases before the mix (0: neither)",
+        help="seconds of each of the floor, reads and saturated mix phases before the mix "
+        "(0: none)",
     )
     parser.add_argument("--orgs", type=int, default=5)
     parser.add_argument("--seed", type=int, default=int(os.environ.get("LOAD_SEED") or 1))

@@ -26,15 +26,18 @@ RUNS = f"{API}/runs"
 # The floor's route: served only by the load stack's URLconf (reliability/floor.py).
 FLOOR = f"{API}/load-floor"
 
-# The phases of `make load`, in order. The floor and the reads send each request as soon
-# as the last one answered (no think time): they measure how many requests/s the server
-# can answer. The mix keeps the think time it always had, so that its figures stay
-# comparable from round to round; that think time alone caps it at users / 0.5 s (100
-# requests/s for 50 users) however fast the server answers, a ceiling the report shows.
-PHASES = ("floor", "reads", "mix")
+# The phases of `make load`, in order. The floor, the reads and the saturated mix send
+# each request as soon as the last one answered (no think time): they measure how many
+# requests/s the server can answer, the saturated mix with the mix's own weights. The
+# mix keeps the think time it always had, so that its figures stay comparable from round
+# to round: it is the realistic latency figure (its p95), not a throughput one, since
+# that think time alone caps it at users / 0.5 s (100 requests/s for 50 users) however
+# fast the server answers, a ceiling the report shows.
+PHASES = ("floor", "reads", "mix_saturated", "mix")
 THINK_TIME_S: dict[str, tuple[float, float]] = {
     "floor": (0.0, 0.0),
     "reads": (0.0, 0.0),
+    "mix_saturated": (0.0, 0.0),
     "mix": (0.1, 0.9),
 }
 # Runs each organization creates through the API before the floor, for the reads phase

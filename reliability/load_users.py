@@ -17,7 +17,8 @@ default rate of `API_THROTTLE_RATE` holds unchanged):
   created for the user's organization before the phases;
 - ``mix``: a weighted mix of tasks: create runs with an Idempotency-Key (sometimes
   replaying it), start, poll, list, cancel and delete them, read the balance, and now and
-  then send a bad request of a kind from ``reliability.load_mix.BAD_KINDS``.
+  then send a bad request of a kind from ``reliability.load_mix.BAD_KINDS``;
+- ``mix_saturated``: the same tasks in the same proportions, without the think time.
 
 Expected 4xx answers count as successes in locust; any other status is a failure and is
 kept as a sample.
@@ -330,6 +331,13 @@ class MixUser(ApiUser):
         return self.rng.choice(theirs[-200:]) if theirs else str(uuid.uuid4())
 
 
+class MixSaturatedUser(MixUser):
+    """The mix's requests in the mix's proportions, each sent as soon as the last one
+    answered: what the server can answer of the whole mix."""
+
+    wait_time = between(*THINK_TIME_S["mix_saturated"])
+
+
 # --------------------------------------------------------------------------- main
 def entry(stats: StatsEntry, seconds: float) -> dict[str, Any]:
     """One row of locust's statistics, with the percentiles the report shows."""
@@ -347,7 +355,12 @@ def entry(stats: StatsEntry, seconds: float) -> dict[str, Any]:
     }
 
 
-USERS: dict[str, type[User]] = {"floor": FloorUser, "reads": ReadsUser, "mix": MixUser}
+USERS: dict[str, type[User]] = {
+    "floor": FloorUser,
+    "reads": ReadsUser,
+    "mix_saturated": MixSaturatedUser,
+    "mix": MixUser,
+}
 
 
 def run(config: dict[str, Any]) -> dict[str, Any]:

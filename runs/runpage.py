@@ -22,7 +22,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from runs.models import Agent, Run, RunEvent, Step, Task
-from runs.selectors import RunSummary, run_summary, with_credits, with_paths, with_work
+from runs.selectors import RunSummary, attach_credits, run_summary, with_paths, with_work
 from runs.states import RUN_TERMINAL, StepStatus
 
 # Past this many steps in the current attempt the graph draws agents and tasks with their
@@ -454,12 +454,12 @@ def _segments(
 
 # --------------------------------------------------------------------------- the page
 def run_credits(run: Run) -> Credits:
-    row = with_credits(Run.objects.filter(pk=run.pk).only("pk")).get()
+    row = attach_credits([{"id": run.pk}])[0]
     return Credits(
-        reserved=row.credits_reserved,  # type: ignore[attr-defined]
-        charged=row.credits_charged,  # type: ignore[attr-defined]
-        refunded=row.credits_refunded,  # type: ignore[attr-defined]
-        held=row.credits_held,  # type: ignore[attr-defined]
+        reserved=row["credits_reserved"],
+        charged=row["credits_charged"],
+        refunded=row["credits_refunded"],
+        held=row["credits_held"],
     )
 
 

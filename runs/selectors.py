@@ -14,109 +14,111 @@ import json
 from collections.abc import Collection
 from dataclasses import dataclass
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 from django.db import connection
 from django.db.models import (
-    BigIntegerField,
     Case,
     CharField,
-    DecimalField,
     F,
-    OuterRef,
-    Q,
+    Func,
     QuerySet,
-    Subquery,
-    Sum,
     UUIDField,
-    Value,
     When,
 )
-from django.db.models.functions import Cast, Coalesce, Concat
 
-from billing.models import Organization, Reservation
-from common.filters import QueryData
+from billing.models import Organization
+from common.filters import MAX_BIGINT, QueryData
+from common.queries import dicts, fetch, instances, named
 from runs.filters import (
     AgentFilter,
-    EventFilter,
     RunFilter,
     RunnerJobFilter,
-    StepFilter,
     TaskFilter,
 )
 from runs.models import Agent, Run, RunEvent, RunnerJob, Step, Task
 from runs.services import RunNotFound
-from runs.states import STEP_TERMINAL, RunStatus, StepStatus
+from runs.states import STEP_TERMINAL, RunStatus
 
 ZERO = Decimal(0)
-
-
-def _attempt_sum(expression: Any, condition: Q | None = None) -> Coalesce:
-    """A sum over the run's reservations (one per attempt, billing's rows)."""
-    total = (
-        Reservation.objects.filter(run_id=OuterRef("pk"))
-        .order_by()
-        .values("run_id")
-        .annotate(total=Sum(expression, filter=condition))
-        .values("total")[:1]
-    )
-    amount = DecimalField(max_digits=24, decimal_places=6)
-    return Coalesce(Subquery(total, output_field=amount), ZERO, output_field=amount)
-
-
-def with_credits(runs: QuerySet[Run]) -> QuerySet[Run]:
-    """Annotate each run's credits over all its attempts (reserved, charged, refunded,
-    and held: reserved but neither charged nor refunded yet)."""
-    return runs.annotate(
-        credits_reserved=_attempt_sum(F("reserved")),
-        credits_charged=_attempt_sum(F("charged")),
-        credits_refunded=_attempt_sum(F("refunded")),
-        credits_held=_attempt_sum(
-            F("reserved") - F("charged") - F("refunded"),
-            Q(settled_at__isnull=True),
-        ),
-    )
+QUERIES = named(Path(__file__).parent / "queries")
+# A one-row table function of the database as an ORM expression: a scalar subquery of it,
+# which the planner inlines (a plain call of a SQL function with subqueries it does not).
+INLINED = "(SELECT * FROM %s(%%(expressions)s))"
 
 
 def run_list(*, organization: Organization, query: QueryData | None = None) -> QuerySet[Run]:
     """The organization's runs as ``query`` filters and orders them (``RunFilter``; newest
     first by default), soft-deleted ones hidden; the plan itself is not loaded. Their
-    credits are set on the page's rows (``attach_credits``), not computed per row here."""
+    credits are set on the page's rows (``attach_credits``), not computed per row here;
+    ``runs_by_status`` reads the most asked query, by status alone, in one statement."""
     runs = Run.objects.filter(organization=organization, deleted_at__isnull=True)
     return RunFilter(query or {}, queryset=runs.defer("plan", "variables")).filtered()
 
 
-_PAGE_CREDITS_SQL = """
-SELECT run_id, sum(reserved), sum(charged), sum(refunded),
-       COALESCE(sum(reserved - charged - refunded) FILTER (WHERE settled_at IS NULL), 0)
-FROM billing_reservation WHERE run_id = ANY(%(runs)s) GROUP BY run_id
-"""
+# A run as a list shows it: every column but its plan and variables.
+LISTED = tuple(
+    field.attname for field in Run._meta.concrete_fields if field.name not in ("plan", "variables")
+)
 
 
-def attach_credits(runs: list[Run]) -> list[Run]:
-    """Set each run's credits as ``with_credits`` annotates them, for a page of runs
-    already read: one grouped statement over the page's ids instead of four correlated
-    subqueries per row in the page's own query (and their SQL to compile)."""
+def run_rows(runs: QuerySet[Run]) -> QuerySet[Any]:
+    """``runs`` as dict rows of what a list shows (``LISTED``), no model instances."""
+    rows: QuerySet[Any] = runs.values(*LISTED)
+    return rows
+
+
+def attach_credits(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Set each run's credits over all its attempts (``credits_reserved``,
+    ``credits_charged``, ``credits_refunded``, ``credits_held``: engine.run_credits), for
+    runs already read (dict rows with their ``id``): one statement for all of them."""
     sums: dict[Any, tuple[Decimal, Decimal, Decimal, Decimal]] = {}
     if runs:
-        with connection.cursor() as cursor:
-            cursor.execute(_PAGE_CREDITS_SQL, {"runs": [run.pk for run in runs]})
-            sums = {run_id: tuple(rest) for run_id, *rest in cursor.fetchall()}
+        _, rows = fetch(QUERIES["page_credits"], {"runs": [run["id"] for run in runs]})
+        sums = {run_id: tuple(rest) for run_id, *rest in rows}
     for run in runs:
-        reserved, charged, refunded, held = sums.get(run.pk, (ZERO, ZERO, ZERO, ZERO))
-        run.credits_reserved, run.credits_charged = reserved, charged  # type: ignore[attr-defined]
-        run.credits_refunded, run.credits_held = refunded, held  # type: ignore[attr-defined]
+        reserved, charged, refunded, held = sums.get(run["id"], (ZERO, ZERO, ZERO, ZERO))
+        run.update(
+            credits_reserved=reserved,
+            credits_charged=charged,
+            credits_refunded=refunded,
+            credits_held=held,
+        )
     return runs
 
 
-def run_get(*, organization: Organization, run_id: UUID | str, credits: bool = True) -> Run:
-    """One run of the organization (soft-deleted too), with its credits unless told not
-    to; RunNotFound for any other organization's run."""
-    runs = Run.objects.filter(organization=organization)
+def runs_by_status(
+    *, organization: Organization, statuses: list[str], limit: int, offset: int
+) -> tuple[int | None, list[dict[str, Any]]]:
+    """A page of the organization's runs in ``statuses``, newest first, as ``run_list``
+    orders and filters them for ``{"status": statuses}``, their credits set: one
+    statement (runs/queries/runs_by_status.sql). Returns how many match in all (None when
+    the page is empty: past the end, or nothing matches) and the page, a dict a run."""
+    names, rows = fetch(
+        QUERIES["runs_by_status"],
+        {"organization": organization.pk, "statuses": statuses, "limit": limit, "offset": offset},
+    )
+    runs = dicts(Run, names, rows)
+    return (runs[0]["total"] if runs else None), runs
+
+
+def run_get(*, organization: Organization, run_id: UUID | str) -> Run:
+    """One run of the organization (soft-deleted too), RunNotFound for any other
+    organization's run: its id, status and current attempt, what the lists of its parts
+    need (the other fields are deferred, as with ``only()``). One statement, no ORM."""
+    params = {"organization": organization.pk, "run": _run_id(run_id)}
+    names, rows = fetch(QUERIES["run_get"], params)
+    if not rows:
+        raise RunNotFound(f"run {run_id} not found")
+    return instances(Run, names, rows)[0]
+
+
+def _run_id(run_id: UUID | str) -> UUID:
     try:
-        return (with_credits(runs) if credits else runs).get(pk=run_id)
-    except (Run.DoesNotExist, ValueError) as exc:
+        return run_id if isinstance(run_id, UUID) else UUID(str(run_id))
+    except ValueError as exc:
         raise RunNotFound(f"run {run_id} not found") from exc
 
 
@@ -138,50 +140,24 @@ class RunSummary:
         return round(100 * self.steps_finished / self.steps_total, 1)
 
 
-# The current attempt's agents, tasks and steps counted by status, and with
-# %(credits)s the run's credits over all its attempts (``with_credits``'s sums): one
-# statement, one round trip, no ORM to compile. A status poll reads this on every call.
-_COUNTS_SQL = """
-SELECT 'agents', status, false, count(*)::numeric, NULL::numeric, NULL::numeric, NULL::numeric
-FROM runs_agent WHERE run_id = %(run)s AND attempt_number = %(attempt)s GROUP BY status
-UNION ALL
-SELECT 'tasks', status, false, count(*), NULL, NULL, NULL
-FROM runs_task WHERE run_id = %(run)s AND attempt_number = %(attempt)s GROUP BY status
-UNION ALL
-SELECT 'steps', status, handler_for_id IS NOT NULL, count(*), NULL, NULL, NULL
-FROM runs_step WHERE run_id = %(run)s AND attempt_number = %(attempt)s GROUP BY 2, 3
-"""
-_CREDITS_SQL = """
-UNION ALL
-SELECT 'credits', '', false, COALESCE(sum(reserved), 0), COALESCE(sum(charged), 0),
-       COALESCE(sum(refunded), 0),
-       COALESCE(sum(reserved - charged - refunded) FILTER (WHERE settled_at IS NULL), 0)
-FROM billing_reservation WHERE run_id = %(run)s
-"""
-
-
-def run_summary(run: Run, *, credits: bool = False) -> RunSummary:
+def run_summary(run: Run) -> RunSummary:
     """The current attempt's counts and progress: one statement whatever the size of the
-    run. With ``credits``, the same statement also sets the run's credits, as
-    ``with_credits`` annotates them (``credits_reserved``, ``_charged``, ``_refunded``,
-    ``_held``)."""
+    run (engine.run_counts)."""
+    with connection.cursor() as cursor:
+        cursor.execute(QUERIES["run_counts"], {"run": run.pk, "attempt": run.attempt_number})
+        return _summary(run, cursor.fetchall())
+
+
+def _summary(run: Run, counted: list[Any]) -> RunSummary:
+    """A summary from engine.run_counts's rows: (kind, status, handler, count)."""
     counts: dict[str, dict[str, int]] = {"agents": {}, "tasks": {}, "steps": {}}
     total = finished = 0
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _COUNTS_SQL + (_CREDITS_SQL if credits else ""),
-            {"run": run.pk, "attempt": run.attempt_number},
-        )
-        for kind, status, handler, n, charged, refunded, held in cursor.fetchall():
-            if kind == "credits":
-                run.credits_reserved, run.credits_charged = n, charged  # type: ignore[attr-defined]
-                run.credits_refunded, run.credits_held = refunded, held  # type: ignore[attr-defined]
-                continue
-            by_status = counts[kind]
-            by_status[status] = by_status.get(status, 0) + int(n)
-            if kind == "steps" and not handler:  # on_error handlers run only on failure
-                total += int(n)
-                finished += int(n) if status in STEP_TERMINAL else 0
+    for kind, status, handler, n in counted:
+        by_status = counts[kind]
+        by_status[status] = by_status.get(status, 0) + int(n)
+        if kind == "steps" and not handler:  # on_error handlers run only on failure
+            total += int(n)
+            finished += int(n) if status in STEP_TERMINAL else 0
     return RunSummary(
         counts=counts,
         steps_total=total,
@@ -203,35 +179,31 @@ def task_list(*, run: Run, query: QueryData | None = None) -> QuerySet[Task]:
     return tasks.select_related("agent").order_by("agent__position", "generation", "position", "id")
 
 
-def step_list(*, run: Run, query: QueryData | None = None) -> QuerySet[Step]:
-    """The run's steps of one attempt (``StepFilter``), each with its task and agent, and
-    the work it started (``with_work``)."""
-    steps = StepFilter(query or {}, queryset=Step.objects.filter(run=run)).filtered()
-    return with_work(steps.select_related("task__agent")).order_by(
-        "task__agent__position",
-        "task__generation",
-        "task__position",
-        "generation",
-        "position",
-        "id",
+def steps_page(
+    *, run: Run, query: QueryData, limit: int, offset: int
+) -> tuple[int | None, list[dict[str, Any]]]:
+    """A page of the run's steps of one attempt in plan order, as ``query`` (the cleaned
+    values of ``StepFilter``: attempt, the current one when None; task, status, tool)
+    selects them, each with ``task_name``, ``agent_name`` and the work it started
+    (``job``, ``child_run``: engine.step_work): one statement
+    (runs/queries/steps_page.sql). Returns how many match in all (None when the page is
+    empty) and the page, a dict a step."""
+    params = {name: query.get(name) or None for name in ("attempt", "task", "status", "tool")}
+    names, rows = fetch(
+        QUERIES["steps_page"], {**params, "run": run.pk, "limit": limit, "offset": offset}
     )
+    steps = dicts(Step, names, rows)
+    return (steps[0]["total"] if steps else None), steps
 
 
 def with_work(steps: QuerySet[Step]) -> QuerySet[Step]:
     """Each step with ``job``, the id of its latest attempt's runner job (a `runner`
     step), and ``child_run``, the child run its latest attempt started (a `run` step);
-    None for other tools and until the attempt creates them. The latest attempt is the
-    current one: a step's attempts only grow. Each is one index probe per row
-    (runnerjob_one_per_attempt, run_one_child_per_step_attempt), and only for its tool."""
-    job = RunnerJob.objects.filter(step=OuterRef("pk")).order_by("-attempt").values("id")[:1]
-    child = (
-        Run.objects.filter(parent_step=OuterRef("pk"))
-        .order_by("-parent_step_attempt")
-        .values("id")[:1]
-    )
+    None for other tools and until the attempt creates them (engine.step_work)."""
+    work = Func(F("pk"), F("tool"), template=INLINED % "engine.step_work", output_field=UUIDField())
     return steps.annotate(
-        job=Case(When(tool="runner", then=Subquery(job)), output_field=UUIDField()),
-        child_run=Case(When(tool="run", then=Subquery(child)), output_field=UUIDField()),
+        job=Case(When(tool="runner", then=work), output_field=UUIDField()),
+        child_run=Case(When(tool="run", then=work), output_field=UUIDField()),
     )
 
 
@@ -243,38 +215,38 @@ def runner_job_list(
     return RunnerJobFilter(query or {}, queryset=jobs).filtered().order_by("-created_at", "-id")
 
 
-def event_list(*, run: Run, query: QueryData | None = None) -> QuerySet[RunEvent]:
-    """The run's history in order (``EventFilter``; ``after`` an event id, to follow it as
-    it grows), each event with its ``path``. Ordered by id alone, which the (run, id)
-    index serves to keyset pages."""
-    events = EventFilter(query or {}, queryset=RunEvent.objects.filter(run=run)).filtered()
-    return with_paths(events.order_by("id"))
-
-
-def _named(model: type[Agent | Task | Step], *parts: Any) -> Subquery:
-    """The dotted path of the ``model`` row an event names (its ``entity_id``)."""
-    joined: list[Any] = []
-    for part in parts:
-        joined += [part, Value(".")]
-    path = Concat(*joined[:-1], output_field=CharField()) if len(parts) > 1 else F(parts[0])
-    rows = model.objects.filter(pk=Cast(OuterRef("entity_id"), BigIntegerField()))
-    return Subquery(rows.annotate(path=path).values("path")[:1], output_field=CharField())
+def events_page(
+    *, run: Run, query: QueryData, after: int = 0, before: int | None = None, limit: int
+) -> list[dict[str, Any]]:
+    """The run's events in ascending id, as ``query`` (the cleaned values of
+    ``EventFilter``: attempt, kind, after) selects them, each with its ``path``
+    (engine.event_path): the ``limit`` first after ``after`` or, with ``before``, the
+    ``limit`` last before it, a dict an event. One statement (runs/queries/events_page.sql)
+    on the (run, id) index, to keyset pages and to follow a run as it grows."""
+    params = {
+        "run": run.pk,
+        "attempt": query.get("attempt"),
+        "kind": query.get("kind") or None,
+        "above": max(after, query.get("after") or 0),
+        "below": MAX_BIGINT if before is None else before,
+        "descending": before is not None,
+        "limit": limit,
+    }
+    names, rows = fetch(QUERIES["events_page"], params)
+    return dicts(RunEvent, names, rows)
 
 
 def with_paths(events: QuerySet[RunEvent]) -> QuerySet[RunEvent]:
     """Events annotated with ``path``: where in the plan the entity they name is,
     ``agent.task.step`` (``agent.task``, ``agent``; "" for the run itself), as people
-    read it, rather than a database id. One subquery per row of a page, by primary key
-    (CASE evaluates only the branch of the event's entity: a run's id is not cast)."""
-    return events.annotate(
-        path=Case(
-            When(entity="step", then=_named(Step, "task__agent__name", "task__name", "name")),
-            When(entity="task", then=_named(Task, "agent__name", "name")),
-            When(entity="agent", then=_named(Agent, "name")),
-            default=Value(""),
-            output_field=CharField(),
-        )
+    read it, rather than a database id (engine.event_path)."""
+    path = Func(
+        F("entity"),
+        F("entity_id"),
+        template=INLINED % "engine.event_path",
+        output_field=CharField(),
     )
+    return events.annotate(path=path)
 
 
 def event_label(event: RunEvent) -> str:
@@ -304,20 +276,29 @@ DETAIL_EXCLUDABLE = ("outputs", "plan")
 def run_detail(
     *, organization: Organization, run_id: UUID | str, exclude: Collection[str] = ()
 ) -> RunDetail:
-    """A run with its credits, counts, progress, child runs and outputs: four queries
-    (three when its outputs are excluded)."""
+    """A run with its credits, counts, progress, child runs and outputs: one statement
+    (runs/queries/run_read.sql), with its outputs when it has no more than
+    ``OUTPUTS_INLINE`` (one statement more for them otherwise), and one for its children
+    when it has any."""
     excluded = frozenset(exclude)
     unknown = excluded.difference(DETAIL_EXCLUDABLE)
     if unknown:
         raise ValueError(f"cannot exclude {sorted(unknown)}")
-    run = run_get(organization=organization, run_id=run_id, credits=False)
-    summary = run_summary(run, credits=True)  # the credits in the same round trip
-    children = list(
-        Run.objects.filter(parent_run=run)
-        .order_by("created_at")
-        .values("id", "status", "parent_mode", "parent_step_id", "created_at")
-    )
-    outputs = None if "outputs" in excluded else run_outputs(run)
+    params = {"organization": organization.pk, "run": _run_id(run_id)}
+    wanted = {"plan": "plan" not in excluded, "outputs": "outputs" not in excluded}
+    names, rows = fetch(QUERIES["run_read"], {**params, **wanted, "inline": OUTPUTS_INLINE + 1})
+    if not rows:
+        raise RunNotFound(f"run {run_id} not found")
+    run = instances(Run, names, rows)[0]
+    summary = _summary(run, run.counts or [])  # type: ignore[attr-defined]
+    children: list[dict[str, Any]] = []
+    if run.has_children:  # type: ignore[attr-defined]
+        names, rows = fetch(QUERIES["run_children"], params)
+        children = [dict(zip(names, row, strict=True)) for row in rows]
+    outputs = None
+    if "outputs" not in excluded:
+        first = run.outputs or []  # type: ignore[attr-defined]
+        outputs = _outputs(first) if len(first) <= OUTPUTS_INLINE else run_outputs(run)
     return RunDetail(run, summary, children, outputs, excluded)
 
 
@@ -343,6 +324,9 @@ def created_run_detail(run: Run) -> RunDetail:
 # The most of a run's outputs that its detail, or a sync parent step, carries: the step
 # output limit (orchestrator.executor.MAX_OUTPUT_BYTES) of JSON.
 OUTPUTS_MAX_BYTES = 1_000_000
+# The outputs a run's detail reads in its own statement (a small run's all): past this
+# many, one statement more reads them all, as many as fit in OUTPUTS_MAX_BYTES.
+OUTPUTS_INLINE = 100
 
 
 @dataclass(frozen=True)
@@ -354,18 +338,21 @@ class RunOutputs:
 def run_outputs(run: Run, max_bytes: int = OUTPUTS_MAX_BYTES) -> RunOutputs:
     """``{"agent.task.step": output}`` of the completed steps of the run's current
     attempt (a task run again by its failure mode: its last generation's), in plan
-    order, as many as fit in ``max_bytes`` of JSON."""
-    rows = (
-        Step.objects.filter(run=run, attempt_number=run.attempt_number, status=StepStatus.COMPLETED)
-        .order_by("task__agent__position", "task__position", "generation", "position")
-        .values_list("task__agent__name", "task__name", "name", "output")
-    )
+    order, as many as fit in ``max_bytes`` of JSON (engine.run_outputs)."""
+    _, rows = fetch(QUERIES["run_outputs"], {"run": run.pk, "attempt": run.attempt_number})
+    # jsonb arrives as text
+    decoded = [(*names, None if output is None else json.loads(output)) for *names, output in rows]
+    return _outputs(decoded, max_bytes)
+
+
+def _outputs(rows: list[Any], max_bytes: int = OUTPUTS_MAX_BYTES) -> RunOutputs:
+    """``run_outputs`` of its rows: (agent, task, step, the output decoded)."""
     values: dict[str, Any] = {}
     used = 0
-    for agent, task, step, output in rows.iterator(chunk_size=500):
+    for agent, task, step, value in rows:
         key = f"{agent}.{task}.{step}"
-        used += len(key) + len(json.dumps(output, separators=(",", ":"))) + 4
+        used += len(key) + len(json.dumps(value, separators=(",", ":"))) + 4
         if used > max_bytes:
             return RunOutputs(values, truncated=True)
-        values[key] = output
+        values[key] = value
     return RunOutputs(values, truncated=False)

@@ -5,7 +5,8 @@
 #
 #   LOAD_USERS=50     concurrent simulated clients
 #   LOAD_SECONDS=60   seconds of load once every client is up
-#   LOAD_FLOOR_SECONDS=20  seconds of each of the floor and reads phases before (0: none)
+#   LOAD_FLOOR_SECONDS=20  seconds of each of the floor, reads and saturated mix phases
+#                     before the mix (0: none)
 #   LOAD_SEED=1       the seed of the request mix
 #   LOAD_JSON=path    also write the report there as JSON
 #

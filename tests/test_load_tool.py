@@ -177,12 +177,17 @@ def _phase(phase: str, requests: int, seconds: float, **statuses: dict[str, int]
     }  # fmt: skip
 
 
-def _with_phases(floor_rps: float, reads_rps: float, mix_rps: float) -> dict[str, Any]:
+def _with_phases(
+    floor_rps: float, reads_rps: float, mix_rps: float, saturated_rps: float = 80.0
+) -> dict[str, Any]:
     report = _report()
     report["load"]["total"]["rps"] = mix_rps
+    saturated = _phase("mix_saturated", int(saturated_rps * 20), 20, _runs={"201": 1})
+    saturated["replays"] = {"ok": 3}
     report["phases"] = {
         "floor": _phase("floor", int(floor_rps * 20), 20, _load_floor={"200": 1}),
         "reads": _phase("reads", int(reads_rps * 20), 20, _runs={"200": 1}),
+        "mix_saturated": saturated,
     }
     report["capacity"] = load.capacity(report)
     report["problems"] = load.problems(report)
@@ -190,31 +195,53 @@ def _with_phases(floor_rps: float, reads_rps: float, mix_rps: float) -> dict[str
     return report
 
 
-def test_the_reads_and_the_mix_are_measured_as_fractions_of_the_floor() -> None:
-    report = _with_phases(floor_rps=200.0, reads_rps=130.0, mix_rps=50.0)
+def test_the_reads_and_the_saturated_mix_are_measured_as_fractions_of_the_floor() -> None:
+    report = _with_phases(floor_rps=200.0, reads_rps=130.0, mix_rps=50.0, saturated_rps=60.0)
 
     figures = report["capacity"]
 
-    assert [row["phase"] for row in figures["phases"]] == ["floor", "reads", "mix"]
-    assert figures["ratios"] == {"reads/floor": 0.65, "mix/floor": 0.25}
+    assert [row["phase"] for row in figures["phases"]] == [
+        "floor",
+        "reads",
+        "mix_saturated",
+        "mix",
+    ]
+    assert figures["ratios"] == {"reads/floor": 0.65, "mix_saturated/floor": 0.3}
     assert [(g["phase"], g["goal"], g["met"]) for g in figures["goals"]] == [
         ("reads", 0.6, True),
-        ("mix", 0.35, False),
+        ("mix_saturated", 0.35, False),
     ]
-    # 50 users waiting 0.5 s on average between requests: 100 requests/s at most.
+    # The mix with its think time is the latency figure, held to no throughput goal:
+    # 50 users waiting 0.5 s on average between requests send 100 requests/s at most.
+    assert figures["mix_p95_ms"] == 80
     assert figures["mix_think_ceiling_rps"] == 100.0
     assert figures["mix_think_ceiling_of_floor"] == 0.5
 
 
 def test_the_report_shows_the_phases_side_by_side_and_the_goals_met_or_not() -> None:
-    text = load.format_report(_with_phases(floor_rps=200.0, reads_rps=100.0, mix_rps=80.0))
+    report = _with_phases(floor_rps=200.0, reads_rps=100.0, mix_rps=50.0, saturated_rps=80.0)
+
+    text = load.format_report(report)
 
     assert "| floor | none | 4000 | 200.0 | 12 | 80 | 150 | 0 | 1.00 |" in text
     assert "| reads | none | 2000 | 100.0 | 12 | 80 | 150 | 0 | 0.50 |" in text
-    assert "| mix | 0.1-0.9 s | 105 | 80.0 | 12 | 80 | 150 | 0 | 0.40 |" in text
+    assert "| mix_saturated | none | 1600 | 80.0 | 12 | 80 | 150 | 0 | 0.40 |" in text
+    assert "| mix_saturated: GET " in text  # its endpoints under it
+    assert "| mix | 0.1-0.9 s | 105 | 50.0 | 12 | 80 | 150 | 0 | 0.25 |" in text
     assert "| reads >= 0.6x the floor's requests/s | 0.50 | NOT met |" in text
-    assert "| whole mix >= 0.35x the floor's requests/s | 0.40 | met |" in text
+    assert "| whole mix without think time >= 0.35x the floor's requests/s | 0.40 | met |" in text
+    assert "the mix with its think time, the latency a client sees: p95 80 ms" in text
     assert "caps it at 100 requests/s with 50 users, however fast the answers: 0.50 of" in text
+
+
+def test_the_saturated_mix_is_in_the_json_with_its_own_figures() -> None:
+    report = _with_phases(floor_rps=200.0, reads_rps=100.0, mix_rps=50.0, saturated_rps=80.0)
+
+    written = json.loads(json.dumps(report, default=str))
+
+    assert written["phases"]["mix_saturated"]["total"]["rps"] == 80.0
+    row = next(r for r in written["capacity"]["phases"] if r["phase"] == "mix_saturated")
+    assert (row["think_s"], row["of_floor"], row["server_errors"]) == ([0.0, 0.0], 0.4, 0)
 
 
 def test_capacity_goals_not_met_do_not_fail_the_run() -> None:
@@ -224,14 +251,18 @@ def test_capacity_goals_not_met_do_not_fail_the_run() -> None:
     assert "| verdict | PASS |" in load.format_report(report)
 
 
-def test_a_server_error_in_the_floor_or_the_reads_fails_the_run() -> None:
+def test_a_server_error_in_any_phase_before_the_mix_fails_the_run() -> None:
     report = _with_phases(floor_rps=200.0, reads_rps=130.0, mix_rps=50.0)
     report["phases"]["floor"]["statuses"]["GET /load floor"] = {"200": 10, "502": 2}
     report["phases"]["reads"]["unexpected"] = 1
+    report["phases"]["mix_saturated"]["statuses"]["GET /runs"] = {"201": 10, "500": 1}
+    report["phases"]["mix_saturated"]["replays"] = {"ok": 2, "wrong status": 1}
 
     assert load.problems(report) == [
         "floor: 2 answers with a 5xx status",
         "reads: 1 unexpected answers",
+        "mix_saturated: 1 answers with a 5xx status",
+        "mix_saturated: idempotent replays: {'ok': 2, 'wrong status': 1}",
     ]
 
 
@@ -240,7 +271,9 @@ def test_without_the_floor_the_report_says_the_phases_were_skipped() -> None:
     report["capacity"] = load.capacity(report)
 
     assert report["capacity"] is None
-    assert "the floor and the reads were skipped (--floor-seconds 0)" in load.format_report(report)
+    assert "the floor, the reads and the saturated mix were skipped (--floor-seconds 0)" in (
+        load.format_report(report)
+    )
 
 
 def test_floor_seconds_come_from_the_environment(

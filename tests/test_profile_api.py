@@ -64,7 +64,8 @@ def test_every_route_is_answered_and_split_into_layers_that_add_up() -> None:
         assert sum(route.statuses.values()) == 6  # plain and instrumented
         assert route.queries > 0, route.name
         assert route.sql_ms > 0, route.name
-        assert route.redis >= 2, route.name  # the throttle's script and the metrics
+        # The throttle's script (the request counter goes out at most once a second).
+        assert route.redis >= 1, route.name
         for layer in ("auth", "throttle", "connection", "drf", "django"):
             assert route.layer_ms(layer) > 0, (route.name, layer)
         posted = route.label.startswith("POST")

@@ -122,13 +122,13 @@ def test_the_hierarchy_lists_the_current_attempt_unless_asked_for_another() -> N
     run = Run.objects.get(pk=run.pk)
     assert run.attempt_number == 2
 
-    current = selectors.step_list(run=run)
-    first = selectors.step_list(run=run, query={"attempt": "1"})
+    _, current = selectors.steps_page(run=run, query={}, limit=100, offset=0)
+    _, first = selectors.steps_page(run=run, query={"attempt": 1}, limit=100, offset=0)
     agents = selectors.agent_list(run=run, query={"attempt": 1})
     tasks = selectors.task_list(run=run)
 
-    assert {step.attempt_number for step in current} == {2}
-    assert {step.attempt_number for step in first} == {1}
+    assert {step["attempt_number"] for step in current} == {2}
+    assert {step["attempt_number"] for step in first} == {1}
     assert len(current) == len(first) == 2
     assert [agent.attempt_number for agent in agents] == [1]
     assert [task.attempt_number for task in tasks] == [2]
@@ -136,10 +136,14 @@ def test_the_hierarchy_lists_the_current_attempt_unless_asked_for_another() -> N
 
 def test_events_follow_from_an_id_by_kind_and_attempt() -> None:
     run = states.failed(factories.org())
-    events = list(selectors.event_list(run=run))
+    events = selectors.events_page(run=run, query={}, limit=100)
 
-    later = selectors.event_list(run=run, query={"after": str(events[1].pk)})
-    transitions = selectors.event_list(run=run, query={"kind": "transition", "attempt": "1"})
+    later = selectors.events_page(run=run, query={"after": events[1]["id"]}, limit=100)
+    transitions = selectors.events_page(
+        run=run, query={"kind": "transition", "attempt": 1}, limit=100
+    )
 
-    assert list(later) == events[2:]
-    assert {(event.kind, event.attempt_number) for event in transitions} == {("transition", 1)}
+    assert later == events[2:]
+    assert {(event["kind"], event["attempt_number"]) for event in transitions} == {
+        ("transition", 1)
+    }

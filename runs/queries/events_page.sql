@@ -1,0 +1,32 @@
+-- A page of a run's events by id (GET /runs/{id}/events: runs.selectors.events_page),
+-- each with its path in the plan (engine.event_path), in ascending id: the `limit`
+-- events just after %(above)s (or, %(descending)s, just before %(below)s), among those
+-- with an id strictly between the two. The page is cut on the (run, id) index alone,
+-- whichever way it goes; the events' columns are read for the page's rows only.
+-- %(run)s; %(attempt)s, %(kind)s (NULL: any; runs.filters.EventFilter names them);
+-- %(above)s, %(below)s, %(descending)s, %(limit)s.
+WITH page AS (
+    (
+        SELECT id FROM runs_runevent
+        WHERE run_id = %(run)s AND id > %(above)s AND id < %(below)s AND NOT %(descending)s
+          AND (%(attempt)s::integer IS NULL OR attempt_number = %(attempt)s::integer)
+          AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+        ORDER BY id
+        LIMIT %(limit)s
+    )
+    UNION ALL
+    (
+        SELECT id FROM runs_runevent
+        WHERE run_id = %(run)s AND id > %(above)s AND id < %(below)s AND %(descending)s
+          AND (%(attempt)s::integer IS NULL OR attempt_number = %(attempt)s::integer)
+          AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+        ORDER BY id DESC
+        LIMIT %(limit)s
+    )
+)
+SELECT e.id, e.attempt_number, e.entity, e.entity_id, e.kind, e.from_status, e.to_status,
+       e.actor, e.message, e.payload, e.created_at, named.path
+FROM page
+JOIN runs_runevent e ON e.id = page.id
+CROSS JOIN LATERAL engine.event_path(e.entity, e.entity_id) named
+ORDER BY e.id

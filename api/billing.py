@@ -25,11 +25,16 @@ from api.serializers import (
     StrictCharField,
 )
 from api.views import ApiView, page_response, validated
+from billing import quotas
 from billing.filters import LedgerFilter
-from billing.models import SECRET_NAME_PATTERN
+from billing.models import SECRET_NAME_PATTERN, Organization
 from billing.secrets import is_valid_secret_name, secret_delete, secret_list, secret_put
 from billing.selectors import ledger_for, organization_balance
+from common import eventstreams
+from ratelimits.selectors import rate_limit_list
 from runs.fairness import organization_load
+from schedules.services import schedules_held
+from webhooks.services import endpoints_held
 
 TAG_BILLING = "billing"
 TAG_ORGANIZATION = "organization"
@@ -83,11 +88,45 @@ class UsageOutput(serializers.Serializer[Any]):
     steps_executing = serializers.IntegerField(help_text="Steps executing on workers now.")
 
 
+class QuotaOutput(serializers.Serializer[Any]):
+    limit = serializers.IntegerField(help_text="The quota in force: its own, or the default.")
+    used = serializers.IntegerField(help_text="How many the organization holds now.")
+
+
+class QuotasOutput(serializers.Serializer[Any]):
+    webhook_endpoints = QuotaOutput(
+        help_text="Webhook endpoints; one more is refused with 409 `quota_exceeded`."
+    )
+    schedules = QuotaOutput(help_text="Schedules; one more is refused with 409 `quota_exceeded`.")
+    rate_limits = QuotaOutput(
+        help_text="Rate limits; a new one is refused with 409 `quota_exceeded`."
+    )
+    event_streams = QuotaOutput(
+        help_text="Event streams open at once; one more is refused with 429 `too_many_streams`."
+    )
+
+
 class OrganizationOutput(serializers.Serializer[Any]):
     id = serializers.UUIDField()
     name = serializers.CharField()
     limits = LimitsOutput(help_text="In force now: the organization's own, or the defaults.")
     usage = UsageOutput()
+    quotas = QuotasOutput(help_text="How many of each it may hold (its own, or the defaults).")
+
+
+def quota_use(organization: Organization) -> dict[str, dict[str, int]]:
+    """Each quota in force with what the organization holds against it, counted as the
+    services that check it count."""
+    used = {
+        quotas.WEBHOOK_ENDPOINTS: endpoints_held(organization=organization).count(),
+        quotas.SCHEDULES: schedules_held(organization=organization).count(),
+        quotas.RATE_LIMITS: rate_limit_list(organization).count(),
+        quotas.EVENT_STREAMS: eventstreams.streams_open(organization.pk),
+    }
+    return {
+        name: {"limit": limit, "used": used[name]}
+        for name, limit in quotas.quotas_of(organization).items()
+    }
 
 
 class OrganizationApi(ApiView):
@@ -95,12 +134,13 @@ class OrganizationApi(ApiView):
         tags=[TAG_ORGANIZATION],
         operation_id="organization_get",
         parameters=[RETRY_AFTER_PARAMETER],
-        summary="Your organization: its limits and their use",
+        summary="Your organization: its limits and quotas, and their use",
         responses={200: OrganizationOutput, **error_responses(*READ_ERRORS)},
     )
     def get(self, request: Request) -> Response:
-        """The limits that apply to your runs (docs/fairness.md) and how much of them is
-        in use now. Operators change them in the admin; a change applies at once."""
+        """The limits that apply to your runs (docs/fairness.md), your quotas
+        (docs/tenants.md), and how much of them is in use now. Operators change them in
+        the admin; a change applies at once."""
         organization = organization_of(request)
         load = organization_load(organization.pk)
         data = {
@@ -118,6 +158,7 @@ class OrganizationApi(ApiView):
                 "runs_pending": load.runs_pending,
                 "steps_executing": load.steps_executing,
             },
+            "quotas": quota_use(organization),
         }
         return Response(OrganizationOutput(data).data)
 

@@ -47,6 +47,7 @@ from artifacts.services import (
     UploadMismatch,
 )
 from artifacts.storage import StorageUnavailable
+from billing.quotas import QuotaExceeded, TooManyStreams
 from billing.services import InsufficientCredits
 from common.filters import Problems, QueryInvalid
 from runs.admission import TooManyPendingRuns
@@ -80,7 +81,8 @@ class ErrorOutput(serializers.Serializer[Any]):
             "Structured detail or null: for `invalid_request` and `invalid_plan` a list of "
             "`{path, message}`; for `invalid_transition` `{entity, from, to}`; for "
             "`insufficient_credits` `{needed, available}`; for `throttled` `{retry_after}`; "
-            "for `insufficient_scope` `{scope, required}`."
+            "for `insufficient_scope` `{scope, required}`; for `quota_exceeded` "
+            "`{quota, limit}`."
         ),
     )
 
@@ -134,6 +136,8 @@ DOMAIN_ERRORS: dict[type[Exception], tuple[int, Callable[[Any], Any], Callable[[
     UploadMismatch: (409, lambda exc: None, str),
     TooManyUploads: (429, lambda exc: None, str),
     TooManyPendingRuns: (429, lambda exc: {"retry_after": exc.retry_after}, str),
+    QuotaExceeded: (409, lambda exc: exc.details, str),
+    TooManyStreams: (429, lambda exc: exc.details, str),
     RunStorageFull: (413, lambda exc: None, str),
     ArtifactTooLarge: (413, lambda exc: None, str),
     InvalidName: (400, lambda exc: None, str),
@@ -325,15 +329,17 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     "(`details`: scope, required); checked before any object is looked up",
     404: "`not_found`: no such object in your organization (or no such page)",
     409: "`invalid_transition` (`details`: entity, from, to), `attempts_exhausted`, "
-    "`run_deleted`, or `idempotency_key_in_use` (the first request with this key is still "
-    "being processed)",
+    "`run_deleted`, `idempotency_key_in_use` (the first request with this key is still "
+    "being processed), or `quota_exceeded` (creating one more webhook endpoint, schedule "
+    "or rate limit than the organization's quota; `details`: quota, limit)",
     413: "`payload_too_large`: the body or the plan is over its size limit",
     406: "`not_acceptable`: the response is JSON; accept `application/json`",
     415: "`unsupported_media_type`: send `application/json` (or `application/yaml` to "
     "`POST /runs`)",
     422: "`idempotency_key_reused`: this key was used with a different body",
     429: "`throttled`: too many requests for this key; `too_many_pending_runs`: the "
-    "organization has as many runs waiting to start as it may; `too_many_uploads`; see the "
+    "organization has as many runs waiting to start as it may; `too_many_uploads`; "
+    "`too_many_streams` (an event stream past the organization's quota); see the "
     "`Retry-After` header",
     500: "`internal_error`",
     503: "`service_unavailable`: the database is briefly unreachable; retry after "

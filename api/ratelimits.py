@@ -115,13 +115,14 @@ class RateLimitApi(ApiView):
         responses={
             201: OpenApiResponse(RateLimitOutput, description="Declared."),
             200: OpenApiResponse(RateLimitOutput, description="Changed (or unchanged)."),
-            **error_responses(*READ_ERRORS, 404, 413, 415),
+            **error_responses(*READ_ERRORS, 404, 409, 413, 415),
         },
     )
     def put(self, request: Request, name: str) -> Response:
         """At most `limit` units in any window of `period`, shared by every step of your
         organization that names it (201 when new, 200 when changed). Steps waiting for
-        it are re-planned under the new limit at once."""
+        it are re-planned under the new limit at once. A new one past your organization's
+        quota is refused (409 `quota_exceeded`); a change never is."""
         _named(name)
         data = validated(self.RateLimitInput, request.data)
         found, created = rate_limit_put(

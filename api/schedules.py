@@ -373,7 +373,8 @@ class SchedulesApi(ApiView):
         (from `start_at`, or from now). Everything is checked first, the plan with its
         variables as its runs will get it; on any problem nothing is stored (400
         `invalid_request` naming the field and its code, or `invalid_plan` with the
-        paths in the plan)."""
+        paths in the plan; 409 `quota_exceeded` when your organization has as many
+        schedules as its quota)."""
         data = validated(ScheduleCreateInput, request.data)
         client = client_of(request)
         length = None if "yaml" in request.content_type else request.META.get("CONTENT_LENGTH")

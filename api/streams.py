@@ -5,7 +5,13 @@ Each event goes out as the events list shows it (``EventOutput``), as ``id: <eve
 and ``data: <JSON>`` with no ``event:`` field, so that a browser's ``onmessage`` gets it.
 ``Last-Event-ID`` (or ``?last_event_id=``) resumes strictly after that event. A comment
 (``: keepalive``) goes out at once and every ``API_STREAM_HEARTBEAT_S``. The stream ends
-once the run has ended and every event up to its end has been sent.
+once the run has ended and every event up to its end has been sent, or at the first
+heartbeat after its API key was revoked or its organization suspended.
+
+An organization has at most its quota `event_streams` open at once (docs/tenants.md):
+each stream holds a lease (``eventstreams.StreamLease``), taken before the response
+starts (one more: ``429 too_many_streams``), renewed at each heartbeat and released when
+the server closes the response, whether or not it ever sent a frame.
 
 How it waits. PostgreSQL is the source of truth and Redis only says when to look
 (``common.eventstreams``): the stream subscribes to its run's channel, registers the run
@@ -33,8 +39,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from uuid import UUID
@@ -51,9 +58,11 @@ from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.utils.encoders import JSONEncoder
 
-from api.authentication import organization_of
+from api.authentication import client_of
 from api.serializers import EventOutput
 from api.views import ApiView
+from billing import quotas
+from billing.selectors import key_refused
 from common import eventstreams
 from common.filters import MAX_BIGINT
 from common.stores import broker_redis
@@ -160,7 +169,7 @@ class Wakeups:
 
     def __init__(self, run_id: UUID, heartbeat_s: float) -> None:
         self.run_id = run_id
-        self.ttl_s = 2 * heartbeat_s + 10  # two heartbeats may be late before it lapses
+        self.ttl_s = eventstreams.lapse_after(heartbeat_s)
         self.client = broker_redis(socket_connect_timeout=2, socket_timeout=5)
         self.pubsub: Any = None
         self.listening = False
@@ -243,16 +252,20 @@ class Wakeups:
 # --------------------------------------------------------------------------- the stream
 @dataclass
 class EventStream:
-    """The frames of one stream: events after ``after``, comments, until the run ends."""
+    """The frames of one stream: events after ``after``, comments, until the run ends
+    (or, at a heartbeat, the key ``api_key_id`` is found revoked or its organization
+    suspended)."""
 
     run: Run
     after: int
     heartbeat_s: float
+    api_key_id: Any = None
+    lease: eventstreams.StreamLease | None = None
     horizon: Horizon = field(default_factory=Horizon)
     # The last id handed out when the run was first seen ended: the end, once sent.
     end_at: int | None = None
 
-    def frames(self) -> Iterator[bytes]:
+    def frames(self) -> Generator[bytes, None, None]:
         # Something at once: the response's headers leave with it, and the client knows
         # it is connected before anything happens.
         yield KEEPALIVE
@@ -292,8 +305,12 @@ class EventStream:
                 if recheck_at is not None and now >= recheck_at:
                     recheck_at = None
                 if now >= heartbeat_at:
+                    if self._cut_off():
+                        return
                     yield KEEPALIVE
                     wakeups.renew()
+                    if self.lease is not None:
+                        self.lease.renew()
                     heartbeat_at = now + self.heartbeat_s
         except DatabaseError as exc:
             # PostgreSQL went away: end the stream; the client resumes from its last id.
@@ -301,6 +318,16 @@ class EventStream:
         finally:
             wakeups.close()
             _give_back_connection()
+
+    def _cut_off(self) -> bool:
+        """Whether the key the stream was opened with may no longer read it (revoked, or
+        its organization suspended): one read by primary keys, at each heartbeat."""
+        if self.api_key_id is None:
+            return False
+        refused = key_refused(self.api_key_id)
+        if refused:
+            logger.info("event stream of run %s ended: %s", self.run.pk, refused)
+        return bool(refused)
 
     def _ended(self) -> bool:
         return self.end_at is not None and self.horizon.stable >= self.end_at
@@ -329,6 +356,28 @@ class EventStream:
 
 
 # --------------------------------------------------------------------------- the view
+class Leased:
+    """A stream's frames, and its lease released when the server closes the response
+    (WSGI's ``close``, which Django passes on to its content): after the last frame, a
+    client gone, or never started at all (a generator never started runs no
+    ``finally``)."""
+
+    def __init__(
+        self, frames: Generator[bytes, None, None], lease: eventstreams.StreamLease
+    ) -> None:
+        self.frames = frames
+        self.lease = lease
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self.frames
+
+    def close(self) -> None:
+        try:
+            self.frames.close()
+        finally:
+            self.lease.release()
+
+
 class StreamQuery(serializers.Serializer[Any]):
     last_event_id = serializers.IntegerField(
         required=False,
@@ -377,10 +426,25 @@ class RunEventsStreamApi(ApiView):
     @extend_schema(exclude=True)
     def get(self, request: Request, run_id: UUID) -> StreamingHttpResponse:
         """The run's events after ``Last-Event-ID`` as they happen, until it has ended."""
-        run = selectors.run_get(organization=organization_of(request), run_id=run_id)
+        client = client_of(request)
+        organization = client.organization
+        run = selectors.run_get(organization=organization, run_id=run_id)
         after = last_event_id(request, self.query)
-        stream = EventStream(run=run, after=after, heartbeat_s=settings.API_STREAM_HEARTBEAT_S)
-        response = StreamingHttpResponse(stream.frames(), content_type="text/event-stream")
+        heartbeat_s = settings.API_STREAM_HEARTBEAT_S
+        lease = eventstreams.StreamLease(
+            organization.pk, ttl_s=eventstreams.lapse_after(heartbeat_s)
+        )
+        limit = quotas.quota_of(organization, quotas.EVENT_STREAMS)
+        if not lease.take(limit):
+            # A place frees when a stream closes, or at the latest when the lease of one
+            # whose web process died lapses.
+            raise quotas.TooManyStreams(limit, retry_after=max(1, math.ceil(heartbeat_s)))
+        stream = EventStream(
+            run=run, after=after, heartbeat_s=heartbeat_s, api_key_id=client.api_key.pk, lease=lease
+        )
+        response = StreamingHttpResponse(
+            Leased(stream.frames(), lease), content_type="text/event-stream"
+        )
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once
         return response

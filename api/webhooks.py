@@ -251,7 +251,8 @@ class WebhooksApi(ApiView):
     def post(self, request: Request) -> Response:
         """Register an endpoint for the event types given. The answer holds its signing
         secret (generated when none is given): shown this once. On any problem nothing is
-        stored (400 `invalid_request` naming the field)."""
+        stored (400 `invalid_request` naming the field; 409 `quota_exceeded` when your
+        organization has as many endpoints as its quota)."""
         data = validated(WebhookEndpointCreateInput, request.data)
         client = client_of(request)
         with _refusals():

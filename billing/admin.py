@@ -13,6 +13,7 @@ from django.forms import ModelForm
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
+from billing import quotas
 from billing.models import ApiKey, ApiKeyScope, LedgerEntry, Organization, Reservation, Secret
 from billing.secrets import is_valid_secret_name, oncall_set, secret_delete, secret_put
 from billing.selectors import organization_balance
@@ -62,6 +63,21 @@ class OrganizationForm(ModelForm[Organization]):
         help_text="On-call addresses told of escalations, one per line or comma-separated.",
     )
 
+    quota_webhook_endpoints = forms.IntegerField(
+        required=False, min_value=0, help_text="Webhook endpoints. Empty: QUOTA_WEBHOOK_ENDPOINTS."
+    )
+    quota_schedules = forms.IntegerField(
+        required=False, min_value=0, help_text="Schedules. Empty: QUOTA_SCHEDULES."
+    )
+    quota_rate_limits = forms.IntegerField(
+        required=False, min_value=0, help_text="Rate limits. Empty: QUOTA_RATE_LIMITS."
+    )
+    quota_event_streams = forms.IntegerField(
+        required=False,
+        min_value=0,
+        help_text="Event streams open at once. Empty: QUOTA_EVENT_STREAMS.",
+    )
+
     class Meta:
         model = Organization
         fields = ("name",)
@@ -71,6 +87,8 @@ class OrganizationForm(ModelForm[Organization]):
         if self.instance.pk:
             self.fields["webhook_url"].initial = self.instance.escalation_webhook_url
             self.fields["oncall_emails"].initial = "\n".join(self.instance.oncall_emails)
+            for field in quotas.FIELDS:
+                self.fields[field].initial = getattr(self.instance, field)
 
     def clean_oncall_emails(self) -> list[str]:
         raw = self.cleaned_data.get("oncall_emails", "")
@@ -105,6 +123,7 @@ class OrganizationAdmin(admin.ModelAdmin[Organization]):
             "On-call (escalations)",
             {"fields": ("webhook_url", "webhook_secret", "clear_webhook_secret", "oncall_emails")},
         ),
+        ("Quotas (docs/tenants.md); empty: the setting", {"fields": quotas.FIELDS}),
     )
     inlines = (ApiKeyInline,)
     actions = ("grant_credits",)
@@ -124,6 +143,11 @@ class OrganizationAdmin(admin.ModelAdmin[Organization]):
             webhook_url=data.get("webhook_url", ""),
             webhook_secret=secret,
             emails=data.get("oncall_emails", []),
+        )
+        quotas.quotas_set(
+            obj.pk,
+            actor=actor_of(request),
+            **{name: data.get(field) for name, (field, _, _) in quotas.QUOTAS.items()},
         )
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:

@@ -40,6 +40,24 @@ class Organization(models.Model):
         db_default=1,
         help_text="Its weight when organizations share the workers (2: twice the share of 1).",
     )
+    # Quotas (docs/tenants.md): how many of each it may hold; empty takes its setting
+    # (QUOTA_*).
+    quota_webhook_endpoints = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Webhook endpoints; empty: QUOTA_WEBHOOK_ENDPOINTS."
+    )
+    quota_schedules = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Schedules; empty: QUOTA_SCHEDULES."
+    )
+    quota_rate_limits = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Rate limits; empty: QUOTA_RATE_LIMITS."
+    )
+    quota_event_streams = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Event streams open at once; empty: QUOTA_EVENT_STREAMS."
+    )
+    # Suspension (docs/tenants.md): while set, its keys are refused, its schedules skip,
+    # its webhooks hold their deliveries and its running runs are paused.
+    suspended_at = models.DateTimeField(null=True, blank=True, editable=False)
+    suspended_reason = models.CharField(max_length=500, blank=True, db_default="")
 
     class Meta:
         ordering = ["name"]

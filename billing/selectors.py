@@ -1,16 +1,17 @@
-"""Reads of balances and the ledger."""
+"""Reads of balances, the ledger and whether a key may still be used."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 from django.db.models import F, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 
 from billing.filters import LedgerFilter
-from billing.models import EntryType, LedgerEntry, Organization, Reservation
+from billing.models import ApiKey, EntryType, LedgerEntry, Organization, Reservation
 from common.filters import QueryData
 
 ZERO = Decimal(0)
@@ -66,3 +67,19 @@ def ledger_for(
     """The organization's ledger, newest first, as ``query`` filters it (``LedgerFilter``)."""
     entries = LedgerEntry.objects.filter(organization=organization)
     return LedgerFilter(query or {}, queryset=entries).filtered().order_by("-created_at", "-id")
+
+
+def key_refused(api_key_id: Any) -> str:
+    """Why the key may no longer be used, or "": "the API key was revoked", "the
+    organization is suspended". One read by primary keys: a live event stream asks at
+    each heartbeat."""
+    row = (
+        ApiKey.objects.filter(pk=api_key_id)
+        .values_list("revoked_at", "organization__suspended_at")
+        .first()
+    )
+    if row is None or row[0] is not None:
+        return "the API key was revoked"
+    if row[1] is not None:
+        return "the organization is suspended"
+    return ""

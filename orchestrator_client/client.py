@@ -687,7 +687,7 @@ class Client:
         return cast(Paginator[LedgerEntry], self._pages("billing/ledger", params, limit))
 
     def organization(self) -> Organization:
-        """Your organization's limits in force and their use."""
+        """Your organization's limits and quotas in force, and their use."""
         return cast(Organization, self._get("organization"))
 
     # ------------------------------------------------------------------ secrets

@@ -90,12 +90,18 @@ class InvalidTransition(Conflict):
     """409 ``invalid_transition``: ``details`` is ``{entity, from, to}``."""
 
 
+class QuotaExceeded(Conflict):
+    """409 ``quota_exceeded``: one more webhook endpoint, schedule or rate limit than the
+    organization's quota; ``details`` is ``{quota, limit}``."""
+
+
 class IdempotencyKeyReused(ApiError):
     """422 ``idempotency_key_reused``: the key was used before with another body."""
 
 
 class RateLimited(ApiError):
-    """429: ``throttled`` or ``too_many_pending_runs``; ``retry_after`` says when to retry."""
+    """429: ``throttled``, ``too_many_pending_runs`` or ``too_many_streams``;
+    ``retry_after`` says when to retry."""
 
 
 class ServerError(ApiError):
@@ -106,6 +112,7 @@ BY_CODE: dict[str, type[ApiError]] = {
     "invalid_plan": InvalidPlan,
     "invalid_transition": InvalidTransition,
     "insufficient_credits": InsufficientCredits,
+    "quota_exceeded": QuotaExceeded,
     "idempotency_key_reused": IdempotencyKeyReused,
 }
 BY_STATUS: dict[int, type[ApiError]] = {

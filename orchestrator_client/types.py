@@ -248,11 +248,26 @@ class Usage(TypedDict):
     steps_executing: int
 
 
+class Quota(TypedDict):
+    limit: int
+    used: int
+
+
+class Quotas(TypedDict):
+    """How many of each the organization may hold, and holds (docs/tenants.md)."""
+
+    webhook_endpoints: Quota
+    schedules: Quota
+    rate_limits: Quota
+    event_streams: Quota
+
+
 class Organization(TypedDict):
     id: str
     name: str
     limits: Limits
     usage: Usage
+    quotas: Quotas
 
 
 class Secret(TypedDict):

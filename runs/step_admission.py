@@ -33,6 +33,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
+from billing import quotas
 from common.units import duration_text
 from ratelimits import selectors as limits
 from ratelimits import windows
@@ -353,7 +354,13 @@ def rate_limit_put(
     *, organization: Any, name: str, limit: int, period_ms: int
 ) -> tuple[RateLimit, bool]:
     """Declare or change the organization's limit ``name``; the steps waiting for it are
-    re-planned under the new one. Returns the limit and whether it was created."""
+    re-planned under the new one. Returns the limit and whether it was created. A new
+    one past the organization's quota: ``QuotaExceeded`` (a change is never refused)."""
+    if not RateLimit.objects.filter(organization=organization, name=name).exists():
+        # The others only: a PUT of the same name that won the quota's lock meanwhile
+        # made this one a change.
+        others = limits.rate_limit_list(organization).exclude(name=name)
+        quotas.check_quota(organization, quotas.RATE_LIMITS, held=others)
     found, created = RateLimit.objects.select_for_update().get_or_create(
         organization=organization,
         name=name,

@@ -25,8 +25,10 @@ from uuid import UUID
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, InterfaceError, OperationalError, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
+from billing import quotas
 from billing.models import Organization
 from billing.services import InsufficientCredits
 from common import metrics
@@ -236,6 +238,12 @@ def _check_plan(plan: Any, variables: Any, size_hint: int | None) -> None:
 
 
 # --------------------------------------------------------------------------- create, edit
+def schedules_held(*, organization: Organization) -> QuerySet[Schedule]:
+    """The schedules that count against the quota `schedules`: all of them, active,
+    paused or ended (an ended one is given a new end by a PATCH)."""
+    return Schedule.objects.filter(organization=organization)
+
+
 @transaction.atomic
 def schedule_create(
     *,
@@ -256,7 +264,8 @@ def schedule_create(
 ) -> Schedule:
     """Validate everything, then store an active schedule whose first due time is the
     first after now (from ``start_at`` when given). Nothing is stored on a problem:
-    ``ScheduleInvalid`` (a field, with its path and code) or ``PlanInvalid``."""
+    ``ScheduleInvalid`` (a field, with its path and code), ``PlanInvalid``, or
+    ``QuotaExceeded`` past the organization's quota."""
     now = now or timezone.now()
     name = _read_name(name)
     cron_text, interval_ms = _read_cadence(cron, interval)
@@ -265,6 +274,9 @@ def schedule_create(
     _read_choices(overlap, catchup)
     variables = {} if variables is None else variables
     _check_plan(plan, variables, size_hint)
+    quotas.check_quota(
+        organization, quotas.SCHEDULES, held=schedules_held(organization=organization)
+    )
     schedule = Schedule(
         organization=organization,
         name=name,

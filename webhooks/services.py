@@ -22,8 +22,10 @@ from urllib.parse import urlsplit
 from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
+from billing import quotas
 from billing.models import Organization
 from billing.secrets import decrypt_value, encrypt_value
 from webhooks.models import (
@@ -151,8 +153,11 @@ def endpoint_create(
     actor: str = "",
 ) -> tuple[WebhookEndpoint, str]:
     """Register an endpoint; return it with its secret (generated when none is given),
-    which is shown this once."""
+    which is shown this once. Past the organization's quota: ``QuotaExceeded``."""
     _checked(url, events, secret)
+    quotas.check_quota(
+        organization, quotas.WEBHOOK_ENDPOINTS, held=endpoints_held(organization=organization)
+    )
     secret = secret if secret is not None else secret_generate()
     endpoint = WebhookEndpoint.objects.create(
         organization=organization,
@@ -163,6 +168,12 @@ def endpoint_create(
         created_by=actor,
     )
     return endpoint, secret
+
+
+def endpoints_held(*, organization: Organization) -> QuerySet[WebhookEndpoint]:
+    """The endpoints that count against the quota `webhook_endpoints`: all of them,
+    enabled or not (a disabled one is enabled again by a PATCH)."""
+    return WebhookEndpoint.objects.filter(organization=organization)
 
 
 def _endpoint_locked(endpoint_id: Any, organization: Organization | None) -> WebhookEndpoint:

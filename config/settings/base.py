@@ -753,6 +753,23 @@ ENGINE_FAIR_SLICE = env.number(
     "ENGINE_FAIR_SLICE", 0.02, "seconds a worker serves a run before it looks again"
 )
 
+# --------------------------------------------------------------------------- quotas
+# How many of each thing an organization may hold (docs/tenants.md); an organization's
+# own quota (the admin, `manage.py set_limits`) overrides each. Creating one more is
+# refused (409 quota_exceeded); opening one more event stream, 429 too_many_streams.
+QUOTA_WEBHOOK_ENDPOINTS = env.integer(
+    "QUOTA_WEBHOOK_ENDPOINTS", 20, "webhook endpoints an organization may have", minimum=0
+)
+QUOTA_SCHEDULES = env.integer(
+    "QUOTA_SCHEDULES", 100, "schedules an organization may have", minimum=0
+)
+QUOTA_RATE_LIMITS = env.integer(
+    "QUOTA_RATE_LIMITS", 100, "rate limits an organization may have", minimum=0
+)
+QUOTA_EVENT_STREAMS = env.integer(
+    "QUOTA_EVENT_STREAMS", 50, "event streams an organization may have open at once", minimum=0
+)
+
 # --------------------------------------------------------------------------- escalation
 # The engine's policy layer (docs/escalation.md): when a failing run goes to people
 # (ESCALATED, a ticket, on-call notified) and when it is re-planned. Each threshold is a

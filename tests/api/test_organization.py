@@ -38,6 +38,12 @@ def test_the_organization_shows_the_default_limits_and_nothing_in_use(
             "share": 1,
         },
         "usage": {"runs_running": 0, "runs_queued": 0, "runs_pending": 0, "steps_executing": 0},
+        "quotas": {
+            "webhook_endpoints": {"limit": settings.QUOTA_WEBHOOK_ENDPOINTS, "used": 0},
+            "schedules": {"limit": settings.QUOTA_SCHEDULES, "used": 0},
+            "rate_limits": {"limit": settings.QUOTA_RATE_LIMITS, "used": 0},
+            "event_streams": {"limit": settings.QUOTA_EVENT_STREAMS, "used": 0},
+        },
     }
 
 

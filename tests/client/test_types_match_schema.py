@@ -64,6 +64,8 @@ COMPONENTS: dict[Any, str] = {
     types.LedgerEntry: "LedgerEntryOutput",
     types.Limits: "LimitsOutput",
     types.Usage: "UsageOutput",
+    types.Quota: "QuotaOutput",
+    types.Quotas: "QuotasOutput",
     types.Organization: "OrganizationOutput",
     types.Secret: "SecretOutput",
     types.RateLimit: "RateLimitOutput",

@@ -19,6 +19,7 @@ import pytest
 import redis
 from django.db import connection
 
+from billing import quotas
 from billing.services import api_key_create
 from common import eventstreams
 from runs import services
@@ -188,6 +189,7 @@ def test_two_hundred_streams_on_one_gevent_process_all_follow_a_run_to_its_end(
     web: Web, broker: redis.Redis[bytes]
 ) -> None:
     organization = factories.org(credits=100)
+    quotas.quotas_set(organization.pk, actor="test", event_streams=STREAMS)  # 50 by default
     _, key = api_key_create(organization=organization, name="watchers", scope="read")
     _, full = api_key_create(organization=organization, name="client", scope="full")
     run = services.run_create(organization=organization, plan=fan_out(10))

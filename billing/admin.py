@@ -107,7 +107,7 @@ class OrganizationAdmin(admin.ModelAdmin[Organization]):
         ),
     )
     inlines = (ApiKeyInline,)
-    actions = ("grant_credits",)
+    actions: tuple[str, ...] = ("grant_credits",)
 
     @admin.display(description="escalation webhook", boolean=True)
     def webhook(self, organization: Organization) -> bool:

@@ -6,13 +6,12 @@ setting. Prints the limits in force as JSON."""
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import asdict
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from billing.models import Organization
+from billing.selectors import organization_named
 from runs import admission
 
 DEFAULT = "default"
@@ -32,12 +31,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         wanted = options["organization"].strip()
-        found = Organization.objects.filter(name=wanted).first()
-        if found is None:
-            try:
-                found = Organization.objects.filter(pk=uuid.UUID(wanted)).first()
-            except ValueError:  # not an id either
-                found = None
+        found = organization_named(wanted)
         if found is None:
             raise CommandError(f"no organization named or with id {wanted!r}")
         limits: dict[str, int | None] = {}

@@ -1,4 +1,5 @@
-"""`Authorization: Bearer <api key>`: the key's organization scopes every query."""
+"""`Authorization: Bearer <api key>`: the key's organization scopes every query, and a
+suspended organization's keys are refused (403 `organization_suspended`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
-from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.exceptions import APIException, AuthenticationFailed
 from rest_framework.request import Request
 
 from billing.models import ApiKey, Organization
@@ -46,8 +47,20 @@ class ApiClient:
         return self.actor
 
 
+class OrganizationSuspended(APIException):
+    """The key is valid, its organization suspended by an operator (docs/tenants.md)."""
+
+    status_code = 403
+    default_code = "organization_suspended"
+    default_detail = "this organization is suspended; ask the operators of this service"
+
+
 class ApiKeyAuthentication(BaseAuthentication):
-    """Unknown, malformed and revoked keys are refused (401); no header: not authenticated."""
+    """Unknown, malformed and revoked keys are refused (401); no header: not authenticated.
+    A key of a suspended organization is refused with 403 ``organization_suspended``: the
+    organization's row comes with the key's (one query, as before), so the check costs
+    nothing more. Raised here, as an APIException, the request is then anonymous for
+    whatever reads ``request.user`` after (metrics, throttling)."""
 
     def authenticate(self, request: Request) -> tuple[ApiClient, ApiKey] | None:
         header = get_authorization_header(request)
@@ -62,6 +75,8 @@ class ApiKeyAuthentication(BaseAuthentication):
         api_key = api_key_authenticate(parts[1])
         if api_key is None:
             raise AuthenticationFailed("unknown or revoked API key")
+        if api_key.organization.suspended_at is not None:
+            raise OrganizationSuspended
         return ApiClient(api_key), api_key
 
     def authenticate_header(self, request: Request) -> str:

@@ -326,7 +326,9 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     "revoked key)",
     402: "`insufficient_credits`: the organization cannot cover the reservation",
     403: "`insufficient_scope`: this API key's scope does not cover the route "
-    "(`details`: scope, required); checked before any object is looked up",
+    "(`details`: scope, required); checked before any object is looked up; "
+    "`organization_suspended`: an operator suspended the key's organization, every request "
+    "with its keys is refused until it is unsuspended",
     404: "`not_found`: no such object in your organization (or no such page)",
     409: "`invalid_transition` (`details`: entity, from, to), `attempts_exhausted`, "
     "`run_deleted`, `idempotency_key_in_use` (the first request with this key is still "

@@ -496,7 +496,7 @@ class ScheduleFiresApi(ApiView):
         """Each due time handled and each trigger, newest first: fired with its run and
         the run's status, or skipped with the reason (`overlap`, `missed` standing for
         every time missed at once, `insufficient_credits`, `too_many_pending_runs`,
-        `invalid_plan`) and a message."""
+        `invalid_plan`, `suspended`) and a message."""
         schedule = selectors.schedule_get(
             organization=organization_of(request), schedule_id=schedule_id
         )

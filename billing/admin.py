@@ -126,7 +126,7 @@ class OrganizationAdmin(admin.ModelAdmin[Organization]):
         ("Quotas (docs/tenants.md); empty: the setting", {"fields": quotas.FIELDS}),
     )
     inlines = (ApiKeyInline,)
-    actions = ("grant_credits",)
+    actions: tuple[str, ...] = ("grant_credits",)
 
     @admin.display(description="escalation webhook", boolean=True)
     def webhook(self, organization: Organization) -> bool:

@@ -1,7 +1,8 @@
-"""Reads of balances, the ledger and whether a key may still be used."""
+"""Reads of organizations, balances, the ledger and whether a key may still be used."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -26,6 +27,19 @@ class Balance:
     @property
     def total(self) -> Decimal:
         return self.available + self.reserved
+
+
+def organization_named(wanted: str) -> Organization | None:
+    """The organization named ``wanted``, or with that id (what operators' commands
+    accept), or None."""
+    wanted = wanted.strip()
+    found = Organization.objects.filter(name=wanted).first()
+    if found is None:
+        try:
+            found = Organization.objects.filter(pk=uuid.UUID(wanted)).first()
+        except ValueError:  # not an id either
+            found = None
+    return found
 
 
 def organization_balance(organization: Organization) -> Balance:

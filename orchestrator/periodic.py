@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from orchestrator import sweeps
+from orchestrator import retention, sweeps
 from runs import callbacks, runners
 from schedules import selectors as schedule_selectors
 from webhooks import services as webhook_services
@@ -33,6 +33,7 @@ PERIODIC_PREFIX = "orchestrator:"
 
 # How often a sweep that waits for its work is sent although its look finds none.
 BACKSTOP_SECONDS = 300
+RETENTION_BACKSTOP_SECONDS = 3600
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,16 @@ def periodic_tasks() -> tuple[Periodic, ...]:
             "orchestrator.sweeps.schedules",
             schedule_selectors.schedules_next_due,
             _every("SCHEDULES_TICK_SECONDS"),
+        ),
+        # Retention (docs/tenants.md): what turned older than RETENTION_DAYS is deleted
+        # in small batches. Looked for every 5 minutes; its work is days old, so its
+        # backstop is an hour, not BACKSTOP_SECONDS (an idle fleet sends it 12 times less).
+        Periodic(
+            name="retention-sweep",
+            task="orchestrator.sweeps.retention",
+            every_seconds=RETENTION_BACKSTOP_SECONDS,
+            next_due=retention.next_due,
+            check_seconds=BACKSTOP_SECONDS,
         ),
         # Run webhooks (docs/webhooks.md): claim the due deliveries and send them.
         _waiting(

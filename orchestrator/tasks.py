@@ -20,7 +20,7 @@ from django.conf import settings
 from artifacts import services as artifact_services
 from common import metrics
 from common.task_base import RETRY_OPTIONS, TRANSIENT, EngineTask
-from orchestrator import executor, notify, polling, sweeps, webhooks
+from orchestrator import executor, notify, polling, retention, sweeps, webhooks
 from orchestrator.transport import CeleryTransport, serving
 from runs import admission, callbacks, children, planners, replanning, runners, step_admission
 from runs.engine import control
@@ -188,6 +188,12 @@ def fire_due_schedules_task() -> dict[str, int]:
 def sweep_rate_grants_task() -> dict[str, int]:
     """Grants older than the longest period no window counts any more."""
     return _swept("rate_grants", {"pruned": step_admission.prune_grants()})
+
+
+@shared_task(name="orchestrator.sweeps.retention", **RETRY_OPTIONS)
+def sweep_retention_task() -> dict[str, int]:
+    """Webhook deliveries and attempts, schedule fires older than RETENTION_DAYS."""
+    return _swept("retention", retention.prune())
 
 
 @shared_task(name="orchestrator.webhooks.sweep", **RETRY_OPTIONS)

@@ -75,7 +75,8 @@ class InsufficientCredits(ApiError):
 
 
 class PermissionDenied(ApiError):
-    """403: the key's scope does not allow this route (``insufficient_scope``)."""
+    """403: the key's scope does not allow this route (``insufficient_scope``), or an
+    operator suspended its organization (``organization_suspended``)."""
 
 
 class NotFound(ApiError):

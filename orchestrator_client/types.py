@@ -424,7 +424,7 @@ class ScheduleDetail(Schedule):
 class ScheduleFire(TypedDict):
     """A due time handled, or a trigger: fired with its run, or skipped with ``reason``
     (``overlap``, ``missed``, ``insufficient_credits``, ``too_many_pending_runs``,
-    ``invalid_plan``)."""
+    ``invalid_plan``, ``suspended``)."""
 
     id: int
     schedule: str

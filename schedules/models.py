@@ -72,6 +72,7 @@ class SkipReason(models.TextChoices):
     INSUFFICIENT_CREDITS = "insufficient_credits"
     TOO_MANY_PENDING_RUNS = "too_many_pending_runs"
     INVALID_PLAN = "invalid_plan"
+    SUSPENDED = "suspended"  # its organization is suspended (docs/tenants.md)
 
 
 class Schedule(models.Model):

@@ -9,8 +9,8 @@ A due time is fired at most once: the tick advances ``next_due_at`` under the ro
 and PostgreSQL's unique (schedule, due time) refuses a second fire whatever got past the
 lock (two beats publishing the same tick, a tick retried after its commit was lost).
 Firing starts a run through ``runs.services`` as the API does; what refuses it (credits,
-the organization's pending runs, a plan that no longer validates) is recorded as a
-skipped fire with its reason, and the schedule goes on.
+the organization's pending runs, a plan that no longer validates, its suspension) is
+recorded as a skipped fire with its reason, and the schedule goes on.
 """
 
 from __future__ import annotations
@@ -497,6 +497,8 @@ def _fire(schedule: Schedule, due_at: datetime) -> ScheduleFire | None:
     except IntegrityError:
         logger.info("schedule %s: due time %s was fired already", schedule.pk, due_at)
         return None
+    if schedule.organization.suspended_at is not None:  # read with the schedule's row
+        return _skipped(fire, SkipReason.SUSPENDED, "the organization is suspended")
     previous = _active_runs(schedule, but=fire)
     if previous and schedule.overlap == Overlap.SKIP:
         return _skipped(

@@ -856,6 +856,13 @@ DEFAULT_FROM_EMAIL = env.string(
     "DEFAULT_FROM_EMAIL", "orchestrator@localhost", "sender of on-call notices"
 )
 
+# Retention (docs/tenants.md, "Retention"): webhook deliveries (sent or given up) and
+# attempts, and schedule fires, older than this are deleted by a beat sweep in small
+# batches. Runs, their events and the ledger are kept.
+RETENTION_DAYS = env.integer(
+    "RETENTION_DAYS", 30, "days webhook deliveries and schedule fires are kept", minimum=1
+)
+
 # Re-plan: when more than REPLAN_AGENT_FAILURE_RATIO of a running run's agents failed, or
 # more than REPLAN_TASK_FAILURES of its tasks, a planner proposes new agents, at most
 # REPLAN_MAX times per run. Planners are callables by dotted path; a plan picks one by

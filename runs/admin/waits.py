@@ -1,6 +1,7 @@
 """What runs and steps wait on, in the admin: runners and their jobs, callback and poll
 waits, people (escalations, re-plans), an organization's limits (on billing's page of it,
-with their use) and rate limits. Every action goes through the API's services."""
+with their use) and its suspension, and rate limits. Every action goes through the API's
+services."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 
 from billing.admin import OrganizationAdmin, OrganizationForm
 from billing.models import Organization
@@ -18,7 +20,7 @@ from billing.services import InsufficientCredits
 from common.admin import ReadOnlyAdminMixin, actor_of
 from common.units import duration_text
 from ratelimits.models import RateLimit
-from runs import admission, escalations, fairness, runners, services, step_admission
+from runs import admission, escalations, fairness, runners, services, step_admission, suspension
 from runs.models import (
     EscalationTicket,
     Notification,
@@ -269,6 +271,15 @@ class OrganizationLimitsForm(OrganizationForm):
                 self.fields[name].initial = getattr(self.instance, name)
 
 
+class SuspendForm(forms.Form):
+    reason = forms.CharField(
+        required=False,
+        max_length=suspension.REASON_MAX_LENGTH,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="Why, for operators: never shown to the organization.",
+    )
+
+
 class OrganizationLoadAdmin(OrganizationAdmin):
     form = OrganizationLimitsForm
     list_display = (
@@ -279,14 +290,19 @@ class OrganizationLoadAdmin(OrganizationAdmin):
         "runs_queued",
         "steps_executing",
         "webhook",
+        "suspended",
         "created_at",
     )
+    list_filter = (("suspended_at", admin.EmptyFieldListFilter),)
     readonly_fields = (
         *OrganizationAdmin.readonly_fields,
         "runs_running",
         "runs_queued",
         "steps_executing",
+        "suspended_at",
+        "suspended_reason",
     )
+    actions = (*OrganizationAdmin.actions, "suspend", "unsuspend")
     fieldsets = (
         *OrganizationAdmin.fieldsets,
         (
@@ -299,6 +315,10 @@ class OrganizationLoadAdmin(OrganizationAdmin):
                     "steps_executing",
                 )
             },
+        ),
+        (
+            "Suspension (docs/tenants.md): use the actions of the list",
+            {"fields": ("suspended_at", "suspended_reason")},
         ),
     )
 
@@ -328,6 +348,52 @@ class OrganizationLoadAdmin(OrganizationAdmin):
     @admin.display(description="steps executing")
     def steps_executing(self, organization: Organization) -> int:
         return int(getattr(organization, "steps_executing", 0))
+
+    @admin.display(description="suspended", boolean=True, ordering="suspended_at")
+    def suspended(self, organization: Organization) -> bool:
+        return organization.suspended_at is not None
+
+    @admin.action(description="Suspend selected organizations (keys refused, runs paused)")
+    def suspend(
+        self, request: HttpRequest, queryset: QuerySet[Organization]
+    ) -> HttpResponse | None:
+        if "apply" not in request.POST:
+            form = SuspendForm()
+        else:
+            form = SuspendForm(request.POST)
+            if form.is_valid():
+                paused = 0
+                for organization in queryset:
+                    done = suspension.organization_suspend(
+                        organization=organization,
+                        reason=form.cleaned_data["reason"],
+                        actor=actor_of(request),
+                    )
+                    paused += len(done.runs)
+                self.message_user(
+                    request,
+                    f"{queryset.count()} organization(s) suspended; {paused} running run(s) paused",
+                )
+                return None
+        return TemplateResponse(
+            request,
+            "admin/runs/suspend_organizations.html",
+            {**self.admin_site.each_context(request), "form": form, "organizations": queryset},
+        )
+
+    @admin.action(description="Unsuspend selected organizations (resume what it paused)")
+    def unsuspend(self, request: HttpRequest, queryset: QuerySet[Organization]) -> None:
+        resumed = 0
+        for organization in queryset:
+            done = suspension.organization_unsuspend(
+                organization=organization, actor=actor_of(request)
+            )
+            resumed += len(done.runs)
+        self.message_user(
+            request,
+            f"{queryset.count()} organization(s) unsuspended; {resumed} run(s) the "
+            "suspension paused resumed",
+        )
 
 
 admin.site.unregister(Organization)

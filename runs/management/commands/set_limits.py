@@ -8,7 +8,6 @@ its setting. Prints the limits in force as JSON, the quotas under `quotas`."""
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import asdict
 from typing import Any
 
@@ -16,7 +15,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
 from billing import quotas
-from billing.models import Organization
+from billing.selectors import organization_named
 from runs import admission
 
 DEFAULT = "default"
@@ -40,12 +39,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         wanted = options["organization"].strip()
-        found = Organization.objects.filter(name=wanted).first()
-        if found is None:
-            try:
-                found = Organization.objects.filter(pk=uuid.UUID(wanted)).first()
-            except ValueError:  # not an id either
-                found = None
+        found = organization_named(wanted)
         if found is None:
             raise CommandError(f"no organization named or with id {wanted!r}")
         limits = {

@@ -1,0 +1,139 @@
+"""Retention (orchestrator/retention.py, docs/tenants.md): webhook deliveries and
+attempts, schedule fires older than RETENTION_DAYS are deleted, and only those; a
+delivery still to be sent, a fire whose run may still be going, runs, their events and
+the ledger are kept."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from billing.models import LedgerEntry
+from orchestrator import retention
+from runs.engine.start import run_start
+from runs.models import Run, RunEvent
+from schedules.models import FireKind, FireStatus, ScheduleFire, SkipReason
+from tests import factories
+from tests.schedules.conftest import make_schedule
+from tests.webhooks.support import endpoint
+from webhooks.models import DeliveryStatus, WebhookAttempt, WebhookDelivery
+
+pytestmark = pytest.mark.django_db
+
+NOW = timezone.now()
+WINDOW = timedelta(days=30)
+OLD = NOW - WINDOW - timedelta(minutes=1)  # just outside the window
+RECENT = NOW - WINDOW + timedelta(minutes=1)  # just inside it
+
+
+@pytest.fixture(autouse=True)
+def thirty_days(settings: Any) -> None:
+    settings.RETENTION_DAYS = 30
+
+
+class Rows:
+    """Deliveries, attempts and fires of one organization, each created at a given age."""
+
+    def __init__(self) -> None:
+        self.organization = factories.org()
+        self.endpoint = endpoint(self.organization)
+        self.schedule = make_schedule(self.organization)
+
+    def delivery(self, created_at: datetime, status: str = DeliveryStatus.DELIVERED) -> int:
+        row = WebhookDelivery.objects.create(
+            endpoint=self.endpoint,
+            event_type="run.completed",
+            status=status,
+            next_attempt_at=created_at,
+            created_at=created_at,
+        )
+        return row.pk
+
+    def attempt(self, delivery: int, created_at: datetime) -> int:
+        row = WebhookAttempt.objects.create(
+            delivery_id=delivery, number=1, status_code=200, ok=True, duration_ms=5
+        )
+        WebhookAttempt.objects.filter(pk=row.pk).update(created_at=created_at)
+        return row.pk
+
+    def fire(self, created_at: datetime, run: Run | None = None, ended: bool = False) -> int:
+        fields: dict[str, Any] = (
+            {"status": FireStatus.FIRED, "run": run, "run_ended": ended}
+            if run is not None
+            else {"status": FireStatus.SKIPPED, "reason": SkipReason.OVERLAP}
+        )
+        row = ScheduleFire.objects.create(
+            schedule=self.schedule,
+            kind=FireKind.MANUAL,
+            due_at=created_at,
+            created_at=created_at,
+            **fields,
+        )
+        return row.pk
+
+
+def remaining(model: Any, ids: list[int]) -> set[int]:
+    return set(model.objects.filter(pk__in=ids).values_list("pk", flat=True))
+
+
+def test_retention_deletes_only_what_is_older_than_the_window() -> None:
+    rows = Rows()
+    run = factories.run(rows.organization)
+    run_start(run_id=run.pk)
+    kept_runs = (Run.objects.count(), RunEvent.objects.count(), LedgerEntry.objects.count())
+    old_delivered = rows.delivery(OLD)
+    old_failed = rows.delivery(OLD, DeliveryStatus.FAILED)
+    old_pending = rows.delivery(OLD, DeliveryStatus.PENDING)  # held, still to be sent
+    recent = rows.delivery(RECENT)
+    old_attempt = rows.attempt(recent, OLD)
+    recent_attempt = rows.attempt(recent, RECENT)
+    attempt_of_old = rows.attempt(old_delivered, RECENT)  # goes with its delivery
+    old_fire = rows.fire(OLD)
+    recent_fire = rows.fire(RECENT)
+    old_fire_run_going = rows.fire(OLD, run=run)
+    old_fire_run_ended = rows.fire(OLD, run=run, ended=True)
+
+    counts = retention.prune(now=NOW)
+
+    assert counts == {"webhook_attempts": 2, "webhook_deliveries": 2, "schedule_fires": 2}
+    deliveries = [old_delivered, old_failed, old_pending, recent]
+    assert remaining(WebhookDelivery, deliveries) == {old_pending, recent}
+    attempts = [old_attempt, recent_attempt, attempt_of_old]
+    assert remaining(WebhookAttempt, attempts) == {recent_attempt}
+    fires = [old_fire, recent_fire, old_fire_run_going, old_fire_run_ended]
+    assert remaining(ScheduleFire, fires) == {recent_fire, old_fire_run_going}
+    assert (Run.objects.count(), RunEvent.objects.count(), LedgerEntry.objects.count()) == (
+        kept_runs
+    )
+    assert retention.prune(now=NOW) == dict.fromkeys(counts, 0)
+
+
+def test_retention_goes_through_a_backlog_in_batches_and_stops_at_the_recent_rows() -> None:
+    rows = Rows()
+    old = [rows.delivery(OLD - timedelta(seconds=index)) for index in range(7)]
+    held = rows.delivery(OLD, DeliveryStatus.PENDING)
+    recent = [rows.delivery(RECENT), rows.delivery(NOW)]
+
+    counts = retention.prune(now=NOW, batch=2)
+
+    assert counts["webhook_deliveries"] == 7
+    assert remaining(WebhookDelivery, [*old, held, *recent]) == {held, *recent}
+
+
+def test_the_sweep_is_due_when_the_first_deletable_row_turns_old() -> None:
+    assert retention.next_due() is None
+    rows = Rows()
+    rows.delivery(OLD, DeliveryStatus.PENDING)  # never deleted: not what the look reads
+    assert retention.next_due() is None
+    first = rows.delivery(RECENT)
+    rows.delivery(NOW)
+
+    due = retention.next_due()
+
+    assert due == RECENT + WINDOW
+    assert retention.prune(now=due - timedelta(seconds=1))["webhook_deliveries"] == 0
+    assert retention.prune(now=due + timedelta(seconds=1))["webhook_deliveries"] == 1
+    assert not WebhookDelivery.objects.filter(pk=first).exists()

@@ -95,7 +95,8 @@ class IdempotencyKeyReused(ApiError):
 
 
 class RateLimited(ApiError):
-    """429: ``throttled`` or ``too_many_pending_runs``; ``retry_after`` says when to retry."""
+    """429: ``throttled``, ``too_many_pending_runs`` or ``too_many_pending_deliveries``;
+    ``retry_after`` says when to retry."""
 
 
 class ServerError(ApiError):

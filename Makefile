@@ -11,7 +11,7 @@ install:
 # In a terminal, the script runs as a job of its own (set -m), with the terminal's Ctrl-C
 # to itself: it stops the stack and exits 0, and make, which never sees the Ctrl-C, exits
 # 0 too (make itself dies of a Ctrl-C it receives, whatever the script does).
-run: install  ## start PostgreSQL, Redis, web, worker, beat and Flower
+run: install  ## start PostgreSQL, Redis, web, worker, webhooks, beat and Flower
 	@if [ -t 0 ]; then set -m; fi; scripts/run.sh; exit $$?
 
 # The browser tests need Debian's chromium: `install` adds it for `make test` only.

@@ -58,6 +58,7 @@ from runs.runners import DuplicateRunner, NotJobOwner, RunnerJobNotFound, Runner
 from runs.services import AttemptsExhausted, RunDeleted, RunNotFound, StepNotFound
 from runs.states import InvalidTransition
 from schedules.services import ScheduleInvalid, ScheduleNotFound
+from webhooks.services import TooManyPendingDeliveries
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +148,11 @@ DOMAIN_ERRORS: dict[type[Exception], tuple[int, Callable[[Any], Any], Callable[[
     ReplanLimitReached: (409, lambda exc: None, str),
     ScheduleNotFound: (404, lambda exc: None, lambda exc: "not found"),
     ScheduleInvalid: (400, _schedule_problems, _schedule_message),
+    TooManyPendingDeliveries: (
+        429,
+        lambda exc: {"retry_after": exc.retry_after, "limit": exc.limit},
+        str,
+    ),
 }
 
 
@@ -341,8 +347,9 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     422: "`idempotency_key_reused`: this key was used with a different body",
     429: "`throttled`: too many requests for this key; `too_many_pending_runs`: the "
     "organization has as many runs waiting to start as it may; `too_many_uploads`; "
-    "`too_many_streams` (an event stream past the organization's quota); see the "
-    "`Retry-After` header",
+    "`too_many_streams` (an event stream past the organization's quota); "
+    "`too_many_pending_deliveries`: the webhook endpoint has as many deliveries pending as "
+    "a test or a redelivery may add to; see the `Retry-After` header",
     500: "`internal_error`",
     503: "`service_unavailable`: the database is briefly unreachable; retry after "
     "`Retry-After` seconds (nothing was changed)",

@@ -20,7 +20,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from api.authentication import client_of, organization_of
-from api.errors import LIST_ERRORS, READ_ERRORS, WRITE_ERRORS, error_responses
+from api.errors import (
+    LIST_ERRORS,
+    READ_ERRORS,
+    RETRY_AFTER_PARAMETER,
+    WRITE_ERRORS,
+    error_responses,
+)
 from api.idempotency import IDEMPOTENCY_PARAMETER, REPLAYED_PARAMETER, idempotent
 from api.pagination import PageQuery, paginated
 from api.serializers import EmptyInput, InputSerializer, StrictBooleanField, StrictCharField
@@ -38,6 +44,8 @@ from webhooks.models import (
 
 TAG_WEBHOOKS = "webhooks"
 POST_PARAMETERS = [IDEMPOTENCY_PARAMETER, REPLAYED_PARAMETER]
+# The posts that queue a delivery by hand may be refused past the pending bound (429).
+QUEUE_PARAMETERS = [*POST_PARAMETERS, RETRY_AFTER_PARAMETER]
 
 
 @contextmanager
@@ -312,7 +320,7 @@ class WebhookTestApi(ApiView):
         operation_id="webhooks_test",
         summary="Send a test delivery",
         request=EmptyInput,
-        parameters=POST_PARAMETERS,
+        parameters=QUEUE_PARAMETERS,
         responses={
             202: OpenApiResponse(WebhookDeliveryOutput, description="Queued; sent at once."),
             **error_responses(*WRITE_ERRORS, 404),
@@ -321,7 +329,9 @@ class WebhookTestApi(ApiView):
     @idempotent
     def post(self, request: Request, webhook_id: UUID) -> Response:
         """Queue a `webhook.test` delivery to the endpoint (even a disabled one, to check
-        it before enabling it again), signed like any; follow it in its deliveries."""
+        it before enabling it again), signed like any; follow it in its deliveries. 429
+        `too_many_pending_deliveries` (with `Retry-After`) while the endpoint has
+        WEBHOOK_MAX_PENDING (100) deliveries pending: nothing is queued."""
         validated(EmptyInput, request.data)
         with _refusals():
             delivery = services.endpoint_test(
@@ -363,7 +373,7 @@ class WebhookRedeliverApi(ApiView):
         operation_id="webhooks_redeliver",
         summary="Send a delivery again",
         request=EmptyInput,
-        parameters=POST_PARAMETERS,
+        parameters=QUEUE_PARAMETERS,
         responses={
             202: OpenApiResponse(WebhookDeliveryOutput, description="Due again; sent at once."),
             **error_responses(*WRITE_ERRORS, 404),
@@ -372,7 +382,9 @@ class WebhookRedeliverApi(ApiView):
     @idempotent
     def post(self, request: Request, webhook_id: UUID, delivery_id: UUID) -> Response:
         """Send the delivery again, with the same `id` and body (a receiver that
-        de-duplicates ignores it), retried for a new window; failed or delivered alike."""
+        de-duplicates ignores it), retried for a new window; failed or delivered alike.
+        429 `too_many_pending_deliveries` as a test, unless the delivery is still
+        pending (it adds nothing)."""
         validated(EmptyInput, request.data)
         with _refusals():
             delivery = services.delivery_redeliver(

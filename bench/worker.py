@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 from typing import IO
 
-from config.celery import ALL_QUEUES, app
+from config.celery import WORKER_QUEUES, app
 
 from .raw_tasks import BENCH_QUEUE
 
@@ -36,7 +36,8 @@ class Worker:
 
     @property
     def queues(self) -> str:
-        return ",".join((*ALL_QUEUES, BENCH_QUEUE))
+        # The workers' queues, as the Procfile's `worker` (webhooks have their own process).
+        return ",".join((*WORKER_QUEUES, BENCH_QUEUE))
 
     def start(self, timeout: float = 60.0) -> None:
         self._log = self.log_path.open("ab")

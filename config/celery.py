@@ -11,7 +11,13 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import task_prerun, worker_process_init, worker_process_shutdown
+from celery.signals import (
+    task_prerun,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
 from kombu import Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
@@ -20,10 +26,13 @@ QUEUE_RUNS_HIGH = "runs.high_priority"
 QUEUE_RUNS_NORMAL = "runs.normal"
 QUEUE_STEPS = "steps"
 QUEUE_SWEEPS = "sweeps"
-# Run webhooks' sweep and sends (docs/webhooks.md): a queue of their own, so that
-# receivers, slow or many, never hold up the engine's sweeps; every worker consumes it.
+# Run webhooks' sweep and sends (docs/webhooks.md): a queue of their own, consumed only
+# by the `webhooks` process (Procfile: a pool of threads, many sends at once), never by
+# the workers that run steps: a receiver, slow or dripping, holds none of their slots.
 QUEUE_WEBHOOKS = "webhooks"
-ALL_QUEUES = (QUEUE_RUNS_HIGH, QUEUE_RUNS_NORMAL, QUEUE_STEPS, QUEUE_SWEEPS, QUEUE_WEBHOOKS)
+# What the `worker` processes consume (Procfile, the tests' worker).
+WORKER_QUEUES = (QUEUE_RUNS_HIGH, QUEUE_RUNS_NORMAL, QUEUE_STEPS, QUEUE_SWEEPS)
+ALL_QUEUES = (*WORKER_QUEUES, QUEUE_WEBHOOKS)
 
 app = Celery("orchestrator")
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -71,7 +80,20 @@ def _start_tracing(**kwargs: Any) -> None:
     otel.setup_from_settings("worker")
 
 
+@worker_ready.connect
+def _start_tracing_in_threads(sender: Any = None, **kwargs: Any) -> None:
+    """A pool of threads (the `webhooks` process) runs its tasks in the main process,
+    which no ``worker_process_init`` reaches: tracing is set up there, once ready."""
+    from celery.concurrency.thread import TaskPool as ThreadPool
+
+    if isinstance(getattr(sender, "pool", None), ThreadPool):
+        from config import otel
+
+        otel.setup_from_settings("worker")
+
+
 @worker_process_shutdown.connect
+@worker_shutdown.connect
 def _flush_tracing(**kwargs: Any) -> None:
     from config import otel
 

@@ -16,14 +16,23 @@ and 6to4/Teredo/NAT64 IPv6 forms all resolve to the address they stand for.
 an operator trusts, e.g. an internal API on 10.1.2.0/24. The run webhooks, the on-call
 webhook and poll steps connect through the same guard and the same setting; a refusal
 names which of them was refused.
+
+A ``deadline`` (``guarded_client(deadline=...)``, a ``time.monotonic()`` instant) bounds
+the whole exchange, not each step of it: the name's resolution, each address's connect,
+TLS, and every read and write of the request and its answer get only the time left, so a
+receiver that drips its headers a byte at a time is cut at the deadline like a silent one
+(httpx's own timeouts bound each read alone). The run webhooks send with one
+(``WEBHOOK_TIMEOUT``, orchestrator/webhooks.py).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import ipaddress
 import socket
 import ssl
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -130,22 +139,99 @@ def resolve(host: str, port: int) -> list[IPAddress]:
     return found
 
 
+# Name look-ups under a deadline run here, so that the caller can stop waiting for one
+# (getaddrinfo itself cannot be interrupted: a look-up left behind ends with the
+# resolver's own timeout, holding one of these threads until then).
+_RESOLVERS = concurrent.futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="resolve")
+
+
+def resolve_within(host: str, port: int, seconds: float | None) -> list[IPAddress]:
+    """``resolve``, given up after ``seconds`` (None: no bound) with ``TimeoutError``."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        seconds = None  # an address is its own answer: no look-up to wait for
+    if seconds is None:
+        return resolve(host, port)
+    future = _RESOLVERS.submit(resolve, host, port)
+    try:
+        return future.result(timeout=max(seconds, 0.0))
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        raise TimeoutError(f"resolving {host} took longer than the time left") from None
+
+
 def checked_addresses(
-    host: str, port: int, allowed: Sequence[Network], refused: str = HTTP_TOOL
+    host: str,
+    port: int,
+    allowed: Sequence[Network],
+    refused: str = HTTP_TOOL,
+    within: float | None = None,
 ) -> list[IPAddress]:
-    """Resolve ``host`` and check every answer: one refused address refuses the name."""
-    addresses = resolve(host, port)
+    """Resolve ``host`` (within ``within`` seconds, when given) and check every answer:
+    one refused address refuses the name."""
+    addresses = resolve_within(host, port, within)
     for address in addresses:
         check_address(host, address, allowed, refused)
     return addresses
 
 
-class GuardedBackend(httpcore.SyncBackend):
-    """httpcore's socket backend, connecting only to addresses the guard checked."""
+def _left(
+    deadline: float | None, timeout: float | None, timed_out: type[Exception]
+) -> float | None:
+    """The smaller of ``timeout`` and the time left before ``deadline``; ``timed_out``
+    raised once the deadline has passed."""
+    if deadline is None:
+        return timeout
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise timed_out("the deadline passed")
+    return left if timeout is None else min(timeout, left)
 
-    def __init__(self, allowed: Sequence[Network], refused: str = HTTP_TOOL) -> None:
+
+class DeadlineStream(httpcore.NetworkStream):
+    """A connection whose every read, write and TLS handshake gets only the time left
+    before ``deadline``: the whole exchange is bounded, however slowly bytes come."""
+
+    def __init__(self, stream: httpcore.NetworkStream, deadline: float) -> None:
+        self.stream, self.deadline = stream, deadline
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self.stream.read(max_bytes, _left(self.deadline, timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self.stream.write(buffer, _left(self.deadline, timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self.stream.close()
+
+    def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.NetworkStream:
+        left = _left(self.deadline, timeout, httpcore.ConnectTimeout)
+        return DeadlineStream(
+            self.stream.start_tls(ssl_context, server_hostname, left), self.deadline
+        )
+
+    def get_extra_info(self, info: str) -> Any:
+        return self.stream.get_extra_info(info)
+
+
+class GuardedBackend(httpcore.SyncBackend):
+    """httpcore's socket backend, connecting only to addresses the guard checked (all of
+    it before ``deadline``, a ``time.monotonic()`` instant, when one is given)."""
+
+    def __init__(
+        self, allowed: Sequence[Network], refused: str = HTTP_TOOL, deadline: float | None = None
+    ) -> None:
         self.allowed = tuple(allowed)
         self.refused = refused
+        self.deadline = deadline
 
     def connect_tcp(
         self,
@@ -156,18 +242,28 @@ class GuardedBackend(httpcore.SyncBackend):
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.NetworkStream:
         try:
-            addresses = checked_addresses(host, port, self.allowed, self.refused)
+            # Only a deadline bounds the look-up (without one, the resolver's own timeout).
+            within = _left(self.deadline, None, httpcore.ConnectTimeout)
+            addresses = checked_addresses(host, port, self.allowed, self.refused, within)
         except socket.gaierror as exc:
             raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from exc
+        except TimeoutError as exc:
+            raise httpcore.ConnectTimeout(str(exc)) from exc
         last: Exception = httpcore.ConnectError(f"{host} resolved to no address")
         for address in addresses:
             try:
                 # The checked address itself: a second lookup could answer differently.
-                return super().connect_tcp(
-                    str(address), port, timeout, local_address, socket_options
+                stream = super().connect_tcp(
+                    str(address),
+                    port,
+                    _left(self.deadline, timeout, httpcore.ConnectTimeout),
+                    local_address,
+                    socket_options,
                 )
             except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
                 last = exc
+                continue
+            return stream if self.deadline is None else DeadlineStream(stream, self.deadline)
         raise last
 
 
@@ -178,20 +274,28 @@ class GuardedTransport(httpx.HTTPTransport):
     request's host as server_hostname), only the TCP connection targets the address.
     """
 
-    def __init__(self, allowed: Sequence[Network], refused: str = HTTP_TOOL) -> None:
+    def __init__(
+        self, allowed: Sequence[Network], refused: str = HTTP_TOOL, deadline: float | None = None
+    ) -> None:
         super().__init__()
         self._pool = httpcore.ConnectionPool(
             ssl_context=ssl.create_default_context(cafile=certifi.where()),
-            network_backend=GuardedBackend(allowed, refused),
+            network_backend=GuardedBackend(allowed, refused, deadline),
         )
 
 
 def guarded_client(
-    allowed_cidrs: Iterable[str], *, refused: str = HTTP_TOOL, **options: Any
+    allowed_cidrs: Iterable[str],
+    *,
+    refused: str = HTTP_TOOL,
+    deadline: float | None = None,
+    **options: Any,
 ) -> httpx.Client:
     """An httpx client for tenant-supplied URLs; ``refused`` is what a refusal says may
-    not happen (``HTTP_TOOL``, ``WEBHOOK``...). No proxy from the environment: a proxy
-    would make the connection for us, out of the guard's sight."""
+    not happen (``HTTP_TOOL``, ``WEBHOOK``...); ``deadline`` (a ``time.monotonic()``
+    instant) bounds everything it does, from the name's look-up to the answer's last
+    byte. No proxy from the environment: a proxy would make the connection for us, out
+    of the guard's sight."""
     allowed = parse_networks(tuple(allowed_cidrs))
-    transport = GuardedTransport(allowed, refused)
+    transport = GuardedTransport(allowed, refused, deadline)
     return httpx.Client(transport=transport, trust_env=False, **options)

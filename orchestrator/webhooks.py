@@ -5,9 +5,11 @@ PostgreSQL writes a delivery in the transaction of the state change it announces
 (webhooks/migrations/0001); this module only sends. The sweep, which beat sends once a
 delivery is due (``webhooks.services.deliveries_next_due``, looked for every
 WEBHOOK_SWEEP_INTERVAL s), claims what is due (``webhooks.services.deliveries_claim``:
-FOR UPDATE SKIP LOCKED, at most WEBHOOK_ENDPOINT_CONCURRENCY in flight per endpoint, each
-under a lease) and publishes one ``orchestrator.webhooks.deliver`` message per claim, on
-the ``webhooks`` queue (config/celery.py), apart from the engine's sweeps. A delivery
+FOR UPDATE SKIP LOCKED, at most WEBHOOK_ENDPOINT_CONCURRENCY in flight per endpoint,
+organizations in turns, each under a lease) and publishes one
+``orchestrator.webhooks.deliver`` message per claim, on the ``webhooks`` queue
+(config/celery.py), which only the `webhooks` process consumes (Procfile: a pool of
+threads), apart from the workers that run steps. A delivery
 created from Python (a test ping, a redelivery) and a delivery just answered ask for a
 sweep after commit instead of waiting for beat (``webhooks.services.kick``).
 
@@ -36,6 +38,9 @@ from webhooks import services
 from webhooks.models import WebhookDelivery
 
 logger = logging.getLogger(__name__)
+
+# What an attempt cut at WEBHOOK_TIMEOUT records as its error's first word.
+TIMEOUT = "timeout"
 
 
 def body(delivery: WebhookDelivery) -> dict[str, Any]:
@@ -99,8 +104,11 @@ def deliver(delivery_id: int, token: str) -> str | None:
 
 def post(delivery: WebhookDelivery) -> services.AttemptResult:
     """One signed POST: its status code, an error ("" when 2xx) and its duration. The
-    whole request, answer included, is bounded by WEBHOOK_TIMEOUT; at most
-    WEBHOOK_MAX_RESPONSE_BYTES of the answer are read."""
+    whole exchange (the name's look-up, connect, TLS, the request, the answer's headers
+    and body) is bounded by WEBHOOK_TIMEOUT in all (the guard's deadline): a receiver
+    that drips its answer is cut like a silent one, and the attempt is recorded as a
+    ``timeout``, well within the claim's lease. At most WEBHOOK_MAX_RESPONSE_BYTES of the
+    answer are read."""
     content = encoded(delivery)
     started = time.monotonic()
     status: int | None = None
@@ -117,18 +125,24 @@ def post(delivery: WebhookDelivery) -> services.AttemptResult:
         timeout = float(settings.WEBHOOK_TIMEOUT)
         with (
             guarded_client(
-                settings.HTTP_TOOL_ALLOWED_NETWORKS, refused=WEBHOOK, timeout=timeout
+                settings.HTTP_TOOL_ALLOWED_NETWORKS,
+                refused=WEBHOOK,
+                deadline=started + timeout,
+                timeout=timeout,
             ) as client,
             client.stream(
                 "POST", delivery.endpoint.url, content=content, headers=headers
             ) as answer,
         ):
             status = answer.status_code
-            read = _read_capped(answer, started + timeout)
+            read = _read_capped(answer)
         if not 200 <= status < 300:
             error = f"HTTP {status}: {read[:200].decode('utf-8', 'replace')}"
-    except TimeoutError as exc:
-        error = str(exc)
+    except httpx.TimeoutException:
+        status = None  # an answer cut short is no answer
+        error = (
+            f"{TIMEOUT}: no whole answer within WEBHOOK_TIMEOUT ({settings.WEBHOOK_TIMEOUT:g} s)"
+        )
     except AddressNotAllowed as exc:
         error = str(exc)
     except InvalidToken:
@@ -139,16 +153,11 @@ def post(delivery: WebhookDelivery) -> services.AttemptResult:
     return services.AttemptResult(status_code=status, error=error, duration_ms=duration_ms)
 
 
-def _read_capped(answer: httpx.Response, deadline: float) -> bytes:
-    """The answer's body up to the size cap, within the deadline (a receiver dripping its
-    answer slowly is cut off like one that is silent)."""
+def _read_capped(answer: httpx.Response) -> bytes:
+    """The answer's body up to the size cap (the guard's deadline bounds how long)."""
     cap = int(settings.WEBHOOK_MAX_RESPONSE_BYTES)
     read = b""
     for chunk in answer.iter_bytes():
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"the answer took longer than WEBHOOK_TIMEOUT ({settings.WEBHOOK_TIMEOUT:g} s)"
-            )
         read += chunk[: cap - len(read)]
         if len(read) >= cap:
             break

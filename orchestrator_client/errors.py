@@ -101,8 +101,8 @@ class IdempotencyKeyReused(ApiError):
 
 
 class RateLimited(ApiError):
-    """429: ``throttled``, ``too_many_pending_runs`` or ``too_many_streams``;
-    ``retry_after`` says when to retry."""
+    """429: ``throttled``, ``too_many_pending_runs``, ``too_many_streams`` or
+    ``too_many_pending_deliveries``; ``retry_after`` says when to retry."""
 
 
 class ServerError(ApiError):

@@ -9,7 +9,7 @@ hosts and nothing else:
     db1 .11 (PostgreSQL primary)   db2 .12 (its synchronous streaming replica)
     redis1 .21 (Redis primary)     redis2 .22 (its replica)
     sentinel1-3 .31-.33 (Redis Sentinels, quorum 2)
-    web1-2 .41-.42 (gunicorn)      worker1-3 .51-.53 (Celery)
+    web1-2 .41-.42 (gunicorn)      worker1-3 .51-.53 (Celery: a worker and a webhooks sender)
     beat .61 (beat, and a worker for the sweeps alone)
     runner .71 (the reference runner)
 
@@ -577,8 +577,20 @@ class Cluster:
                 host,
                 host,
                 [py, "-m", "celery", "-A", "config", "worker",
-                 "--queues", "runs.high_priority,runs.normal,steps,sweeps,webhooks",
+                 "--queues", "runs.high_priority,runs.normal,steps,sweeps",
                  "--concurrency", "2", "--pool", "prefork", "--hostname", f"{host}@{host}",
+                 "--loglevel", "WARNING", "--without-mingle", "--without-gossip"],
+                env,
+            )  # fmt: skip
+            # Each worker host sends webhooks too, in a process of its own (the Procfile's
+            # `webhooks`): a host lost or cut off leaves two senders, and its claims'
+            # leases end for them.
+            self.start(
+                f"{host}-webhooks",
+                host,
+                [py, "-m", "celery", "-A", "config", "worker", "--queues", "webhooks",
+                 "--pool", "threads", "--concurrency", "10",
+                 "--hostname", f"webhooks@{host}",
                  "--loglevel", "WARNING", "--without-mingle", "--without-gossip"],
                 env,
             )  # fmt: skip
@@ -698,7 +710,7 @@ def build(directory: Path, settings_env: dict[str, str] | None = None) -> Cluste
     cluster.start_redis()
     _say("==> Redis: redis1 primary, redis2 replica, three Sentinels")
     cluster.start_app()
-    _say("==> web1, web2, worker1-3, beat started")
+    _say("==> web1, web2, worker1-3 (workers, webhook senders), beat started")
     return cluster
 
 

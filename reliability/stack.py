@@ -2,10 +2,12 @@
 
 Throwaway PostgreSQL and Redis (scripts/services.py) in a temporary directory, then the
 real processes, each in its own session: gunicorn (web), Celery workers with distinct
-hostnames, and beat. The stack knows how to break itself, for the fault injector: kill
-a worker's pool child or the whole worker (restarted at once), restart Redis with or
-without its data, restart PostgreSQL (fast shutdown), kill and restart the web server,
-run a second beat for a while. Every process and server is stopped by ``close()``.
+hostnames, the webhooks sender (the Procfile's `webhooks`: a worker of threads on the
+webhooks queue alone), and beat. The stack knows how to break itself, for the fault
+injector: kill a worker's pool child or the whole worker (restarted at once), restart
+Redis with or without its data, restart PostgreSQL (fast shutdown), kill and restart the
+web server, run a second beat for a while. Every process and server is stopped by
+``close()``.
 
 Stdlib only, plus the project's own virtualenv on PATH for the processes it starts.
 """
@@ -250,6 +252,7 @@ class Stack:
             letter = "abcdefghij"[index]
             hostname = f"chaos-{letter}@localhost"
             self._process(f"worker-{letter}", self._worker_args(hostname)).start()
+        self._process("webhooks", self._webhooks_args()).start()
         self._process("beat", self._beat_args()).start()
         self.wait_healthy()
 
@@ -285,7 +288,7 @@ class Stack:
             "config",
             "worker",
             "--queues",
-            "runs.high_priority,runs.normal,steps,sweeps,webhooks",
+            "runs.high_priority,runs.normal,steps,sweeps",
             "--concurrency",
             str(self.worker_concurrency),
             "--pool",
@@ -297,6 +300,13 @@ class Stack:
             "--without-mingle",
             "--without-gossip",
         ]
+
+    def _webhooks_args(self) -> list[str]:
+        """The Procfile's `webhooks` process: the run webhooks' sweep and sends, never a
+        step (docs/webhooks.md)."""
+        return [sys.executable, "-m", "celery", "-A", "config", "worker", "--queues", "webhooks",
+                "--pool", "threads", "--concurrency", "10", "--hostname", "webhooks@localhost",
+                "--loglevel", "WARNING", "--without-mingle", "--without-gossip"]  # fmt: skip
 
     def _beat_args(self) -> list[str]:
         return [sys.executable, "-m", "celery", "-A", "config", "beat", "--loglevel", "WARNING",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make run`: local PostgreSQL and Redis (unless DATABASE_URL / CELERY_BROKER_URL are set),
-# migrations, an admin user, then web, worker, beat and Flower under honcho. Ctrl-C stops
-# every process this script started and exits 0.
+# migrations, an admin user, then web, worker, webhooks, beat and Flower under honcho.
+# Ctrl-C stops every process this script started and exits 0.
 set -euo pipefail
 
 DEFAULT_DATABASE_URL=postgres://orchestrator@127.0.0.1:55432/orchestrator
@@ -105,7 +105,7 @@ export METRICS_TOKEN=${METRICS_TOKEN:-$(cat "$metrics_token_file")}
 echo "==> migrating, static files, periodic tasks, admin user"
 python manage.py prepare --admin-username admin --admin-password-file "$admin_password_file"
 
-echo "==> starting web, worker, beat and flower"
+echo "==> starting web, worker, webhooks, beat and flower"
 honcho start -f Procfile &
 honcho_pid=$!
 

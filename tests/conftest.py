@@ -1,7 +1,8 @@
 """Fixtures shared by the whole suite.
 
-Integration tests get a real Celery worker process (`celery_worker`) consuming every
-queue of the throwaway Redis and writing to the test database pytest-django created.
+Integration tests get a real Celery worker process (`celery_worker`) consuming the
+workers' queues of the throwaway Redis and writing to the test database pytest-django
+created; those that send run webhooks add the `webhooks` process (`webhooks_worker`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +22,7 @@ from hypothesis import settings as hypothesis_settings
 from xdist.scheduler import LoadScopeScheduling
 
 from bench.collector import Collector
-from config.celery import ALL_QUEUES, app
+from config.celery import QUEUE_WEBHOOKS, WORKER_QUEUES, app
 from tests.support import Child, child_env, python_cmd, tracing_env, wait_until
 from tests.tracing_support import traced_spans
 
@@ -82,7 +84,7 @@ def _dispatch_only_with_a_worker(request: pytest.FixtureRequest, settings: Any) 
     service-level test that commits (transaction=True) must not have it pick up and
     execute that test's runs behind its back.
     """
-    if "celery_worker" not in request.fixturenames:
+    if not {"celery_worker", "webhooks_worker"} & set(request.fixturenames):
         settings.ORCHESTRATOR_DISPATCH_ENABLED = False
 
 
@@ -111,6 +113,13 @@ def traced() -> Iterator[InMemorySpanExporter]:
     yield from traced_spans()
 
 
+def _answers_ping(worker: Child, hostname: str) -> bool:
+    if not worker.alive():
+        raise AssertionError(f"{hostname} exited early:\n{worker.output()}")
+    replies = app.control.ping(destination=[hostname], timeout=0.5) or []
+    return any(hostname in reply for reply in replies)
+
+
 @pytest.fixture(scope="session")
 def celery_worker(
     django_db_setup: None,
@@ -119,13 +128,14 @@ def celery_worker(
     llm_server: HttpServer,
     otlp_collector: Collector,
 ) -> Iterator[str]:
-    """Start one real worker process (prefork, 2 children); yield its hostname."""
+    """Start one real worker process (prefork, 2 children), as the Procfile's `worker`:
+    every queue but the webhooks'; yield its hostname."""
     hostname = f"test-{uuid.uuid4().hex[:8]}@localhost"
     log: Path = tmp_path_factory.mktemp("worker") / "worker.log"
     worker = Child(
         python_cmd(
             "-m", "celery", "-A", "config", "worker",
-            "--queues", ",".join(ALL_QUEUES),
+            "--queues", ",".join(WORKER_QUEUES),
             "--concurrency", "2",
             "--pool", "prefork",
             "--hostname", hostname,
@@ -143,15 +153,46 @@ def celery_worker(
         log,
     )  # fmt: skip
 
-    def answered() -> bool:
-        if not worker.alive():
-            raise AssertionError(f"worker exited early:\n{worker.output()}")
-        replies = app.control.ping(destination=[hostname], timeout=0.5) or []
-        return any(hostname in reply for reply in replies)
-
     try:
-        wait_until(answered, timeout=60, what="the Celery worker to answer a ping")
+        wait_until(
+            partial(_answers_ping, worker, hostname),
+            timeout=60,
+            what="the Celery worker to answer a ping",
+        )
         yield hostname
     finally:
         worker.stop(timeout=10)  # warm shutdown, then SIGKILL: nothing here must survive
+        worker.kill_group()
+
+
+@pytest.fixture(scope="session")
+def webhooks_worker(
+    django_db_setup: None, broker: redis.Redis[bytes], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """Start the Procfile's `webhooks` process (the webhooks queue alone, a pool of
+    threads); yield its hostname."""
+    hostname = f"webhooks-{uuid.uuid4().hex[:8]}@localhost"
+    log: Path = tmp_path_factory.mktemp("webhooks") / "webhooks.log"
+    worker = Child(
+        python_cmd(
+            "-m", "celery", "-A", "config", "worker",
+            "--queues", QUEUE_WEBHOOKS,
+            "--pool", "threads",
+            "--concurrency", "10",
+            "--hostname", hostname,
+            "--loglevel", "INFO",
+            "--without-mingle", "--without-gossip",
+        ),
+        child_env(HTTP_TOOL_ALLOWED_NETWORKS="127.0.0.0/8"),  # the tests' receivers
+        log,
+    )  # fmt: skip
+    try:
+        wait_until(
+            partial(_answers_ping, worker, hostname),
+            timeout=60,
+            what="the webhooks worker to answer a ping",
+        )
+        yield hostname
+    finally:
+        worker.stop(timeout=10)
         worker.kill_group()

@@ -35,6 +35,8 @@ def _each(
             done += 1
         except (services.EndpointNotFound, services.DeliveryNotFound) as exc:
             model_admin.message_user(request, f"{row}: not found ({exc})", messages.ERROR)
+        except services.TooManyPendingDeliveries as exc:
+            model_admin.message_user(request, f"{row}: {exc}", messages.ERROR)
     if done:
         model_admin.message_user(request, f"{verb}: {done}")
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import random
 import secrets
-import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -44,8 +43,6 @@ SECRET_PREFIX = "whsec_"  # noqa: S105 - a prefix, not a secret
 SECRET_MIN_LENGTH = 16
 SECRET_MAX_LENGTH = 200
 ERROR_MAX_LENGTH = 500
-# Serialises the sweeps' claims, so that the per-endpoint bound counts every claim made.
-CLAIM_LOCK = 0x77686B73  # "whks"
 
 
 # What an attempt changes of its endpoint.
@@ -66,6 +63,23 @@ class EndpointNotFound(Exception):
 
 class DeliveryNotFound(Exception):
     pass
+
+
+class TooManyPendingDeliveries(Exception):
+    """The endpoint has WEBHOOK_MAX_PENDING deliveries pending: a test delivery or a
+    redelivery by hand is refused until some are sent (the API answers 429
+    ``too_many_pending_deliveries`` with Retry-After). Deliveries of run events are never
+    refused: they are written with the change they announce."""
+
+    code = "too_many_pending_deliveries"
+    retry_after = 10
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(
+            f"the endpoint has {limit} deliveries pending, as many as it may; a test or a "
+            "redelivery is refused until some are sent"
+        )
 
 
 class WebhookInvalid(Exception):
@@ -239,11 +253,22 @@ def _disable(endpoint: WebhookEndpoint, reason: str) -> None:
     endpoint.disabled_reason = reason[:ERROR_MAX_LENGTH]
 
 
+def _room_for_one_more(endpoint: WebhookEndpoint) -> None:
+    """Refuse a delivery by hand to an endpoint that has WEBHOOK_MAX_PENDING pending (a
+    flood of tests or redeliveries would hold its place in every sweep for hours).
+    Called with the endpoint locked: two requests cannot both take its last place."""
+    limit = settings.WEBHOOK_MAX_PENDING
+    pending = WebhookDelivery.objects.filter(endpoint=endpoint, status=DeliveryStatus.PENDING)
+    if pending.values("id")[:limit].count() >= limit:  # counts no further than the limit
+        raise TooManyPendingDeliveries(limit)
+
+
 @transaction.atomic
 def endpoint_test(*, endpoint_id: Any, organization: Organization | None = None) -> WebhookDelivery:
     """A `webhook.test` delivery to the endpoint (sent even while it is disabled, to
-    check it before enabling it again)."""
+    check it before enabling it again); refused past WEBHOOK_MAX_PENDING pending."""
     endpoint = _endpoint_locked(endpoint_id, organization)
+    _room_for_one_more(endpoint)
     now = timezone.now()
     return WebhookDelivery.objects.create(
         endpoint=endpoint,
@@ -276,7 +301,8 @@ def delivery_redeliver(
     *, delivery_uid: Any, endpoint_id: Any | None = None, organization: Organization | None = None
 ) -> WebhookDelivery:
     """Send a delivery again, by hand, with the same id and body: due now, retried for a
-    new window. A delivery being sent is sent again after its attempt."""
+    new window. A delivery being sent is sent again after its attempt. One that is no
+    longer pending is refused past WEBHOOK_MAX_PENDING pending to its endpoint."""
     rows = WebhookDelivery.objects.select_for_update().filter(uid=delivery_uid)
     if endpoint_id is not None:
         rows = rows.filter(endpoint_id=endpoint_id)
@@ -285,61 +311,15 @@ def delivery_redeliver(
     delivery = rows.first()
     if delivery is None:
         raise DeliveryNotFound(str(delivery_uid))
+    if delivery.status != DeliveryStatus.PENDING:
+        # Locked after the delivery, as an attempt's record locks them.
+        _room_for_one_more(_endpoint_locked(delivery.endpoint_id, None))
     now = timezone.now()
     delivery.status = DeliveryStatus.PENDING
     delivery.next_attempt_at = now
     delivery.retry_until = now + timedelta(seconds=settings.WEBHOOK_RETRY_WINDOW)
     delivery.save(update_fields=["status", "next_attempt_at", "retry_until"])
     return delivery
-
-
-# The pending deliveries a sweep may send, when their time comes: an enabled endpoint's (a
-# test ping goes to a disabled one too), and a run's deliveries to an endpoint in order,
-# none while an earlier one is pending.
-SENDABLE_SQL = """
-FROM webhooks_webhookdelivery d
-JOIN webhooks_webhookendpoint e ON e.id = d.endpoint_id
-WHERE d.status = 'pending'
-  AND (e.enabled OR d.event_type = %(test)s)
-  AND NOT EXISTS (
-      SELECT 1 FROM webhooks_webhookdelivery p
-      WHERE p.endpoint_id = d.endpoint_id AND p.run_id = d.run_id
-        AND p.status = 'pending' AND p.id < d.id
-  )
-"""
-
-CLAIM_SQL = f"""
-WITH due AS (
-    SELECT d.id, d.endpoint_id, d.next_attempt_at,
-           row_number() OVER (
-               PARTITION BY d.endpoint_id ORDER BY d.next_attempt_at, d.id
-           ) AS place
-    {SENDABLE_SQL}
-      AND d.next_attempt_at <= clock_timestamp()
-      AND (d.lease_until IS NULL OR d.lease_until < clock_timestamp())
-)
--- Each endpoint's first few only: one endpoint's backlog never hides another's.
-SELECT id, endpoint_id FROM due
-WHERE place <= %(per_endpoint)s
-ORDER BY next_attempt_at, id
-LIMIT %(limit)s
-"""  # noqa: S608 - a constant of this module, no input
-
-# When the sweep next has a delivery to claim: a delivery is due at its next attempt, or
-# when the lease of the claim that holds it ends (GREATEST ignores a NULL).
-NEXT_DUE_SQL = f"SELECT min(GREATEST(d.next_attempt_at, d.lease_until)) {SENDABLE_SQL}"
-
-LOCK_SQL = """
-SELECT id FROM webhooks_webhookdelivery
-WHERE id = ANY(%(ids)s) AND status = 'pending'
-FOR UPDATE SKIP LOCKED
-"""
-
-IN_FLIGHT_SQL = """
-SELECT endpoint_id, count(*) FROM webhooks_webhookdelivery
-WHERE status = 'pending' AND lease_until >= clock_timestamp() AND endpoint_id = ANY(%(endpoints)s)
-GROUP BY endpoint_id
-"""
 
 
 @dataclass(frozen=True)
@@ -349,54 +329,29 @@ class Claim:
 
 
 def deliveries_claim(*, limit: int, per_endpoint: int, lease_seconds: float) -> list[Claim]:
-    """Claim the due deliveries, at most ``per_endpoint`` in flight to any endpoint
-    (claimed ones whose lease runs count), each held for ``lease_seconds``: a worker that
-    dies while sending loses nothing, the delivery is due again when the lease ends.
+    """Claim up to ``limit`` due deliveries, fairly (``engine.webhook_claim``,
+    runs/engine/sql/webhook_claim.sql): at most ``per_endpoint`` in flight to any endpoint
+    (claimed ones whose lease runs count), organizations served in turns, a suspended
+    organization's held. Each is held for ``lease_seconds``: a worker that dies while
+    sending loses nothing, the delivery is due again when the lease ends.
 
     One sweep claims at a time (a transaction advisory lock; another sweep finding it
     taken returns nothing): the bound counts every claim made before it."""
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [CLAIM_LOCK])
-            if not cursor.fetchone()[0]:
-                return []
-            cursor.execute(
-                CLAIM_SQL, {"test": TEST_EVENT, "per_endpoint": per_endpoint, "limit": limit}
-            )
-            found = cursor.fetchall()
-            # Rows a redelivery or an attempt's record holds are left to the next sweep.
-            cursor.execute(LOCK_SQL, {"ids": [delivery_id for delivery_id, _ in found]})
-            free = {row[0] for row in cursor.fetchall()}
-            candidates = [(pk, endpoint) for pk, endpoint in found if pk in free]
-            if not candidates:
-                return []
-            endpoints = list({endpoint for _, endpoint in candidates})
-            cursor.execute(IN_FLIGHT_SQL, {"endpoints": endpoints})
-            in_flight: dict[Any, int] = dict(cursor.fetchall())
-        chosen: list[int] = []
-        for delivery_id, endpoint in candidates:
-            if len(chosen) >= limit:
-                break
-            if in_flight.get(endpoint, 0) >= per_endpoint:
-                continue
-            in_flight[endpoint] = in_flight.get(endpoint, 0) + 1
-            chosen.append(delivery_id)
-        claims = [Claim(delivery_id, str(uuid.uuid4())) for delivery_id in chosen]
-        until = timezone.now() + timedelta(seconds=lease_seconds)
-        for claim in claims:
-            WebhookDelivery.objects.filter(pk=claim.delivery_id).update(
-                lease_until=until, lease_token=claim.token
-            )
-        return claims
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT delivery_id, token FROM engine.webhook_claim(%s::int, %s::int, %s::float8)",
+            [limit, per_endpoint, lease_seconds],
+        )
+        return [Claim(delivery_id, str(token)) for delivery_id, token in cursor.fetchall()]
 
 
 def deliveries_next_due() -> datetime | None:
     """The earliest moment a sweep finds a delivery to claim, or None: when beat sends the
     sweep next (orchestrator/periodic.py). A delivery held back only by its endpoint's
     concurrency counts as due: the attempt that holds the endpoint asks for a sweep when it
-    is answered (``kick``), or its lease ends."""
+    is answered (``kick``), or its lease ends. A suspended organization's are not."""
     with connection.cursor() as cursor:
-        cursor.execute(NEXT_DUE_SQL, {"test": TEST_EVENT})
+        cursor.execute("SELECT engine.webhook_next_due()")
         due: datetime | None = cursor.fetchone()[0]
         return due
 

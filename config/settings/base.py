@@ -842,6 +842,12 @@ WEBHOOK_SWEEP_INTERVAL = env.integer(
 WEBHOOK_SWEEP_BATCH = env.integer(
     "WEBHOOK_SWEEP_BATCH", 200, "deliveries one sweep claims at most", minimum=1
 )
+WEBHOOK_MAX_PENDING = env.integer(
+    "WEBHOOK_MAX_PENDING",
+    100,
+    "pending deliveries of an endpoint past which a test or a redelivery is refused",
+    minimum=1,
+)
 EMAIL_BACKEND = env.string(
     "EMAIL_BACKEND",
     "django.core.mail.backends.console.EmailBackend",

@@ -2,7 +2,7 @@
 its `make install`) in a terminal of its own, against the test servers (DATABASE_URL and
 CELERY_BROKER_URL set, so it starts no servers of its own).
 
-It must bring web, worker, beat and Flower up with /healthz answering 200; print a banner
+It must bring web, worker, webhooks, beat and Flower up with /healthz answering 200; print a banner
 that tells the truth (URLs that can be pasted, commands with their virtualenv's path, the
 demo run's page, what a second terminal must export); and on the terminal's Ctrl-C stop
 every process it started and exit 0, make included.
@@ -197,6 +197,9 @@ def test_make_run_starts_every_process_healthy_tells_the_truth_and_ctrl_c_exits_
         }
         for needle in ("gunicorn", "worker", "beat", "flower"):
             assert any(needle in name for name in names), (needle, names)
+        # The webhooks' own sender, apart from the workers that run steps.
+        assert any("--queues webhooks --pool threads" in name for name in names), names
+        assert not any("steps" in name and "webhooks" in name for name in names), names
 
         # Ctrl-C in the terminal: the stack stops, and so does make, with status 0.
         make.ctrl_c()

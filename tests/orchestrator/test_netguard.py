@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import threading
+import time
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import pytest
 
 from common.errors import is_retryable
@@ -267,6 +270,39 @@ def test_address_not_allowed_is_never_retried() -> None:
         {"max_attempts": 5}, code="address_not_allowed", retryable=False, attempts=1, failures=1
     )
     assert not decision.retry
+
+
+# --------------------------------------------------------------------------- a deadline
+def test_a_deadline_bounds_a_look_up_that_does_not_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    released = threading.Event()
+
+    def stuck(host: str, port: int) -> list[netguard.IPAddress]:
+        released.wait(30)  # a resolver that does not answer, until the test is over
+        return []
+
+    monkeypatch.setattr(netguard, "resolve", stuck)
+    try:
+        # Given up at the deadline (unbounded, it would end "resolved to no address").
+        with (
+            netguard.guarded_client([], deadline=time.monotonic() + 0.3) as client,
+            pytest.raises(httpx.ConnectTimeout, match=r"resolving hooks\.example\.com"),
+        ):
+            client.get("http://hooks.example.com/")
+    finally:
+        released.set()
+
+
+def test_a_deadline_bounds_the_whole_exchange_not_each_read(http_server: HttpServer) -> None:
+    # Each chunk comes well within the read timeout; all of them take longer than the deadline.
+    http_server.respond("/drip", chunks=[b"x"] * 20, chunk_delay=0.05)
+    allowed = ["127.0.0.0/8"]
+    with netguard.guarded_client(allowed, timeout=1.0) as unbounded:
+        assert unbounded.get(f"{http_server.url}/drip").content == b"x" * 20
+    with (
+        netguard.guarded_client(allowed, timeout=1.0, deadline=time.monotonic() + 0.4) as client,
+        pytest.raises(httpx.ReadTimeout),
+    ):
+        client.get(f"{http_server.url}/drip")
 
 
 # --------------------------------------------------------------------------- through the engine

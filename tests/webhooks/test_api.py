@@ -195,3 +195,20 @@ def test_a_run_ended_while_an_endpoint_is_disabled_says_so_in_its_events(tenant:
     assert told["entity_id"] == created["id"]
     assert "disabled by its organization" in told["message"]
     assert "run.cancelled was not sent" in told["message"]
+
+
+def test_a_test_past_the_pending_bound_is_429_with_retry_after(
+    tenant: Tenant, settings: Any
+) -> None:
+    settings.WEBHOOK_MAX_PENDING = 2  # the bound's count is tests/webhooks/test_fairness.py's
+    created = create(tenant)
+    for _ in range(2):
+        assert tenant.post(f"{HOOKS}/{created['id']}/test").status_code == 202
+
+    refused = tenant.post(f"{HOOKS}/{created['id']}/test")
+
+    assert refused.status_code == 429
+    assert refused.json()["code"] == "too_many_pending_deliveries"
+    assert refused.json()["details"] == {"retry_after": 10, "limit": 2}
+    assert refused["Retry-After"] == "10"
+    assert WebhookDelivery.objects.filter(endpoint_id=created["id"]).count() == 2

@@ -18,7 +18,7 @@ from runs.services import run_cancel
 from tests import factories
 from tests.http_fixture import HttpServer
 from tests.support import wait_until
-from tests.webhooks.support import SECRET, delivery_ids, endpoint, verify
+from tests.webhooks.support import SECRET, DrippingReceiver, delivery_ids, endpoint, verify
 from webhooks import services
 from webhooks.models import WebhookDelivery, WebhookEndpoint
 
@@ -116,12 +116,34 @@ def test_a_receiver_that_does_not_answer_in_time_is_retried(http_server: HttpSer
     send_due()
     timed_out = the_delivery().attempt_records.get()
     assert (timed_out.status_code, timed_out.ok) == (None, False)
-    assert "Timeout" in timed_out.error
+    assert timed_out.error.startswith("timeout: ")
     assert timed_out.duration_ms >= django_settings.WEBHOOK_TIMEOUT * 1000 * 0.9
     assert the_delivery().status == "pending"
 
     wait_until(settled(), timeout=10, what="the retry")
     assert attempts(the_delivery()) == [(1, None, False), (2, 200, True)]
+
+
+def test_a_receiver_that_drips_its_headers_is_cut_at_the_timeout_and_recorded(
+    settings: Any,
+) -> None:
+    settings.HTTP_TOOL_ALLOWED_NETWORKS = ["127.0.0.0/8"]  # the receiver, on the loopback
+    with DrippingReceiver() as receiver:
+        hook = endpoint(factories.org(), f"{receiver.url}/hook")
+        ended_run(hook)
+
+        send_due()
+
+        assert receiver.answered == 1
+    cut = the_delivery().attempt_records.get()
+    assert (cut.status_code, cut.ok) == (None, False)
+    assert cut.error.startswith("timeout: ")
+    # Cut at the bound of the whole exchange, well within the claim's lease: no other
+    # sweep claims it meanwhile.
+    timeout_ms = django_settings.WEBHOOK_TIMEOUT * 1000
+    assert timeout_ms * 0.9 <= cut.duration_ms < django_settings.WEBHOOK_LEASE * 1000
+    delivery = the_delivery()
+    assert (delivery.status, delivery.attempts, delivery.lease_token) == ("pending", 1, None)
 
 
 def test_a_slow_answer_within_the_timeout_is_delivered_with_its_latency(

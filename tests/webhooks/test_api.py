@@ -3,11 +3,13 @@ deliveries with their attempts, redeliver; validation, another organization, sco
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 from rest_framework.test import APIClient
 
+from api.models import IdempotencyRecord
 from billing.models import ApiKeyScope
 from billing.secrets import decrypt_value
 from billing.services import api_key_create
@@ -195,3 +197,24 @@ def test_a_run_ended_while_an_endpoint_is_disabled_says_so_in_its_events(tenant:
     assert told["entity_id"] == created["id"]
     assert "disabled by its organization" in told["message"]
     assert "run.cancelled was not sent" in told["message"]
+
+
+def test_a_retried_create_replays_the_secret_which_its_stored_record_holds_sealed(
+    tenant: Tenant,
+) -> None:
+    key = {"Idempotency-Key": "create-hook-1"}
+    first = tenant.post(HOOKS, BODY, **key)
+    assert first.status_code == 201, first.json()
+    secret = first.json()["secret"]
+
+    record = IdempotencyRecord.objects.get(key="create-hook-1")
+    assert secret not in json.dumps(record.response_body)
+    sealed = record.response_body["secret"]["sealed"]
+    assert decrypt_value(sealed.encode()) == secret
+    again = tenant.post(HOOKS, BODY, **key)
+
+    # The replay answers as the first answer did, the secret decrypted; nothing new.
+    assert again.status_code == 200
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.json() == first.json()
+    assert WebhookEndpoint.objects.filter(organization=tenant.organization).count() == 1

@@ -534,6 +534,17 @@ SCHEDULES_MISFIRE_GRACE = env.integer(
 SCHEDULES_CATCHUP_MAX = env.integer(
     "SCHEDULES_CATCHUP_MAX", 100, "most missed due times `catchup: all` runs at once", minimum=1
 )
+# One tick handles at most SCHEDULES_TICK_MAX due schedules, organizations in turn; the
+# rest are the next tick's (beat looks again every SCHEDULES_TICK_SECONDS).
+SCHEDULES_TICK_MAX = env.integer(
+    "SCHEDULES_TICK_MAX", 200, "most due schedules one tick handles", minimum=1
+)
+SCHEDULES_PAUSE_AFTER_CREDIT_REFUSALS = env.integer(
+    "SCHEDULES_PAUSE_AFTER_CREDIT_REFUSALS",
+    10,
+    "due times refused for credits in a row after which a schedule pauses itself",
+    minimum=1,
+)
 
 # --------------------------------------------------------------------------- run plans
 # Size limits of a submitted plan (runs/plan/): beyond them it is refused, whole.

@@ -225,8 +225,9 @@ def _goes_before_a_waiter(buckets: set[str], asker: Asker, now: datetime) -> boo
     """Whether the step just reserved at the back of ``buckets``' line belongs before a
     step waiting there (the module's order): a step of its organization of a worse
     priority, or the last of another organization's that has more steps waiting, by
-    share, than this one's place in its own organization's line. Two statements; the
-    re-planning that may follow is the costly part, done only when it moves someone."""
+    share, than this one's place in its own organization's line. Three statements at
+    most; the re-planning that may follow is the costly part, done only when it moves
+    someone."""
     waiting = RateGrant.objects.filter(bucket__in=buckets, used=False, granted_at__gt=now).exclude(
         step_id=asker.step_id
     )

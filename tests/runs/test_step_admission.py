@@ -51,6 +51,7 @@ def fan(
         spec["agents"][0]["tasks"][0] = {
             "name": "t",
             "mode": "parallel",
+            "max_concurrent_steps": width,
             "steps": [factories.step(f"s{n}") for n in range(width)],
         }
         return EngineRun(

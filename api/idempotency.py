@@ -16,6 +16,11 @@ A key is scoped to (organization, method, path) and kept ``IDEMPOTENCY_TTL_HOURS
    deletes the claim, so the client may fix the problem (add credits, correct the plan)
    and retry with the same key. None of our errors leaves a side effect to protect.
 
+A response field that holds a secret (a webhook endpoint's signing secret, shown once)
+is stored sealed, never in clear: encrypted with ``SECRETS_ENCRYPTION_KEYS`` as
+``{"sealed": "<Fernet token>"}``, and opened again for the replay, which answers it as
+the first answer did (``idempotent_sealing("secret")``).
+
 A claim that is never completed (its process was killed mid-request; the transaction
 rolled back with it) stops counting after ``IN_PROGRESS_LEASE``, like any expired row. If
 its owner was merely slow and the key was claimed again meanwhile, the owner's
@@ -27,12 +32,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+from cryptography.fernet import InvalidToken
 from django.conf import settings
 from django.db import transaction
 from django.db.models import QuerySet
@@ -46,7 +53,10 @@ from rest_framework.response import Response
 from api.authentication import organization_of
 from api.models import IdempotencyRecord, IdempotencyStatus
 from billing.models import Organization
+from billing.secrets import decrypt_value, encrypt_value
 from common.queries import fetch, named
+
+logger = logging.getLogger(__name__)
 
 HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -57,6 +67,7 @@ MAX_KEY_LENGTH = 255
 IN_PROGRESS_LEASE = timedelta(seconds=60)
 CLAIM_ATTEMPTS = 5
 QUERIES = named(Path(__file__).parent / "queries")
+SEALED = "sealed"  # a stored field's form when encrypted: {"sealed": "<Fernet token>"}
 
 IDEMPOTENCY_PARAMETER = OpenApiParameter(
     name=HEADER,
@@ -207,9 +218,40 @@ def idempotency_records_expire(*, now: datetime | None = None, batch: int = 1000
             return deleted
 
 
-def replay(record: IdempotencyRecord) -> Response:
+def replay(record: IdempotencyRecord, sealed: Sequence[str] = ()) -> Response:
     status = 200 if record.response_status == 201 else int(record.response_status or 200)
-    return Response(record.response_body, status=status, headers={REPLAYED_HEADER: "true"})
+    body = unseal(record.response_body, sealed)
+    return Response(body, status=status, headers={REPLAYED_HEADER: "true"})
+
+
+def seal(body: Any, fields: Sequence[str]) -> Any:
+    """``body`` with each of ``fields`` (top-level strings) encrypted: what is stored."""
+    if not fields or not isinstance(body, dict):
+        return body
+    return {
+        name: {SEALED: encrypt_value(value).decode("ascii")}
+        if name in fields and isinstance(value, str)
+        else value
+        for name, value in body.items()
+    }
+
+
+def unseal(body: Any, fields: Sequence[str]) -> Any:
+    """``body`` as it was answered: each sealed field of ``fields`` decrypted. One that
+    no key of SECRETS_ENCRYPTION_KEYS opens (the key was removed within the record's
+    life) is answered null, and logged; never the sealed text."""
+    if not fields or not isinstance(body, dict):
+        return body
+    opened = dict(body)
+    for name in fields:
+        value = body.get(name)
+        if isinstance(value, dict) and isinstance(value.get(SEALED), str):
+            try:
+                opened[name] = decrypt_value(value[SEALED].encode("ascii"))
+            except InvalidToken:
+                logger.warning("a replayed response's %s cannot be decrypted: answered null", name)
+                opened[name] = None
+    return opened
 
 
 def _storable(data: Any) -> Any:
@@ -222,7 +264,19 @@ Handler = TypeVar("Handler", bound=Callable[..., Response])
 
 def idempotent(handler: Handler) -> Handler:
     """Decorate a view's ``post``: honour ``Idempotency-Key`` as described above."""
+    return _idempotent(handler, ())
 
+
+def idempotent_sealing(*sealed: str) -> Callable[[Handler], Handler]:
+    """``idempotent``, storing the response's ``sealed`` fields encrypted (module doc)."""
+
+    def decorate(handler: Handler) -> Handler:
+        return _idempotent(handler, sealed)
+
+    return decorate
+
+
+def _idempotent(handler: Handler, sealed: Sequence[str]) -> Handler:
     @functools.wraps(handler)
     def wrapper(view: Any, request: Request, *args: Any, **kwargs: Any) -> Response:
         raw_key = request.headers.get(HEADER)
@@ -234,7 +288,7 @@ def idempotent(handler: Handler) -> Handler:
         # validation failure and stores nothing.
         outcome = idempotency_claim(scope=scope, fingerprint=fingerprint(request.data))
         if isinstance(outcome, IdempotencyRecord):
-            return replay(outcome)
+            return replay(outcome, sealed)
         succeeded = False
         try:
             with transaction.atomic():
@@ -245,7 +299,7 @@ def idempotent(handler: Handler) -> Handler:
                 elif not idempotency_complete(
                     claim=outcome,
                     response_status=response.status_code,
-                    response_body=_storable(response.data),
+                    response_body=seal(_storable(response.data), sealed),
                 ):
                     raise IdempotencyKeyInUse()
         finally:

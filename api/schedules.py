@@ -42,6 +42,7 @@ from schedules.models import (
     FireKind,
     FireStatus,
     Overlap,
+    PausedReason,
     Schedule,
     ScheduleFire,
     ScheduleStatus,
@@ -224,6 +225,13 @@ class ScheduleOutput(serializers.Serializer[Any]):
         help_text="The run of the latest fire that started one (a due time or a trigger).",
     )
     paused_at = serializers.DateTimeField(allow_null=True)
+    paused_reason = serializers.ChoiceField(
+        choices=PausedReason.choices,
+        allow_null=True,
+        help_text="Why it is paused: `manual` (paused through the API or the admin), or "
+        "`insufficient_credits` (it paused itself: its runs were refused for credits at "
+        "10 due times in a row; resume it once credits are there); null while not paused.",
+    )
     created_by = serializers.CharField()
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
@@ -281,6 +289,9 @@ def schedule_row(schedule: Schedule, *, plan: bool = True) -> dict[str, Any]:
             getattr(schedule, "last_run_id", None), getattr(schedule, "last_run_status", None)
         ),
         "paused_at": schedule.paused_at,
+        "paused_reason": (schedule.paused_reason or PausedReason.MANUAL)
+        if schedule.paused_at is not None
+        else None,
         "created_by": schedule.created_by,
         "created_at": schedule.created_at,
         "updated_at": schedule.updated_at,

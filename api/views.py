@@ -8,6 +8,7 @@ Every POST is idempotent under an `Idempotency-Key` (``@idempotent``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 from uuid import UUID
@@ -149,6 +150,17 @@ def detail_response(request: Request, run_id: UUID, status: int = 200) -> Respon
     return Response(RunDetailOutput.row(detail), status=status)
 
 
+# A route's parameter in Django's syntax (`<uuid:run_id>`, `<token>`).
+_PARAMETER = re.compile(r"<(?:\w+:)?(\w+)>")
+
+
+def route_template(request: Any) -> str:
+    """The route the request matched, as a template: `/api/v1/callbacks/{token}`, what
+    a trace may carry (the path may hold a credential); "/" when none matched."""
+    route = getattr(getattr(request, "resolver_match", None), "route", "") or ""
+    return "/" + _PARAMETER.sub(r"{\1}", route)
+
+
 class ApiView(APIView):
     """Authentication, throttling, parsing and errors come from REST_FRAMEWORK settings.
 
@@ -175,17 +187,14 @@ class ApiView(APIView):
             if not tracing.enabled:
                 return super().dispatch(request, *args, **kwargs)
             # The request's span: a trace's root, or a child of the client's
-            # `traceparent`; a run it creates keeps it (docs/observability.md).
-            route = getattr(getattr(request, "resolver_match", None), "route", "") or ""
+            # `traceparent`; a run it creates keeps it (docs/observability.md). It
+            # names the route's template, never the path: a callback's token is in it.
+            route = route_template(request)
             with tracing.span(
-                f"{request.method} /{route}",
+                f"{request.method} {route}",
                 parent_context=tracing.from_headers(request.META),
                 kind=SpanKind.SERVER,
-                attributes={
-                    "http.request.method": request.method or "",
-                    "http.route": f"/{route}",
-                    "url.path": request.path,
-                },
+                attributes={"http.request.method": request.method or "", "http.route": route},
             ) as span:
                 response = super().dispatch(request, *args, **kwargs)
                 span.set_attribute("http.response.status_code", response.status_code)

@@ -27,7 +27,12 @@ from api.errors import (
     WRITE_ERRORS,
     error_responses,
 )
-from api.idempotency import IDEMPOTENCY_PARAMETER, REPLAYED_PARAMETER, idempotent
+from api.idempotency import (
+    IDEMPOTENCY_PARAMETER,
+    REPLAYED_PARAMETER,
+    idempotent,
+    idempotent_sealing,
+)
 from api.pagination import PageQuery, paginated
 from api.serializers import EmptyInput, InputSerializer, StrictBooleanField, StrictCharField
 from api.views import ApiView, page_response, validated
@@ -255,7 +260,7 @@ class WebhooksApi(ApiView):
         ],
         responses={201: WebhookEndpointCreatedOutput, **error_responses(*WRITE_ERRORS)},
     )
-    @idempotent
+    @idempotent_sealing("secret")  # the stored answer holds the secret encrypted
     def post(self, request: Request) -> Response:
         """Register an endpoint for the event types given. The answer holds its signing
         secret (generated when none is given): shown this once. On any problem nothing is

@@ -18,6 +18,7 @@ connection opened after a promotion reaches the new primary.
 
 from __future__ import annotations
 
+import re
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +57,17 @@ class SentinelTarget:
     password: str | None = None
 
 
+# A URL's password: what follows `user:` up to the `@` before the host (greedy: a
+# password may hold an `@` a hand-written URL did not encode).
+_PASSWORD = re.compile(r"(://[^/@:;]*:)[^/;]*@")
+
+
+def without_password(url: str) -> str:
+    """``url`` as an error or a log may show it: each password replaced by ``***``
+    (``redis://:***@host:6379/0``; every URL of a ``;``-joined list)."""
+    return _PASSWORD.sub(r"\1***@", url)
+
+
 def is_sentinel(url: str) -> bool:
     return url.strip().lower().startswith(f"{SENTINEL_SCHEME}://")
 
@@ -72,19 +84,20 @@ def parse_sentinel(url: str) -> SentinelTarget:
         if not part:
             continue
         parts = urlsplit(part)
+        shown = repr(without_password(part))  # an error never repeats a password
         if parts.scheme != SENTINEL_SCHEME:
-            raise ValueError(f"{part!r} is not a sentinel:// URL (join Sentinels with ';')")
+            raise ValueError(f"{shown} is not a sentinel:// URL (join Sentinels with ';')")
         try:
             port = parts.port or 26379
-        except ValueError as exc:
-            raise ValueError(f"{part!r} has no valid port") from exc
+        except ValueError:
+            raise ValueError(f"{shown} has no valid port") from None
         if not parts.hostname:
-            raise ValueError(f"{part!r} names no host")
+            raise ValueError(f"{shown} names no host")
         sentinels.append((parts.hostname, port))
         path = parts.path.strip("/")
         if path and db is None:
             if not path.isdigit():
-                raise ValueError(f"{part!r}: the database must be a number, got {path!r}")
+                raise ValueError(f"{shown}: the database must be a number, got {path!r}")
             db = int(path)
         if parts.password is not None and password is None:
             username = unquote(parts.username) if parts.username else None

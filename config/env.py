@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
+from common.stores import without_password
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -127,7 +129,7 @@ class Env:
                 f"got scheme {parts.scheme!r}"
             )
         elif not parts.hostname and not parts.path:
-            self.errors.append(f"{name} must be a URL, got {value!r}")
+            self.errors.append(f"{name} must be a URL, got {without_password(value)!r}")
         return value
 
     def raise_if_invalid(self) -> None:

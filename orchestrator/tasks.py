@@ -21,7 +21,7 @@ from artifacts import services as artifact_services
 from common import metrics
 from common.task_base import RETRY_OPTIONS, TRANSIENT, EngineTask
 from orchestrator import executor, notify, polling, retention, sweeps, webhooks
-from orchestrator.transport import CeleryTransport, serving
+from orchestrator.transport import CeleryTransport, serving, wake_step
 from runs import admission, callbacks, children, planners, replanning, runners, step_admission
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record
@@ -166,6 +166,13 @@ def child_ended_task(run_id: str) -> bool:
 @shared_task(name="orchestrator.steps.poll", **RETRY_OPTIONS)
 def poll_task(wait_id: str, number: int) -> bool:
     return polling.poll_once(wait_id, number)
+
+
+@shared_task(name="orchestrator.steps.wake", **RETRY_OPTIONS)
+def wake_step_task(step_id: int, priority: int, timeout_s: float) -> str:
+    """A step due later than a message may wait: its message again, for what is left
+    (``transport.wake_step``; docs/rate-limits.md)."""
+    return wake_step(step_id, priority, timeout_s)
 
 
 @shared_task(name="orchestrator.sweeps.waits", **RETRY_OPTIONS)

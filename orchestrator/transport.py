@@ -15,7 +15,11 @@ next, until the run has none left or its burst budget is spent
 messages instead of 2,000, and a sequence is served by one worker without a broker hop
 per step. How many doorbells a run needs: one per step that became ready, at most
 ``ENGINE_DOORBELLS``, one fewer for a run whose worker goes on serving it (``serving``).
-A step due later (a retry's backoff) keeps a message of its own, with a countdown.
+A step due later (a retry's backoff) keeps a message of its own, with a countdown of at
+most RATE_LIMIT_MAX_COUNTDOWN_S: a longer wait (a rate limit's reservation days ahead) is
+a wake-up message that long, which sends the step's message again for what is left
+(``wake_step``). A message held with a countdown is one a worker holds unacknowledged,
+which Redis delivers again every visibility timeout: days of it would pile up copies.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 
 import redis
 from django.conf import settings
+from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerError
 from redis.exceptions import RedisError
 
@@ -38,8 +43,10 @@ from common import metrics
 from common.stores import broker_redis
 from config.celery import QUEUE_RUNS_HIGH, QUEUE_RUNS_NORMAL, QUEUE_STEPS, app
 from orchestrator.prometheus import queue_keys
+from runs.models import Step
 from runs.outbox import RunMessage, StepMessage
 from runs.runners import organization_channel, runner_channel
+from runs.states import StepStatus
 
 PICK_UP_TASK = "orchestrator.runs.pick_up"
 RESUME_TASK = "orchestrator.runs.resume"
@@ -47,6 +54,7 @@ EXECUTE_STEP_TASK = "orchestrator.steps.execute"
 DOORBELL_TASK = "orchestrator.steps.doorbell"
 CHILD_ENDED_TASK = "orchestrator.runs.child_ended"
 POLL_TASK = "orchestrator.steps.poll"
+WAKE_STEP_TASK = "orchestrator.steps.wake"
 ESCALATED_TASK = "orchestrator.runs.escalated"
 REPLAN_TASK = "orchestrator.runs.replan"
 ADMIT_TASK = "orchestrator.runs.admit"
@@ -312,6 +320,18 @@ class CeleryTransport:
 
     @staticmethod
     def _send_step(message: StepMessage, producer: Any) -> None:
+        longest = float(settings.RATE_LIMIT_MAX_COUNTDOWN_S)
+        if message.countdown_s > longest:
+            app.send_task(
+                WAKE_STEP_TASK,
+                args=(message.step_id, message.priority, message.timeout_s),
+                queue=QUEUE_STEPS,
+                priority=message.priority,
+                countdown=longest,
+                ignore_result=True,
+                producer=producer,
+            )
+            return
         app.send_task(
             EXECUTE_STEP_TASK,
             args=(message.step_id,),
@@ -337,3 +357,21 @@ class CeleryTransport:
         # run that has ended, cancelled say, is not served: the doorbell claims nothing).
         if settings.ENGINE_DOORBELLS:
             self.ring(runs, "revoke")
+
+
+def wake_step(step_id: int, priority: int, timeout_s: float) -> str:
+    """A wake-up of a step due later than a message may wait (``_send_step``): its
+    message again, for what is left of its wait as its row says now (moved since: the
+    new moment; another wake-up or a claim got there first: a harmless duplicate).
+    Nothing for a step that is no longer pending."""
+    found = (
+        Step.objects.filter(pk=step_id, status=StepStatus.PENDING)
+        .values_list("run_id", "next_run_at")
+        .first()
+    )
+    if found is None:
+        return "gone"
+    run_id, due = found
+    left = max(0.0, (due - timezone.now()).total_seconds()) if due is not None else 0.0
+    CeleryTransport().publish_steps([StepMessage(step_id, str(run_id), priority, timeout_s, left)])
+    return "again" if left > settings.RATE_LIMIT_MAX_COUNTDOWN_S else "sent"

@@ -903,9 +903,11 @@ def _cadence(schedule: Schedule) -> str:
 
 
 def _next_due(schedule: Schedule, *, seconds: bool = True) -> str:
-    """In the schedule's zone, named; none while paused (resuming computes it again)."""
+    """In the schedule's zone, named; none while paused (resuming computes it again),
+    with why when it paused itself (`paused (insufficient_credits)`)."""
     if schedule["status"] == "paused":
-        return "paused"
+        reason = schedule.get("paused_reason")
+        return f"paused ({reason})" if reason and reason != "manual" else "paused"
     return _when(schedule["next_due_at"], schedule["timezone"], seconds=seconds) or "-"
 
 

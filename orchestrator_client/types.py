@@ -412,6 +412,9 @@ class Schedule(TypedDict):
     last_due_at: str | None
     last_run: RunRef | None
     paused_at: str | None
+    # Why it is paused (itself: its runs refused for credits again and again); None
+    # while not paused.
+    paused_reason: Literal["manual", "insufficient_credits"] | None
     created_by: str
     created_at: str
     updated_at: str

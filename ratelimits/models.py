@@ -87,6 +87,9 @@ class RateGrant(models.Model):
     priority = models.SmallIntegerField(default=5)
     step_id = models.BigIntegerField(null=True)
     run_id = models.UUIDField(null=True)
+    # The run's organization: a tool's bucket is shared, and its line takes turns between
+    # organizations (runs.step_admission). None: granted before it was kept.
+    organization_id = models.UUIDField(null=True, blank=True)
     # Taken by the step's attempt (counted, never handed again); False: still reserved.
     used = models.BooleanField(default=False)
 

@@ -42,12 +42,14 @@ class Ask:
 
 @dataclass(frozen=True)
 class Asker:
-    """Who asks: a step's wait (its place in line: ``queued_at``, then ``priority``)."""
+    """Who asks: a step's wait (its place in line: its organization's turn, then
+    ``priority`` and ``queued_at`` within the organization: runs.step_admission)."""
 
     step_id: int | None
     run_id: Any
     priority: int
     queued_at: datetime
+    organization_id: Any = None
 
 
 def lock(buckets: Iterable[str]) -> None:
@@ -120,6 +122,7 @@ def reserve(
             priority=asker.priority,
             step_id=asker.step_id,
             run_id=asker.run_id,
+            organization_id=asker.organization_id,
             used=used and at <= now,
         )
         for ask in asks

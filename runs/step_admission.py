@@ -8,15 +8,25 @@ Otherwise the step holds a reservation, the earliest moment its units fit every 
 (``ratelimits.windows``), and goes back to PENDING until then, exactly as a retry's
 backoff waits: ``next_run_at`` set (it is no claimable row meanwhile and rings no
 doorbell), its attempt given back, ``waiting_reason`` saying which limit it waits for,
-and one message for that moment. The line is the reservations' order: first come, first
-served within a priority; a step of a better priority (a lower number) that arrives goes
-before those of worse priorities still waiting (they move back: ``requeue``).
+and one message for that moment.
+
+The line is the reservations' order, fair between organizations (a tool's bucket is
+every organization's): within an organization by priority (a lower number first), then
+first come, first served; between organizations, fair dispatch's rule
+(docs/fairness.md) on the line: the next place goes to the organization with the fewest
+steps ahead of it, by its ``share``. A step that arrives where the rule puts it before
+steps already waiting (its organization's of worse priorities, or another organization's
+beyond its turn) is placed there and those move back (``requeue``): so one
+organization's priority-0 stream takes its turns, never the others' places for ever.
+A re-planning moves at most RATE_LIMIT_REPLAN_MAX steps (the arriving one included), the
+back of the line: a step never jumps further, and an ask never costs more.
 
 What moves reservations: a run that ends or pauses gives its back (``release_run``), and
-the others of those buckets move up; a limit changed or deleted re-plans its waiting
-steps. A step whose reservation moved is told by its row's ``next_run_at`` and a message
-at the new moment; one whose row is locked just then is being claimed, and its claim
-reads the reservation as it is now.
+the others of those buckets move up (the back of the line, RATE_LIMIT_REPLAN_MAX
+steps); a limit changed or deleted re-plans all its waiting steps. A step whose
+reservation moved is told by its row's ``next_run_at`` and a message at the new moment;
+one whose row is locked just then is being claimed, and its claim reads the reservation
+as it is now.
 
 Lock order: the run's gate (shared, as a recording) and the step's row, then the buckets'
 advisory locks (sorted), then the grants. A requeue holds bucket locks and updates other
@@ -32,8 +42,10 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Count, Q
 
 from billing import quotas
+from billing.models import Organization
 from common.units import duration_text
 from ratelimits import selectors as limits
 from ratelimits import windows
@@ -162,13 +174,15 @@ def admit(
             if now - at <= late:
                 _not_waiting(step)
                 return _granted(asks, queued_at, now)
-        at, binding = reserve(asks, Asker(step_id, run_id, priority, queued_at), now, used=True)
+        asker = Asker(step_id, run_id, priority, queued_at, organization_id)
+        at, binding = reserve(asks, asker, now, used=True)
         if at <= now:
             _not_waiting(step)
             return _granted(asks, queued_at, now)
-        if _worse_waiting(asks, priority, at):
-            # Those of worse priorities go after this one: the line is re-planned.
-            requeue({ask.bucket for ask in asks}, now, Outbox())
+        buckets = {ask.bucket for ask in asks}
+        if _goes_before_a_waiter(buckets, asker, now):
+            # Its place is ahead of steps waiting: the back of the line is re-planned.
+            requeue(buckets, now, Outbox(), most=settings.RATE_LIMIT_REPLAN_MAX)
             at = (
                 RateGrant.objects.filter(step_id=step_id, used=False)
                 .values_list("granted_at", flat=True)
@@ -208,13 +222,49 @@ def _granted(asks: Sequence[Ask], queued_at: datetime, now: datetime) -> Admissi
     return Admission(go=True, granted=granted, waited_s=waited if waited > 0 else None)
 
 
-def _worse_waiting(asks: Sequence[Ask], priority: int, at: datetime) -> bool:
-    return RateGrant.objects.filter(
-        bucket__in=[ask.bucket for ask in asks],
-        used=False,
-        granted_at__lt=at,
-        priority__gt=priority,
-    ).exists()
+def _goes_before_a_waiter(buckets: set[str], asker: Asker, now: datetime) -> bool:
+    """Whether the step just reserved at the back of ``buckets``' line belongs before a
+    step waiting there (the module's order): a step of its organization of a worse
+    priority, or the last of another organization's that has more steps waiting, by
+    share, than this one's place in its own organization's line. Three statements at
+    most; the re-planning that may follow is the costly part, done only when it moves
+    someone."""
+    waiting = RateGrant.objects.filter(bucket__in=buckets, used=False, granted_at__gt=now).exclude(
+        step_id=asker.step_id
+    )
+    counts: dict[Any, int] = dict(
+        waiting.order_by()
+        .values("organization_id")
+        .annotate(steps=Count("step_id", distinct=True))
+        .values_list("organization_id", "steps")
+    )
+    if not counts:
+        return False
+    mine = asker.organization_id
+    better = Q(priority__lt=asker.priority) | Q(
+        priority=asker.priority, queued_at__lte=asker.queued_at
+    )
+    place = 1 + (
+        waiting.filter(better, organization_id=mine).values("step_id").distinct().count()
+        if counts.get(mine)
+        else 0
+    )
+    if counts.get(mine, 0) >= place:
+        return True  # its organization's steps of worse priorities wait ahead of it
+    shares = _shares(counts.keys() | {mine})
+    return any(
+        steps / shares[organization] > place / shares[mine]
+        for organization, steps in counts.items()
+        if organization != mine
+    )
+
+
+def _shares(organizations: Iterable[Any]) -> dict[Any, int]:
+    """Each organization's ``share`` of the workers (docs/fairness.md), 1 by default and
+    for the grants that name none (made before organizations were kept)."""
+    known = {organization for organization in organizations if organization is not None}
+    found = dict(Organization.objects.filter(pk__in=known).values_list("pk", "share"))
+    return {organization: max(1, found.get(organization, 1)) for organization in {*known, None}}
 
 
 def _not_waiting(step: Step) -> None:
@@ -259,14 +309,18 @@ def _timeout_s(timeout_ms: int | None) -> float:
 
 
 # --------------------------------------------------------------------------- moving the line
-def requeue(buckets: Iterable[str], now: datetime, outbox: Outbox) -> int:
+def requeue(buckets: Iterable[str], now: datetime, outbox: Outbox, most: int | None = None) -> int:
     """Re-plan the reservations still ahead in ``buckets`` (and the same steps'
-    reservations in other buckets): given back, then asked again in line order
-    (priority, then when each step first asked), under the limits as they are now.
-    Return how many steps' moments changed."""
+    reservations in other buckets): given back, then asked again in the line's order
+    (the module's: organizations in turn by share, priority then arrival within each),
+    under the limits as they are now. ``most``: only the steps of the last ``most``
+    reservations, the back of the line (the others keep their moments, and the back
+    is planned after them). Return how many steps' moments changed."""
     first = set(buckets)
     ahead = RateGrant.objects.filter(bucket__in=first, used=False, granted_at__gt=now)
-    steps = set(ahead.exclude(step_id=None).values_list("step_id", flat=True))
+    back = ahead.exclude(step_id=None).order_by("-granted_at", "-id")
+    rows = back.values_list("step_id", flat=True)
+    steps = set(rows if most is None else rows[:most])
     if not steps:
         return 0
     every = first | set(
@@ -285,12 +339,18 @@ def requeue(buckets: Iterable[str], now: datetime, outbox: Outbox) -> int:
         limit.pk: limit
         for limit in RateLimit.objects.filter(pk__in={grant.limit_id for grant in grants})
     }
-    forget(grants)
-    order = sorted(
-        by_step.values(), key=lambda held: (held[0].priority, held[0].queued_at, held[0].step_id)
+    # The steps that stay ahead: each organization's count, where its re-planned ones
+    # take their turns from.
+    ahead_of_them: dict[Any, int] = dict(
+        ahead.exclude(step_id__in=steps)
+        .order_by()
+        .values("organization_id")
+        .annotate(steps=Count("step_id", distinct=True))
+        .values_list("organization_id", "steps")
     )
+    forget(grants)
     moved = {}
-    for held in order:
+    for held in _in_turn(list(by_step.values()), ahead_of_them):
         first_grant = held[0]
         asks = [
             Ask(g.bucket, g.limit_id, current[g.limit_id].name, current[g.limit_id].limit,
@@ -299,13 +359,40 @@ def requeue(buckets: Iterable[str], now: datetime, outbox: Outbox) -> int:
             if g.limit_id in current
         ]  # fmt: skip
         asker = Asker(
-            first_grant.step_id, first_grant.run_id, first_grant.priority, first_grant.queued_at
+            first_grant.step_id,
+            first_grant.run_id,
+            first_grant.priority,
+            first_grant.queued_at,
+            first_grant.organization_id,
         )
         at = reserve(asks, asker, now, used=False)[0] if asks else now
         if at != first_grant.granted_at:
             moved[first_grant.step_id] = (at, first_grant.run_id, first_grant.priority)
     _tell_moved(moved, now, outbox)
     return len(moved)
+
+
+def _in_turn(
+    waiting: list[list[RateGrant]], ahead_of_them: dict[Any, int]
+) -> list[list[RateGrant]]:
+    """The steps (each its grants) in the line's order: within an organization by
+    priority then arrival; between organizations fair dispatch's rule, the fewest steps
+    ahead by share first, each organization counting its steps that stay ahead
+    (``ahead_of_them``). So the n-th of an organization of share 1 goes after the
+    (2n-1)-th of one of share 2, and the first of a newcomer after each other's first;
+    alike, the step that asked first."""
+    by_organization: dict[Any, list[list[RateGrant]]] = {}
+    for held in waiting:
+        by_organization.setdefault(held[0].organization_id, []).append(held)
+    shares = _shares(by_organization)
+    keyed = []
+    for organization, own in by_organization.items():
+        own.sort(key=lambda held: (held[0].priority, held[0].queued_at, held[0].step_id or 0))
+        before = ahead_of_them.get(organization, 0)
+        for place, held in enumerate(own, start=before + 1):
+            keyed.append(((place / shares[organization], held[0].queued_at), held))
+    keyed.sort(key=lambda item: (item[0], item[1][0].step_id or 0))
+    return [held for _, held in keyed]
 
 
 def _tell_moved(moved: dict[Any, tuple[datetime, Any, int]], now: datetime, outbox: Outbox) -> None:
@@ -345,7 +432,7 @@ def release_run(run: Run) -> None:
         waiting_reason="", next_run_at=None
     )
     if buckets:
-        requeue(buckets, now, Outbox())
+        requeue(buckets, now, Outbox(), most=settings.RATE_LIMIT_REPLAN_MAX)
 
 
 # --------------------------------------------------------------------------- the limits
@@ -396,6 +483,8 @@ def limit_saved(limit: RateLimit) -> None:
 
 
 def _limit_changed(limit: RateLimit) -> None:
+    # Every waiting step, however many: a lowered limit must hold for all of them (a
+    # change is a person's act, not one per step).
     buckets = set(
         RateGrant.objects.filter(limit_id=limit.pk, used=False).values_list("bucket", flat=True)
     )

@@ -48,7 +48,7 @@ class ScheduleAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[Schedule]):
         "overlap",
         "catchup",
     )
-    list_filter = ("overlap", "catchup", "timezone", "created_at")
+    list_filter = ("paused_reason", "overlap", "catchup", "timezone", "created_at")
     list_select_related = ("organization",)
     search_fields = ("=id", "name")
     ordering = ("next_due_at",)
@@ -69,6 +69,8 @@ class ScheduleAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[Schedule]):
         "last_due",
         "last_run",
         "paused_at",
+        "paused_reason",
+        "credit_refusals",
         "variables",
         "plan",
         "created_by",
@@ -83,6 +85,9 @@ class ScheduleAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[Schedule]):
 
     @admin.display(description="status")
     def state(self, schedule: Schedule) -> str:
+        """Paused, with why: `paused (insufficient_credits)` is one that paused itself."""
+        if schedule.status == ScheduleStatus.PAUSED and schedule.paused_reason:
+            return f"paused ({schedule.paused_reason})"
         return schedule.status
 
     @admin.display(description="when")

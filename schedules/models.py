@@ -5,7 +5,8 @@ of every time it was due.
 plan's own) and when (a cron in a time zone, or an interval, from an anchor, with an
 optional end), its policies for overlapping runs and missed times, and where it stands:
 ``next_due_at``, the oldest due time not handled yet (the tick's index), and
-``last_due_at``, the latest one handled.
+``last_due_at``, the latest one handled; ``paused_reason`` says why a paused one is
+(``insufficient_credits``: it paused itself, its runs refused for credits again and again).
 
 ``ScheduleFire`` is one due time handled, or one manual trigger: ``fired`` with the run it
 started, or ``skipped`` with the reason. A due time is handled once, whatever the number
@@ -75,6 +76,14 @@ class SkipReason(models.TextChoices):
     SUSPENDED = "suspended"  # its organization is suspended (docs/tenants.md)
 
 
+class PausedReason(models.TextChoices):
+    """Why a schedule is paused: a person paused it, or it paused itself after its runs
+    were refused for credits SCHEDULES_PAUSE_AFTER_CREDIT_REFUSALS times in a row."""
+
+    MANUAL = "manual"
+    INSUFFICIENT_CREDITS = "insufficient_credits"
+
+
 class Schedule(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     organization = models.ForeignKey(
@@ -92,6 +101,9 @@ class Schedule(models.Model):
     overlap = models.CharField(max_length=20, choices=Overlap.choices, default=Overlap.SKIP)
     catchup = models.CharField(max_length=10, choices=Catchup.choices, default=Catchup.NONE)
     paused_at = models.DateTimeField(null=True, blank=True)
+    paused_reason = models.CharField(max_length=30, choices=PausedReason.choices, blank=True)
+    # Due times refused for credits in a row; a run started sets it back to 0.
+    credit_refusals = models.PositiveIntegerField(default=0)
     # The oldest due time not handled yet; null once none is left.
     next_due_at = models.DateTimeField(null=True, blank=True)
     # The latest due time handled (fired or skipped); manual triggers are not due times.

@@ -10,7 +10,9 @@ and PostgreSQL's unique (schedule, due time) refuses a second fire whatever got 
 lock (two beats publishing the same tick, a tick retried after its commit was lost).
 Firing starts a run through ``runs.services`` as the API does; what refuses it (credits,
 the organization's pending runs, a plan that no longer validates, its suspension) is
-recorded as a skipped fire with its reason, and the schedule goes on.
+recorded as a skipped fire with its reason, and the schedule goes on; refused for credits
+SCHEDULES_PAUSE_AFTER_CREDIT_REFUSALS times in a row, it pauses itself
+(``paused_reason: insufficient_credits``) rather than record a refusal every second.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from uuid import UUID
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, InterfaceError, OperationalError, transaction
-from django.db.models import QuerySet
+from django.db.models import F, QuerySet, TextField, Value, Window
+from django.db.models.functions import MD5, Cast, Concat, RowNumber
 from django.utils import timezone
 
 from billing import quotas
@@ -48,6 +51,7 @@ from schedules.models import (
     FireKind,
     FireStatus,
     Overlap,
+    PausedReason,
     Schedule,
     ScheduleFire,
     SkipReason,
@@ -59,8 +63,6 @@ logger = logging.getLogger(__name__)
 # (align an interval on it) to a date whose due times still fit in a datetime.
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST = datetime(3000, 1, 1, tzinfo=UTC)
-# Schedules a tick reads per query; it reads again until none is due.
-TICK_BATCH = 100
 
 
 class ScheduleNotFound(Exception):
@@ -378,7 +380,8 @@ def schedule_pause(
     schedule = lock_schedule(schedule_id, organization)
     if schedule.paused_at is None:
         schedule.paused_at = now or timezone.now()
-        schedule.save(update_fields=["paused_at", "updated_at"])
+        schedule.paused_reason = PausedReason.MANUAL
+        schedule.save(update_fields=["paused_at", "paused_reason", "updated_at"])
     return schedule
 
 
@@ -389,13 +392,18 @@ def schedule_resume(
     organization: Organization | None = None,
     now: datetime | None = None,
 ) -> Schedule:
-    """Fire again from the first due time after now (the paused ones are not caught up).
-    Resuming an active schedule changes nothing."""
+    """Fire again from the first due time after now (the paused ones are not caught up),
+    whoever paused it; its count of refusals for credits starts again from 0. Resuming
+    an active schedule changes nothing."""
     schedule = lock_schedule(schedule_id, organization)
     if schedule.paused_at is not None:
-        schedule.paused_at = None
+        schedule.paused_at, schedule.paused_reason, schedule.credit_refusals = None, "", 0
         schedule.next_due_at = due_times(schedule).after(now or timezone.now())
-        schedule.save(update_fields=["paused_at", "next_due_at", "updated_at"])
+        schedule.save(
+            update_fields=[
+                "paused_at", "paused_reason", "credit_refusals", "next_due_at", "updated_at"
+            ]
+        )  # fmt: skip
     return schedule
 
 
@@ -424,6 +432,7 @@ def schedule_trigger(
         _cancel_previous(schedule, fire)
     fire.run = _start_run(schedule)
     fire.save(update_fields=["run"])
+    _credits_were_there(schedule)
     _count(fire)
     return fire
 
@@ -585,41 +594,95 @@ def schedule_fire_due(*, schedule_id: UUID | str, now: datetime | None = None) -
     for due_at in plan.fire:
         fire = _fire(schedule, due_at)
         if fire is not None:
+            _tally_credits(schedule, fire, now)
             counts[fire.status] += 1
             _count(fire)
+        if schedule.paused_at is not None:
+            break  # it paused itself: the due times left are not fired
     if plan.latest is not None:
         schedule.last_due_at = plan.latest
     schedule.next_due_at = times.after(now)
-    schedule.save(update_fields=["last_due_at", "next_due_at", "updated_at"])
+    schedule.save(
+        update_fields=[
+            "last_due_at", "next_due_at", "credit_refusals", "paused_at", "paused_reason",
+            "updated_at",
+        ]
+    )  # fmt: skip
     return counts
 
 
-def schedules_fire_due(*, now: datetime | None = None, batch: int = TICK_BATCH) -> dict[str, int]:
-    """The beat tick: every schedule due by now, each in its own transaction (one
-    schedule's trouble neither rolls back nor holds up another's fires). Returns counts
-    by outcome (``fired``, ``skipped``, ``missed``, ``errors``).
+def _tally_credits(schedule: Schedule, fire: ScheduleFire, now: datetime) -> None:
+    """A run started sets the count of refusals for credits back to 0; one more refusal
+    counts, and the SCHEDULES_PAUSE_AFTER_CREDIT_REFUSALS-th in a row pauses the schedule
+    (``paused_reason: insufficient_credits``), until someone resumes it. Other skips
+    (overlap, pending runs, the plan) leave the count as it is. The caller saves."""
+    if fire.status == FireStatus.FIRED:
+        schedule.credit_refusals = 0
+        return
+    if fire.reason != SkipReason.INSUFFICIENT_CREDITS:
+        return
+    schedule.credit_refusals += 1
+    most = settings.SCHEDULES_PAUSE_AFTER_CREDIT_REFUSALS
+    if schedule.credit_refusals < most:
+        return
+    schedule.paused_at, schedule.paused_reason = now, PausedReason.INSUFFICIENT_CREDITS
+    fire.message = f"{fire.message}; paused after {most} refusals for credits in a row"[:1000]
+    fire.save(update_fields=["message"])
+    logger.warning(
+        "schedule %s paused itself: its runs were refused for credits %d times in a row",
+        schedule.pk,
+        most,
+    )
+
+
+def _credits_were_there(schedule: Schedule) -> None:
+    if schedule.credit_refusals:
+        schedule.credit_refusals = 0
+        schedule.save(update_fields=["credit_refusals", "updated_at"])
+
+
+def schedules_fire_due(*, now: datetime | None = None, batch: int | None = None) -> dict[str, int]:
+    """The beat tick: at most ``batch`` (SCHEDULES_TICK_MAX) of the schedules due by
+    now, organizations served round robin (``due_in_turn``), each schedule in its own
+    transaction (one schedule's trouble neither rolls back nor holds up another's
+    fires). More due: the next tick, beat's next look (SCHEDULES_TICK_SECONDS) finding
+    them due. Returns counts by outcome (``fired``, ``skipped``, ``missed``, ``errors``).
 
     Not one transaction on purpose: a tick over many schedules would hold their locks
     until the last one was done. A database outage ends the tick (the task retries it);
     anything else failing one schedule is logged and the tick goes on."""
+    now = now or timezone.now()
     counts: Counter[str] = Counter()
-    seen: set[UUID] = set()
-    while True:
-        due = list(
-            Schedule.objects.filter(ACTIVE, next_due_at__lte=now or timezone.now())
-            .exclude(pk__in=seen)
-            .order_by("next_due_at")
-            .values_list("pk", flat=True)[:batch]
-        )
-        for schedule_id in due:
-            seen.add(schedule_id)
-            try:
-                counts.update(schedule_fire_due(schedule_id=schedule_id, now=now))
-            except (OperationalError, InterfaceError):
-                raise
-            except Exception:  # one broken schedule must not stop the others
-                logger.exception("schedule %s could not be fired", schedule_id)
-                counts["errors"] += 1
-                metrics.schedule_fires(str(FireKind.SCHEDULED), "error")
-        if len(due) < batch:
-            return dict(counts)
+    for schedule_id in due_in_turn(now=now, batch=batch or settings.SCHEDULES_TICK_MAX):
+        try:
+            counts.update(schedule_fire_due(schedule_id=schedule_id, now=now))
+        except (OperationalError, InterfaceError):
+            raise
+        except Exception:  # one broken schedule must not stop the others
+            logger.exception("schedule %s could not be fired", schedule_id)
+            counts["errors"] += 1
+            metrics.schedule_fires(str(FireKind.SCHEDULED), "error")
+    return dict(counts)
+
+
+def due_in_turn(*, now: datetime, batch: int) -> list[UUID]:
+    """At most ``batch`` of the schedules due by ``now``, in one statement, organizations
+    in turn: every organization's most overdue schedule first (the longest overdue of
+    them first), then every organization's second, and so on. So one organization's
+    thousands of due schedules take one place per round, not the tick. Organizations
+    whose turns are alike (due at the same moment, as `* * * * *` crons are) come in an
+    order that changes with every tick (a hash of the organization and the tick's
+    moment), so that none is always the last when the batch runs out."""
+    turn = Window(
+        RowNumber(),
+        partition_by=[F("organization_id")],
+        order_by=[F("next_due_at").asc(), F("id").asc()],
+    )
+    shuffle = MD5(Concat(Cast("organization_id", TextField()), Value(now.isoformat())))
+    due = (
+        Schedule.objects.filter(ACTIVE, next_due_at__lte=now)
+        .annotate(turn=turn, shuffle=shuffle)
+        .order_by("turn", "next_due_at", "shuffle")
+        .values_list("pk", flat=True)
+    )
+    return list(due[:batch])

@@ -207,6 +207,7 @@ def test_production_reaches_redis_through_sentinels_and_postgresql_at_several_ho
     ("variable", "value", "message"),
     [
         ("CELERY_BROKER_URL", "sentinel://s1:26379/0;redis://r:6379/0", "not a sentinel://"),
+        ("CELERY_BROKER_URL", "sentinel://:hunter2pw@s1:port/0", "sentinel://:***@s1:port/0"),
         ("DATABASE_URL", "postgres://app@db1:x,db2:5432/orchestrator", "is not a number"),
     ],
 )
@@ -219,3 +220,4 @@ def test_production_refuses_a_malformed_store_url_saying_why(
 
     assert result.returncode != 0
     assert message in result.stderr
+    assert "hunter2pw" not in result.stderr  # never a password from a URL

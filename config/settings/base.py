@@ -534,6 +534,17 @@ SCHEDULES_MISFIRE_GRACE = env.integer(
 SCHEDULES_CATCHUP_MAX = env.integer(
     "SCHEDULES_CATCHUP_MAX", 100, "most missed due times `catchup: all` runs at once", minimum=1
 )
+# One tick handles at most SCHEDULES_TICK_MAX due schedules, organizations in turn; the
+# rest are the next tick's (beat looks again every SCHEDULES_TICK_SECONDS).
+SCHEDULES_TICK_MAX = env.integer(
+    "SCHEDULES_TICK_MAX", 200, "most due schedules one tick handles", minimum=1
+)
+SCHEDULES_PAUSE_AFTER_CREDIT_REFUSALS = env.integer(
+    "SCHEDULES_PAUSE_AFTER_CREDIT_REFUSALS",
+    10,
+    "due times refused for credits in a row after which a schedule pauses itself",
+    minimum=1,
+)
 
 # --------------------------------------------------------------------------- run plans
 # Size limits of a submitted plan (runs/plan/): beyond them it is refused, whole.
@@ -611,6 +622,23 @@ ENGINE_DEFAULT_STEP_TIMEOUT = env.number(
 RATE_LIMIT_LATE_S = env.number(
     "RATE_LIMIT_LATE_S", 2, "seconds a rate-limited step may start after its reserved moment"
 )
+# A step that arrives ahead of steps already waiting re-plans at most this many of them,
+# the back of the line: the cost of one step's ask stays bounded however long the line.
+RATE_LIMIT_REPLAN_MAX = env.integer(
+    "RATE_LIMIT_REPLAN_MAX", 200, "most waiting steps one ask re-plans", minimum=1
+)
+# No step message waits in the broker longer than this: a longer wait (a rate limit's
+# reservation days ahead, a long backoff) is a chain of wake-ups this long each
+# (orchestrator.transport), never one countdown that Redis would deliver again every
+# visibility timeout while a worker holds it.
+RATE_LIMIT_MAX_COUNTDOWN_S = env.integer(
+    "RATE_LIMIT_MAX_COUNTDOWN_S",
+    300,
+    "longest countdown (s) of a step message; longer waits are re-armed in steps of it",
+    minimum=1,
+)
+if RATE_LIMIT_MAX_COUNTDOWN_S >= CELERY_VISIBILITY_TIMEOUT:
+    env.errors.append("RATE_LIMIT_MAX_COUNTDOWN_S must be less than CELERY_VISIBILITY_TIMEOUT")
 # Beat looks for the work of the lease, timeout, runner and wait sweeps this often, and
 # sends each when its work is due (orchestrator/periodic.py).
 ENGINE_SWEEP_INTERVAL = env.integer(

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from common.stores import SentinelTarget, is_sentinel, parse_sentinel, postgres_hosts
+from common.stores import (
+    SentinelTarget,
+    is_sentinel,
+    parse_sentinel,
+    postgres_hosts,
+    without_password,
+)
 
 
 def test_sentinels_are_read_with_the_first_urls_database_and_password() -> None:
@@ -30,6 +36,31 @@ def test_sentinels_are_read_with_the_first_urls_database_and_password() -> None:
 def test_a_malformed_sentinel_url_is_refused_saying_why(url: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_sentinel(url)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sentinel://:hunter2pw@h1:26379/0;redis://:hunter2pw@h2:6379",
+        "sentinel://app:hunter2pw@h1:port/0",
+        "sentinel://:hunter2pw@h1:26379/zero",
+        "sentinel://:hunter2pw@:26379",
+        "sentinel://:hun@ter2pw@h1:port",
+    ],
+)
+def test_a_malformed_sentinel_urls_error_never_repeats_its_password(url: str) -> None:
+    with pytest.raises(ValueError, match=r":\*\*\*@") as refused:
+        parse_sentinel(url)
+
+    assert "ter2pw" not in str(refused.value)
+
+
+def test_a_url_is_shown_without_its_passwords() -> None:
+    assert without_password("sentinel://:p%40ss@s1:26379/0;sentinel://u:pw@s2:26379/0") == (
+        "sentinel://:***@s1:26379/0;sentinel://u:***@s2:26379/0"
+    )
+    assert without_password("redis://user@h:6379/0") == "redis://user@h:6379/0"
+    assert without_password("redis://h:6379/0") == "redis://h:6379/0"
 
 
 def test_several_postgresql_hosts_become_libpqs_lists() -> None:

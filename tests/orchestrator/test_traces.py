@@ -14,6 +14,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from rest_framework.test import APIClient
 
 from api.runners import JobOutput
 from common import tracing
@@ -88,9 +89,24 @@ def test_without_a_traceparent_the_request_is_the_root(traced: InMemorySpanExpor
     run = Run.objects.get(pk=answer.json()["id"])
     # Started by a request of its own: linked to the run's trace, which it keeps.
     tenant.post(f"/api/v1/runs/{run.pk}/start", {})
-    (start,) = named(traced.get_finished_spans(), "POST /api/v1/runs/<uuid:run_id>/start")
+    (start,) = named(traced.get_finished_spans(), "POST /api/v1/runs/{run_id}/start")
     assert start.links[0].context.span_id == request.context.span_id
     assert Run.objects.get(pk=run.pk).trace_context == run.trace_context
+
+
+def test_a_request_span_names_its_route_template_never_the_token_in_its_path(
+    traced: InMemorySpanExporter,
+) -> None:
+    token = "cbt_0123456789abcdef.s3cr3t-callback-credential"
+    answer = APIClient().post(f"/api/v1/callbacks/{token}", {"status": "completed"}, format="json")
+    assert answer.status_code == 404, answer.json()
+    (request,) = traced.get_finished_spans()
+    assert request.name == "POST /api/v1/callbacks/{token}"
+    assert request.attributes is not None
+    assert request.attributes["http.route"] == "/api/v1/callbacks/{token}"
+    assert request.attributes["http.response.status_code"] == 404
+    shown = [request.name, *map(str, request.attributes.values())]
+    assert not [text for text in shown if "s3cr3t" in text or "0123456789abcdef" in text]
 
 
 def test_tracing_off_keeps_no_context_and_makes_no_span(traced: InMemorySpanExporter) -> None:

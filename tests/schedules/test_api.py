@@ -164,8 +164,10 @@ def test_pause_resume_and_trigger_are_actions(tenant: Tenant) -> None:
     created = create(tenant)
     path = f"{SCHEDULES}/{created['id']}"
 
+    assert created["paused_reason"] is None
     paused = tenant.post(f"{path}/pause")
     assert (paused.status_code, paused.json()["status"]) == (200, "paused")
+    assert paused.json()["paused_reason"] == "manual"
     fired = tenant.post(f"{path}/trigger")
     assert fired.status_code == 200, fired.json()
     assert (fired.json()["kind"], fired.json()["status"]) == ("manual", "fired")
@@ -176,6 +178,7 @@ def test_pause_resume_and_trigger_are_actions(tenant: Tenant) -> None:
         "active",
         {"id": run_id, "status": "pending"},
     )
+    assert resumed.json()["paused_reason"] is None
 
     history = tenant.get(f"{path}/fires").json()
     assert history["count"] == 1
@@ -250,3 +253,18 @@ def test_another_organizations_schedule_is_not_found(tenant: Tenant, other_tenan
         assert response.json() == {"code": "not_found", "message": "not found", "details": None}
     assert other_tenant.get(SCHEDULES).json()["count"] == 0
     assert tenant.get(path).json()["status"] == "active"
+
+
+def test_a_schedule_that_paused_itself_for_credits_says_so(settings: Any) -> None:
+    settings.SCHEDULES_PAUSE_AFTER_CREDIT_REFUSALS = 2
+    broke = make_tenant(credits=0)
+    created = create(broke, cron=OMIT, interval="1m")
+    schedule = Schedule.objects.get()
+    for minutes in (1, 2):
+        services.schedules_fire_due(now=schedule.created_at + timedelta(minutes=minutes))
+
+    shown = broke.get(f"{SCHEDULES}/{created['id']}").json()
+
+    assert (shown["status"], shown["paused_reason"]) == ("paused", "insufficient_credits")
+    listed = broke.get(SCHEDULES, {"status": "paused"}).json()["results"]
+    assert [row["paused_reason"] for row in listed] == ["insufficient_credits"]

@@ -249,6 +249,72 @@ def test_without_credits_a_due_time_is_skipped_with_the_reason_and_the_schedule_
     assert Run.objects.count() == 1  # the refused run was rolled back, not left CREATED
 
 
+def test_refused_for_credits_ten_times_in_a_row_a_schedule_pauses_itself() -> None:
+    schedule = make_schedule(broke())
+
+    for minutes in range(1, 10):
+        assert tick(T0 + minutes * MINUTE) == {"skipped": 1}
+    assert Schedule.objects.get().credit_refusals == 9
+    assert Schedule.objects.get().status == "active"
+    assert tick(T0 + 10 * MINUTE) == {"skipped": 1}
+
+    paused = Schedule.objects.get()
+    assert (paused.status, paused.paused_reason, paused.credit_refusals) == (
+        "paused",
+        "insufficient_credits",
+        10,
+    )
+    assert paused.paused_at == T0 + 10 * MINUTE
+    last = ScheduleFire.objects.latest("id")
+    assert last.message.endswith("; paused after 10 refusals for credits in a row")
+    # Paused: no more refusals recorded, every second or every minute.
+    assert tick(T0 + 20 * MINUTE) == {}
+    assert ScheduleFire.objects.filter(schedule=schedule).count() == 10
+    # Resumed (credits there or not), it counts from 0 again.
+    resumed = services.schedule_resume(schedule_id=schedule.pk, now=T0 + 20 * MINUTE)
+    assert (resumed.status, resumed.paused_reason, resumed.credit_refusals) == ("active", "", 0)
+
+
+def test_a_run_started_sets_the_count_of_refusals_back_to_zero() -> None:
+    organization = broke()
+    schedule = make_schedule(organization, overlap="allow")
+    for minutes in range(1, 10):
+        tick(T0 + minutes * MINUTE)
+    credits_grant(organization=organization, amount="0.03", reason="one run's worth")
+
+    assert tick(T0 + 10 * MINUTE) == {"fired": 1}
+    assert Schedule.objects.get().credit_refusals == 0
+    for minutes in range(11, 20):
+        assert tick(T0 + minutes * MINUTE) == {"skipped": 1}
+    assert Schedule.objects.get().status == "active"  # 9 in a row, not 10
+    assert tick(T0 + 20 * MINUTE) == {"skipped": 1}
+    assert Schedule.objects.get().paused_reason == "insufficient_credits"
+    assert schedule.pk == Schedule.objects.get().pk
+
+
+def test_other_refusals_neither_count_nor_reset_the_refusals_for_credits() -> None:
+    schedule = make_schedule(broke())
+    Schedule.objects.filter(pk=schedule.pk).update(credit_refusals=3)
+    broken = scheduled_plan()
+    broken["agents"][0]["tasks"][0]["steps"][0]["tool"] = "no-such-tool"
+    Schedule.objects.filter(pk=schedule.pk).update(plan=broken)
+
+    assert tick(T0 + MINUTE) == {"skipped": 1}
+    assert Schedule.objects.get().credit_refusals == 3
+
+
+def test_a_manual_pause_says_so_and_a_trigger_resets_the_refusals() -> None:
+    organization = broke()
+    schedule = make_schedule(organization)
+    tick(T0 + MINUTE)
+    credits_grant(organization=organization, amount=10, reason="top-up")
+
+    services.schedule_trigger(schedule_id=schedule.pk, now=T0 + 2 * MINUTE)
+    assert Schedule.objects.get().credit_refusals == 0
+    paused = services.schedule_pause(schedule_id=schedule.pk)
+    assert (paused.status, paused.paused_reason) == ("paused", "manual")
+
+
 def test_beyond_the_organizations_pending_runs_a_due_time_is_skipped() -> None:
     organization = factories.org()
     admission.limits_set(organization.pk, actor="test", max_pending_runs=1)

@@ -3,11 +3,13 @@ deliveries with their attempts, redeliver; validation, another organization, sco
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 from rest_framework.test import APIClient
 
+from api.models import IdempotencyRecord
 from billing.models import ApiKeyScope
 from billing.secrets import decrypt_value
 from billing.services import api_key_create
@@ -212,3 +214,24 @@ def test_a_test_past_the_pending_bound_is_429_with_retry_after(
     assert refused.json()["details"] == {"retry_after": 10, "limit": 2}
     assert refused["Retry-After"] == "10"
     assert WebhookDelivery.objects.filter(endpoint_id=created["id"]).count() == 2
+
+
+def test_a_retried_create_replays_the_secret_which_its_stored_record_holds_sealed(
+    tenant: Tenant,
+) -> None:
+    key = {"Idempotency-Key": "create-hook-1"}
+    first = tenant.post(HOOKS, BODY, **key)
+    assert first.status_code == 201, first.json()
+    secret = first.json()["secret"]
+
+    record = IdempotencyRecord.objects.get(key="create-hook-1")
+    assert secret not in json.dumps(record.response_body)
+    sealed = record.response_body["secret"]["sealed"]
+    assert decrypt_value(sealed.encode()) == secret
+    again = tenant.post(HOOKS, BODY, **key)
+
+    # The replay answers as the first answer did, the secret decrypted; nothing new.
+    assert again.status_code == 200
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.json() == first.json()
+    assert WebhookEndpoint.objects.filter(organization=tenant.organization).count() == 1

@@ -40,6 +40,8 @@ logger = logging.getLogger(__name__)
 # The advisory lock namespace of admission (pg_advisory_xact_lock(namespace, key)).
 LOCK_NAMESPACE = 0x7261_6E  # "ran"
 ACTIVE = (RunStatus.PENDING, *RUN_STARTED)
+# The queued_reason of a run held by its organization's suspension.
+SUSPENDED = "the organization is suspended"
 
 
 class TooManyPendingRuns(Exception):
@@ -238,7 +240,10 @@ def admit(run_id: Any, *, actor: str = "worker") -> bool:
     its `queued_reason` (an event when the reason changes); one that is not waiting
     (picked up, ended, admitted already) is let through for the pick-up to decide."""
     # Admitted at its start (``on_start``) or by an earlier look: one read, no lock.
-    if Run.objects.filter(pk=run_id, admitted_at__isnull=False).exists():
+    admitted = Run.objects.filter(
+        pk=run_id, admitted_at__isnull=False, organization__suspended_at__isnull=True
+    )
+    if admitted.exists():
         return True
     with transaction.atomic():
         # SKIP LOCKED: a pick-up under way holds the run (creating its agents may take
@@ -246,15 +251,21 @@ def admit(run_id: Any, *, actor: str = "worker") -> bool:
         run = Run.objects.select_for_update(no_key=True, skip_locked=True).filter(pk=run_id).first()
         if run is None:
             return not Run.objects.filter(pk=run_id).exists()
-        if run.admitted_at is not None:
-            return True
         if run.status not in (RunStatus.PENDING, RunStatus.RETRYING):
             return True
-        if run.parent_run_id is not None:  # a child: its parent's place (see TOP)
+        # A suspended organization's runs do not begin, even those admitted before the
+        # suspension came (their pick-up in flight): they wait, their places given back,
+        # until unsuspending asks for them again (runs/suspension.py).
+        suspended = Organization.objects.filter(
+            pk=run.organization_id, suspended_at__isnull=False
+        ).exists()
+        if run.admitted_at is not None and not suspended:
+            return True
+        if run.parent_run_id is not None and not suspended:  # its parent's place (see TOP)
             Run.objects.filter(pk=run.pk).update(admitted_at=timezone.now())
             return True
         lock(run.organization_id)
-        reason = why_waiting(run)
+        reason = SUSPENDED if suspended else why_waiting(run)
         if reason != run.queued_reason:
             record_event(
                 run,
@@ -263,9 +274,10 @@ def admit(run_id: Any, *, actor: str = "worker") -> bool:
                 message=f"waiting to start: {reason}" if reason else "admitted",
                 payload={"queued_reason": reason},
             )
-        updates: dict[str, Any] = {"queued_reason": reason}
-        if not reason:
-            updates["admitted_at"] = timezone.now()
+        updates: dict[str, Any] = {
+            "queued_reason": reason,
+            "admitted_at": None if reason else timezone.now(),
+        }
         Run.objects.filter(pk=run.pk).update(**updates)
         return not reason
 

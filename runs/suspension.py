@@ -3,7 +3,8 @@
 While ``Organization.suspended_at`` is set, every request with its keys answers 403
 ``organization_suspended`` (api/authentication.py), its schedules skip each due time
 (reason ``suspended``, schedules/services.py), its webhook deliveries are held (the
-sweep's claim leaves them) and its runs that were running are paused. Those reads look at
+sweep's claim leaves them), its runs that were running are paused and those about to
+begin wait (``runs.admission.admit``: queued with the reason ``SUSPENDED``). Those reads look at
 the field where they already read the organization's row; this module is the one door
 that writes it, for the admin's actions and ``manage.py suspend_org`` / ``unsuspend_org``.
 
@@ -26,7 +27,7 @@ from django.db.models import OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
 from billing.models import Organization
-from runs import services
+from runs import admission, services
 from runs.models import Run, RunEvent
 from runs.states import InvalidTransition, RunStatus
 
@@ -90,6 +91,9 @@ def organization_unsuspend(*, organization: Organization, actor: str = "system")
         except InvalidTransition:
             continue  # cancelled or failed meanwhile
         done.runs.append(run_id)
+    # The runs that were to begin while it lasted waited (``admission.admit``): their
+    # turn now, as places allow.
+    admission.admit_waiting(locked.pk)
     return done
 
 

@@ -8,6 +8,7 @@ import json
 from datetime import timedelta
 from io import StringIO
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.contrib.auth.models import User
@@ -16,7 +17,8 @@ from django.test import Client
 
 from billing.models import ApiKeyScope, Organization
 from billing.services import api_key_create
-from runs import services, suspension
+from runs import admission, services, suspension
+from runs.engine import control
 from runs.engine.start import run_start
 from runs.models import Run, RunEvent
 from schedules import services as schedule_services
@@ -112,6 +114,34 @@ def test_suspension_end_to_end() -> None:
     assert tenant.get(RUNS).status_code == 200
     schedule_services.schedules_fire_due(now=T0 + 2 * MINUTE)
     assert [fire[:2] for fire in fires(schedule.pk)] == [("skipped", "suspended"), ("fired", "")]
+
+
+def test_a_run_about_to_begin_when_the_suspension_came_waits_until_it_is_lifted(
+    settings: Any,
+) -> None:
+    organization = make_tenant().organization
+    settings.ENGINE_START_AT_ONCE_STEPS = 0  # started as a pick-up, admitted at its start
+    run = factories.run(organization)
+    run_start(run_id=run.pk)
+    assert Run.objects.filter(pk=run.pk, admitted_at__isnull=False).exists()
+    suspension.organization_suspend(organization=organization, reason="abuse")
+
+    # Its pick-up (in flight when the suspension came) does not begin it: it waits,
+    # its place given back, and says why.
+    assert control.pick_up(run.pk) is False
+    held = Run.objects.get(pk=run.pk)
+    assert (held.status, held.queued_reason, held.admitted_at) == (
+        "pending",
+        admission.SUSPENDED,
+        None,
+    )
+
+    with mock.patch.object(admission, "enqueue_run_message") as enqueued:
+        suspension.organization_unsuspend(organization=organization)
+    # Unsuspending asks for its pick-up, which begins it now.
+    assert [call.args[1] for call in enqueued.call_args_list] == [run.pk]
+    assert control.pick_up(run.pk) is True
+    assert status(run) == "running"
 
 
 def test_unsuspending_leaves_a_run_whose_last_pause_was_a_persons() -> None:

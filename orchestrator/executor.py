@@ -59,7 +59,6 @@ from orchestrator.context import StepContext
 from orchestrator.heartbeat import Held, hand_back, lease_keeper
 from orchestrator.transport import CeleryTransport, serving
 from runs import callbacks, fairness
-from runs.admission import limits_of
 from runs.engine import control, hotpath
 from runs.engine.dispatch import step_from_row, step_timeout_s
 from runs.engine.outcomes import Outcome, record_and_claim
@@ -173,7 +172,7 @@ def serve(run_id: str, priority: int, *, worker: str, task_id: str, hard_limits:
             return server.fairly()
         return server.one_run(run_id, priority)
     finally:
-        server.hand_back()
+        server.hand_back(ring=True)
         server.give_back_slot()
         metrics.doorbell_answered(server.served)
 
@@ -212,8 +211,6 @@ class _Server:
         # The last recording found the run RUNNING (the hot path's): the batch's next
         # step may start without asking.
         self.confirmed = False
-        # The organizations' max_running_steps, read once (a batch claims no more).
-        self.limits: dict[Any, int] = {}
 
     def give_back_slot(self) -> None:
         if self.slot is not None:
@@ -279,12 +276,13 @@ class _Server:
             if after.held:
                 lease_keeper.keep(Held(run_id, priority, self.worker, after.held))
             _measure(step, outcome, time.monotonic() - began, applied)
-        if not applied or spent:
-            self.hand_back()
+        if not applied or (spent and lease_keeper.held is None):
+            # Spent: after the batch in hand (short steps), so as not to give it back.
+            self.hand_back()  # dropped: cancelled with that step, or rung for below
             CeleryTransport().ring({str(run_id): priority}, "burst" if applied else "dropped")
             return False
-        if self.next is not None:
-            self.leave_if_crowded(run_id, self.next, now - began)
+        if after.waited is not None and (self.next is not None or lease_keeper.held is not None):
+            self.leave_if_crowded(run_id, after.waited, now - began)
         if self.leaving and self.next is None:
             self.hand_back()
             if _served_by_another(run_id, self.task_id):
@@ -300,11 +298,8 @@ class _Server:
         wanted = int(settings.ENGINE_CLAIM_BATCH)
         if wanted <= 1 or worked_s > BATCH_AFTER_S or self.slot is None:
             return 1
-        organization = self.slot.organization_id
-        if organization not in self.limits:
-            self.limits[organization] = limits_of(organization).max_running_steps
         room = int(settings.ENGINE_BURST_STEPS) - self.served
-        return max(1, min(wanted, room, self.limits[organization]))
+        return max(1, min(wanted, room, self.slot.limit or wanted))
 
     def next_held(self, run_id: Any) -> dict[str, Any] | None:
         """The next step of the batch this server holds, when it may start: its run is
@@ -316,21 +311,25 @@ class _Server:
             return None
         return lease_keeper.next_held()
 
-    def hand_back(self) -> None:
-        """Give back the steps of a batch this server holds and will not start; a
-        database that failed meanwhile leaves them to their leases (the sweep)."""
+    def hand_back(self, *, ring: bool = False) -> None:
+        """Give back the steps of a batch this server holds and will not start; with
+        ``ring``, ring for those made claimable (without: the caller rings for the run,
+        or other servers of it claim them). A database that failed meanwhile leaves them
+        to their leases (the sweep)."""
         held = lease_keeper.take_held()
         if held is None:
             return
         try:
             discard_interrupted_connection()
-            hand_back(held)
+            if hand_back(held) and ring:
+                CeleryTransport().ring({str(held.run_id): held.priority}, "handed_back")
         except (OperationalError, InterfaceError):
             logger.warning("%d steps of run %s left to their leases", len(held.steps), held.run_id)
 
-    def leave_if_crowded(self, run_id: Any, claimed: dict[str, Any], worked_s: float) -> None:
-        """Whether this server should leave the run, from a recording that claimed
-        ``claimed`` (docs/engine.md, "One run over the fleet").
+    def leave_if_crowded(self, run_id: Any, waited: float, worked_s: float) -> None:
+        """Whether this server should leave the run, from a recording that waited
+        ``waited`` seconds for its locks and claimed the next step or has a batch's in
+        hand (docs/engine.md, "One run over the fleet").
 
         When its last CROWDED_AFTER recordings each waited for their locks longer than
         their steps ran (and more than CROWDED_WAIT_S), the run's recordings are taking
@@ -339,7 +338,6 @@ class _Server:
         this one leaves after the step in hand. A no-op fan-out served by 32 workers
         waited 14 ms a step for a lock held about 1 ms; steps of 50 ms wait that long
         once in a while (a busy moment of the machine), never three times in a row."""
-        waited = float(claimed.get("waited") or 0.0)
         self.waits = self.waits + 1 if waited > max(worked_s, CROWDED_WAIT_S) else 0
         if self.waits >= CROWDED_AFTER:
             CeleryTransport().crowded(str(run_id))

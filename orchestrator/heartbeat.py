@@ -52,12 +52,11 @@ class Held:
     steps: tuple[dict[str, Any], ...]
 
 
-def hand_back(held: Held) -> None:
-    """Give ``held``'s steps back (``runs.transitions.hand_back_steps``) and ring for
-    those made claimable."""
+def hand_back(held: Held) -> int:
+    """Give ``held``'s steps back (``runs.transitions.hand_back_steps``); return how many
+    were made claimable."""
     steps = [(step["id"], step["attempts"]) for step in held.steps]
-    if hand_back_steps(held.run_id, steps, actor=held.actor):
-        CeleryTransport().ring({str(held.run_id): held.priority}, "handed_back")
+    return hand_back_steps(held.run_id, steps, actor=held.actor)
 
 
 class _LeaseKeeper:
@@ -177,7 +176,8 @@ class _LeaseKeeper:
         if held is None:
             return
         try:
-            hand_back(held)
+            if hand_back(held):  # claimable by others: a doorbell for them
+                CeleryTransport().ring({str(held.run_id): held.priority}, "handed_back")
         except Exception:
             logger.warning("handing back %d steps failed", len(held.steps), exc_info=True)
             close_old_connections()

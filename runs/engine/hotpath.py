@@ -86,12 +86,15 @@ class Next:
     choice it made when asked to (None: not asked; a Choice whose run is None: nothing
     ready that the worker may take). ``held``: the rest of a batch, after ``claimed``, in
     plan order. ``running``: the hot path recorded the step, so the run was RUNNING then
-    (steps the worker holds may start, as a step claimed with the recording does)."""
+    (steps the worker holds may start, as a step claimed with the recording does).
+    ``waited``: the seconds the hot path's recording waited for its locks (None: it did
+    not record, or asked to claim and claimed nothing)."""
 
     claimed: dict[str, Any] | None = None
     chosen: Choice | None = None
     held: tuple[dict[str, Any], ...] = ()
     running: bool = False
+    waited: float | None = None
 
 
 def eligible(error: object, skipped: bool, cost: Decimal) -> bool:
@@ -143,11 +146,15 @@ def complete(
             },
         )
         rows = cursor.fetchall()
-    chosen, recorded = None, []
+    chosen, recorded, waited = None, [], None
     batch: list[dict[str, Any]] = []
     for row in rows:
         if row[0] == "claimed":
             batch.append(claimed_from_json(row[9]))
+            waited = float(batch[-1].get("waited") or 0.0)
+        elif row[0] == "waited":
+            extra = json.loads(row[9]) if isinstance(row[9], str) else row[9]
+            waited = float(extra["waited"] or 0.0)
         elif row[0] == "chosen":
             extra = json.loads(row[9]) if isinstance(row[9], str) else row[9]
             organization = extra["organization_id"]
@@ -169,7 +176,7 @@ def complete(
             chosen = dataclasses.replace(chosen, claimed=claimed)
         else:
             chosen = None
-    after = Next(claimed, chosen, tuple(batch[1:]), running=bool(recorded))
+    after = Next(claimed, chosen, tuple(batch[1:]), bool(recorded), waited)
     if not recorded:
         return None, after
     dispatched = [dict(zip(_DISPATCHED, row[3:9], strict=True)) for row in recorded if row[3]]

@@ -251,6 +251,32 @@ def test_steps_held_behind_a_slow_step_are_handed_back_for_other_servers(
     assert_ran_once(run)
 
 
+def test_a_burst_spent_during_a_batch_ends_after_it_and_rings_once(
+    settings: SettingsWrapper, rings: list[tuple[str, str]], kept: list[int]
+) -> None:
+    # s0's recording claims s1, slow, s3 and s4; the burst's time runs out during slow.
+    # The server serves s3 and s4 (short: they would only be handed back and claimed
+    # again) and then rings for the rest, once.
+    settings.ENGINE_BURST_SECONDS = 0.5
+    settings.ENGINE_CLAIM_BATCH_HOLD_SECONDS = 1.4
+    slow = step("slow", "sleep", params={"seconds": 0.6})
+    run = started(step("s0"), step("s1"), slow, *noops(*(f"s{i}" for i in range(3, 10))))
+
+    assert serve(run) == 5
+
+    assert kept == [3]
+    assert rings == [(str(run.pk), "burst")]
+    assert handed_back(run) == set()
+    statuses = {name: s.status for name, s in steps_of(run).items()}
+    assert {name for name, status in statuses.items() if status == "completed"} == {
+        "s0",
+        "s1",
+        "slow",
+        "s3",
+        "s4",
+    }
+
+
 def kills_its_worker() -> dict[str, bool]:
     """The worker process dies here when told to (KILL_WORKER), as at a crash."""
     if os.environ.get("KILL_WORKER"):

@@ -24,7 +24,8 @@
 --              (o_id .. o_status; NULL when none), to announce at o_priority;
 --   'claimed'  a step claimed for the worker (one row each, in plan order), in o_claimed
 --              (engine.step_claim's row as JSON, with `waited`: the seconds the recording
---              waited for its locks).
+--              waited for its locks);
+--   'waited'   without `a_claim`: o_claimed is {waited} alone.
 --
 -- Locks, always in this order: the run's gate, shared (other recordings of the run go on
 -- beside this one; anything else that changes the run holds it exclusively:
@@ -204,6 +205,11 @@ BEGIN
             NULL::varchar, NULL::bigint, NULL::uuid, NULL::smallint, NULL::varchar,
             c.value || jsonb_build_object('waited', EXTRACT(EPOCH FROM v_locked - v_locking))
             FROM jsonb_array_elements(v_claimed) WITH ORDINALITY AS c ORDER BY c.ordinality;
+    ELSIF NOT a_claim THEN
+        -- No claim asked (a worker with a batch's steps in hand): the wait alone.
+        RETURN QUERY SELECT 'waited'::text, NULL::smallint, NULL::bigint, NULL::bigint,
+            NULL::varchar, NULL::bigint, NULL::uuid, NULL::smallint, NULL::varchar,
+            jsonb_build_object('waited', EXTRACT(EPOCH FROM v_locked - v_locking));
     END IF;
     -- The run's heartbeat, last: its row is locked only from here to the commit.
     PERFORM engine.run_heartbeat(a_run, v_heartbeat, v_now);

@@ -13,7 +13,8 @@
    reclaimed meanwhile keeps its new state and the late result is dropped.
 
 A worker gets there two ways. A doorbell names a run (``serve``): the worker claims the
-run's next claimable step, runs and records it, and claims the next, each step committed
+run's next claimable step, runs and records it, and claims the next (after a short step,
+a batch of the next ones, run in turn: docs/engine.md, "Batches"), each step committed
 before the next is claimed, until the run has none claimable or the burst budget is
 spent; each step keeps its own time limits (a SIGALRM timer for the soft one, the
 heartbeat thread for the hard one). A step due later (a retry's backoff) has a message

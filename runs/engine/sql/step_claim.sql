@@ -31,8 +31,7 @@ CREATE FUNCTION engine.step_claim(
 DECLARE
     v_steps bigint[];
     v_ready integer;
-    v_claimed runs_step[];
-    v_more boolean;
+    v_step bigint;
 BEGIN
     IF p_step IS NOT NULL THEN
         v_steps := ARRAY[p_step];
@@ -83,54 +82,72 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    -- The steps and their events in one statement (engine.run_event's insert, here
-    -- inline: this runs for every step, and a statement and a call less are a tenth of it).
-    WITH claimed AS (
-        UPDATE runs_step AS s
-        SET status = 'running',
-            attempts = s.attempts + 1,
-            started_at = COALESCE(s.started_at, p_now),
-            status_changed_at = p_now,
-            lease_expires_at = p_now + make_interval(secs => p_lease),
-            next_run_at = NULL,
-            worker = p_worker,
-            celery_task_id = p_task_id
-        WHERE s.id = ANY (v_steps)
-          AND s.status = 'pending'
-          AND s.dispatched_at IS NOT NULL
-          AND (s.next_run_at IS NULL OR s.next_run_at <= p_now)
-          -- The run by its key: as a join, a generic plan made while few runs were
-          -- running scanned every running run for it.
-          AND (SELECT r.status FROM runs_run AS r WHERE r.id = s.run_id) = 'running'
-        RETURNING s.*
-    ), event AS (
-        INSERT INTO runs_runevent
-            (run_id, attempt_number, entity, entity_id, kind, from_status, to_status, actor,
-             message, payload, created_at)
-        SELECT c.run_id, c.attempt_number, 'step', c.id::text, 'transition', 'pending',
-               'running', p_worker, '', jsonb_build_object('attempt', c.attempts), p_now
-        FROM claimed AS c
-        ORDER BY c.id
-    )
-    SELECT array_agg(c ORDER BY c.id) INTO v_claimed FROM claimed AS c;
-    IF v_claimed IS NULL THEN
-        RETURN;
+    IF p_run IS NOT NULL THEN
+        -- One probe of the partial index step_claimable, as the pick above, past the
+        -- steps picked (rows being claimed by others at this moment included).
+        more := (
+            SELECT other.id FROM runs_step AS other
+            WHERE other.run_id >= p_run AND other.run_id <= p_run
+              AND other.status = 'pending'
+              AND other.dispatched_at IS NOT NULL
+              AND (other.next_run_at IS NULL OR other.next_run_at <= p_now)
+              AND other.id <> ALL (v_steps)
+            ORDER BY other.run_id, other.id
+            LIMIT 1
+        ) IS NOT NULL;
     END IF;
-    -- One probe of the partial index step_claimable, as the pick above (rows being
-    -- claimed by others at this moment included; the steps claimed above are running now).
-    v_more := (
-        SELECT other.id FROM runs_step AS other
-        WHERE other.run_id >= (v_claimed[1]).run_id AND other.run_id <= (v_claimed[1]).run_id
-          AND other.status = 'pending'
-          AND other.dispatched_at IS NOT NULL
-          AND (other.next_run_at IS NULL OR other.next_run_at <= p_now)
-        ORDER BY other.run_id, other.id
-        LIMIT 1
-    ) IS NOT NULL;
-    RETURN QUERY
-        SELECT c.id, c.run_id, c.attempt_number, c.attempts, c.task_id, c.generation, c.name,
-               c.tool, c.params, c."when", c.timeout_ms, c.handler_for_id, c.dispatched_at,
-               c.status_changed_at, c.rate_limits, v_more
-        FROM unnest(v_claimed) AS c;
+    -- Each step and its event in one statement (engine.run_event's insert, here inline:
+    -- this runs for every step, and a statement and a call less are a tenth of it), by
+    -- its key: as `s.id = ANY (v_steps)`, a generic plan made where the statistics said
+    -- few steps were pending read every pending step through a partial index.
+    FOREACH v_step IN ARRAY v_steps LOOP
+        WITH claimed AS (
+            UPDATE runs_step AS s
+            SET status = 'running',
+                attempts = s.attempts + 1,
+                started_at = COALESCE(s.started_at, p_now),
+                status_changed_at = p_now,
+                lease_expires_at = p_now + make_interval(secs => p_lease),
+                next_run_at = NULL,
+                worker = p_worker,
+                celery_task_id = p_task_id
+            WHERE s.id = v_step
+              AND s.status = 'pending'
+              AND s.dispatched_at IS NOT NULL
+              AND (s.next_run_at IS NULL OR s.next_run_at <= p_now)
+              -- The run by its key: as a join, a generic plan made while few runs were
+              -- running scanned every running run for it.
+              AND (SELECT r.status FROM runs_run AS r WHERE r.id = s.run_id) = 'running'
+            RETURNING s.*
+        ), event AS (
+            INSERT INTO runs_runevent
+                (run_id, attempt_number, entity, entity_id, kind, from_status, to_status,
+                 actor, message, payload, created_at)
+            SELECT c.run_id, c.attempt_number, 'step', c.id::text, 'transition', 'pending',
+                   'running', p_worker, '', jsonb_build_object('attempt', c.attempts), p_now
+            FROM claimed AS c
+        )
+        SELECT c.id, c.run_id, c.attempt_number, c.attempts, c.task_id, c.generation,
+               c.name, c.tool, c.params, c."when", c.timeout_ms, c.handler_for_id,
+               c.dispatched_at, c.status_changed_at, c.rate_limits
+        INTO id, run_id, attempt_number, attempts, task_id, generation, name, tool, params,
+             "when", timeout_ms, handler_for_id, dispatched_at, status_changed_at,
+             rate_limits
+        FROM claimed AS c;
+        CONTINUE WHEN NOT FOUND;
+        IF p_run IS NULL THEN
+            -- A step given by its key: the probe for its run, now that it is running.
+            more := (
+                SELECT other.id FROM runs_step AS other
+                WHERE other.run_id >= step_claim.run_id AND other.run_id <= step_claim.run_id
+                  AND other.status = 'pending'
+                  AND other.dispatched_at IS NOT NULL
+                  AND (other.next_run_at IS NULL OR other.next_run_at <= p_now)
+                ORDER BY other.run_id, other.id
+                LIMIT 1
+            ) IS NOT NULL;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
 END
 $$;

@@ -122,7 +122,7 @@ BEGIN
         BEGIN
             PERFORM engine.step_finish(a_step, a_attempt, a_output, a_cost, a_cost_text, v_now);
             IF v_claim_run IS NOT NULL THEN
-                v_claimed := (SELECT jsonb_agg(to_jsonb(c) ORDER BY c.id) FROM engine.step_claim(
+                v_claimed := (SELECT jsonb_agg(to_jsonb(c)) FROM engine.step_claim(
                     NULL, v_claim_run, a_worker, a_task_id, a_lease, v_now, a_batch) AS c);
             END IF;
             v_locking := clock_timestamp();
@@ -193,7 +193,7 @@ BEGIN
         -- was taken held such a step while its own worker, recording it, waited behind
         -- that lock: a deadlock.
         IF v_claim_run IS NOT NULL THEN
-            v_claimed := (SELECT jsonb_agg(to_jsonb(c) ORDER BY c.id) FROM engine.step_claim(
+            v_claimed := (SELECT jsonb_agg(to_jsonb(c)) FROM engine.step_claim(
                 NULL, v_claim_run, a_worker, a_task_id, a_lease, v_now, a_batch) AS c);
         END IF;
     ELSE
@@ -204,7 +204,7 @@ BEGIN
         RETURN QUERY SELECT 'claimed'::text, NULL::smallint, NULL::bigint, NULL::bigint,
             NULL::varchar, NULL::bigint, NULL::uuid, NULL::smallint, NULL::varchar,
             c.value || jsonb_build_object('waited', EXTRACT(EPOCH FROM v_locked - v_locking))
-            FROM jsonb_array_elements(v_claimed) WITH ORDINALITY AS c ORDER BY c.ordinality;
+            FROM jsonb_array_elements(v_claimed) AS c;  -- as claimed: the first is started next
     ELSIF NOT a_claim THEN
         -- No claim asked (a worker with a batch's steps in hand): the wait alone.
         RETURN QUERY SELECT 'waited'::text, NULL::smallint, NULL::bigint, NULL::bigint,

@@ -20,43 +20,45 @@ CREATE FUNCTION engine.steps_hand_back(
 ) RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     v_status text;
-    v_claimable integer;
+    v_to text;
+    v_attempt_number smallint;
+    v_claimable integer := 0;
 BEGIN
     PERFORM engine.run_gate(p_run, p_shared => true);
     SELECT r.status INTO v_status FROM runs_run AS r WHERE r.id = p_run;
-    WITH held AS (
-        SELECT h.id, h.attempt FROM unnest(p_steps, p_attempts) AS h(id, attempt)
-    ), back AS (
+    v_to := CASE WHEN v_status = 'paused' THEN 'paused' ELSE 'pending' END;
+    -- Step by step, each by its key (as a set, a generic plan may read every running
+    -- step through the partial index step_running_lease, its conditions being these).
+    FOR i IN 1 .. cardinality(p_steps) LOOP
         UPDATE runs_step AS s
-        SET status = CASE WHEN v_status = 'paused' THEN 'paused' ELSE 'pending' END,
+        SET status = v_to,
             attempts = s.attempts - 1,
             started_at = CASE WHEN s.attempts = 1 THEN NULL ELSE s.started_at END,
             status_changed_at = p_now,
             lease_expires_at = NULL,
             worker = '',
             celery_task_id = ''
-        FROM held
-        WHERE s.id = held.id AND s.run_id = p_run
-          AND s.status = 'running' AND s.attempts = held.attempt
-        RETURNING s.id, s.run_id, s.attempt_number, s.attempts, s.status
-    ), event AS (
+        WHERE s.id = p_steps[i] AND s.run_id = p_run
+          AND s.status = 'running' AND s.attempts = p_attempts[i]
+        RETURNING s.attempt_number INTO v_attempt_number;
+        CONTINUE WHEN NOT FOUND;
         -- As runs.transitions writes them: running -> pending, then pending -> paused.
         INSERT INTO runs_runevent
             (run_id, attempt_number, entity, entity_id, kind, from_status, to_status, actor,
              message, payload, created_at)
-        SELECT b.run_id, b.attempt_number, 'step', b.id::text, 'transition', e.from_status,
-               e.to_status, p_actor, e.message, jsonb_build_object('attempt', b.attempts + 1),
+        SELECT p_run, v_attempt_number, 'step', p_steps[i]::text, 'transition', e.from_status,
+               e.to_status, p_actor, e.message, jsonb_build_object('attempt', p_attempts[i]),
                p_now
-        FROM back AS b
-        CROSS JOIN LATERAL (VALUES
+        FROM (VALUES
             (1, 'running', 'pending', 'handed back unstarted'),
             (2, 'pending', 'paused', 'run is paused')
         ) AS e(n, from_status, to_status, message)
-        WHERE e.n = 1 OR b.status = 'paused'
-        ORDER BY b.id, e.n
-    )
-    SELECT count(*) FILTER (WHERE b.status = 'pending' AND v_status = 'running')
-      INTO v_claimable FROM back AS b;
+        WHERE e.n = 1 OR v_to = 'paused'
+        ORDER BY e.n;
+        IF v_status = 'running' THEN
+            v_claimable := v_claimable + 1;
+        END IF;
+    END LOOP;
     RETURN v_claimable;
 END
 $$;

@@ -625,7 +625,7 @@ ENGINE_BURST_SECONDS = env.number(
 # ENGINE_CLAIM_BATCH of its run's next steps with the recording, and runs them in turn;
 # those still waiting ENGINE_CLAIM_BATCH_HOLD_SECONDS after the claim are handed back.
 ENGINE_CLAIM_BATCH = env.integer(
-    "ENGINE_CLAIM_BATCH", 4, "steps a server may claim at once (1: one at a time)", minimum=1
+    "ENGINE_CLAIM_BATCH", 8, "steps a server may claim at once (1: one at a time)", minimum=1
 )
 ENGINE_CLAIM_BATCH_HOLD_SECONDS = env.number(
     "ENGINE_CLAIM_BATCH_HOLD_SECONDS",

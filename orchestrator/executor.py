@@ -13,7 +13,8 @@
    reclaimed meanwhile keeps its new state and the late result is dropped.
 
 A worker gets there two ways. A doorbell names a run (``serve``): the worker claims the
-run's next claimable step, runs and records it, and claims the next, each step committed
+run's next claimable step, runs and records it, and claims the next (after a short step,
+a batch of the next ones, run in turn: docs/engine.md, "Batches"), each step committed
 before the next is claimed, until the run has none claimable or the burst budget is
 spent; each step keeps its own time limits (a SIGALRM timer for the soft one, the
 heartbeat thread for the hard one). A step due later (a retry's backoff) has a message
@@ -56,7 +57,7 @@ from common.tools import registry
 from common.tools.base import Tool, ToolContext, ToolError
 from orchestrator import rate_limit_asks, step_spans
 from orchestrator.context import StepContext
-from orchestrator.heartbeat import lease_keeper
+from orchestrator.heartbeat import Held, hand_back, lease_keeper
 from orchestrator.transport import CeleryTransport, serving
 from runs import callbacks, fairness
 from runs.engine import control, hotpath
@@ -74,6 +75,10 @@ MAX_OUTPUT_BYTES = 1_000_000
 # (``_Server.leave_if_crowded``).
 CROWDED_WAIT_S = 0.005
 CROWDED_AFTER = 3
+# A server claims a batch (up to ENGINE_CLAIM_BATCH steps) only after a step this short:
+# there the claim is a good part of a step's cost, and the steps it holds wait little
+# for their start (docs/engine.md, "Batches"). After a longer one it claims one step.
+BATCH_AFTER_S = 0.01
 
 
 class RecordFailed(Exception):
@@ -168,6 +173,7 @@ def serve(run_id: str, priority: int, *, worker: str, task_id: str, hard_limits:
             return server.fairly()
         return server.one_run(run_id, priority)
     finally:
+        server.hand_back(ring=True)
         server.give_back_slot()
         metrics.doorbell_answered(server.served)
 
@@ -203,6 +209,9 @@ class _Server:
         # Its last recordings in a row that waited for their locks longer than their
         # steps ran (``leave_if_crowded``).
         self.waits = 0
+        # The last recording found the run RUNNING (the hot path's): the batch's next
+        # step may start without asking.
+        self.confirmed = False
 
     def give_back_slot(self) -> None:
         if self.slot is not None:
@@ -226,6 +235,8 @@ class _Server:
         next step in the same call; from ``until`` (monotonic) on, after a fair choice
         (``self.chosen``)."""
         values, self.next = self.next, None
+        if values is None and lease_keeper.held is not None:
+            values = self.next_held(run_id)
         if values is None:
             values = claim_next_step(
                 run_id,
@@ -250,31 +261,76 @@ class _Server:
             with step_spans.attempt(step, attempt) as span:
                 verdict, refusal = rate_limit_asks.ask(step, attempt, span)
                 if verdict == rate_limit_asks.WAIT:
+                    self.confirmed = False  # no recording: the batch's next asks first
                     return True  # it waits for its units without this worker: serve on
                 outcome = refusal or run_time_limited(step, attempt, hard_limits=self.hard_limits)
                 self.served += 1
                 now = time.monotonic()
                 spent = self.served >= settings.ENGINE_BURST_STEPS or now >= self.deadline
-                claim = None if spent or self.leaving else self.claim(choose=now >= until)
+                claim = None
+                if not (spent or self.leaving or lease_keeper.held is not None):
+                    claim = self.claim(choose=now >= until, batch=self.batch(now - began))
                 with serving(str(run_id)):
                     applied, after = _record(step, attempt, outcome, claim)
                 step_spans.finished(span, step, outcome, applied)
-            self.next, self.chosen = after.claimed, after.chosen
+            self.next, self.chosen, self.confirmed = after.claimed, after.chosen, after.running
+            if after.held:
+                lease_keeper.keep(Held(run_id, priority, self.worker, after.held))
             _measure(step, outcome, time.monotonic() - began, applied)
-        if not applied or spent:
+        if not applied or (spent and lease_keeper.held is None):
+            # Spent: after the batch in hand (short steps), so as not to give it back.
+            self.hand_back()  # dropped: cancelled with that step, or rung for below
             CeleryTransport().ring({str(run_id): priority}, "burst" if applied else "dropped")
             return False
-        if self.next is not None:
-            self.leave_if_crowded(run_id, self.next, now - began)
+        if after.waited is not None and (self.next is not None or lease_keeper.held is not None):
+            self.leave_if_crowded(run_id, after.waited, now - began)
         if self.leaving and self.next is None:
+            self.hand_back()
             if _served_by_another(run_id, self.task_id):
                 return False  # no doorbell: the others go on
             self.leaving = False  # alone now: it stays
         return True
 
-    def leave_if_crowded(self, run_id: Any, claimed: dict[str, Any], worked_s: float) -> None:
-        """Whether this server should leave the run, from a recording that claimed
-        ``claimed`` (docs/engine.md, "One run over the fleet").
+    def batch(self, worked_s: float) -> int:
+        """How many of the run's next steps the recording may claim for this server:
+        after a short step (BATCH_AFTER_S), up to ENGINE_CLAIM_BATCH, no more than its
+        burst has left nor than its organization's max_running_steps; one otherwise.
+        The claim takes at most half of what the run has claimable (engine.step_claim)."""
+        wanted = int(settings.ENGINE_CLAIM_BATCH)
+        if wanted <= 1 or worked_s > BATCH_AFTER_S or self.slot is None:
+            return 1
+        room = int(settings.ENGINE_BURST_STEPS) - self.served
+        return max(1, min(wanted, room, self.slot.limit or wanted))
+
+    def next_held(self, run_id: Any) -> dict[str, Any] | None:
+        """The next step of the batch this server holds, when it may start: its run is
+        RUNNING (the last recording found it so, as it does for a step it claims, or
+        asked now) and the server is not leaving the run. Otherwise the batch is handed
+        back (paused with the run, or claimable by others) and None returned."""
+        if self.leaving or not (self.confirmed or _running(run_id)):
+            self.hand_back()
+            return None
+        return lease_keeper.next_held()
+
+    def hand_back(self, *, ring: bool = False) -> None:
+        """Give back the steps of a batch this server holds and will not start; with
+        ``ring``, ring for those made claimable (without: the caller rings for the run,
+        or other servers of it claim them). A database that failed meanwhile leaves them
+        to their leases (the sweep)."""
+        held = lease_keeper.take_held()
+        if held is None:
+            return
+        try:
+            discard_interrupted_connection()
+            if hand_back(held) and ring:
+                CeleryTransport().ring({str(held.run_id): held.priority}, "handed_back")
+        except (OperationalError, InterfaceError):
+            logger.warning("%d steps of run %s left to their leases", len(held.steps), held.run_id)
+
+    def leave_if_crowded(self, run_id: Any, waited: float, worked_s: float) -> None:
+        """Whether this server should leave the run, from a recording that waited
+        ``waited`` seconds for its locks and claimed the next step or has a batch's in
+        hand (docs/engine.md, "One run over the fleet").
 
         When its last CROWDED_AFTER recordings each waited for their locks longer than
         their steps ran (and more than CROWDED_WAIT_S), the run's recordings are taking
@@ -283,22 +339,23 @@ class _Server:
         this one leaves after the step in hand. A no-op fan-out served by 32 workers
         waited 14 ms a step for a lock held about 1 ms; steps of 50 ms wait that long
         once in a while (a busy moment of the machine), never three times in a row."""
-        waited = float(claimed.get("waited") or 0.0)
         self.waits = self.waits + 1 if waited > max(worked_s, CROWDED_WAIT_S) else 0
         if self.waits >= CROWDED_AFTER:
             CeleryTransport().crowded(str(run_id))
             if _served_by_another(run_id, self.task_id):
                 self.leaving = True
 
-    def claim(self, choose: bool) -> hotpath.Claim:
+    def claim(self, choose: bool, batch: int = 1) -> hotpath.Claim:
         """This server's claim with a recording; ``choose``: after a fair choice (with a
-        slot held: the recording's run is its organization's)."""
+        slot held: the recording's run is its organization's), which claims one step;
+        otherwise up to ``batch`` of the run's."""
         fair = None
         if choose and self.slot is not None:
             fair = hotpath.Choose(
                 self.holder, frozenset(self.full), frozenset(self.skip), self.slot.organization_id
             )
-        return hotpath.Claim(self.worker, self.task_id, float(settings.ENGINE_LEASE_SECONDS), fair)
+        lease = float(settings.ENGINE_LEASE_SECONDS)
+        return hotpath.Claim(self.worker, self.task_id, lease, fair, 1 if fair else batch)
 
     def one_run(self, run_id: str, priority: int) -> int:
         """The doorbell's own run, as before fair dispatch."""
@@ -321,7 +378,11 @@ class _Server:
                 choice, self.chosen = self.chosen, None
                 if choice.run_id is None:
                     return self.served  # nothing ready that it may take
-            elif self.next is None and (current is None or time.monotonic() >= choose_at):
+            elif (
+                self.next is None
+                and lease_keeper.held is None  # a batch held: its run's steps come first
+                and (current is None or time.monotonic() >= choose_at)
+            ):
                 # With a slot held, the choice claims the chosen run's next step too
                 # when the run is of the slot's organization.
                 claim = None

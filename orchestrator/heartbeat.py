@@ -8,15 +8,23 @@ process dies, renewals stop and the lease sweep reclaims the step.
 It also keeps a step's hard time limit when the worker task serves several steps (a
 doorbell, whose Celery time limit cannot be the step's): past the deadline it kills its
 own process, as Celery's hard limit would have, and the lease sweep takes over.
+
+And it keeps the steps of a batch that have not started yet (``keep``: claimed with a
+recording, docs/engine.md, "Batches"): the server takes them one by one
+(``next_held``); steps still waiting ENGINE_CLAIM_BATCH_HOLD_SECONDS after they were
+claimed (behind a step that runs long) are handed back from here, claimable by other
+servers, and so are those left when the process is about to kill itself.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -25,10 +33,30 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from common import metrics
+from orchestrator.transport import CeleryTransport
 from runs.fairness import Slot, renew_slot
 from runs.models import Run, Step
+from runs.transitions import hand_back_steps
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Held:
+    """Steps of a batch claimed for a server and not started: the claimed rows (as
+    ``claim_next_step`` returns them), of one run, in plan order."""
+
+    run_id: Any
+    priority: int
+    actor: str
+    steps: tuple[dict[str, Any], ...]
+
+
+def hand_back(held: Held) -> int:
+    """Give ``held``'s steps back (``runs.transitions.hand_back_steps``); return how many
+    were made claimable."""
+    steps = [(step["id"], step["attempts"]) for step in held.steps]
+    return hand_back_steps(held.run_id, steps, actor=held.actor)
 
 
 class _LeaseKeeper:
@@ -43,6 +71,9 @@ class _LeaseKeeper:
         # The organization's slot the worker holds (runs.fairness), renewed alike.
         self.slot: Slot | None = None
         self.slot_since = 0.0
+        # A batch's steps not started yet, and since when they wait (monotonic).
+        self.held: Held | None = None
+        self.held_since = 0.0
 
     def begin(self, step_id: int, run_id: Any, attempt: int) -> None:
         with self.lock:
@@ -70,16 +101,39 @@ class _LeaseKeeper:
             if seconds is not None:
                 self._start()
 
+    def keep(self, held: Held) -> None:
+        """Keep ``held`` for the server, which takes them in turn (``next_held``)."""
+        with self.lock:
+            self.held = held if held.steps else None
+            self.held_since = time.monotonic()
+            self._start()
+
+    def next_held(self) -> dict[str, Any] | None:
+        """The next step kept for the server (now its own to start), or None: none kept,
+        or they were handed back meanwhile."""
+        with self.lock:
+            if self.held is None:
+                return None
+            first, rest = self.held.steps[0], self.held.steps[1:]
+            self.held = dataclasses.replace(self.held, steps=rest) if rest else None
+            return first
+
+    def take_held(self) -> Held | None:
+        """All the steps kept, no longer kept (for handing back)."""
+        with self.lock:
+            held, self.held = self.held, None
+            return held
+
     def _start(self) -> None:
         if self.thread is None or not self.thread.is_alive():
             self.thread = threading.Thread(target=self._loop, name="step-heartbeat", daemon=True)
             self.thread.start()
 
     def _loop(self) -> None:
-        interval = float(settings.ENGINE_HEARTBEAT_SECONDS)
-        tick = min(1.0, interval / 4)
         while True:
-            time.sleep(tick)
+            interval = float(settings.ENGINE_HEARTBEAT_SECONDS)
+            hold = float(settings.ENGINE_CLAIM_BATCH_HOLD_SECONDS)
+            time.sleep(min(1.0, interval / 4, hold / 2))
             # The step figures this process summed reach Redis within a second or two,
             # busy or idle (common.metrics).
             metrics.flush_if_due()
@@ -92,6 +146,9 @@ class _LeaseKeeper:
                 slot_due = slot is not None and time.monotonic() - self.slot_since >= interval
                 if slot_due:
                     self.slot_since = time.monotonic()
+                waited = self.held is not None and time.monotonic() - self.held_since >= hold
+            if waited:
+                self._hand_back()
             if slot_due and slot is not None:
                 try:
                     renew_slot(slot)
@@ -100,6 +157,7 @@ class _LeaseKeeper:
                     close_old_connections()
             if deadline is not None and time.monotonic() > deadline:
                 logger.error("step %s ran past its hard time limit; killing the process", current)
+                self._hand_back()  # what it will not start now, rather than by the leases
                 os.kill(os.getpid(), signal.SIGKILL)
             if due and current is not None:
                 try:
@@ -110,6 +168,19 @@ class _LeaseKeeper:
             elif current is None and slot is None and connection.connection is not None:
                 # Idle: give the connection back rather than hold it open between steps.
                 connection.close()
+
+    def _hand_back(self) -> None:
+        """Hand back the steps kept; a failure leaves them to their leases (the sweep
+        reclaims them as it would after a crash)."""
+        held = self.take_held()
+        if held is None:
+            return
+        try:
+            if hand_back(held):  # claimable by others: a doorbell for them
+                CeleryTransport().ring({str(held.run_id): held.priority}, "handed_back")
+        except Exception:
+            logger.warning("handing back %d steps failed", len(held.steps), exc_info=True)
+            close_old_connections()
 
 
 def renew(step_id: int, run_id: Any, attempt: int) -> bool:

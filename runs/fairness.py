@@ -56,7 +56,7 @@ WITH free AS (
 UPDATE runs_stepslot AS s
 SET holder = %(holder)s, expires_at = now() + make_interval(secs => %(lease)s)
 FROM free WHERE s.id = free.id
-RETURNING s.id, s.slot
+RETURNING s.id, s.slot, {limit}
 """.replace("{limit}", _LIMIT)
 # One more slot, when every existing one below the limit is held: the next number. Two
 # workers adding the same number meet at the unique constraint; one of them gets it.
@@ -69,7 +69,7 @@ FROM (
 ) AS next
 WHERE next.slot < {limit}
 ON CONFLICT (organization_id, slot) DO NOTHING
-RETURNING id, slot
+RETURNING id, slot, {limit}
 """.replace("{limit}", _LIMIT)
 
 
@@ -81,6 +81,9 @@ class Slot:
     organization_id: Any
     slot: int
     holder: str
+    # The organization's max_running_steps as the slot was taken (0: not known): a
+    # server's batch claims no more (orchestrator.executor).
+    limit: int = 0
 
 
 def acquire_slot(organization_id: Any, holder: str) -> Slot | None:
@@ -100,7 +103,7 @@ def acquire_slot(organization_id: Any, holder: str) -> Slot | None:
                 cursor.execute(_ADD_SQL, params)
                 row = cursor.fetchone()
             if row is not None:
-                return Slot(row[0], organization_id, row[1], holder)
+                return Slot(row[0], organization_id, row[1], holder, int(row[2]))
             if not _below_limit(cursor, params):
                 return None
     return None

@@ -21,7 +21,7 @@ wakes the run's live event streams after commit when it has any.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
@@ -360,3 +360,28 @@ def _claim(params: list[Any]) -> dict[str, Any] | None:
         if isinstance(values[name], str):  # a driver that hands jsonb back as text
             values[name] = json.loads(values[name])
     return values
+
+
+# A batch's steps that will not start go back: running -> pending (-> paused in a paused
+# run), by engine.steps_hand_back (runs/engine/sql/steps_hand_back.sql).
+if not (is_allowed("step", "running", "pending") and is_allowed("step", "pending", "paused")):
+    raise RuntimeError("runs.states no longer allows a step's hand-back; fix hand_back_steps")
+
+_HAND_BACK_SQL = "SELECT engine.steps_hand_back(%s, %s::bigint[], %s::integer[], %s)"
+
+
+def hand_back_steps(run_id: Any, steps: Sequence[tuple[int, int]], *, actor: str) -> int:
+    """Give back steps of ``run_id`` a worker claimed (``steps``: each with the attempt
+    it was claimed for) and will not start: pending and claimable again, or paused in a
+    paused run; a step no longer running that attempt is left as it is. Returns how many
+    were made claimable (the caller rings for them)."""
+    if not steps:
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _HAND_BACK_SQL,
+            [run_id, [step for step, _ in steps], [attempt for _, attempt in steps], actor],
+        )
+        claimable = int(cursor.fetchone()[0])
+    eventstreams.events_written(run_id)
+    return claimable

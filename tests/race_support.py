@@ -149,6 +149,36 @@ def _record_and_claim(step_name: str) -> Any:
     return record
 
 
+def _record_and_claim_batch(step_name: str) -> Any:
+    """``_record_and_claim``, claiming up to four of the run's next steps at once (a
+    server's batch)."""
+
+    def record(run_id: str) -> bool:
+        from decimal import Decimal
+
+        from runs.engine import hotpath
+        from runs.engine.outcomes import Outcome, record_and_claim
+        from runs.models import Step
+
+        step = Step.objects.get(run_id=run_id, name=step_name)
+        claim = hotpath.Claim(f"w-{step_name}", step_name, 600, batch=4)
+        outcome = Outcome({"by": step_name}, Decimal("0.01"))
+        return record_and_claim(step.pk, run_id, step.attempts, outcome, claim)[0]
+
+    return record
+
+
+def _hand_back(run_id: str) -> bool:
+    """Hand back the steps the worker "held" claimed and did not start (as a server
+    that stops with a batch in hand): whether any became claimable."""
+    from runs.models import Step
+    from runs.transitions import hand_back_steps
+
+    held = Step.objects.filter(run_id=run_id, status="running", worker="held")
+    steps = list(held.values_list("pk", "attempts"))
+    return hand_back_steps(run_id, steps, actor="held") > 0
+
+
 def _pause(run_id: str) -> None:
     from runs import services
 
@@ -160,6 +190,9 @@ OPERATIONS = {
     "record_b": _record("b"),
     "record_a_claiming": _record_and_claim("a"),
     "record_b_claiming": _record_and_claim("b"),
+    "record_a_batch": _record_and_claim_batch("a"),
+    "record_b_batch": _record_and_claim_batch("b"),
+    "hand_back": _hand_back,
     "pause": _pause,
     "complete": _complete,
     "fail": _fail,

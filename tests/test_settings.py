@@ -144,6 +144,11 @@ def test_models_and_migrations_agree_and_system_checks_pass() -> None:
             {"WEBHOOK_TIMEOUT": "30", "WEBHOOK_LEASE": "20"},
             ["WEBHOOK_LEASE", "WEBHOOK_TIMEOUT", "longer than"],
         ),
+        (
+            # A batch's step waits under its claim's lease, not renewed.
+            {"ENGINE_CLAIM_BATCH_HOLD_SECONDS": "40", "ENGINE_LEASE_SECONDS": "60"},
+            ["ENGINE_CLAIM_BATCH_HOLD_SECONDS", "ENGINE_LEASE_SECONDS", "lose its lease"],
+        ),
     ],
     ids=[
         "heartbeat-vs-lease",
@@ -156,6 +161,7 @@ def test_models_and_migrations_agree_and_system_checks_pass() -> None:
         "too-large",
         "schedule-grace-vs-tick",
         "webhook-lease-vs-timeout",
+        "batch-hold-vs-lease",
     ],
 )
 def test_a_bad_combination_refuses_to_start_naming_the_variables(

@@ -665,6 +665,17 @@ ENGINE_BURST_STEPS = env.integer(
 ENGINE_BURST_SECONDS = env.number(
     "ENGINE_BURST_SECONDS", 1.0, "seconds a doorbell serves its run before ringing again"
 )
+# Batches (docs/engine.md, "Batches"): a server whose last step was short claims up to
+# ENGINE_CLAIM_BATCH of its run's next steps with the recording, and runs them in turn;
+# those still waiting ENGINE_CLAIM_BATCH_HOLD_SECONDS after the claim are handed back.
+ENGINE_CLAIM_BATCH = env.integer(
+    "ENGINE_CLAIM_BATCH", 8, "steps a server may claim at once (1: one at a time)", minimum=1
+)
+ENGINE_CLAIM_BATCH_HOLD_SECONDS = env.number(
+    "ENGINE_CLAIM_BATCH_HOLD_SECONDS",
+    1.0,
+    "seconds a batch's steps may wait for their start before they are handed back",
+)
 # Runs with a priority at or below this number go to runs.high_priority.
 # A run admitted at its start whose plan has at most this many steps begins in the
 # start's own transaction (RUNNING, its first steps claimable at commit) instead of

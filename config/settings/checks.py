@@ -58,6 +58,17 @@ def check_consistency(env: Env, settings: dict[str, Any]) -> None:
             "its renewal"
         )
 
+    hold = float(settings["ENGINE_CLAIM_BATCH_HOLD_SECONDS"])
+    if hold <= 0 or 2 * hold > lease:
+        # A batch's step waiting for its start has the lease its claim gave it, not
+        # renewed: it is handed back within one and a half holds (a heartbeat tick is at
+        # most half of one), before that lease could expire under a live worker.
+        env.errors.append(
+            f"ENGINE_CLAIM_BATCH_HOLD_SECONDS ({hold:g}) must be positive and at most half "
+            f"of ENGINE_LEASE_SECONDS ({lease:g}): a step of a batch waiting for its start "
+            "would lose its lease to the sweep"
+        )
+
     longest_step = settings["ORCHESTRATOR_PLAN_LIMITS"]["max_step_timeout_ms"] / 1000
     grace = int(settings["ENGINE_HARD_LIMIT_GRACE"])
     burst = float(settings["ENGINE_BURST_SECONDS"])

@@ -38,7 +38,7 @@ if not is_allowed("step", "running", "completed"):
 _COMPLETE_SQL = (
     "SELECT * FROM engine.step_completed(%(step)s, %(attempt)s, %(run)s, %(output)s, "
     "%(cost)s, %(cost_text)s, %(amount)s, %(claim)s, %(worker)s, %(task_id)s, %(lease)s, "
-    "%(choose)s, %(me)s, %(full)s::uuid[], %(skip)s::uuid[], %(held)s)"
+    "%(choose)s, %(me)s, %(full)s::uuid[], %(skip)s::uuid[], %(held)s, %(batch)s)"
 )
 # The columns of a step dispatched, as ``dispatch.step_from_row`` takes them.
 _DISPATCHED = ("id", "tool", "timeout_ms", "run_id", "attempt_number", "status")
@@ -70,22 +70,31 @@ class Choose:
 @dataclass(frozen=True)
 class Claim:
     """Who claims the next step with the recording (``claim_next_step``'s terms): the
-    run's, or with ``choose`` that of the run its fair choice gives."""
+    run's, or with ``choose`` that of the run its fair choice gives; ``batch``: up to that
+    many of the run's next steps at once (engine.step_claim's batch)."""
 
     worker: str
     task_id: str
     lease_seconds: float
     choose: Choose | None = None
+    batch: int = 1
 
 
 @dataclass(frozen=True)
 class Next:
     """What the recording claimed for the worker (``claim_next_step``'s fields), and the
     choice it made when asked to (None: not asked; a Choice whose run is None: nothing
-    ready that the worker may take)."""
+    ready that the worker may take). ``held``: the rest of a batch, after ``claimed``, in
+    plan order. ``running``: the hot path recorded the step, so the run was RUNNING then
+    (steps the worker holds may start, as a step claimed with the recording does).
+    ``waited``: the seconds the hot path's recording waited for its locks (None: it did
+    not record, or asked to claim and claimed nothing)."""
 
     claimed: dict[str, Any] | None = None
     chosen: Choice | None = None
+    held: tuple[dict[str, Any], ...] = ()
+    running: bool = False
+    waited: float | None = None
 
 
 def eligible(error: object, skipped: bool, cost: Decimal) -> bool:
@@ -133,13 +142,19 @@ def complete(
                 "full": list(choose.full) if choose else [],
                 "skip": list(choose.skip) if choose else [],
                 "held": choose.held if choose else None,
+                "batch": claim.batch if claim else 1,
             },
         )
         rows = cursor.fetchall()
-    claimed, chosen, recorded = None, None, []
+    chosen, recorded, waited = None, [], None
+    batch: list[dict[str, Any]] = []
     for row in rows:
         if row[0] == "claimed":
-            claimed = claimed_from_json(row[9])
+            batch.append(claimed_from_json(row[9]))
+            waited = float(batch[-1].get("waited") or 0.0)
+        elif row[0] == "waited":
+            extra = json.loads(row[9]) if isinstance(row[9], str) else row[9]
+            waited = float(extra["waited"] or 0.0)
         elif row[0] == "chosen":
             extra = json.loads(row[9]) if isinstance(row[9], str) else row[9]
             organization = extra["organization_id"]
@@ -149,10 +164,10 @@ def complete(
                 priority=int(row[1] or 0),
                 pickup=bool(extra["pickup"]),
                 busy=int(extra.get("busy") or 0),
-                claimed=claimed,
             )
         else:
             recorded.append(row)
+    claimed = batch[0] if batch else None
     if chosen is not None and claimed is not None:
         # Claimed from the chosen run, or (nothing claimable before the recording) from
         # this one after it: then the worker goes on with this run, and chooses again
@@ -161,7 +176,7 @@ def complete(
             chosen = dataclasses.replace(chosen, claimed=claimed)
         else:
             chosen = None
-    after = Next(claimed, chosen)
+    after = Next(claimed, chosen, tuple(batch[1:]), bool(recorded), waited)
     if not recorded:
         return None, after
     dispatched = [dict(zip(_DISPATCHED, row[3:9], strict=True)) for row in recorded if row[3]]

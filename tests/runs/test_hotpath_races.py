@@ -14,19 +14,24 @@ settlement.
 
 from __future__ import annotations
 
+import threading
+from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.db import connection, connections, transaction
 
 from common.invariants import check_all
 from runs import services
-from runs.engine import control
+from runs.engine import control, hotpath
+from runs.engine.outcomes import Outcome, record_and_claim
 from runs.engine.start import run_start
-from runs.models import Run, Step, Task
-from runs.transitions import claim_step
+from runs.models import Run, RunEvent, Step, Task
+from runs.transitions import claim_step, hand_back_steps
 from tests import factories
 from tests.factories import step
 from tests.runs.test_races import race
+from tests.support import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -217,3 +222,116 @@ def test_a_pause_racing_a_recording_leaves_nothing_dispatched_to_run() -> None:
         assert found["next"] == "paused" or found["a"] == "running", (run_id, found)
         assert found["b"] == "paused", (run_id, found)
     assert_consistent()
+
+
+# --------------------------------------------------------------------------- batches
+# A server whose last step was short claims up to ENGINE_CLAIM_BATCH of its run's next
+# steps with the recording and runs them in turn; those it will not start it hands back
+# (docs/engine.md, "Batches").
+def wide(steps: int = 12) -> dict[str, Any]:
+    """One task of a, b and ``steps`` more, all running at once (leaves)."""
+    names = ["a", "b", *(f"s{i}" for i in range(steps))]
+    return one_task(*(step(name) for name in names), mode="parallel", max_concurrent_steps=100)
+
+
+def holding_a_batch_of(spec: dict[str, Any], rounds: int = ROUNDS) -> list[str]:
+    """Runs of ``spec`` in which the worker "held" recorded step a and claimed a batch
+    with it (four steps: the one it starts next and three it holds), none started."""
+    run_ids = running(spec, "a", rounds=rounds)
+    for run_id in run_ids:
+        a = Step.objects.get(run_id=run_id, name="a")
+        claim = hotpath.Claim("held", "bell-held", 600, batch=4)
+        outcome = Outcome({"by": "a"}, Decimal("0.01"))
+        applied, after = record_and_claim(a.pk, run_id, a.attempts, outcome, claim)
+        assert applied, run_id
+        assert after.claimed is not None, run_id
+        assert len(after.held) == 3, run_id
+    return run_ids
+
+
+def test_two_batches_claimed_at_once_never_share_a_step() -> None:
+    # Each recording claims up to four of the run's next steps, skipping those the other
+    # is claiming: every step is claimed once at most, by one of them.
+    run_ids = running(wide(), "a", "b")
+
+    outcomes = race("record_a_batch", "record_b_batch", run_ids)
+
+    assert set(outcomes["record_a_batch"]) == set(outcomes["record_b_batch"]) == {"won"}
+    for run_id in run_ids:
+        steps = Step.objects.filter(run_id=run_id).exclude(name__in=["a", "b"])
+        claimed = {s.name: s.worker for s in steps if s.status == "running"}
+        assert all(s.attempts == (s.status == "running") for s in steps), run_id
+        assert {"w-a", "w-b"} == set(claimed.values()), (run_id, claimed)
+        assert 2 <= len(claimed) <= 8, (run_id, claimed)
+        claims = RunEvent.objects.filter(run_id=run_id, entity="step", to_status="running")
+        assert claims.count() == len(claimed) + 2, run_id  # and a's and b's own
+    assert_consistent()
+
+
+def test_a_batch_handed_back_racing_a_pause_ends_paused_never_claimable() -> None:
+    # The hand-back takes the run's gate shared: before the pause, its steps go back to
+    # PENDING and the pause pauses them; after it, they go straight to PAUSED. A
+    # hand-back that read the run RUNNING while the pause committed would leave them
+    # PENDING in a paused run, for a resume to find claimable twice over.
+    run_ids = holding_a_batch_of(wide())
+
+    race("hand_back", "pause", run_ids)
+
+    for run_id in run_ids:
+        assert Run.objects.get(pk=run_id).status == "paused", run_id
+        steps = Step.objects.filter(run_id=run_id).exclude(name="a")
+        # The four handed back as the others: paused, their attempt taken back.
+        found = {(s.status, s.attempts, s.worker, s.started_at) for s in steps}
+        assert found == {("paused", 0, "", None)}, (run_id, found)
+    assert_consistent()
+
+
+def test_a_batch_handed_back_racing_a_cancel_stays_cancelled() -> None:
+    run_ids = holding_a_batch_of(wide())
+
+    race("hand_back", "cancel", run_ids)
+
+    for run_id in run_ids:
+        assert Run.objects.get(pk=run_id).status == "cancelled", run_id
+        found = dict(Step.objects.filter(run_id=run_id).values_list("name", "status"))
+        assert found.pop("a") == "completed", run_id
+        assert set(found.values()) == {"cancelled"}, (run_id, found)
+    assert_consistent()
+
+
+def test_a_hand_back_waits_for_a_pause_under_way_and_pauses_its_steps() -> None:
+    # The race above, in its narrowest order: the hand-back comes while the pause's
+    # transaction has moved the run's pending steps and not yet committed. It must wait
+    # for the pause (the gate) and then find the run paused; one that read the run
+    # RUNNING there would put its steps back PENDING after the pause had looked.
+    (run_id,) = holding_a_batch_of(wide(), rounds=1)
+    held = list(Step.objects.filter(run_id=run_id, worker="held").values_list("pk", "attempts"))
+    handed: list[int] = []
+
+    def hand_back() -> None:
+        try:
+            handed.append(hand_back_steps(run_id, held, actor="held"))
+        finally:
+            connections.close_all()
+
+    with transaction.atomic():
+        services.run_pause(run_id=run_id, actor="test")
+        other = threading.Thread(target=hand_back)
+        other.start()
+        wait_until(
+            lambda: not other.is_alive() or waiting_for_a_lock(),
+            timeout=30,
+            what="the hand-back to wait for the pause or to end",
+        )
+    other.join(30)
+
+    assert handed == [0]  # nothing made claimable: the run was paused
+    found = {(s.status, s.attempts) for s in Step.objects.filter(run_id=run_id).exclude(name="a")}
+    assert found == {("paused", 0)}
+    assert_consistent()
+
+
+def waiting_for_a_lock() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+        return bool(cursor.fetchone()[0])

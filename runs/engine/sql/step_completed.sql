@@ -13,7 +13,8 @@
 -- With `a_claim`, the worker's next step is claimed in the same call (engine.step_claim):
 -- of this run, or, with `a_choose`, of the run its fair choice gives (engine.run_choose:
 -- `a_me`, `a_full`, `a_skip` are that choice's terms, `a_held` the organization of the
--- slot the worker holds).
+-- slot the worker holds); up to `a_batch` of this run's next steps at once (a batch,
+-- docs/engine.md, "Batches").
 --
 -- Rows returned, by `o_shape`:
 --   'chosen'   the fair choice made (first, when asked): o_run_id, o_priority, and in
@@ -21,8 +22,10 @@
 --   'leaf', 'in_task', 'last_in_task', 'last_in_run'
 --              what was recorded: o_done is the step, and each row one step dispatched
 --              (o_id .. o_status; NULL when none), to announce at o_priority;
---   'claimed'  the step claimed for the worker, in o_claimed (engine.step_claim's row as
---              JSON, with `waited`: the seconds the recording waited for its locks).
+--   'claimed'  a step claimed for the worker (one row each, in plan order), in o_claimed
+--              (engine.step_claim's row as JSON, with `waited`: the seconds the recording
+--              waited for its locks);
+--   'waited'   without `a_claim`: o_claimed is {waited} alone.
 --
 -- Locks, always in this order: the run's gate, shared (other recordings of the run go on
 -- beside this one; anything else that changes the run holds it exclusively:
@@ -33,7 +36,8 @@
 CREATE FUNCTION engine.step_completed(
     a_step bigint, a_attempt integer, a_run uuid, a_output text, a_cost numeric,
     a_cost_text text, a_amount numeric, a_claim boolean, a_worker text, a_task_id text,
-    a_lease float8, a_choose boolean, a_me text, a_full uuid[], a_skip uuid[], a_held uuid
+    a_lease float8, a_choose boolean, a_me text, a_full uuid[], a_skip uuid[], a_held uuid,
+    a_batch integer DEFAULT 1
 ) RETURNS TABLE (
     o_shape text, o_priority smallint, o_done bigint, o_id bigint, o_tool varchar,
     o_timeout_ms bigint, o_run_id uuid, o_attempt_number smallint, o_status varchar,
@@ -118,8 +122,8 @@ BEGIN
         BEGIN
             PERFORM engine.step_finish(a_step, a_attempt, a_output, a_cost, a_cost_text, v_now);
             IF v_claim_run IS NOT NULL THEN
-                v_claimed := (SELECT to_jsonb(c) FROM engine.step_claim(
-                    NULL, v_claim_run, a_worker, a_task_id, a_lease, v_now) AS c);
+                v_claimed := (SELECT jsonb_agg(to_jsonb(c)) FROM engine.step_claim(
+                    NULL, v_claim_run, a_worker, a_task_id, a_lease, v_now, a_batch) AS c);
             END IF;
             v_locking := clock_timestamp();
             UPDATE runs_task
@@ -189,8 +193,8 @@ BEGIN
         -- was taken held such a step while its own worker, recording it, waited behind
         -- that lock: a deadlock.
         IF v_claim_run IS NOT NULL THEN
-            v_claimed := (SELECT to_jsonb(c) FROM engine.step_claim(
-                NULL, v_claim_run, a_worker, a_task_id, a_lease, v_now) AS c);
+            v_claimed := (SELECT jsonb_agg(to_jsonb(c)) FROM engine.step_claim(
+                NULL, v_claim_run, a_worker, a_task_id, a_lease, v_now, a_batch) AS c);
         END IF;
     ELSE
         RETURN QUERY SELECT v_shape, v_priority, a_step, NULL::bigint, NULL::varchar,
@@ -199,7 +203,13 @@ BEGIN
     IF v_claimed IS NOT NULL THEN
         RETURN QUERY SELECT 'claimed'::text, NULL::smallint, NULL::bigint, NULL::bigint,
             NULL::varchar, NULL::bigint, NULL::uuid, NULL::smallint, NULL::varchar,
-            v_claimed || jsonb_build_object('waited', EXTRACT(EPOCH FROM v_locked - v_locking));
+            c.value || jsonb_build_object('waited', EXTRACT(EPOCH FROM v_locked - v_locking))
+            FROM jsonb_array_elements(v_claimed) AS c;  -- as claimed: the first is started next
+    ELSIF NOT a_claim THEN
+        -- No claim asked (a worker with a batch's steps in hand): the wait alone.
+        RETURN QUERY SELECT 'waited'::text, NULL::smallint, NULL::bigint, NULL::bigint,
+            NULL::varchar, NULL::bigint, NULL::uuid, NULL::smallint, NULL::varchar,
+            jsonb_build_object('waited', EXTRACT(EPOCH FROM v_locked - v_locking));
     END IF;
     -- The run's heartbeat, last: its row is locked only from here to the commit.
     PERFORM engine.run_heartbeat(a_run, v_heartbeat, v_now);

@@ -183,14 +183,19 @@ def nested_plans() -> Iterator[list[dict[str, Any]]]:
         raw.remove_notice_handler(noticed)
 
 
-def explained(sql: str, params: list[Any]) -> tuple[list[tuple[Any, ...]], list[dict[str, Any]]]:
+def explained(
+    sql: str, params: list[Any], plan_cache_mode: str = "auto"
+) -> tuple[list[tuple[Any, ...]], list[dict[str, Any]]]:
     """The rows of ``sql`` and the plans of every statement it ran (then rolled back),
     each planned for the values it ran with: the session's cached plans are dropped
     first, so that what earlier tests made the functions' statements plan for (PL/pgSQL
-    keeps one plan for any value after a few calls) does not decide what is measured."""
+    keeps one plan for any value after a few calls) does not decide what is measured.
+    ``plan_cache_mode`` ``force_generic_plan``: each planned for any value instead, as
+    PL/pgSQL may keep it."""
     with transaction.atomic(), nested_plans() as plans:
         with connection.cursor() as cursor:
             cursor.execute("DISCARD PLANS")
+            cursor.execute("SELECT set_config('plan_cache_mode', %s, true)", [plan_cache_mode])
             cursor.execute(sql, params)
             rows = cursor.fetchall()
         transaction.set_rollback(True)
@@ -228,6 +233,44 @@ def test_no_part_of_the_claims_plan_grows_with_the_tables() -> None:
     rows, plans = explained("SELECT * FROM engine.step_claim(NULL, %s, 'test', 't', 60)", [run.pk])
 
     assert len(rows) == 1, "nothing was claimed: the test measures nothing"
+    wide = wide_parts(plans)
+    assert wide == [], f"parts of the plans that read more than {MOST} rows: {wide}"
+
+
+def stale_statistics() -> None:
+    """The step table's statistics as they were when few of its steps were pending (the
+    thousands grown since are not in them): what the planner then believes."""
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE runs_step SET status = 'completed' WHERE status = 'pending'")
+        cursor.execute("ANALYZE runs_step")
+        cursor.execute("UPDATE runs_step SET status = 'pending' WHERE status = 'completed'")
+
+
+@pytest.mark.parametrize("plan_cache_mode", ["auto", "force_generic_plan"])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_no_part_of_a_batch_claims_plan_grows_with_the_tables(
+    batch: int, plan_cache_mode: str
+) -> None:
+    # A batch's steps are updated one by one, each by its key: as one statement over
+    # the set (`id = ANY (...)`), a generic plan made where the statistics said few steps
+    # were pending read every pending step through their partial index.
+    organization = factories.org(credits=1000)
+    grow(organization)
+    stale_statistics()
+    task = {"name": "t", "mode": "parallel", "max_concurrent_steps": 100}
+    task["steps"] = [step(f"p{i}") for i in range(12)]
+    plan = {"name": "wide", "agents": [{"name": "a", "tasks": [task]}]}
+    run = services.run_create(organization=organization, plan=plan)
+    run_start(run_id=run.pk)
+    assert control.pick_up(run.pk)
+
+    rows, plans = explained(
+        "SELECT * FROM engine.step_claim(NULL, %s, 'test', 't', 60, now(), %s)",
+        [run.pk, batch],
+        plan_cache_mode,
+    )
+
+    assert len(rows) == batch, "the batch was not claimed: the test measures nothing"
     wide = wide_parts(plans)
     assert wide == [], f"parts of the plans that read more than {MOST} rows: {wide}"
 

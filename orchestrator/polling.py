@@ -17,15 +17,20 @@ from typing import Any
 
 import httpx
 from django.conf import settings
+from django.utils import timezone
 
 from common.expressions import ExpressionError, parsed
 from common.templates import Reference, TemplateError, UnresolvedReference, resolve_in
 from orchestrator.netguard import POLL, AddressNotAllowed, guarded_client
 from runs.callbacks import POLL_BODY_LIMIT, Reading, poll_due, record_reading
+from runs.outbox import schedule_poll
 
 logger = logging.getLogger(__name__)
 # The longest one reading may take, whatever the interval.
 READ_TIMEOUT_S = 30.0
+# A reading that comes this much before its time or less is made: a countdown's own
+# precision. Earlier, it is a link of a long interval's chain (``schedule_poll``).
+EARLY_SLACK_S = 1.0
 
 
 def poll_once(wait_id: str, number: int) -> bool:
@@ -33,6 +38,11 @@ def poll_once(wait_id: str, number: int) -> bool:
     wait = poll_due(wait_id, number)
     if wait is None:
         return False  # a duplicate or late message, or the poll ended
+    early_s = (wait.next_poll_at - timezone.now()).total_seconds() if wait.next_poll_at else 0
+    if early_s > EARLY_SLACK_S:
+        # A message of a long interval, sent at most RATE_LIMIT_MAX_COUNTDOWN_S ahead.
+        schedule_poll(wait_id, number, early_s)
+        return False
     params = wait.params
     response = fetch(params["url"], params.get("headers") or {}, params.get("query") or {})
     verdict = ""

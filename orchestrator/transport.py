@@ -277,6 +277,11 @@ class CeleryTransport:
         )
 
     def schedule_poll(self, wait_id: str, number: int, countdown_s: float) -> None:
+        # A poll's interval may be a day; a message held longer than this would come back
+        # at every visibility timeout. It comes early instead, and the reading, not due
+        # yet, sends itself again for the rest (``polling.poll_once``).
+        countdown_s = min(countdown_s, float(settings.RATE_LIMIT_MAX_COUNTDOWN_S))
+
         def publish() -> None:
             app.send_task(
                 POLL_TASK,

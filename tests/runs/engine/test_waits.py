@@ -14,8 +14,11 @@ import pytest
 from django.utils import timezone
 
 from common.tools.base import ToolContext, ToolError
+from config.celery import app
+from orchestrator import polling
 from orchestrator.context import StepContext
 from orchestrator.tools.asynchronous import child_run, poll
+from orchestrator.transport import CeleryTransport
 from runs import callbacks, children, services
 from runs.callbacks import CallbackNotFound, CallbackRefused, Reading
 from runs.engine import control
@@ -467,6 +470,31 @@ def test_a_poll_fails_by_failed_when_or_when_its_attempts_run_out(
     assert step.status == "failed"
     assert step.error["code"] == code
     assert_books_balanced(engine.refresh())
+
+
+def test_a_poll_of_a_long_interval_is_never_one_long_countdown(
+    engine_run: Start, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = engine_run(plan_with({**POLL, "params": {**POLL["params"], "interval": 3600}}))
+    wait = start_poll(engine)
+    with engine._committed():
+        callbacks.record_reading(wait.pk, 1, reading("running"))
+    assert engine.transport.polls[-1] == (str(wait.pk), 2, 3600.0)
+    sent: list[tuple[Any, Any]] = []
+    monkeypatch.setattr(app, "send_task", lambda name, args=(), **o: sent.append((args, o)))
+
+    # Published, the hour's countdown is RATE_LIMIT_MAX_COUNTDOWN_S (a message held longer
+    # would come back at every visibility timeout) ...
+    CeleryTransport().schedule_poll(str(wait.pk), 2, 3600.0)
+    assert sent == [((str(wait.pk), 2), sent[0][1])]
+    assert sent[0][1]["countdown"] == settings.RATE_LIMIT_MAX_COUNTDOWN_S == 300
+    # ... and the reading it brings, not due yet, sends itself again for the rest, reading
+    # nothing.
+    assert polling.poll_once(str(wait.pk), 2) is False
+    wait_id, number, countdown = engine.transport.polls[-1]
+    assert (wait_id, number) == (str(wait.pk), 2)
+    assert 3590 < countdown <= 3600
+    assert StepWait.objects.get(pk=wait.pk).polls == 1
 
 
 def test_the_sweep_sends_a_lost_poll_again_and_times_one_out(engine_run: Start) -> None:

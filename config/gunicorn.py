@@ -25,4 +25,12 @@ worker_connections = int(os.environ.get("WEB_WORKER_CONNECTIONS", "1000"))
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 timeout = 30
 graceful_timeout = 5
+# How long an idle client connection is kept open. gunicorn's default (2 s) is shorter
+# than a client's pause between requests can be: the server closes the connection just
+# as the client sends its next request on it, which the client sees as a connection
+# closed without an answer (make load saw one POST /runs end so). Longer than the idle
+# timeout of what usually stands in front (a load balancer's 60 s) so that the server is
+# never the side that closes first; an idle connection costs a gevent worker a socket and
+# no greenlet's stack worth speaking of.
+keepalive = int(os.environ.get("WEB_KEEPALIVE_S", "75"))
 raw_env = [f"DATABASE_POOL_SIZE={os.environ.get('DATABASE_POOL_SIZE', '10')}"]

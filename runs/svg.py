@@ -163,6 +163,8 @@ def gantt_svg(gantt: Gantt) -> SafeString:
             elif segment.kind == "backoff":
                 css = "seg backoff"
                 title = f"retry backoff after attempt {segment.attempt}: {took:.3f} s"
+            elif segment.kind == "wait":
+                css, title = "seg wait", f"waited {took:.3f} s parked (a rate limit, a timer)"
             else:
                 css, title = "seg queue", f"waited {took:.3f} s for a worker"
             out.append(

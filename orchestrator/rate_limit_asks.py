@@ -1,19 +1,23 @@
-"""A claimed step's rate-limit asks, before its tool runs (docs/rate-limits.md): its keys
-and units are rendered here, where the step's references resolve (variables, earlier
-steps' outputs); step admission (``runs.step_admission``) then grants them or makes the
-step wait for them without holding this worker."""
+"""A claimed step's asks, before its tool runs: a wait step's timer (docs/api.md,
+"Waits"), then its rate limits (docs/rate-limits.md). Its keys and units, a wait's ``for``
+or ``until``, are rendered here, where the step's references resolve (variables, earlier
+steps' outputs); step admission (``runs.step_admission``) then lets the tool run or parks
+the step, without holding this worker, until its time or its units come."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.utils import timezone
 from opentelemetry.trace import Span
 
 from common import metrics
+from common.expressions import ExpressionError, parsed
 from common.templates import Reference, TemplateError, UnresolvedReference, render_value
 from common.tools.base import ToolError
 from orchestrator import step_spans
 from orchestrator.context import StepContext
+from orchestrator.tools import builtin
 from ratelimits.models import KEY_MAX_LENGTH
 from runs import step_admission
 from runs.engine.outcomes import Outcome
@@ -28,6 +32,10 @@ def ask(step: Step, attempt: int, span: Span) -> tuple[str, Outcome | None]:
     it waits for them (its attempt's ``span`` says so), or its attempt is not its own any
     more; (RUN, outcome): an attempt that fails before its tool runs (a key or units that
     do not render, units beyond the limit)."""
+    if step.tool == "wait":
+        verdict, refusal = _timer(step, attempt, span)
+        if verdict == WAIT or refusal is not None:
+            return verdict, refusal
     if not step_admission.spends(step):
         return RUN, None
     try:
@@ -46,6 +54,27 @@ def ask(step: Step, attempt: int, span: Span) -> tuple[str, Outcome | None]:
     if admission.reason:
         metrics.rate_limit_wait(admission.reason.removeprefix(step_admission.WAITING_PREFIX))
     span.set_attribute("orchestrator.outcome", "waiting_rate_limit")
+    return WAIT, None
+
+
+def _timer(step: Step, attempt: int, span: Span) -> tuple[str, Outcome | None]:
+    """A wait step: RUN once its time has come (or when its ``when`` does not hold: the
+    attempt then skips it as any step), WAIT while it is parked."""
+    context = StepContext(step, step.run_id, attempt)
+    try:
+        if step.when and not parsed(step.when).truthy(context):
+            return RUN, None
+        until, for_ms = builtin.wait_time(render_value(step.params, context), timezone.now())
+    except (ExpressionError, TemplateError, UnresolvedReference):
+        return RUN, None  # the attempt reports it, as for any step
+    except ToolError as exc:
+        return RUN, Outcome(error=exc)
+    admission = step_admission.timer(
+        step_id=step.pk, run_id=step.run_id, attempt=attempt, until=until, for_ms=for_ms
+    )
+    if admission.go:
+        return RUN, None
+    span.set_attribute("orchestrator.outcome", "waiting_timer")
     return WAIT, None
 
 

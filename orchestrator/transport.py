@@ -317,7 +317,9 @@ class CeleryTransport:
             args=(message.step_id,),
             queue=QUEUE_STEPS,
             priority=message.priority,
-            countdown=message.countdown_s or None,
+            # Never beyond the visibility timeout: a step due later is sent this far
+            # ahead, and its message sends the next (executor.execute_step).
+            countdown=min(message.countdown_s, settings.ENGINE_MAX_COUNTDOWN) or None,
             soft_time_limit=max(1, math.ceil(message.timeout_s)),
             time_limit=math.ceil(message.timeout_s) + settings.ENGINE_HARD_LIMIT_GRACE,
             # send_task by name asks for a result unless told otherwise, whatever the

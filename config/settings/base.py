@@ -569,6 +569,8 @@ BILLING_TOOL_PRICES = {
     "noop": "0.01",
     "echo": "0.01",
     "sleep": "0.01",
+    # A durable wait costs nothing, waiting or woken (docs/api.md, "Waits").
+    "wait": "0.00",
     "fail": "0.01",
     "http": "0.10",
     "python": "0.05",
@@ -728,6 +730,17 @@ RUN_TIMEOUT_DEFAULTS = {
 ENGINE_LOST_MESSAGE_AFTER = env.integer(
     "ENGINE_LOST_MESSAGE_AFTER", 120, "seconds before an unclaimed due step is re-sent", minimum=1
 )
+# The longest countdown of a step's message (a timer, a rate limit's line, a backoff): a
+# worker holds a delayed message unacknowledged, and Redis hands it to another worker
+# once the visibility timeout passes (celery#2599). A step due later gets a message this
+# far ahead, which sends the next when it arrives early (orchestrator.executor).
+ENGINE_MAX_COUNTDOWN = env.integer(
+    "ENGINE_MAX_COUNTDOWN", 600, "seconds: the longest countdown of a step's message", minimum=1
+)
+if ENGINE_MAX_COUNTDOWN + CELERY_TASK_TIME_LIMIT >= CELERY_VISIBILITY_TIMEOUT:
+    env.errors.append(
+        "ENGINE_MAX_COUNTDOWN + CELERY_TASK_TIME_LIMIT must be less than CELERY_VISIBILITY_TIMEOUT"
+    )
 
 # --------------------------------------------------------------------------- fairness
 # Sharing one fleet between organizations (docs/fairness.md). Each limit is a default an

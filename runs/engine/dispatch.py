@@ -10,14 +10,39 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import F
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from runs.models import Agent, Run, Step, Task
 from runs.outbox import Outbox, StepMessage
 from runs.states import NodeStatus, RunStatus, StepStatus
 from runs.transitions import transition, transition_many
+
+
+def rearm(step_id: int) -> None:
+    """A step parked until later (a timer, a rate limit's line) whose message came ahead
+    of it (a step message's countdown stops at ENGINE_MAX_COUNTDOWN): its next message,
+    for the time it has left."""
+    with transaction.atomic():
+        step = (
+            Step.objects.filter(
+                pk=step_id,
+                status=StepStatus.PENDING,
+                dispatched_at__isnull=False,
+                next_run_at__isnull=False,
+            )
+            .annotate(left=F("next_run_at") - Now(), priority=F("run__priority"))
+            .only("pk", "run_id", "timeout_ms")
+            .first()
+        )
+        if step is None:
+            return
+        # A message for now would ring a doorbell: the claim is the step's own.
+        wait_s = max(step.left.total_seconds(), 0.001)
+        priority: int = step.priority
+        Outbox().add(StepMessage(step.pk, str(step.run_id), priority, step_timeout_s(step), wait_s))
 
 
 def step_timeout_s(step: Step) -> float:

@@ -84,3 +84,21 @@ def test_nothing_is_published_when_the_transaction_rolls_back(broker_down: list[
         enqueue_then_fail()
 
     assert broker_down == []
+
+
+def test_no_step_message_is_delayed_beyond_the_longest_countdown(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    # A countdown beyond the broker's visibility timeout would be delivered twice
+    # (celery#2599): a step due in a year gets a message ENGINE_MAX_COUNTDOWN ahead.
+    settings.ORCHESTRATOR_DISPATCH_ENABLED = True
+    settings.ENGINE_MAX_COUNTDOWN = 600
+    sent: list[Any] = []
+    monkeypatch.setattr(app, "send_task", lambda name, **kwargs: sent.append(kwargs["countdown"]))
+
+    with transaction.atomic():
+        outbox = Outbox()
+        outbox.add(StepMessage(1, "00000000-0000-4000-8000-000000000001", 5, 60.0, 366 * 86_400))
+        outbox.add(StepMessage(2, "00000000-0000-4000-8000-000000000001", 5, 60.0, 2.5))
+
+    assert sorted(sent) == [2.5, 600]

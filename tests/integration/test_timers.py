@@ -5,6 +5,7 @@ before, costs nothing, and is cancelled, paused and resumed with its run (docs/a
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import timedelta
 from decimal import Decimal
@@ -27,7 +28,8 @@ pytestmark = [
 ]
 
 # The issue's waits are of 20 s; 5 s show the same (every wait outlives the other run).
-WAIT_S = 5.0
+# TIMER_TEST_WAIT_S=20 runs them as the issue wrote them.
+WAIT_S = float(os.environ.get("TIMER_TEST_WAIT_S", "5"))
 # A woken step starts within this of its wake time (a message's countdown, then a claim;
 # on two busy cores).
 LATE_S = 3.0

@@ -238,6 +238,8 @@ def test_the_time_a_step_waited_parked_is_its_own_bar_before_the_attempt_that_ra
 
     shape = [(s.kind, s.start, s.end) for s in row.segments]
     assert shape == [("queue", 0.0, 1.0), ("wait", 1.0, 4.0), ("run", 4.0, 4.5)]
+    Step.objects.filter(pk=held.pk).update(waited_ms=3000)
+    assert "attempt(s), waited 3 s</title>" in svg.graph_svg(runpage.run_graph(run))
     assert 'class="seg wait"' in svg.gantt_svg(
         runpage.run_gantt(run, now=t0 + timedelta(seconds=10))
     )

@@ -6,6 +6,7 @@ the step, without holding this worker, until its time or its units come."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.utils import timezone
@@ -60,13 +61,16 @@ def ask(step: Step, attempt: int, span: Span) -> tuple[str, Outcome | None]:
 def _timer(step: Step, attempt: int, span: Span) -> tuple[str, Outcome | None]:
     """A wait step: RUN once its time has come (or when its ``when`` does not hold: the
     attempt then skips it as any step), WAIT while it is parked."""
-    context = StepContext(step, step.run_id, attempt)
+    resolve = _without_secrets(StepContext(step, step.run_id, attempt))
     try:
-        if step.when and not parsed(step.when).truthy(context):
+        if step.when and not parsed(step.when).truthy(resolve):
             return RUN, None
-        until, for_ms = builtin.wait_time(render_value(step.params, context), timezone.now())
     except (ExpressionError, TemplateError, UnresolvedReference):
-        return RUN, None  # the attempt reports it, as for any step
+        return RUN, None  # the attempt reports it (condition_error), as for any step
+    try:
+        until, for_ms = builtin.wait_time(render_value(step.params, resolve), timezone.now())
+    except (TemplateError, UnresolvedReference) as exc:
+        return RUN, Outcome(error=ToolError("template_error", f"params: {exc}", False))
     except ToolError as exc:
         return RUN, Outcome(error=exc)
     admission = step_admission.timer(
@@ -78,13 +82,20 @@ def _timer(step: Step, attempt: int, span: Span) -> tuple[str, Outcome | None]:
     return WAIT, None
 
 
-def _wanted(step: Step, context: StepContext) -> list[step_admission.Wanted]:
+def _without_secrets(context: StepContext) -> Callable[[Reference], Any]:
+    """The step's references but its secrets: what is asked here is stored and shown to
+    operators (a key with its grants, a wake time with its event)."""
+
     def resolve(ref: Reference) -> Any:
-        # A key is stored with the grants and shown to operators: never a secret.
         if ref[0] == "secrets":
-            raise UnresolvedReference("secrets cannot be used in rate limits", ref)
+            raise UnresolvedReference("secrets cannot be used in rate limits or waits", ref)
         return context(ref)
 
+    return resolve
+
+
+def _wanted(step: Step, context: StepContext) -> list[step_admission.Wanted]:
+    resolve = _without_secrets(context)
     wanted = []
     for use in step.rate_limits:
         key = render_value(use.get("key", ""), resolve)

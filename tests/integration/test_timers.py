@@ -138,3 +138,20 @@ def test_a_wait_until_a_time_already_past_completes_at_once() -> None:
 
     assert done.status == RunStatus.COMPLETED
     assert Step.objects.get(run=done).waited_ms == 0
+
+
+def test_a_wait_written_as_a_template_is_read_when_it_starts() -> None:
+    plan = waits_plan(1, 1) | {"variables": {"pause": "1s", "later": "soon"}}
+    bad = waits_plan(1, 1) | {"variables": {"later": "soon"}}
+    plan["agents"][0]["tasks"][0]["steps"][0]["params"] = {"for": "${variables.pause}"}
+    bad["agents"][0]["tasks"][0]["steps"][0]["params"] = {"for": "${variables.later}"}
+
+    waited, refused = wait_for(submit(plan), timeout=30), wait_for(submit(bad), timeout=30)
+
+    assert waited.status == RunStatus.COMPLETED
+    assert Step.objects.get(run=waited).waited_ms >= 1000
+    assert refused.status == RunStatus.FAILED
+    error = Step.objects.get(run=refused).error
+    assert error is not None
+    assert error["code"] == "invalid_input"
+    assert error["message"].startswith("for must be a duration")

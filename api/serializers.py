@@ -414,8 +414,9 @@ class StepOutput(FastOutput):
     reclaims = serializers.IntegerField()
     next_run_at = serializers.DateTimeField(allow_null=True)
     waiting_reason = serializers.CharField(
-        help_text="Why a PENDING step waits: `rate_limited:<name>` while it waits for a rate "
-        "limit's units (until `next_run_at`); empty when it does not."
+        help_text="Why a PENDING (or PAUSED) step waits: `rate_limited:<name>` while it waits "
+        "for a rate limit's units, `timer` while a `wait` step waits for its time (until "
+        "`next_run_at`, its wake time); empty when it does not."
     )
     rate_limits = serializers.JSONField(
         help_text="The rate limits it spends, as the plan wrote them: `[{name, units, key}]`."
@@ -427,7 +428,14 @@ class StepOutput(FastOutput):
     created_at = serializers.DateTimeField()
     started_at = serializers.DateTimeField(allow_null=True)
     completed_at = serializers.DateTimeField(allow_null=True)
-    duration_ms = serializers.IntegerField(allow_null=True)
+    duration_ms = serializers.IntegerField(
+        allow_null=True,
+        help_text="The attempt that ran the tool, from `started_at`; time parked is `waited_ms`.",
+    )
+    waited_ms = serializers.IntegerField(
+        help_text="Milliseconds it waited parked before that attempt: in a rate limit's line, "
+        "on a `wait` step's timer (a pause not counted)."
+    )
     job = serializers.UUIDField(
         allow_null=True,
         help_text="A `runner` step: its current attempt's runner job "

@@ -490,6 +490,7 @@ def rate_limit_waits() -> list[RateWait]:
     rows = (
         Step.objects.filter(status=StepStatus.PENDING)
         .exclude(waiting_reason="")
+        .exclude(waiting_reason="timer")  # a wait step's own timer: no limit's line
         .values("waiting_reason")
         .annotate(steps=Count("pk"), next_at=Min("next_run_at"))
         .order_by("-steps", "waiting_reason")

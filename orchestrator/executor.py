@@ -43,6 +43,8 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_process_init
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
+from django.db.models import Q
+from django.db.models.functions import Now
 
 from artifacts import services as artifact_services
 from billing.models import Organization
@@ -61,7 +63,7 @@ from orchestrator.heartbeat import Held, hand_back, lease_keeper
 from orchestrator.transport import CeleryTransport, serving
 from runs import callbacks, fairness
 from runs.engine import control, hotpath
-from runs.engine.dispatch import step_from_row, step_timeout_s
+from runs.engine.dispatch import rearm, step_from_row, step_timeout_s
 from runs.engine.outcomes import Outcome, record_and_claim
 from runs.models import Run, Step
 from runs.states import StepStatus
@@ -113,12 +115,20 @@ def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
     worker = worker or f"{os.uname().nodename}:{os.getpid()}"
     found = (
         Step.objects.filter(pk=step_id)
-        .values_list("run_id", "run__organization_id", "run__priority")
+        .annotate(
+            early=Q(status=StepStatus.PENDING, dispatched_at__isnull=False, next_run_at__gt=Now())
+        )
+        .values_list("run_id", "run__organization_id", "run__priority", "early")
         .first()
     )
     if found is None:
         return "not claimed"
-    run_id, organization_id, priority = found
+    run_id, organization_id, priority, early = found
+    if early:
+        # A message sent ahead of a step due later than the longest countdown (a timer
+        # of days): it sends the next, nearer one, and takes no slot.
+        rearm(step_id)
+        return "early"
     with logcontext.bound(organization_id=organization_id, run_id=run_id, step_id=step_id):
         slot = fairness.acquire_slot(organization_id, f"{worker}:{os.getpid()}:{task_id}")
         if slot is None:

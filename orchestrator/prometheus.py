@@ -109,9 +109,17 @@ class OrchestratorCollector(Collector):
                 "Steps waiting for a rate limit's units now, by limit.",
                 labels=["limit"],
             )
+            timers = GaugeMetricFamily(
+                "orchestrator_timer_waiting_steps", "Wait steps parked on their timers now."
+            )
+            timed = 0
             for reason, count in cursor.fetchall():
-                waiting.add_metric([reason.removeprefix("rate_limited:")], count)
-        yield from (runs, entries, credits, waiting)
+                if reason == "timer":
+                    timed = count
+                else:
+                    waiting.add_metric([reason.removeprefix("rate_limited:")], count)
+            timers.add_metric([], timed)
+        yield from (runs, entries, credits, waiting, timers)
 
     def _redis(self) -> Iterator[Metric]:
         client = metrics.connection()

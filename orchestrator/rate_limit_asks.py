@@ -1,19 +1,24 @@
-"""A claimed step's rate-limit asks, before its tool runs (docs/rate-limits.md): its keys
-and units are rendered here, where the step's references resolve (variables, earlier
-steps' outputs); step admission (``runs.step_admission``) then grants them or makes the
-step wait for them without holding this worker."""
+"""A claimed step's asks, before its tool runs: a wait step's timer (docs/api.md,
+"Waits"), then its rate limits (docs/rate-limits.md). Its keys and units, a wait's ``for``
+or ``until``, are rendered here, where the step's references resolve (variables, earlier
+steps' outputs); step admission (``runs.step_admission``) then lets the tool run or parks
+the step, without holding this worker, until its time or its units come."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from django.utils import timezone
 from opentelemetry.trace import Span
 
 from common import metrics
+from common.expressions import ExpressionError, parsed
 from common.templates import Reference, TemplateError, UnresolvedReference, render_value
 from common.tools.base import ToolError
 from orchestrator import step_spans
 from orchestrator.context import StepContext
+from orchestrator.tools import builtin
 from ratelimits.models import KEY_MAX_LENGTH
 from runs import step_admission
 from runs.engine.outcomes import Outcome
@@ -28,6 +33,10 @@ def ask(step: Step, attempt: int, span: Span) -> tuple[str, Outcome | None]:
     it waits for them (its attempt's ``span`` says so), or its attempt is not its own any
     more; (RUN, outcome): an attempt that fails before its tool runs (a key or units that
     do not render, units beyond the limit)."""
+    if step.tool == "wait":
+        verdict, refusal = _timer(step, attempt, span)
+        if verdict == WAIT or refusal is not None:
+            return verdict, refusal
     if not step_admission.spends(step):
         return RUN, None
     try:
@@ -49,13 +58,44 @@ def ask(step: Step, attempt: int, span: Span) -> tuple[str, Outcome | None]:
     return WAIT, None
 
 
-def _wanted(step: Step, context: StepContext) -> list[step_admission.Wanted]:
+def _timer(step: Step, attempt: int, span: Span) -> tuple[str, Outcome | None]:
+    """A wait step: RUN once its time has come (or when its ``when`` does not hold: the
+    attempt then skips it as any step), WAIT while it is parked."""
+    resolve = _without_secrets(StepContext(step, step.run_id, attempt))
+    try:
+        if step.when and not parsed(step.when).truthy(resolve):
+            return RUN, None
+    except (ExpressionError, TemplateError, UnresolvedReference):
+        return RUN, None  # the attempt reports it (condition_error), as for any step
+    try:
+        until, for_ms = builtin.wait_time(render_value(step.params, resolve), timezone.now())
+    except (TemplateError, UnresolvedReference) as exc:
+        return RUN, Outcome(error=ToolError("template_error", f"params: {exc}", False))
+    except ToolError as exc:
+        return RUN, Outcome(error=exc)
+    admission = step_admission.timer(
+        step_id=step.pk, run_id=step.run_id, attempt=attempt, until=until, for_ms=for_ms
+    )
+    if admission.go:
+        return RUN, None
+    span.set_attribute("orchestrator.outcome", "waiting_timer")
+    return WAIT, None
+
+
+def _without_secrets(context: StepContext) -> Callable[[Reference], Any]:
+    """The step's references but its secrets: what is asked here is stored and shown to
+    operators (a key with its grants, a wake time with its event)."""
+
     def resolve(ref: Reference) -> Any:
-        # A key is stored with the grants and shown to operators: never a secret.
         if ref[0] == "secrets":
-            raise UnresolvedReference("secrets cannot be used in rate limits", ref)
+            raise UnresolvedReference("secrets cannot be used in rate limits or waits", ref)
         return context(ref)
 
+    return resolve
+
+
+def _wanted(step: Step, context: StepContext) -> list[step_admission.Wanted]:
+    resolve = _without_secrets(context)
     wanted = []
     for use in step.rate_limits:
         key = render_value(use.get("key", ""), resolve)

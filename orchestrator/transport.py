@@ -35,7 +35,6 @@ from typing import Any
 
 import redis
 from django.conf import settings
-from django.utils import timezone
 from kombu.exceptions import OperationalError as BrokerError
 from redis.exceptions import RedisError
 
@@ -43,10 +42,9 @@ from common import metrics
 from common.stores import broker_redis
 from config.celery import QUEUE_RUNS_HIGH, QUEUE_RUNS_NORMAL, QUEUE_STEPS, app
 from orchestrator.prometheus import queue_keys
-from runs.models import Step
+from runs.engine.dispatch import rearm
 from runs.outbox import RunMessage, StepMessage
 from runs.runners import organization_channel, runner_channel
-from runs.states import StepStatus
 
 PICK_UP_TASK = "orchestrator.runs.pick_up"
 RESUME_TASK = "orchestrator.runs.resume"
@@ -366,17 +364,10 @@ class CeleryTransport:
 
 def wake_step(step_id: int, priority: int, timeout_s: float) -> str:
     """A wake-up of a step due later than a message may wait (``_send_step``): its
-    message again, for what is left of its wait as its row says now (moved since: the
-    new moment; another wake-up or a claim got there first: a harmless duplicate).
-    Nothing for a step that is no longer pending."""
-    found = (
-        Step.objects.filter(pk=step_id, status=StepStatus.PENDING)
-        .values_list("run_id", "next_run_at")
-        .first()
-    )
-    if found is None:
+    message again, for what is left of its wait as its row says now (``dispatch.rearm``):
+    "again" (another wake-up), "sent" (the step's message) or "gone" (no longer
+    pending). ``priority`` and ``timeout_s`` are the message's, read again from the rows."""
+    left = rearm(step_id)
+    if left is None:
         return "gone"
-    run_id, due = found
-    left = max(0.0, (due - timezone.now()).total_seconds()) if due is not None else 0.0
-    CeleryTransport().publish_steps([StepMessage(step_id, str(run_id), priority, timeout_s, left)])
     return "again" if left > settings.RATE_LIMIT_MAX_COUNTDOWN_S else "sent"

@@ -183,7 +183,9 @@ class Step(TypedDict):
     failures: int
     reclaims: int
     next_run_at: str | None
-    waiting_reason: str  # "rate_limited:<name>" while it waits for a rate limit's units
+    # "rate_limited:<name>" while it waits for a rate limit's units, "timer" while a wait
+    # step waits for its time (next_run_at)
+    waiting_reason: str
     rate_limits: list[dict[str, Any]]
     output: Any
     error: dict[str, Any] | None
@@ -193,6 +195,7 @@ class Step(TypedDict):
     started_at: str | None
     completed_at: str | None
     duration_ms: int | None
+    waited_ms: int  # time parked (rate limits, timers) before the attempt that ran the tool
     job: str | None  # a `runner` step: its current attempt's runner job
     child_run: str | None  # a `run` step: the child run its current attempt started
 

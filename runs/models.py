@@ -386,9 +386,14 @@ class Step(Timestamps):
     reclaims = models.IntegerField(default=0)
     next_run_at = models.DateTimeField(null=True, blank=True)
     # The rate limits it spends (the plan's, templates unrendered: runs.step_admission) and,
-    # while it waits for their units, why ("rate_limited:<name>"; "" otherwise).
+    # while it is parked, why: "rate_limited:<name>" (their units), "timer" (a wait step
+    # until next_run_at); "" otherwise.
     rate_limits = models.JSONField(default=list, blank=True, db_default=[])
     waiting_reason = models.CharField(max_length=120, blank=True, default="", db_default="")
+    # Milliseconds it spent parked (in a rate limit's line, on a timer) before the attempt
+    # that ran its tool: started_at and duration_ms are that attempt's alone. Added up by
+    # each claim that ends a wait (engine.step_claim), and by a pause.
+    waited_ms = models.BigIntegerField(default=0, db_default=0)
     # While its attempt waits outside the worker (runs.engine.waiting.park): the attempt's
     # span, the parent of the wait's span and of a runner's job.
     trace_context = models.CharField(max_length=128, blank=True, default="", db_default="")

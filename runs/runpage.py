@@ -62,6 +62,7 @@ class Node:
     x: int = 0
     y: int = 0
     attempts: int = 0  # steps: attempts made; agents and tasks: times retried
+    waited_ms: int = 0  # steps: the time parked (a rate limit's line, a timer)
     handler: bool = False  # an on_error or on_callback step
     compact: bool = False
     dependents: list[str] = field(default_factory=list)
@@ -93,7 +94,9 @@ class Graph:
 
 @dataclass
 class Segment:
-    kind: str  # "queue", "backoff", "run" or "decision" (waiting for an approval)
+    # "queue", "backoff", "run", "decision" (waiting for an approval) or "wait" (parked:
+    # in a rate limit's line, on a timer)
+    kind: str
     start: float  # seconds from the time line's origin
     end: float
     outcome: str = ""  # a run segment: how the attempt ended ("running" while it runs)
@@ -310,18 +313,21 @@ def run_graph(run: Run, step_count: int | None = None) -> Graph:
         step_rows = list(
             Step.objects.filter(run=run, attempt_number=attempt).values_list(
                 "id", "task_id", "name", "status", "position", "attempts", "dependents",
-                "generation", "handler_for_id", "callback_for_id",
+                "generation", "handler_for_id", "callback_for_id", "waited_ms",
             )
         )  # fmt: skip
         latest_step_gen: dict[int, int] = {}
         for row in step_rows:
             latest_step_gen[row[1]] = max(latest_step_gen.get(row[1], 0), row[7])
-        for pk, task_id, name, status, position, attempts, deps, gen, handles, calls in step_rows:
+        for (
+            pk, task_id, name, status, position, attempts, deps, gen, handles, calls, waited
+        ) in step_rows:  # fmt: skip
             if gen != latest_step_gen[task_id]:
                 continue
             after = handles or calls
             node = Node("step", pk, name, status, position, attempts=attempts,
-                        handler=after is not None, after=after, dependents=list(deps))  # fmt: skip
+                        handler=after is not None, after=after, dependents=list(deps),
+                        waited_ms=waited)  # fmt: skip
             steps_of[task_id].append(node)
             if after is not None:
                 handlers_after[after].append(node)
@@ -363,7 +369,9 @@ def run_gantt(run: Run, now: datetime | None = None) -> Gantt:
     (two queries): an attempt runs from its claim (``pending -> running``) to the next
     transition of the step; before it, the wait in the queue (from the dispatch for the
     first attempt, from the end of the backoff for a retry) and the backoff itself (the
-    retry event's ``delay_ms``)."""
+    retry event's ``delay_ms``). A step parked (a rate limit's line, a wait's timer: the
+    claim gave back, its event names ``until``) waits from that claim to the next: the
+    time its ``waited_ms`` counts, drawn as its own bar."""
     now = now or timezone.now()
     attempt = run.attempt_number
     steps = {
@@ -414,6 +422,7 @@ def _segments(
     ready_at = dispatched_at
     running: tuple[datetime, int] | None = None
     deciding = False  # ``running`` is a wait for an approval, not a worker's attempt
+    parked: datetime | None = None  # since when the step waits parked
     for source, target, payload, at in history:
         payload = payload if isinstance(payload, dict) else {}
         if target == StepStatus.WAITING_APPROVAL:
@@ -422,10 +431,16 @@ def _segments(
             deciding = True
             continue
         if target == StepStatus.RUNNING:
-            if ready_at is not None and ready_at < at:
+            if parked is not None:
+                segments.append(Segment("wait", _seconds(parked, origin), _seconds(at, origin)))
+                parked = None
+            elif ready_at is not None and ready_at < at:
                 segments.append(Segment("queue", _seconds(ready_at, origin), _seconds(at, origin)))
             running = (at, int(payload.get("attempt") or 0))
             ready_at = None
+        elif source == StepStatus.RUNNING and running is not None and "until" in payload:
+            # A park: the claim ran no tool, it gave the attempt back to wait.
+            parked, running, ready_at = running[0], None, None
         elif source in _BEGINS and running is not None:
             start, number = running
             kind = "decision" if deciding else "run"
@@ -443,6 +458,8 @@ def _segments(
                 ready_at = until
             elif target == StepStatus.PENDING:
                 ready_at = at
+    if parked is not None:
+        segments.append(Segment("wait", _seconds(parked, origin), _seconds(now, origin)))
     if running is not None:
         start, number = running
         kind, outcome = ("decision", "waiting_approval") if deciding else ("run", "running")

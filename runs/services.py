@@ -678,7 +678,7 @@ def run_pause(
     run = lock_run(run_id, organization)
     result = transition(Run, run.pk, RunStatus.PAUSED, actor=actor)
     if result.changed:
-        step_admission.release_run(result.obj)
+        step_admission.release_run(result.obj, paused=True)
         _move_work(
             run,
             nodes=([NodeStatus.PENDING, NodeStatus.RUNNING], NodeStatus.PAUSED),
@@ -725,6 +725,7 @@ def run_resume(
     commit) and moves the run on to RUNNING (``run_resumed``).
     """
     run = lock_run(run_id, organization)
+    paused_since = run.status_changed_at
     result = transition(Run, run.pk, RunStatus.RESUMING, actor=actor)
     if result.changed:
         _move_work(
@@ -733,6 +734,7 @@ def run_resume(
             steps=([StepStatus.PAUSED], StepStatus.PENDING),
             actor=actor,
         )
+        step_admission.timers_resumed(run, result.obj.status_changed_at - paused_since)
         enqueue_run_message(RunMessage.RESUME, run.pk, run.priority)
     return result.obj
 

@@ -21,6 +21,9 @@ organization's priority-0 stream takes its turns, never the others' places for e
 A re-planning moves at most RATE_LIMIT_REPLAN_MAX steps (the arriving one included), the
 back of the line: a step never jumps further, and an ask never costs more.
 
+A ``wait`` step parks the same way, on a timer (``timer``): PENDING until its wake
+time, ``waiting_reason`` ``timer``, no worker held; the claim that wakes it completes it.
+
 What moves reservations: a run that ends or pauses gives its back (``release_run``), and
 the others of those buckets move up (the back of the line, RATE_LIMIT_REPLAN_MAX
 steps); a limit changed or deleted re-plans all its waiting steps. A step whose
@@ -42,7 +45,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Q
+from django.db.models import BigIntegerField, Count, DateTimeField, F, Q, Value
+from django.db.models.functions import Cast, Extract, Greatest
 
 from billing import quotas
 from billing.models import Organization
@@ -58,6 +62,7 @@ from runs.states import RunStatus, StepStatus
 from runs.transitions import lock_gate, transition_locked
 
 WAITING_PREFIX = "rate_limited:"
+TIMER = "timer"  # the waiting_reason of a wait step parked until its wake time
 
 
 @dataclass(frozen=True)
@@ -267,6 +272,36 @@ def _shares(organizations: Iterable[Any]) -> dict[Any, int]:
     return {organization: max(1, found.get(organization, 1)) for organization in {*known, None}}
 
 
+def timer(
+    *, step_id: int, run_id: Any, attempt: int, until: datetime | None, for_ms: int | None
+) -> Admission:
+    """A wait step's claimed attempt: ``go`` once its time has come (the tool then
+    completes it), else parked until ``until`` (or ``for_ms`` from now, the first claim).
+
+    A step that has waited (``waited_ms``, added by the claim that woke it) has rung: an
+    attempt claimed again after its worker was lost (the lease sweep) does not wait anew.
+    The claim never lets a parked step through before its ``next_run_at``: never early."""
+    with transaction.atomic():
+        lock_gate(run_id, shared=True)
+        step = (
+            Step.objects.select_for_update(no_key=True)
+            .filter(pk=step_id, status=StepStatus.RUNNING, attempts=attempt)
+            .only("pk", "run_id", "status", "attempts", "timeout_ms", "waiting_reason", "waited_ms")
+            .first()
+        )
+        if step is None:
+            return Admission(dropped=True)
+        if step.waiting_reason == TIMER or step.waited_ms > 0:
+            _not_waiting(step)
+            return Admission(go=True)
+        now = clock()
+        wake = until if until is not None else now + timedelta(milliseconds=for_ms or 0)
+        if wake <= now:
+            return Admission(go=True)
+        priority = Run.objects.values_list("priority", flat=True).get(pk=run_id)
+        return _park(step, attempt, run_id, priority, wake, TIMER, now)
+
+
 def _not_waiting(step: Step) -> None:
     if step.waiting_reason:
         Step.objects.filter(pk=step.pk).update(waiting_reason="")
@@ -284,12 +319,18 @@ def _park(
     """RUNNING -> PENDING until ``until``: the attempt is given back (it never ran), and
     one message wakes the step then."""
     wait_s = max(0.0, (until - now).total_seconds())
-    name = reason.removeprefix(WAITING_PREFIX)
+    if reason == TIMER:
+        message = f"waiting {wait_s:.3f} s on a timer, until {until.isoformat()}"
+        payload: dict[str, Any] = {"timer": until.isoformat()}
+    else:
+        name = reason.removeprefix(WAITING_PREFIX)
+        message = f"waiting {wait_s:.3f} s for rate limit {name}"
+        payload = {"rate_limit": name}
     transition_locked(
         step,
         StepStatus.PENDING,
-        message=f"waiting {wait_s:.3f} s for rate limit {name}",
-        payload={"rate_limit": name, "until": until.isoformat(), "attempt": attempt},
+        message=message,
+        payload={**payload, "until": until.isoformat(), "attempt": attempt},
         updates={
             "next_run_at": until,
             "lease_expires_at": None,
@@ -415,10 +456,26 @@ def _tell_moved(moved: dict[Any, tuple[datetime, Any, int]], now: datetime, outb
         outbox.add(StepMessage(pk, str(run_id), priority, _timeout_s(timeout_ms), wait_s))
 
 
-def release_run(run: Run) -> None:
+def release_run(run: Run, *, paused: bool = False) -> None:
     """The run ended or paused: its reservations still ahead are given back (the steps
     waiting behind them move up), and its steps wait for nothing any more (a paused
-    one asks again when the run resumes)."""
+    one asks again when the run resumes). A timer is its step's own: a pause keeps it,
+    with the time waited so far (the resume moves its wake time on by the time paused:
+    ``timers_resumed``); an end drops it."""
+    if paused:
+        # What each parked step has waited until the pause: the claim that ends its wait
+        # counts only from the resume (its row's status_changed_at).
+        paused_at = Value(run.status_changed_at, output_field=DateTimeField())
+        waited = Cast(
+            Extract(paused_at - F("status_changed_at"), "epoch") * 1000, BigIntegerField()
+        )
+        Step.objects.filter(run=run, status=StepStatus.PENDING).exclude(waiting_reason="").update(
+            waited_ms=F("waited_ms") + Greatest(waited, 0)
+        )
+    else:
+        Step.objects.filter(run=run, waiting_reason=TIMER).update(
+            waiting_reason="", next_run_at=None
+        )
     if not run.rate_limited:
         return
     now = clock()
@@ -428,11 +485,19 @@ def release_run(run: Run) -> None:
         lock(buckets)
         RateGrant.objects.filter(run_id=run.pk, used=False, granted_at__gt=now).delete()
         RateGrant.objects.filter(run_id=run.pk, used=False).update(used=True)
-    Step.objects.filter(run=run).exclude(waiting_reason="").update(
-        waiting_reason="", next_run_at=None
-    )
+    Step.objects.filter(run=run, waiting_reason__startswith=WAITING_PREFIX).exclude(
+        waiting_reason=""  # the partial index of waiting steps
+    ).update(waiting_reason="", next_run_at=None)
     if buckets:
         requeue(buckets, now, Outbox(), most=settings.RATE_LIMIT_REPLAN_MAX)
+
+
+def timers_resumed(run: Run, paused_for: timedelta) -> None:
+    """The run resumes after ``paused_for``: its timers wake that much later, each with
+    the time it had left when the run paused."""
+    Step.objects.filter(
+        run=run, attempt_number=run.attempt_number, status=StepStatus.PENDING, waiting_reason=TIMER
+    ).update(next_run_at=F("next_run_at") + paused_for)
 
 
 # --------------------------------------------------------------------------- the limits

@@ -10,6 +10,7 @@ from html import escape
 
 from django.utils.safestring import SafeString, mark_safe
 
+from common.units import duration_text
 from runs.runpage import Gantt, Graph, Node
 
 MARGIN = 4
@@ -45,7 +46,8 @@ def _badge(node: Node) -> str:
 
 
 def _step(node: Node) -> str:
-    title = escape(f"{node.name}: {node.status}, {node.attempts} attempt(s)")
+    waited = f", waited {duration_text(node.waited_ms)}" if node.waited_ms else ""
+    title = escape(f"{node.name}: {node.status}, {node.attempts} attempt(s){waited}")
     classes = f"node step st-{node.status}" + (" handler" if node.handler else "")
     classes += " cell" if node.compact else ""
     head = (
@@ -163,6 +165,8 @@ def gantt_svg(gantt: Gantt) -> SafeString:
             elif segment.kind == "backoff":
                 css = "seg backoff"
                 title = f"retry backoff after attempt {segment.attempt}: {took:.3f} s"
+            elif segment.kind == "wait":
+                css, title = "seg wait", f"waited {took:.3f} s parked (a rate limit, a timer)"
             else:
                 css, title = "seg queue", f"waited {took:.3f} s for a worker"
             out.append(

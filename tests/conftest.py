@@ -23,7 +23,7 @@ from xdist.scheduler import LoadScopeScheduling
 
 from bench.collector import Collector
 from config.celery import QUEUE_WEBHOOKS, WORKER_QUEUES, app
-from tests.support import Child, child_env, python_cmd, tracing_env, wait_until
+from tests.support import Child, child_env, python_cmd, tracing_env, wait_until, worker_cmd
 from tests.tracing_support import traced_spans
 
 if TYPE_CHECKING:  # imported by pytest as a plugin (below), where its asserts are rewritten
@@ -60,6 +60,7 @@ _WHOLE_STACKS = frozenset(
         "tests/browser/test_first_run.py",
         "tests/integration/test_make_run.py",
         "tests/integration/test_store_failover.py",
+        "tests/integration/test_timer_restart.py",
     }
 )
 
@@ -133,15 +134,7 @@ def celery_worker(
     hostname = f"test-{uuid.uuid4().hex[:8]}@localhost"
     log: Path = tmp_path_factory.mktemp("worker") / "worker.log"
     worker = Child(
-        python_cmd(
-            "-m", "celery", "-A", "config", "worker",
-            "--queues", ",".join(WORKER_QUEUES),
-            "--concurrency", "2",
-            "--pool", "prefork",
-            "--hostname", hostname,
-            "--loglevel", "INFO",
-            "--without-mingle", "--without-gossip",
-        ),
+        worker_cmd(hostname, ",".join(WORKER_QUEUES)),
         # Polls, callback requests and webhooks reach the tests' own HTTP servers, on
         # loopback; the LLM planner and llm steps reach the session's LLM server.
         # Its spans go to the session's OTLP collector (docs/observability.md).

@@ -124,6 +124,19 @@ def python_cmd(*args: str) -> list[str]:
     return [sys.executable, *args]
 
 
+def worker_cmd(hostname: str, queues: str, concurrency: int = 2) -> list[str]:
+    """A real Celery worker (prefork) on ``queues``, as the tests start one."""
+    return python_cmd(
+        "-m", "celery", "-A", "config", "worker",
+        "--queues", queues,
+        "--concurrency", str(concurrency),
+        "--pool", "prefork",
+        "--hostname", hostname,
+        "--loglevel", "INFO",
+        "--without-mingle", "--without-gossip",
+    )  # fmt: skip
+
+
 def processes_with_env(marker: str) -> list[int]:
     """Pids of live processes whose environment contains ``marker`` (reads /proc)."""
     found = []

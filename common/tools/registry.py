@@ -15,6 +15,7 @@ BUILTIN_TOOLS = frozenset(
         "noop",
         "echo",
         "sleep",
+        "wait",
         "fail",
         "http",
         "python",

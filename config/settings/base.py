@@ -580,6 +580,8 @@ BILLING_TOOL_PRICES = {
     "noop": "0.01",
     "echo": "0.01",
     "sleep": "0.01",
+    # A durable wait costs nothing, waiting or woken (docs/api.md, "Waits").
+    "wait": "0.00",
     "fail": "0.01",
     "http": "0.10",
     "python": "0.05",
@@ -637,8 +639,12 @@ RATE_LIMIT_MAX_COUNTDOWN_S = env.integer(
     "longest countdown (s) of a step message; longer waits are re-armed in steps of it",
     minimum=1,
 )
-if RATE_LIMIT_MAX_COUNTDOWN_S >= CELERY_VISIBILITY_TIMEOUT:
-    env.errors.append("RATE_LIMIT_MAX_COUNTDOWN_S must be less than CELERY_VISIBILITY_TIMEOUT")
+# A worker holds a step message unacknowledged through its countdown and then its run.
+if RATE_LIMIT_MAX_COUNTDOWN_S + CELERY_TASK_TIME_LIMIT >= CELERY_VISIBILITY_TIMEOUT:
+    env.errors.append(
+        "RATE_LIMIT_MAX_COUNTDOWN_S + CELERY_TASK_TIME_LIMIT must be less than "
+        "CELERY_VISIBILITY_TIMEOUT"
+    )
 # Beat looks for the work of the lease, timeout, runner and wait sweeps this often, and
 # sends each when its work is due (orchestrator/periodic.py).
 ENGINE_SWEEP_INTERVAL = env.integer(
@@ -767,7 +773,6 @@ RUN_TIMEOUT_DEFAULTS = {
 ENGINE_LOST_MESSAGE_AFTER = env.integer(
     "ENGINE_LOST_MESSAGE_AFTER", 120, "seconds before an unclaimed due step is re-sent", minimum=1
 )
-
 # --------------------------------------------------------------------------- fairness
 # Sharing one fleet between organizations (docs/fairness.md). Each limit is a default an
 # organization's own (set in the admin) overrides. Runs beyond the running limit wait

@@ -1,5 +1,5 @@
-"""The built-in tools: noop, echo, sleep, fail, http, python, llm (and approval, which no
-worker executes). Each validates its parameters for the plan validator, where it can
+"""The built-in tools: noop, echo, sleep, wait, fail, http, python, llm (and approval,
+which no worker executes). Each validates its parameters for the plan validator, where it can
 (a value that is still a `${...}` template is checked only when rendered).
 
 Rendered templates can turn a parameter into anything, so the tools check again at run
@@ -18,6 +18,7 @@ import json
 import tempfile
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -36,7 +37,8 @@ from common.tools.base import (
 from common.tools.registry import register
 from orchestrator.netguard import AddressNotAllowed, guarded_client
 from runs.plan import DurationRefused, read_duration_ms
-from runs.plan.errors import listing, suggest
+from runs.plan.durations import not_a_duration, parse_duration_ms
+from runs.plan.errors import listing, show, suggest
 
 Problems = list[tuple[str, str]]
 
@@ -140,6 +142,70 @@ def sleep(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
 
 def validate_sleep(params: dict[str, Any]) -> Problems:
     return _number(params, "seconds", 0, 86_400, required=True)
+
+
+# --------------------------------------------------------------------------- wait
+# The longest wait: a year and a day, so that "the same date next year" always fits.
+WAIT_MAX_MS = 366 * 86_400_000
+
+
+def wait(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    """A wait step's time has come (``runs.step_admission.timer`` parked it until then,
+    holding no worker; the claim that woke it runs this): it completes, at no cost."""
+    return ToolResult(output={"woke_at": datetime.now(UTC).isoformat()})
+
+
+def wait_time(params: dict[str, Any], now: datetime) -> tuple[datetime | None, int | None]:
+    """A wait's rendered ``until`` (an aware time) or ``for`` (milliseconds), or
+    ToolError('invalid_input') in the plan check's words."""
+    problems = validate_wait(params, now=now, rendered=True)
+    if problems:
+        key, problem = problems[0]
+        raise ToolError("invalid_input", f"{key} {problem}", False)
+    if "until" in params:
+        return _until(params["until"]), None
+    return None, parse_duration_ms(params["for"])
+
+
+def _until(value: Any) -> datetime:
+    """An RFC 3339 time with its offset (``2026-12-01T09:00:00Z``), or ValueError."""
+    if not isinstance(value, str):
+        raise ValueError("not a string")
+    when = datetime.fromisoformat(value)
+    if when.tzinfo is None:
+        raise ValueError("no offset")
+    return when
+
+
+def validate_wait(
+    params: dict[str, Any], *, now: datetime | None = None, rendered: bool = False
+) -> Problems:
+    """Exactly one of ``for`` (a duration) and ``until`` (an RFC 3339 time), at most 366
+    days ahead; a template is checked once rendered (``wait_time``)."""
+    unknown = sorted(set(params) - {"for", "until"})
+    problems: Problems = [(key, "is not a parameter of the wait tool") for key in unknown]
+    given = [key for key in ("for", "until") if key in params]
+    if len(given) != 1:
+        return [*problems, ("for", "give one of for (a duration) or until (an RFC 3339 time)")]
+    key = given[0]
+    value = params[key]
+    if not rendered and has_template(value):
+        return problems
+    if key == "for":
+        # Its own bounds: read_duration_ms holds every other duration to a year.
+        ms = parse_duration_ms(value)
+        if ms is None:
+            problems.append((key, not_a_duration(value)))
+        elif ms > WAIT_MAX_MS:
+            problems.append((key, f"must be at most 366d, got {show(value)}"))
+        return problems
+    try:
+        when = _until(value)
+    except ValueError:
+        return [*problems, (key, f"must be an RFC 3339 time with its offset, got {show(value)}")]
+    if when - (now or datetime.now(UTC)) > timedelta(milliseconds=WAIT_MAX_MS):
+        problems.append((key, f"must be at most 366d ahead, got {show(value)}"))
+    return problems
 
 
 # --------------------------------------------------------------------------- runner
@@ -596,3 +662,4 @@ register("python", python, validate_python)
 register("llm", llm, validate_llm)
 register("approval", None)
 register("runner", runner, validate_runner)
+register("wait", wait, validate_wait)

@@ -10,14 +10,39 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import F
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from runs.models import Agent, Run, Step, Task
 from runs.outbox import Outbox, StepMessage
 from runs.states import NodeStatus, RunStatus, StepStatus
 from runs.transitions import transition, transition_many
+
+
+def rearm(step_id: int) -> float | None:
+    """A step parked until later (a timer, a rate limit's line, a backoff) whose message
+    came ahead of it (a wake-up of the chain that carries a wait longer than
+    RATE_LIMIT_MAX_COUNTDOWN_S, or a countdown that fired a moment early): its next
+    message, for the time it has left as its row says now. The seconds left, or None for a
+    step no longer pending (a harmless duplicate: another message or a claim got there
+    first)."""
+    with transaction.atomic():
+        step = (
+            Step.objects.filter(pk=step_id, status=StepStatus.PENDING, dispatched_at__isnull=False)
+            .annotate(left=F("next_run_at") - Now(), priority=F("run__priority"))
+            .only("pk", "run_id", "timeout_ms")
+            .first()
+        )
+        if step is None:
+            return None
+        # A message for now would ring a doorbell: the claim is the step's own.
+        left = step.left.total_seconds() if step.left is not None else 0.0
+        wait_s = max(left, 0.001)
+        priority: int = step.priority
+        Outbox().add(StepMessage(step.pk, str(step.run_id), priority, step_timeout_s(step), wait_s))
+        return wait_s
 
 
 def step_timeout_s(step: Step) -> float:

@@ -59,9 +59,7 @@ def read_duration_ms(value: Any, *, minimum_ms: int = 1, maximum_ms: int = MAX_D
     ``minimum_ms`` to ``maximum_ms`` (never beyond a year), or ``DurationRefused``."""
     ms = parse_duration_ms(value)
     if ms is None:
-        raise DurationRefused(
-            f"must be a duration of at least 1ms such as {DURATION_FORMS}, got {show(value)}"
-        )
+        raise DurationRefused(not_a_duration(value))
     maximum_ms = min(maximum_ms, MAX_DURATION_MS)
     if minimum_ms <= ms <= maximum_ms:
         return ms
@@ -71,6 +69,11 @@ def read_duration_ms(value: Any, *, minimum_ms: int = 1, maximum_ms: int = MAX_D
             f"must be at least {format_duration_ms(minimum_ms)}, got {show(value)}"
         )
     raise DurationRefused(f"must be at most {format_duration_ms(maximum_ms)}, got {show(value)}")
+
+
+def not_a_duration(value: Any) -> str:
+    """The refusal of a value that is no duration at all."""
+    return f"must be a duration of at least 1ms such as {DURATION_FORMS}, got {show(value)}"
 
 
 def seconds_ms(seconds: float) -> int:

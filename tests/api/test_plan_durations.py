@@ -148,3 +148,27 @@ def test_a_param_named_for_its_unit_takes_a_number_only(tenant: Tenant) -> None:
     assert response.json()["details"] == [
         {"path": f"{STEP}.params.seconds", "message": "must be a number from 0 to 86400"}
     ]
+
+
+@pytest.mark.parametrize(
+    ("params", "field", "message"),
+    [
+        ({"for": "367d"}, "for", "must be at most 366d, got '367d'"),
+        (
+            {"until": "2026-12-01"},
+            "until",
+            "must be an RFC 3339 time with its offset, got '2026-12-01'",
+        ),
+        ({}, "for", "give one of for (a duration) or until (an RFC 3339 time)"),
+    ],
+    ids=repr,
+)
+def test_a_wait_beyond_a_year_and_a_day_or_without_its_offset_is_refused_with_its_path(
+    tenant: Tenant, params: dict[str, Any], field: str, message: str
+) -> None:
+    response = tenant.post(RUNS, {"plan": plan_with("wait", params)})
+
+    assert response.status_code == 400
+    assert response.json()["code"] == "invalid_plan"
+    assert response.json()["details"] == [{"path": f"{STEP}.params.{field}", "message": message}]
+    assert not Run.objects.exists()

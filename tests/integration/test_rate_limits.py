@@ -185,3 +185,25 @@ def test_a_cancelled_run_gives_its_places_back_and_a_paused_one_asks_again() -> 
     services.run_resume(run_id=second.pk)
     assert wait_for(second, timeout=30).status == "completed"
     assert Run.objects.get(pk=first.pk).status == "cancelled"
+
+
+def test_steps_in_a_limits_line_start_when_their_units_come_and_count_the_wait_apart() -> None:
+    organization = factories.org(credits=1000)
+    limit(organization, "timed", 2, 1000)
+    run = submit(wide(8, [{"name": "timed"}], name="timed"), organization=organization)
+
+    done = wait_for(run, timeout=60)
+
+    assert done.status == "completed"
+    steps = list(Step.objects.filter(run=run))
+    starts = sorted(step.started_at for step in steps if step.started_at is not None)
+    assert len(starts) == 8
+    # 2 units a second for 8 steps: their calls, and so their starts, spread over 3 s and
+    # more, not over the moment they were first claimed.
+    assert starts[-1] - starts[0] >= timedelta(seconds=2.5)
+    waited = [step for step in steps if step.waited_ms > 0]
+    assert len(waited) >= 6  # all but the first window's two
+    for step in waited:
+        assert step.duration_ms is not None
+        assert step.duration_ms < step.waited_ms  # the wait is not counted as work
+    assert_books_balanced(done)

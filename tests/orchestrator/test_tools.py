@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,9 @@ from orchestrator.tools.builtin import (
     validate_python,
     validate_runner,
     validate_sleep,
+    validate_wait,
+    wait,
+    wait_time,
 )
 from runs.plan.durations import DURATION_FORMS
 from tests.support import free_port
@@ -126,6 +130,7 @@ def closed_port_url() -> str:
         ("noop", noop, None),
         ("echo", echo, None),
         ("sleep", sleep, validate_sleep),
+        ("wait", wait, validate_wait),
         ("fail", fail, validate_fail),
         ("http", http, validate_http),
         ("python", python, validate_python),
@@ -139,6 +144,73 @@ def test_every_builtin_tool_is_registered_with_its_validator(
     spec = registry.get(name)
     assert spec is not None
     assert (spec.run, spec.validate) == (run, validate)
+
+
+# --------------------------------------------------------------------------- wait
+NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
+NOT_A_DURATION = f"must be a duration of at least 1ms such as {DURATION_FORMS}, got"
+NO_OFFSET = "must be an RFC 3339 time with its offset, got"
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"for": "20s"},
+        {"for": 1.5},
+        {"for": "366d"},
+        {"until": "2026-11-29T09:00:00Z"},
+        {"until": "2026-11-28T13:00:00+01:00"},  # in the past: it completes at once
+        {"until": "${variables.deadline}"},  # checked once rendered
+        {"for": "${variables.pause}"},
+    ],
+    ids=repr,
+)
+def test_a_wait_takes_one_duration_or_one_time_with_its_offset(params: dict[str, Any]) -> None:
+    assert validate_wait(params, now=NOW) == []
+
+
+@pytest.mark.parametrize(
+    ("params", "problem"),
+    [
+        ({}, ("for", "give one of for (a duration) or until (an RFC 3339 time)")),
+        (
+            {"for": "1s", "until": "2026-11-29T09:00:00Z"},
+            ("for", "give one of for (a duration) or until (an RFC 3339 time)"),
+        ),
+        ({"for": "367d"}, ("for", "must be at most 366d, got '367d'")),
+        ({"for": "soon"}, ("for", f"{NOT_A_DURATION} 'soon'")),
+        ({"until": "2026-11-29T09:00:00"}, ("until", f"{NO_OFFSET} '2026-11-29T09:00:00'")),
+        ({"until": "tomorrow"}, ("until", f"{NO_OFFSET} 'tomorrow'")),
+        (
+            {"until": "2027-12-01T00:00Z"},
+            ("until", "must be at most 366d ahead, got '2027-12-01T00:00Z'"),
+        ),
+    ],
+    ids=repr,
+)
+def test_a_wait_out_of_its_forms_or_bounds_is_refused_in_words(
+    params: dict[str, Any], problem: tuple[str, str]
+) -> None:
+    assert validate_wait(params, now=NOW)[-1] == problem
+
+
+def test_a_rendered_wait_is_read_as_a_time_or_milliseconds() -> None:
+    assert wait_time({"for": "1.5s"}, NOW) == (None, 1500)
+    until = wait_time({"until": "2026-11-28T13:00:00+01:00"}, NOW)[0]
+    assert until == NOW
+
+
+def test_a_wait_whose_template_rendered_to_no_duration_is_invalid_input() -> None:
+    with pytest.raises(ToolError) as caught:
+        wait_time({"for": "later"}, NOW)
+    assert (caught.value.code, caught.value.retryable) == ("invalid_input", False)
+    assert caught.value.message.startswith("for must be a duration")
+
+
+def test_a_wait_woken_completes_at_no_cost() -> None:
+    result = wait({"for": "1s"}, context())
+    assert set(result.output) == {"woke_at"}
+    assert result.cost is None
 
 
 # --------------------------------------------------------------------------- noop, echo

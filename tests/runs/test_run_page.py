@@ -17,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from runs import runpage, services
+from runs import runpage, services, svg
 from runs.engine.start import run_start
 from runs.materialize import add_handler_rows
 from runs.models import Run, RunEvent, Step
@@ -209,6 +209,40 @@ def test_the_timeline_shows_queue_wait_backoff_and_attempts() -> None:
         ("run", 3.0, 4.5, "completed"),
     ]
     assert gantt.span == 4.5
+
+
+def test_the_time_a_step_waited_parked_is_its_own_bar_before_the_attempt_that_ran() -> None:
+    run = started(factories.plan(steps=1))
+    held = Step.objects.get(run=run)
+    t0 = timezone.now()
+    Step.objects.filter(pk=held.pk).update(dispatched_at=t0)
+
+    def event(source: str, target: str, seconds: float, **payload: Any) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO runs_runevent (run_id, attempt_number, entity, entity_id, kind,"
+                " from_status, to_status, actor, message, payload, created_at)"
+                " VALUES (%s, 1, 'step', %s, 'transition', %s, %s, 'w', '', %s, %s)",
+                [run.pk, str(held.pk), source, target, json.dumps(payload),
+                 t0 + timedelta(seconds=seconds)],
+            )  # fmt: skip
+
+    # Claimed at 1 s and parked at once (a rate limit's line, a timer: its event names
+    # `until`), claimed again at 4 s, when its tool ran for half a second.
+    event("pending", "running", 1.0, attempt=1)
+    event("running", "pending", 1.0, attempt=1, rate_limit="openai", until="...")
+    event("pending", "running", 4.0, attempt=1)
+    event("running", "completed", 4.5, attempt=1)
+
+    [row] = runpage.run_gantt(run, now=t0 + timedelta(seconds=10)).rows
+
+    shape = [(s.kind, s.start, s.end) for s in row.segments]
+    assert shape == [("queue", 0.0, 1.0), ("wait", 1.0, 4.0), ("run", 4.0, 4.5)]
+    Step.objects.filter(pk=held.pk).update(waited_ms=3000)
+    assert "attempt(s), waited 3 s</title>" in svg.graph_svg(runpage.run_graph(run))
+    assert 'class="seg wait"' in svg.gantt_svg(
+        runpage.run_gantt(run, now=t0 + timedelta(seconds=10))
+    )
 
 
 def test_the_plan_is_shown_whole_when_small_and_cut_when_big(operator: Client) -> None:

@@ -105,7 +105,15 @@ BEGIN
             UPDATE runs_step AS s
             SET status = 'running',
                 attempts = s.attempts + 1,
-                started_at = COALESCE(s.started_at, p_now),
+                -- A step that was parked (waiting_reason: a rate limit's line, a timer)
+                -- starts now: started_at is the attempt's that runs the tool, and the
+                -- time parked since it went back to pending is added to waited_ms.
+                started_at = CASE WHEN s.waiting_reason <> '' THEN p_now
+                                  ELSE COALESCE(s.started_at, p_now) END,
+                waited_ms = s.waited_ms + CASE WHEN s.waiting_reason <> '' THEN
+                    GREATEST(0, floor(EXTRACT(EPOCH FROM (p_now - s.status_changed_at))
+                                      * 1000))::bigint
+                    ELSE 0 END,
                 status_changed_at = p_now,
                 lease_expires_at = p_now + make_interval(secs => p_lease),
                 next_run_at = NULL,

@@ -413,7 +413,7 @@ def test_a_callback_after_the_run_was_cancelled_is_closed(engine_run: Start) -> 
 
 
 # --------------------------------------------------------------------------- polls
-POLL = {"name": "watch", "tool": "poll", "params": {
+POLL: dict[str, Any] = {"name": "watch", "tool": "poll", "params": {
     "url": "https://status.example/job/1", "interval": 2, "max_attempts": 3,
     "done_when": "${response.body.state} == 'done'",
     "failed_when": "${response.body.state} == 'broken'",

@@ -1,0 +1,96 @@
+"""A durable wait outlives its worker: a `wait` step parked on its timer is woken by a
+worker started after the one that parked it was stopped, at its time and never before.
+
+The worker here is this module's own (the session's would answer for it), started with
+`RATE_LIMIT_MAX_COUNTDOWN_S=2`: the wait of 8 s is carried by wake-ups of at most 2 s,
+each sending the next (docs/engine.md, "Timers"), as a wait of days is carried by
+wake-ups of at most five minutes."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from pytest_django.fixtures import Settings
+
+from config.celery import WORKER_QUEUES, app
+from runs.models import Step
+from runs.states import RunStatus
+from tests.integration.engine_support import assert_books_balanced, submit, wait_for
+from tests.integration.timer_support import parked, waits_plan, wake_of
+from tests.support import Child, child_env, wait_until, worker_cmd
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+WAIT_S = 8.0
+LATE_S = 3.0
+
+
+class Worker:
+    """Real workers of this test, one at a time."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.current: Child | None = None
+        self.started = 0
+
+    def start(self) -> None:
+        self.started += 1
+        hostname = f"timers-{uuid.uuid4().hex[:8]}@localhost"
+        child = Child(
+            worker_cmd(hostname, ",".join(WORKER_QUEUES)),
+            child_env(RATE_LIMIT_MAX_COUNTDOWN_S="2"),
+            self.directory / f"worker-{self.started}.log",
+        )
+        self.current = child
+
+        def answered() -> bool:
+            if not child.alive():
+                raise AssertionError(f"worker exited early:\n{child.output()}")
+            replies = app.control.ping(destination=[hostname], timeout=0.5) or []
+            return any(hostname in reply for reply in replies)
+
+        wait_until(answered, timeout=60, what="the test's worker to answer a ping")
+
+    def stop(self) -> None:
+        if self.current is not None:
+            self.current.stop(timeout=20)  # a warm shutdown, as a deployment restarts it
+            self.current.kill_group()
+            self.current = None
+
+
+@pytest.fixture
+def worker(tmp_path: Path, settings: Settings) -> Iterator[Worker]:
+    settings.ORCHESTRATOR_DISPATCH_ENABLED = True  # this test's own worker executes
+    workers = Worker(tmp_path)
+    workers.start()
+    try:
+        yield workers
+    finally:
+        workers.stop()
+
+
+def test_a_wait_survives_a_restart_of_its_worker_and_wakes_at_its_time(worker: Worker) -> None:
+    run = submit(waits_plan(1, WAIT_S, then=1))
+    (step,) = parked(run, 1)
+    wake = wake_of(step)
+
+    worker.stop()
+    assert Step.objects.get(pk=step.pk).waiting_reason == "timer"  # parked in PostgreSQL
+    worker.start()
+
+    done = wait_for(run, timeout=WAIT_S + 60)
+    assert done.status == RunStatus.COMPLETED
+    woken = Step.objects.get(pk=step.pk)
+    assert woken.started_at is not None
+    assert woken.started_at >= wake  # never early
+    assert woken.started_at - wake < timedelta(seconds=LATE_S)
+    assert woken.attempts == 1
+    assert_books_balanced(done)
+    # Its wake-ups (none longer than 2 s) sent the next ones, then the step's message.
+    assert worker.current is not None
+    output = worker.current.output()
+    assert ": 'again'" in output or ": 'sent'" in output

@@ -38,6 +38,7 @@ KINDS = (
     "replan",
     "keyed",
     "rate_limited",
+    "timer",
 )
 
 # What each kind ends as when no one cancels it.
@@ -59,6 +60,8 @@ EXPECTED = {
     # One run per shard at a time (its concurrency key); the others wait their turn.
     "keyed": "completed",
     "rate_limited": "completed",
+    # A durable wait between two effects: parked in PostgreSQL, woken by its message.
+    "timer": "completed",
     # make chaos-net's: an effect whose service answers after ~20 s (SLOW_EFFECT_S).
     "slow": "completed",
 }
@@ -323,6 +326,10 @@ def plan_for(kind: str, index: int, url: str, rng: random.Random) -> dict[str, A
         steps = [effect(f"e{i}", url) | {"rate_limits": uses} for i in range(rng.randint(3, 8))]
         task = {"name": "limited", "mode": "parallel", "max_concurrent_steps": 4, "steps": steps}
         return _run(name, [_agent([task])], variables={"tier": index % 2})
+    if kind == "timer":
+        timer = {"name": "timer", "tool": "wait", "params": {"for": f"{rng.randint(1, 4)}s"}}
+        steps = [effect("e1", url), timer, effect("e2", url)]
+        return _run(name, [_agent([{"name": "timed", "steps": steps}])])
     if kind == "slow":
         steps = [effect("slow", url, hold=SLOW_EFFECT_S), effect("after", url)]
         return _run(name, [_agent([{"name": "slow", "steps": steps}])])

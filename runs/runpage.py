@@ -63,6 +63,7 @@ class Node:
     y: int = 0
     attempts: int = 0  # steps: attempts made; agents and tasks: times retried
     handler: bool = False  # an on_error or on_callback step
+    borrowed: str = ""  # a step completed without running: "reused" or "cached"
     compact: bool = False
     dependents: list[str] = field(default_factory=list)
     after: int | None = None  # a handler step: the step it handles
@@ -310,18 +311,21 @@ def run_graph(run: Run, step_count: int | None = None) -> Graph:
         step_rows = list(
             Step.objects.filter(run=run, attempt_number=attempt).values_list(
                 "id", "task_id", "name", "status", "position", "attempts", "dependents",
-                "generation", "handler_for_id", "callback_for_id",
+                "generation", "handler_for_id", "callback_for_id", "reused_from", "cached_from",
             )
         )  # fmt: skip
         latest_step_gen: dict[int, int] = {}
         for row in step_rows:
             latest_step_gen[row[1]] = max(latest_step_gen.get(row[1], 0), row[7])
-        for pk, task_id, name, status, position, attempts, deps, gen, handles, calls in step_rows:
+        for (pk, task_id, name, status, position, attempts, deps, gen, handles, calls, reused,
+             cached) in step_rows:  # fmt: skip
             if gen != latest_step_gen[task_id]:
                 continue
             after = handles or calls
+            borrowed = "reused" if reused else "cached" if cached else ""
             node = Node("step", pk, name, status, position, attempts=attempts,
-                        handler=after is not None, after=after, dependents=list(deps))  # fmt: skip
+                        handler=after is not None, after=after, dependents=list(deps),
+                        borrowed=borrowed)  # fmt: skip
             steps_of[task_id].append(node)
             if after is not None:
                 handlers_after[after].append(node)

@@ -45,8 +45,10 @@ def _badge(node: Node) -> str:
 
 
 def _step(node: Node) -> str:
-    title = escape(f"{node.name}: {node.status}, {node.attempts} attempt(s)")
+    borrowed = f", {node.borrowed}: not run, not charged" if node.borrowed else ""
+    title = escape(f"{node.name}: {node.status}, {node.attempts} attempt(s){borrowed}")
     classes = f"node step st-{node.status}" + (" handler" if node.handler else "")
+    classes += f" {node.borrowed}" if node.borrowed else ""
     classes += " cell" if node.compact else ""
     head = (
         f'<g id="{node.dom_id}" class="{classes}" data-status="{node.status}">'

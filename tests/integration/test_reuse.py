@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 
 from billing.models import LedgerEntry, Organization
 from billing.services import api_key_create
+from runs import approvals, services
 from runs.models import RunAttempt, RunEvent, Step
 from runs.runpage import run_graph
 from runs.svg import graph_svg
@@ -266,3 +267,47 @@ def test_a_cache_hit_does_not_call_the_tool_and_is_charged_nothing(
     assert calls(http_server, "/price") == 3
     for run in (first, second, other, third):
         assert_books_balanced(run)
+
+
+def test_a_retry_with_reuse_does_not_ask_again_for_an_approval_given(
+    celery_worker: str, http_server: HttpServer
+) -> None:
+    http_server.respond("/after", status=404, times=1)
+    http_server.respond("/after", json={"n": 1})
+    signed = {
+        "name": "signed",
+        "agents": [
+            {
+                "name": "a",
+                "tasks": [
+                    {
+                        "name": "t",
+                        "steps": [
+                            factories.step("sign", "approval"),
+                            factories.step(
+                                "after", "http", params={"url": f"{http_server.url}/after"},
+                                retry=ONCE,
+                            ),
+                        ],
+                    }
+                ],
+            }
+        ],
+    }  # fmt: skip
+    run = submit(signed)
+    wait_for(run, ("waiting_approval",))
+    approvals.run_approve(run_id=run.pk, comment="fine")
+    assert wait_for(run).status == "failed"
+    first = steps_of(run)
+
+    services.run_retry(run_id=run.pk, reuse="completed")
+    done = wait_for(run)
+
+    assert done.status == "completed", done.last_error
+    second = steps_of(run)
+    assert second["sign"].reused_from == {"attempt": 1, "step": first["sign"].pk}
+    assert second["sign"].output == first["sign"].output
+    assert not RunEvent.objects.filter(
+        run=run, attempt_number=2, to_status="waiting_approval"
+    ).exists()
+    assert_books_balanced(run)

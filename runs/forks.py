@@ -9,7 +9,7 @@ downstream of it in a dag, at any level. ``from`` and everything downstream of i
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -18,6 +18,8 @@ from django.db import transaction
 
 from billing.models import Organization
 from billing.services import to_credits
+from common.expressions import parsed
+from common.templates import Template
 from runs import services
 from runs.materialize import wiring
 from runs.models import EventKind, Run
@@ -26,6 +28,8 @@ from runs.reservation import plan_reservation
 from runs.reuse import completed_steps, step_path
 from runs.states import RUN_TERMINAL, InvalidTransition
 from runs.transitions import record_event
+
+_ABSENT = object()
 
 
 class InvalidFork(Exception):
@@ -111,12 +115,35 @@ def _same(old: StepPlan, new: StepPlan) -> bool:
     return (old.tool, old.params, old.depends_on) == (new.tool, new.params, new.depends_on)
 
 
+def _texts(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _texts(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _texts(item)
+
+
+def _reads(step: StepPlan, variables: set[str]) -> bool:
+    """Whether the step's parameters or condition read one of ``variables`` (or all of
+    them): its output came from values the fork changes."""
+    references = [ref for text in _texts(step.params) for ref in Template.parse(text).references]
+    if step.when:
+        references += parsed(step.when).references
+    return any(
+        ref[0] == "variables" and (len(ref) == 1 or ref[1] in variables) for ref in references
+    )
+
+
 def fork_of(
     source: Run, from_path: str, plan: dict[str, Any] | None, variables: dict[str, Any] | None
 ) -> Fork:
     """What a fork of ``source`` from ``from_path`` would be (nothing written). With
     ``plan``, every step it would reuse must be unchanged there (same path, tool, params
-    and dependencies); ``variables`` are laid over the plan's."""
+    and dependencies); ``variables`` are laid over the plan's, and a step it would reuse
+    must not read one whose value changes."""
     if source.status not in RUN_TERMINAL:
         raise InvalidTransition("run", source.status, "forked", "only an ended run can be forked")
     raw = dict(plan if plan is not None else source.plan)
@@ -129,12 +156,19 @@ def fork_of(
     done = completed_steps(source, source.attempt_number)
     old_steps, new_steps = _steps(services.plan_of(source)), _steps(new)
     reuse = {path: found for path, found in done.items() if path not in again}
+    old_variables = source.variables or {}
+    moved = {
+        name
+        for name in {*old_variables, *new.variables}
+        if old_variables.get(name, _ABSENT) != new.variables.get(name, _ABSENT)
+    }
     changed = [
         path
         for path in reuse
         if path not in new_steps
         or path not in old_steps
         or not _same(old_steps[path], new_steps[path])
+        or (moved and _reads(new_steps[path], moved))
     ]
     if changed:
         raise InvalidFork(

@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 from billing.models import LedgerEntry, Organization
 from billing.services import api_key_create
 from runs import approvals, services
-from runs.models import RunAttempt, RunEvent, Step
+from runs.models import Run, RunAttempt, RunEvent, Step
 from runs.runpage import run_graph
 from runs.svg import graph_svg
 from tests import factories
@@ -186,6 +186,24 @@ def test_a_fork_with_an_edited_plan_runs_only_from_its_step_on(
     assert refused.status_code == 400
     assert refused.json()["code"] == "invalid_fork"
     assert refused.json()["details"] == {"paths": ["a.t.one"]}
+    # A step it would reuse reads a variable the fork changes: its output would differ.
+    reads = five_steps(http_server.url)
+    reads["variables"] = {"v": 1}
+    reads["agents"][0]["tasks"][0]["steps"][0]["params"]["url"] += "?v=${variables.v}"
+    Run.objects.filter(pk=source.pk).update(plan=reads, variables={"v": 1})
+    moved = client.post(
+        f"/api/v1/runs/{source.pk}/fork",
+        {"from": "a.t.three", "variables": {"v": 2}, "dry_run": True},
+        format="json",
+    )
+    assert (moved.status_code, moved.json()["details"]) == (400, {"paths": ["a.t.one"]})
+    kept = client.post(
+        f"/api/v1/runs/{source.pk}/fork",
+        {"from": "a.t.three", "variables": {"v": 1}, "dry_run": True},
+        format="json",
+    )
+    assert kept.status_code == 200, kept.json()
+    Run.objects.filter(pk=source.pk).update(plan=five_steps(http_server.url), variables={})
     unknown = client.post(f"/api/v1/runs/{source.pk}/fork", {"from": "a.t.nine"}, format="json")
     assert (unknown.status_code, unknown.json()["code"]) == (400, "invalid_fork")
 

@@ -90,8 +90,11 @@ class RunForkApi(ApiView):
         waits for it run. 400 `invalid_fork`: no such step, or a step it would reuse
         changed in the plan (`details.paths`); 409 `invalid_transition` for a run that has
         not ended."""
-        data = validated(ForkInput, request.data)
         client = client_of(request)
+        # Another organization's run is not found, whatever the body (as for every
+        # route of a run): looked up before the body is read.
+        selectors.run_get(organization=client.organization, run_id=run_id)
+        data = validated(ForkInput, request.data)
         if data["dry_run"]:
             fork = forks.fork_preview(
                 run_id=run_id,

@@ -53,6 +53,7 @@ from common.filters import Problems, QueryInvalid
 from runs.admission import TooManyPendingRuns
 from runs.callbacks import CallbackNotFound
 from runs.escalations import EscalationNotFound, EscalationResolved, ReplanLimitReached
+from runs.forks import InvalidFork
 from runs.plan import PlanInvalid, errors_as_dicts
 from runs.runners import DuplicateRunner, NotJobOwner, RunnerJobNotFound, RunnerNotFound
 from runs.services import AttemptsExhausted, RunDeleted, RunNotFound, StepNotFound
@@ -120,6 +121,7 @@ def _plan_message(exc: PlanInvalid) -> str:
 # exception type -> (status, details, message); the code is the exception's own `code`.
 DOMAIN_ERRORS: dict[type[Exception], tuple[int, Callable[[Any], Any], Callable[[Any], str]]] = {
     PlanInvalid: (400, lambda exc: errors_as_dicts(exc.errors), _plan_message),
+    InvalidFork: (400, lambda exc: {"paths": exc.paths}, str),
     InvalidTransition: (409, _transition_details, str),
     InsufficientCredits: (402, _credit_details, str),
     AttemptsExhausted: (409, lambda exc: None, str),
@@ -327,6 +329,8 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     "path, in `details`), `invalid_json`, `invalid_yaml` (a YAML body of `POST /runs` or "
     "`/schedules`), "
     "`invalid_plan` (every problem of the plan with its path in `details`), "
+    "`invalid_fork` (a fork's `from` names no step, or a step it would reuse changed: "
+    "`details.paths`), "
     "`invalid_idempotency_key`",
     401: "`not_authenticated` (no key) or `authentication_failed` (unknown, malformed or "
     "revoked key)",

@@ -71,7 +71,10 @@ def paginate_counted(
     the page) and the page's rows. An empty page past the first is a 404, as ever."""
     size = page_size_for(page_size)
     number = page or 1
-    count, rows = read(size, (number - 1) * size)
+    offset = (number - 1) * size
+    if offset > MAX_BIGINT:  # no table holds that many rows; PostgreSQL would refuse it
+        raise NotFound(f"page {number} does not exist")
+    count, rows = read(size, offset)
     if not rows and number > 1:
         raise NotFound(f"page {number} does not exist")
     count = count or 0

@@ -310,6 +310,14 @@ class RunDetailOutput(RunOutput):
     counts = CountsOutput(help_text="The current attempt's agents, tasks and steps by status.")
     progress = ProgressOutput()
     children = ChildRunOutput(many=True, help_text="The runs its `run` steps started.")
+    forked_from = serializers.JSONField(
+        allow_null=True,
+        help_text="A fork (`POST /runs/{id}/fork`): `{run, step}`, the run it was forked "
+        "from and the step it runs again from; null otherwise.",
+    )
+    forks = serializers.ListField(
+        child=serializers.UUIDField(), help_text="The runs forked from this one, oldest first."
+    )
     outputs = serializers.DictField(
         child=serializers.JSONField(),
         required=False,
@@ -337,6 +345,12 @@ class RunDetailOutput(RunOutput):
             "percent": summary.percent,
         }
         data["children"] = [ChildRunOutput._row(child, utc=utc) for child in instance.children]
+        data["forked_from"] = (
+            {"run": str(run.forked_from_run_id), "step": run.forked_from_step}
+            if run.forked_from_run_id is not None
+            else None
+        )
+        data["forks"] = [str(fork) for fork in getattr(run, "fork_ids", None) or ()]
         if instance.outputs is not None:
             data["outputs"] = instance.outputs.values
             data["outputs_truncated"] = instance.outputs.truncated
@@ -425,6 +439,16 @@ class StepOutput(FastOutput):
     error = serializers.JSONField(allow_null=True, help_text="`{code, message, retryable}`.")
     handled = serializers.BooleanField(help_text="Failed, but its on_error handlers succeeded.")
     cost = credits_field("Credits charged for this step.")
+    reused_from = serializers.JSONField(
+        allow_null=True,
+        help_text="Completed without running, with the output of an earlier attempt's step "
+        "(a retry with `reuse`, a fork): `{attempt, step}`; null otherwise.",
+    )
+    cached_from = serializers.JSONField(
+        allow_null=True,
+        help_text="Completed without running, with the output of a step of the step cache "
+        "(its plan's `cache`): `{run, step}`; null otherwise.",
+    )
     created_at = serializers.DateTimeField()
     started_at = serializers.DateTimeField(allow_null=True)
     completed_at = serializers.DateTimeField(allow_null=True)

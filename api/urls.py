@@ -9,6 +9,7 @@ from api import callbacks as callback_api
 from api import escalations as escalation_api
 from api import index, streams, views
 from api import ratelimits as rate_limit_api
+from api import reuse as reuse_api
 from api import runners as runner_api
 from api import schedules as schedule_api
 from api import webhooks as webhook_api
@@ -25,6 +26,8 @@ urlpatterns = [
     path("runs/<uuid:run_id>/pause", views.RunPauseApi.as_view(), name="run-pause"),
     path("runs/<uuid:run_id>/resume", views.RunResumeApi.as_view(), name="run-resume"),
     path("runs/<uuid:run_id>/retry", views.RunRetryApi.as_view(), name="run-retry"),
+    path("runs/<uuid:run_id>/fork", reuse_api.RunForkApi.as_view(), name="run-fork"),
+    path("cache/invalidate", reuse_api.CacheInvalidateApi.as_view(), name="cache-invalidate"),
     path("runs/<uuid:run_id>/approve", views.RunApproveApi.as_view(), name="run-approve"),
     path("runs/<uuid:run_id>/reject", views.RunRejectApi.as_view(), name="run-reject"),
     path("runs/<uuid:run_id>/agents", views.RunAgentsApi.as_view(), name="run-agents"),

@@ -76,6 +76,7 @@ from runs import approvals, selectors, services
 from runs.approvals import ApprovalResult
 from runs.engine.start import run_start
 from runs.filters import AgentFilter, EventFilter, StepFilter, TaskFilter
+from runs.reuse import REUSE_CHOICES
 from schedules import selectors as schedule_selectors
 from schedules.filters import ScheduledRunFilter
 
@@ -435,14 +436,33 @@ class RunResumeApi(ApiView):
 
 
 class RunRetryApi(ApiView):
-    @action_schema("Retry a failed run", operation_id="runs_retry", errors=(402,))
+    class RetryInput(InputSerializer):
+        """What the new attempt takes from the one that ended."""
+
+        reuse = serializers.ChoiceField(
+            choices=REUSE_CHOICES,
+            required=False,
+            default="none",
+            help_text="`none`: every step runs again. `completed`: the steps the ended "
+            "attempt completed are taken as completed, with their output (`reused_from`), "
+            "neither run nor charged again; the reservation covers the rest.",
+        )
+
+    @action_schema(
+        "Retry a failed run", request=RetryInput, operation_id="runs_retry", errors=(402,)
+    )
     @idempotent
     def post(self, request: Request, run_id: UUID) -> Response:
         """FAILED -> RETRYING: a new attempt with a new reservation (402 without enough);
         409 `attempts_exhausted` once `max_attempts` are used."""
-        validated(EmptyInput, request.data)
+        data = validated(self.RetryInput, request.data)
         client = client_of(request)
-        services.run_retry(run_id=run_id, organization=client.organization, actor=client.actor)
+        services.run_retry(
+            run_id=run_id,
+            organization=client.organization,
+            actor=client.actor,
+            reuse=data["reuse"],
+        )
         return detail_response(request, run_id)
 
 

@@ -58,6 +58,7 @@ from common.text import storable_text, unstorable_string
 from common.tools import registry
 from common.tools.base import Tool, ToolContext, ToolError
 from orchestrator import rate_limit_asks, step_spans
+from orchestrator.borrowing import borrowed, remember
 from orchestrator.context import StepContext
 from orchestrator.heartbeat import Held, hand_back, lease_keeper
 from orchestrator.transport import CeleryTransport, serving
@@ -143,11 +144,15 @@ def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
             logcontext.add(attempt=attempt)
             began = time.monotonic()
             with step_spans.attempt(step, attempt) as span:
-                verdict, refusal = rate_limit_asks.ask(step, attempt, span)
-                if verdict == rate_limit_asks.WAIT:
-                    return "waiting"
+                borrowing = borrowed(step, attempt)
+                refusal = borrowing.outcome
+                if refusal is None:
+                    verdict, refusal = rate_limit_asks.ask(step, attempt, span)
+                    if verdict == rate_limit_asks.WAIT:
+                        return "waiting"
                 outcome = refusal or run_attempt(step, attempt)
                 applied, _ = _record(step, attempt, outcome)
+                remember(step, borrowing, outcome, applied)
                 step_spans.finished(span, step, outcome, applied)
             _measure(step, outcome, time.monotonic() - began, applied)
         finally:
@@ -269,10 +274,14 @@ class _Server:
         ):
             began = time.monotonic()
             with step_spans.attempt(step, attempt) as span:
-                verdict, refusal = rate_limit_asks.ask(step, attempt, span)
-                if verdict == rate_limit_asks.WAIT:
-                    self.confirmed = False  # no recording: the batch's next asks first
-                    return True  # it waits for its units without this worker: serve on
+                # A reused or cached output: no rate limit spent, no tool run.
+                borrowing = borrowed(step, attempt)
+                refusal = borrowing.outcome
+                if refusal is None:
+                    verdict, refusal = rate_limit_asks.ask(step, attempt, span)
+                    if verdict == rate_limit_asks.WAIT:
+                        self.confirmed = False  # no recording: the batch's next asks first
+                        return True  # it waits for its units without this worker: serve on
                 outcome = refusal or run_time_limited(step, attempt, hard_limits=self.hard_limits)
                 self.served += 1
                 now = time.monotonic()
@@ -282,6 +291,7 @@ class _Server:
                     claim = self.claim(choose=now >= until, batch=self.batch(now - began))
                 with serving(str(run_id)):
                     applied, after = _record(step, attempt, outcome, claim)
+                remember(step, borrowing, outcome, applied)
                 step_spans.finished(span, step, outcome, applied)
             self.next, self.chosen, self.confirmed = after.claimed, after.chosen, after.running
             if after.held:

@@ -697,9 +697,80 @@ def runs_resume(run_id: RunArgument, as_json: JsonOption = False) -> None:
 
 @runs_app.command("retry")
 @guarded
-def runs_retry(run_id: RunArgument, as_json: JsonOption = False) -> None:
+def runs_retry(
+    run_id: RunArgument,
+    reuse_completed: Annotated[
+        bool,
+        typer.Option(
+            "--reuse-completed",
+            help="Take the steps the failed attempt completed as done: not run, not charged.",
+        ),
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
     """Retry a failed run: a new attempt with a new reservation."""
-    _control(run_id, as_json, lambda api: api.retry_run(run_id))
+    reuse = "completed" if reuse_completed else None
+    _control(run_id, as_json, lambda api: api.retry_run(run_id, reuse=reuse))
+
+
+@runs_app.command("fork")
+@guarded
+def runs_fork(
+    run_id: RunArgument,
+    from_step: Annotated[
+        str,
+        typer.Option(
+            "--from", help="The step (agent.task.step) it runs again from.", show_default=False
+        ),
+    ],
+    plan_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--plan",
+            exists=True,
+            dir_okay=False,
+            readable=True,
+            help="An edited plan (JSON): the steps it reuses must be unchanged.",
+        ),
+    ] = None,
+    variables: Annotated[
+        str | None, typer.Option("--variables", help="A JSON object laid over the variables.")
+    ] = None,
+    start: Annotated[bool, typer.Option("--start/--no-start", help="Start the fork.")] = True,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show what it would reuse and run; create nothing.")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Fork an ended run from a step: what came before it and completed is reused."""
+    out = Output(as_json)
+    plan = _json_object(PlanFile.read(plan_file).text, "--plan") if plan_file else None
+    values = _json_object(variables, "--variables") if variables is not None else None
+    with client() as api:
+        if dry_run:
+            preview = api.fork_preview(run_id, from_step, plan=plan, variables=values)
+            if as_json:
+                out.json(preview)
+                return
+            out.line(f"reuse: {', '.join(preview['reuse']) or '-'}")
+            out.line(f"run: {', '.join(preview['run']) or '-'}")
+            out.line(f"reservation: {preview['reservation']}")
+            return
+        run = api.fork_run(run_id, from_step, plan=plan, variables=values, start=start)
+    if as_json:
+        out.json(run)
+    else:
+        out.line(f"run {run['id']} forked from {run_id} at {from_step}: {run['status']}")
+
+
+def _json_object(text: str, option: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise typer.BadParameter(f"not JSON: {exc}", param_hint=option) from None
+    if not isinstance(value, dict):
+        raise typer.BadParameter("must be a JSON object", param_hint=option)
+    return value
 
 
 StepOption = Annotated[

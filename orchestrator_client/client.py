@@ -58,6 +58,7 @@ from orchestrator_client.types import (
     Decision,
     Escalation,
     Event,
+    ForkPreview,
     LedgerEntry,
     Organization,
     Page,
@@ -465,8 +466,44 @@ class Client:
     def resume_run(self, run_id: str, *, idempotency_key: str | None = None) -> RunDetail:
         return self._action(run_id, "resume", None, idempotency_key)
 
-    def retry_run(self, run_id: str, *, idempotency_key: str | None = None) -> RunDetail:
-        return self._action(run_id, "retry", None, idempotency_key)
+    def retry_run(
+        self, run_id: str, *, reuse: str | None = None, idempotency_key: str | None = None
+    ) -> RunDetail:
+        """A new attempt of a failed run; ``reuse="completed"``: the steps the ended one
+        completed are taken as completed, neither run nor charged again."""
+        return self._action(run_id, "retry", {"reuse": reuse}, idempotency_key)
+
+    def fork_run(
+        self,
+        run_id: str,
+        from_step: str,
+        *,
+        plan: Mapping[str, Any] | None = None,
+        variables: Mapping[str, Any] | None = None,
+        start: bool = True,
+        idempotency_key: str | None = None,
+    ) -> RunDetail:
+        """A new run of an ended one, run again from ``from_step`` (`agent.task.step`):
+        what came before it and completed is reused. ``plan``: an edited plan."""
+        body = {"from": from_step, "plan": plan, "variables": variables, "start": start}
+        path = f"runs/{_id(run_id)}/fork"
+        return cast(RunDetail, self._post(path, body, idempotency_key=idempotency_key))
+
+    def fork_preview(
+        self,
+        run_id: str,
+        from_step: str,
+        *,
+        plan: Mapping[str, Any] | None = None,
+        variables: Mapping[str, Any] | None = None,
+    ) -> ForkPreview:
+        """What ``fork_run`` would reuse, run and reserve (a dry run: nothing created)."""
+        body = {"from": from_step, "plan": plan, "variables": variables, "dry_run": True}
+        return cast(ForkPreview, self._post(f"runs/{_id(run_id)}/fork", body))
+
+    def invalidate_cache(self, key: str) -> int:
+        """Drop the organization's step cache entries of ``key``; how many there were."""
+        return int(self._post("cache/invalidate", {"key": key})["invalidated"])
 
     def approve(
         self,

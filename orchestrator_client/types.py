@@ -114,8 +114,18 @@ class RunDetail(Run):
     counts: Counts
     progress: Progress
     children: list[ChildRun]
+    forked_from: dict[str, Any] | None  # a fork: {"run", "step"}
+    forks: list[str]  # the runs forked from this one
     outputs: NotRequired[dict[str, Any]]
     outputs_truncated: NotRequired[bool]
+
+
+class ForkPreview(TypedDict):
+    """A fork's dry run: the steps it would reuse and run, and what it would reserve."""
+
+    reuse: list[str]
+    run: list[str]
+    reservation: str
 
 
 class Decision(TypedDict):
@@ -191,6 +201,8 @@ class Step(TypedDict):
     error: dict[str, Any] | None
     handled: bool
     cost: str
+    reused_from: dict[str, Any] | None  # completed with an earlier attempt's output
+    cached_from: dict[str, Any] | None  # completed from the step cache
     created_at: str
     started_at: str | None
     completed_at: str | None

@@ -9,6 +9,7 @@ from django.db.models import Count, Exists, F, IntegerField, OuterRef, Q, QueryS
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from billing.models import EntryType, LedgerEntry
 from common.invariants import LIMIT, invariant
 from runs.models import (
     Agent,
@@ -267,3 +268,20 @@ def escalations_consistent() -> list[str]:
         "run {pk}: a re-plan is asked for but the run does not wait for it",
     )
     return problems
+
+
+@invariant(
+    "runs.borrowed_steps_uncharged",
+    "a step completed with a reused or cached output ran no tool: it costs nothing and the "
+    "ledger holds no charge for it",
+)
+def borrowed_steps_uncharged() -> list[str]:
+    charges = LedgerEntry.objects.filter(step_id=OuterRef("pk"), type=EntryType.CHARGE)
+    charged = Step.objects.filter(
+        Q(reused_from__isnull=False) | Q(cached_from__isnull=False),
+        Q(cost__gt=0) | Exists(charges),
+    )
+    return [
+        f"step {pk} (run {run_id}): reused or cached, yet charged"
+        for pk, run_id in charged.values_list("pk", "run_id")[:LIMIT]
+    ]

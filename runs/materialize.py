@@ -7,7 +7,8 @@ run to RUNNING. Rows are bulk-inserted: a 5,000-step plan is a handful of statem
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from django.db.models import F
 
@@ -93,6 +94,7 @@ def step_row(
     position: int,
     wired: tuple[int, list[str]],
     generation: int = 0,
+    reused_from: dict[str, Any] | None = None,
 ) -> Step:
     return Step(
         run=run,
@@ -112,6 +114,8 @@ def step_row(
         depends_on=list(plan.depends_on),
         pending_dependencies=wired[0],
         dependents=wired[1],
+        reused_from=reused_from,
+        cache=plan.cache.stored() if plan.cache is not None else None,
     )
 
 
@@ -161,16 +165,36 @@ def task_rows(run: Run, agent: Agent, plan: AgentPlan, generation: int = 0) -> l
     ]
 
 
-def step_rows(run: Run, task: Task, plan: TaskPlan, generation: int = 0) -> list[Step]:
+def step_rows(
+    run: Run,
+    task: Task,
+    plan: TaskPlan,
+    generation: int = 0,
+    reuse: Mapping[str, dict[str, Any]] | None = None,
+) -> list[Step]:
+    """The task's steps; ``reuse``: the run's steps (by path) that take an earlier step's
+    output instead of running (``Run.reuse``, runs.reuse)."""
     wired = wire_children(plan.mode, plan.steps)
+    prefix = f"{task.agent.name}.{task.name}." if reuse else ""
     return [
-        step_row(run, task, step_plan, index, wired[index], generation)
+        step_row(
+            run,
+            task,
+            step_plan,
+            index,
+            wired[index],
+            generation,
+            reuse.get(prefix + step_plan.name) if reuse else None,
+        )
         for index, step_plan in enumerate(plan.steps)
     ]
 
 
 def materialize(run: Run, attempt: RunAttempt, plan: Plan) -> list[Agent]:
-    return add_agents(run, attempt, plan.agents, wire_children(plan.mode, plan.agents))
+    """The attempt's rows; the steps ``Run.reuse`` names complete with their earlier
+    output when they come to run, without running (docs/engine.md)."""
+    wired = wire_children(plan.mode, plan.agents)
+    return add_agents(run, attempt, plan.agents, wired, reuse=run.reuse)
 
 
 def add_agents(
@@ -179,6 +203,7 @@ def add_agents(
     plans: Sequence[AgentPlan],
     wired: Sequence[tuple[int, list[str]]],
     first_position: int = 0,
+    reuse: Mapping[str, dict[str, Any]] | None = None,
 ) -> list[Agent]:
     """Create ``plans``' agents (wired as given), their tasks and their steps in the
     attempt, positioned from ``first_position`` (a re-plan adds agents after the rest)."""
@@ -200,7 +225,7 @@ def add_agents(
         (
             step
             for task, task_plan in zip(tasks, task_plans, strict=True)
-            for step in step_rows(run, task, task_plan)
+            for step in step_rows(run, task, task_plan, reuse=reuse)
         ),
     )
     return agents

@@ -131,6 +131,16 @@ class Run(Timestamps):
     # A step of its plan spends rate limits: its end gives back what they reserved
     # (runs.step_admission); False spares every other run that work.
     rate_limited = models.BooleanField(default=False, db_default=False)
+    # What its next attempt takes as completed without running it (runs.reuse): the
+    # steps, by path (`agent.task.step`), each `{"attempt": N, "step": ID}` of the step
+    # whose output it reuses. Set by a retry with `reuse` and by a fork; empty otherwise.
+    reuse = models.JSONField(default=dict, blank=True, db_default={})
+    # A fork (runs.reuse.run_fork): the run it was forked from, and the step from which
+    # it runs again; the source lists its forks (``forks``).
+    forked_from_run = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks"
+    )
+    forked_from_step = models.CharField(max_length=320, blank=True, db_default="")
 
     class Meta:
         ordering = ["-created_at"]
@@ -411,6 +421,13 @@ class Step(Timestamps):
     # by the attempt's number).
     retry_base_attempts = models.IntegerField(default=0, db_default=0)
     retry_base_failures = models.IntegerField(default=0, db_default=0)
+    # Completed without running (runs.reuse): with the output of an earlier attempt's
+    # step (`{"attempt": N, "step": ID}`, known when the attempt is materialised), or of
+    # a cache entry (`{"run": ID, "step": ID}`, found when it is claimed); null otherwise.
+    reused_from = models.JSONField(null=True, blank=True)
+    cached_from = models.JSONField(null=True, blank=True)
+    # The plan's `cache` (`{"key": template, "ttl_ms": N}`), or null.
+    cache = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["task", "generation", "position"]
@@ -472,6 +489,33 @@ class EventKind(models.TextChoices):
     ESCALATION = "escalation"  # escalated, a ticket acknowledged or resolved, on-call told
     REPLAN = "replan"  # a re-plan asked for, proposed, spawned or failed
     QUEUE = "queue"  # a run waits to start (its queued_reason), or was admitted
+    REUSE = "reuse"  # a step completed with a reused or cached output; a run forked
+
+
+class StepCacheEntry(models.Model):
+    """A completed step whose plan declared `cache`: its output answers the same
+    organization's steps of the same tool and rendered key within their `ttl`
+    (runs.reuse). Written when the step completes by running its tool, never for a
+    reused or cached one; `POST /cache/invalidate` deletes entries by key."""
+
+    id = models.BigAutoField(primary_key=True)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, db_index=False)
+    tool = models.CharField(max_length=64)
+    key = models.CharField(max_length=1000)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+", db_index=False)
+    step = models.ForeignKey("Step", on_delete=models.CASCADE, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name_plural = "step cache entries"
+        indexes = [
+            models.Index(
+                fields=["organization", "key", "tool", "-created_at"], name="stepcache_lookup"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool} {self.key}"
 
 
 class RunEvent(models.Model):

@@ -3,7 +3,7 @@ priced by billing (``billing.pricing``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from decimal import Decimal
 
 from billing.pricing import attempt_estimate, minimum_reservation
@@ -20,21 +20,25 @@ def _step_estimate(step: StepPlan) -> Decimal:
     return attempt_estimate(step.tool) * step.retry.max_attempts + handlers
 
 
-def plan_reservation(plan: Plan) -> Decimal:
+def plan_reservation(plan: Plan, reused: Collection[str] = ()) -> Decimal:
     """The plan's `credits`, or the worst case of its steps: every attempt of every step
-    used, in every level retry its task and agent may make."""
+    used, in every level retry its task and agent may make. ``reused``: the paths of the
+    steps that take an earlier output (``Run.reuse``): they run only in a level retry."""
     if plan.credits is not None:
         return plan.credits
-    return max(agents_reservation(plan.agents), minimum_reservation())
+    return max(agents_reservation(plan.agents, reused), minimum_reservation())
 
 
-def agents_reservation(agents: Iterable[AgentPlan]) -> Decimal:
+def agents_reservation(agents: Iterable[AgentPlan], reused: Collection[str] = ()) -> Decimal:
     """The worst case of these agents' steps (a re-plan reserves this for its agents)."""
     total = Decimal(0)
     for agent in agents:
         agent_runs = LEVEL_RUNS if agent.failure_mode == "retry" else 1
         for task in agent.tasks:
             task_runs = LEVEL_RUNS if task.failure_mode == "retry" else 1
-            steps = sum((_step_estimate(step) for step in task.steps), Decimal(0))
-            total += steps * agent_runs * task_runs
+            runs = agent_runs * task_runs
+            for step in task.steps:
+                # A reused step's first run costs nothing; a level retry runs it again.
+                path = f"{agent.name}.{task.name}.{step.name}"
+                total += _step_estimate(step) * (runs - 1 if path in reused else runs)
     return total

@@ -64,6 +64,7 @@ class Node:
     attempts: int = 0  # steps: attempts made; agents and tasks: times retried
     waited_ms: int = 0  # steps: the time parked (a rate limit's line, a timer)
     handler: bool = False  # an on_error or on_callback step
+    borrowed: str = ""  # a step completed without running: "reused" or "cached"
     compact: bool = False
     dependents: list[str] = field(default_factory=list)
     after: int | None = None  # a handler step: the step it handles
@@ -313,21 +314,22 @@ def run_graph(run: Run, step_count: int | None = None) -> Graph:
         step_rows = list(
             Step.objects.filter(run=run, attempt_number=attempt).values_list(
                 "id", "task_id", "name", "status", "position", "attempts", "dependents",
-                "generation", "handler_for_id", "callback_for_id", "waited_ms",
+                "generation", "handler_for_id", "callback_for_id", "waited_ms", "reused_from",
+                "cached_from",
             )
         )  # fmt: skip
         latest_step_gen: dict[int, int] = {}
         for row in step_rows:
             latest_step_gen[row[1]] = max(latest_step_gen.get(row[1], 0), row[7])
-        for (
-            pk, task_id, name, status, position, attempts, deps, gen, handles, calls, waited
-        ) in step_rows:  # fmt: skip
+        for (pk, task_id, name, status, position, attempts, deps, gen, handles, calls, waited,
+             reused, cached) in step_rows:  # fmt: skip
             if gen != latest_step_gen[task_id]:
                 continue
             after = handles or calls
+            borrowed = "reused" if reused else "cached" if cached else ""
             node = Node("step", pk, name, status, position, attempts=attempts,
                         handler=after is not None, after=after, dependents=list(deps),
-                        waited_ms=waited)  # fmt: skip
+                        waited_ms=waited, borrowed=borrowed)  # fmt: skip
             steps_of[task_id].append(node)
             if after is not None:
                 handlers_after[after].append(node)

@@ -50,6 +50,7 @@ from runs.plan import Limits, Plan, PlanError, PlanInvalid, parse_plan
 from runs.plan.fields import CONCURRENCY_KEY_MAX_LENGTH
 from runs.plan.model import read_plan
 from runs.reservation import plan_reservation
+from runs.reuse import retry_reuse
 from runs.states import (
     NODE_OPEN,
     RUN_TERMINAL,
@@ -89,7 +90,7 @@ def error_payload(code: str, message: str, **extra: Any) -> dict[str, Any]:
 # What the engine reads of a run on every step: everything but the large fields (a wide
 # run's plan is tens of kilobytes; reading it on every step would make a step's cost grow
 # with the run). Read with one prepared-once statement, not a query the ORM builds per call.
-_HEAVY = {"plan", "variables", "timeouts", "last_error", "policy"}
+_HEAVY = {"plan", "variables", "timeouts", "last_error", "policy", "reuse"}
 _LIGHT = [f.attname for f in Run._meta.concrete_fields if f.attname not in _HEAVY]
 # The gate first (a one-time filter, evaluated before any row is locked: the lock order
 # is gate, then rows), then the run's row.
@@ -351,7 +352,7 @@ def run_to_start(
     if tracing.enabled:
         _trace_start(run)
     plan = stored_plan(run)
-    amount = to_credits(plan_reservation(plan))
+    amount = to_credits(plan_reservation(plan, run.reuse))
     if amount <= 0:
         raise ValueError("a reservation must be positive")
     return Starting(run, plan, amount)
@@ -440,7 +441,7 @@ def stored_plan(run: Run) -> Plan:
 def _open_attempt(run: Run, actor: str) -> RunAttempt:
     """Open the run's current attempt with its credits reserved (``engine.attempt_open``,
     same transaction)."""
-    amount = to_credits(plan_reservation(plan_of(run)))
+    amount = to_credits(plan_reservation(plan_of(run), run.reuse))
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT engine.attempt_open(%s, %s::smallint, %s, %s)",
@@ -757,10 +758,17 @@ class AttemptsExhausted(Exception):
 
 @transaction.atomic
 def run_retry(
-    *, run_id: RunId, organization: Organization | None = None, actor: str = "system"
+    *,
+    run_id: RunId,
+    organization: Organization | None = None,
+    actor: str = "system",
+    reuse: str = "none",
 ) -> Run:
     """FAILED -> RETRYING with a new attempt; earlier attempts keep all their records.
 
+    ``reuse``: ``"none"``, every step runs again; ``"completed"``, the steps the ended
+    attempt completed are taken as completed, with their output, without running or
+    being charged again (``runs.reuse``), and the reservation covers the rest.
     Already RETRYING: returned unchanged. Refused once ``max_attempts`` is reached.
     """
     run = lock_run(run_id, organization)
@@ -771,12 +779,13 @@ def run_retry(
             f"run {run.pk} has used {run.attempt_number} of {run.max_attempts} attempts"
         )
     number = run.attempt_number + 1
+    reused = retry_reuse(run, reuse)
     result = transition(
         Run,
         run.pk,
         RunStatus.RETRYING,
         actor=actor,
-        payload={"attempt_number": number},
+        payload={"attempt_number": number, "reuse": reuse, "reused_steps": len(reused)},
         # The new attempt waits for admission like any run (runs.admission).
         updates={
             "attempt_number": number,
@@ -784,6 +793,7 @@ def run_retry(
             "last_error": None,
             "admitted_at": None,
             "queued_reason": "",
+            "reuse": reused,
         },
     )
     _open_attempt(result.obj, actor)

@@ -47,8 +47,10 @@ def _badge(node: Node) -> str:
 
 def _step(node: Node) -> str:
     waited = f", waited {duration_text(node.waited_ms)}" if node.waited_ms else ""
-    title = escape(f"{node.name}: {node.status}, {node.attempts} attempt(s){waited}")
+    borrowed = f", {node.borrowed}: not run, not charged" if node.borrowed else ""
+    title = escape(f"{node.name}: {node.status}, {node.attempts} attempt(s){waited}{borrowed}")
     classes = f"node step st-{node.status}" + (" handler" if node.handler else "")
+    classes += f" {node.borrowed}" if node.borrowed else ""
     classes += " cell" if node.compact else ""
     head = (
         f'<g id="{node.dom_id}" class="{classes}" data-status="{node.status}">'

@@ -321,6 +321,9 @@ _CLAIMED_FIELDS = (
     "status_changed_at",
     # The rate limits it spends ([] for most steps: runs.step_admission).
     "rate_limits",
+    # Completed without running it: its reused output's source, its cache (runs.reuse).
+    "reused_from",
+    "cache",
     # The run has more claimable steps: its server may call for help.
     "more",
 )
@@ -356,7 +359,7 @@ def _claim(params: list[Any]) -> dict[str, Any] | None:
         return None
     values = dict(zip(_CLAIMED_FIELDS, row, strict=True))
     eventstreams.events_written(values["run_id"])  # the claim wrote the step's event
-    for name in ("params", "rate_limits"):
+    for name in ("params", "rate_limits", "reused_from", "cache"):
         if isinstance(values[name], str):  # a driver that hands jsonb back as text
             values[name] = json.loads(values[name])
     return values

@@ -34,6 +34,7 @@ PLURALS = {
     "runs.Runner": "runners",
     "runs.RunnerJob": "runner jobs",
     "runs.Step": "steps",
+    "runs.StepCacheEntry": "step cache entries",
     "runs.StepFailure": "step failures",
     "runs.StepSlot": "step slots",
     "runs.StepWait": "step waits",

@@ -124,7 +124,7 @@ WITH ready AS (
 )
 UPDATE runs_step AS s SET dispatched_at = %(now)s
 FROM ready WHERE s.id = ready.id
-RETURNING s.id, s.tool, s.timeout_ms, s.run_id, s.attempt_number, s.status
+RETURNING s.id, s.tool, s.timeout_ms, s.run_id, s.attempt_number, s.status, s.reused_from
 """
 
 
@@ -142,7 +142,7 @@ def dispatch_steps(run: Run, task: Task, outbox: Outbox) -> None:
             _DISPATCH_STEPS_SQL,
             {"task": task.pk, "generation": task.retry_count, "limit": free, "now": now},
         )
-        columns = ["id", "tool", "timeout_ms", "run_id", "attempt_number", "status"]
+        columns = ["id", "tool", "timeout_ms", "run_id", "attempt_number", "status", "reused_from"]
         ready = [step_from_row(dict(zip(columns, row, strict=True))) for row in cursor.fetchall()]
 
     if not ready:
@@ -156,7 +156,7 @@ def dispatch_steps(run: Run, task: Task, outbox: Outbox) -> None:
 def announce(run: Run, ready: list[Step], now: datetime, outbox: Outbox) -> None:
     """Steps just marked dispatched (and counted in their task): an approval step waits
     for a decision, every other step gets its message."""
-    approvals = [step for step in ready if step.tool == "approval"]
+    approvals = [step for step in ready if waits_for_a_person(step)]
     if approvals:
         # Never executed by a worker: the step waits for approve() or reject().
         transition_many(
@@ -171,9 +171,16 @@ def announce(run: Run, ready: list[Step], now: datetime, outbox: Outbox) -> None
         Run.objects.filter(pk=run.pk).update(
             waiting_approvals=F("waiting_approvals") + len(approvals)
         )
-    announce_steps(str(run.pk), run.priority, [s for s in ready if s.tool != "approval"], outbox)
+    others = [step for step in ready if step not in approvals]
+    announce_steps(str(run.pk), run.priority, others, outbox)
     if approvals:
         update_waiting_state(run)
+
+
+def waits_for_a_person(step: Step) -> bool:
+    """An approval step, unless it reuses an earlier decision (runs.reuse): that one goes
+    to a worker, which completes it with the decision's output."""
+    return step.tool == "approval" and not step.reused_from
 
 
 def announce_steps(run_id: str, priority: int, ready: list[Step], outbox: Outbox) -> None:

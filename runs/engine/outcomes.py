@@ -24,10 +24,10 @@ from runs.engine.propagation import child_done
 from runs.engine.retry import decide
 from runs.engine.tree import counts_as_success
 from runs.engine.waiting import WaitRefused, park
-from runs.models import EscalationReason, Run, Step, Task
+from runs.models import EscalationReason, EventKind, Run, Step, Task
 from runs.outbox import Outbox, RunMessage, StepMessage, enqueue_run_message
 from runs.states import RunStatus, StepStatus
-from runs.transitions import transition_locked
+from runs.transitions import record_event, transition_locked
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,9 @@ class Outcome:
     skipped: bool = False
     # The attempt goes on outside the worker (runs.engine.waiting): park the step.
     wait: dict[str, Any] | None = None
+    # The output is another step's, the tool did not run (runs.reuse): the step's
+    # `reused_from` or `cached_from`, as one key of a dict.
+    borrowed: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -46,6 +49,7 @@ class Outcome:
             "error": self.error.as_dict() if self.error else None,
             "skipped": self.skipped,
             "wait": self.wait,
+            "borrowed": self.borrowed,
         }
 
     @classmethod
@@ -57,6 +61,7 @@ class Outcome:
             error=ToolError(error["code"], error["message"], error["retryable"]) if error else None,
             skipped=bool(data.get("skipped")),
             wait=data.get("wait"),
+            borrowed=data.get("borrowed"),
         )
 
 
@@ -131,7 +136,12 @@ def record_and_claim(
     runs this attempt: cancelled, failed by a sweep or reclaimed meanwhile) and what was
     claimed and chosen for the worker (``hotpath.Next``: nothing on the general path)."""
     claimed = hotpath.Next()
-    if outcome.wait is None and hotpath.eligible(outcome.error, outcome.skipped, outcome.cost):
+    # A borrowed output says so on its step and in an event: the general path writes it.
+    if (
+        outcome.wait is None
+        and outcome.borrowed is None
+        and hotpath.eligible(outcome.error, outcome.skipped, outcome.cost)
+    ):
         done, claimed = hotpath.complete(
             run_id, step_id, attempt, output=outcome.output, cost=outcome.cost, claim=claim
         )
@@ -163,6 +173,16 @@ def _announce(run_id: Any, done: hotpath.Completed) -> None:
         if run.parent_run_id is not None:
             enqueue_run_message(RunMessage.CHILD_ENDED, run.pk, run.priority)
         admission.released(run)
+
+
+def _borrowed_message(borrowed: dict[str, Any]) -> str:
+    if "reused_from" in borrowed:
+        source = borrowed["reused_from"]
+        return f"reused the output of step {source['step']} (attempt {source['attempt']})"
+    if "cached_from" in borrowed:
+        source = borrowed["cached_from"]
+        return f"cached: the output of step {source['step']} of run {source['run']}"
+    return ""
 
 
 def _record(run: Run, step_id: int, attempt: int, outcome: Outcome, now: datetime) -> bool:
@@ -201,6 +221,7 @@ def _record(run: Run, step_id: int, attempt: int, outcome: Outcome, now: datetim
         return True
     failure = charge_step(run, step, outcome.cost) if outcome.cost else None
     if outcome.error is None and failure is None:
+        borrowed = outcome.borrowed or {}
         done = transition_locked(
             step,
             StepStatus.COMPLETED,
@@ -209,9 +230,20 @@ def _record(run: Run, step_id: int, attempt: int, outcome: Outcome, now: datetim
                 "output": outcome.output,
                 "cost": step.cost + outcome.cost,
                 "lease_expires_at": None,
+                **borrowed,
             },
             now=now,
         ).obj
+        if borrowed:
+            record_event(
+                run,
+                EventKind.REUSE,
+                actor="engine",
+                message=_borrowed_message(borrowed),
+                payload=borrowed,
+                entity="step",
+                entity_id=str(step.pk),
+            )
         step_finished(run, done, outbox)
         update_waiting_state(run)
         return True

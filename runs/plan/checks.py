@@ -220,6 +220,9 @@ class _Checker:
                 if isinstance(use, dict):
                     texts = {k: v for k in ("key", "units") if isinstance(v := use.get(k), str)}
                     self.check_templates(texts, f"{join(path, 'rate_limits')}[{index}]", scope)
+        cache = data.get("cache")
+        if isinstance(cache, dict) and isinstance(cache.get("key"), str):
+            self.check_templates({"key": cache["key"]}, join(path, "cache"), scope)
         if not handler:
             self.handlers(data, path, _name_of(data), scope)
             self.callback_handlers(data, path, _name_of(data), scope)

@@ -247,6 +247,22 @@ class RateKey:
 
 
 MAX_RATE_LIMITS_PER_STEP = 8
+CACHE_KEY_MAX_LENGTH = 1000
+
+
+class CacheKey:
+    """A step cache's key: text, `${...}` templates rendered when the step runs."""
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        inner = core_schema.str_schema(min_length=1, max_length=CACHE_KEY_MAX_LENGTH)
+        return _worded(
+            inner,
+            lambda value, _: (
+                f"must be text of 1 to {CACHE_KEY_MAX_LENGTH} characters, got {show(value)}"
+            ),
+        )
 
 
 class RateLimitUses:

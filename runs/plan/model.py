@@ -37,6 +37,7 @@ from runs.plan.errors import PlanError, a, join, path_of, suggest
 from runs.plan.fields import (
     REFUSED,
     UNKNOWN_FIELD,
+    CacheKey,
     Children,
     ConcurrencyKey,
     Condition,
@@ -155,6 +156,20 @@ class RateLimitUse(PlanModel):
     """Each rendered key has a window of its own (`${variables.customer}`)."""
 
 
+class StepCache(PlanModel):
+    """A step's cache: a completed step of the same organization, tool and rendered key,
+    younger than `ttl`, answers it at once, charged nothing (`cached_from`)."""
+
+    key: Annotated[str, CacheKey()]
+    """Text with `${...}` templates, rendered when the step runs (`${params.url}` is not
+    available: write the values the key depends on)."""
+    ttl_ms: Annotated[int, Duration()] = Field(validation_alias="ttl")
+    """How old an entry may be: `30s`, `5m`, `1.5h`, `7d`... at most a year."""
+
+    def stored(self) -> dict[str, Any]:
+        return {"key": self.key, "ttl_ms": self.ttl_ms}
+
+
 class StepPlan(PlanModel):
     """One tool invocation."""
 
@@ -181,6 +196,9 @@ class StepPlan(PlanModel):
     `${callback.outputs}` and `${callback.error}`."""
     rate_limits: Annotated[tuple[RateLimitUse, ...], RateLimitUses()] = ()
     """Rate limits the step spends units of (docs/rate-limits.md)."""
+    cache: StepCache | None = None
+    """Answer the step from an earlier completed step of the organization (docs/engine.md,
+    "Steps completed without running")."""
 
     def rate_limits_stored(self) -> list[dict[str, Any]]:
         """What the step row keeps of its rate limits (the templates, unrendered)."""
@@ -194,6 +212,7 @@ class HandlerPlan(StepPlan):
     depends_on: Annotated[tuple[str, ...], NotForHandlers()] = ()
     on_error: Annotated[tuple[HandlerPlan, ...], NotForHandlers()] = ()
     on_callback: Annotated[tuple[HandlerPlan, ...], NotForHandlers()] = ()
+    cache: Annotated[StepCache | None, NotForHandlers()] = None
 
     def stored(self) -> dict[str, Any]:
         """What a step row keeps of its handler until the step fails (``from_stored``

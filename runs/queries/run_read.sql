@@ -11,6 +11,11 @@ SELECT r.id, r.organization_id, r.name, r.status, r.priority, r.failure_mode, r.
        r.created_at, r.updated_at, r.started_at, r.picked_up_at, r.completed_at,
        r.cancelled_at, r.deleted_at, r.last_heartbeat, r.duration_ms, r.parent_run_id,
        r.parent_step_id, r.depth, r.replan_count, r.queued_reason, r.concurrency_key,
+       r.forked_from_run_id, r.forked_from_step,
+       (
+           SELECT json_agg(fork.id ORDER BY fork.created_at, fork.id)
+           FROM runs_run fork WHERE fork.forked_from_run_id = r.id
+       ) AS fork_ids,
        CASE WHEN %(plan)s THEN r.plan END AS plan, r.variables,
        credits.reserved AS credits_reserved, credits.charged AS credits_charged,
        credits.refunded AS credits_refunded, credits.held AS credits_held,

@@ -8,8 +8,8 @@
 SELECT s.id, s.task_id, page.task_name, page.agent_name, s.name, s.attempt_number,
        s.generation, s.position, s.tool, s.params, s."when", s.depends_on, s.handler_for_id,
        s.status, s.attempts, s.failures, s.reclaims, s.next_run_at, s.waiting_reason,
-       s.rate_limits, s.output, s.error, s.handled, s.cost, s.created_at, s.started_at,
-       s.completed_at, s.duration_ms, s.waited_ms,
+       s.rate_limits, s.output, s.error, s.handled, s.cost, s.reused_from, s.cached_from,
+       s.created_at, s.started_at, s.completed_at, s.duration_ms, s.waited_ms,
        CASE s.tool WHEN 'runner' THEN started.work END AS job,
        CASE s.tool WHEN 'run' THEN started.work END AS child_run,
        page.total

@@ -72,6 +72,19 @@ READY_FOR: dict[str, Callable[[Organization], Run]] = {
 }
 
 
+# --------------------------------------------------------------------------- reuse
+REUSE_ROUTES = frozenset({"run-fork", "cache-invalidate"})
+
+
+def reuse_request(name: str, organization: Organization) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(path values, JSON body) of a fork or a cache invalidation that succeeds for
+    ``organization``: a fork of a failed run from its first step (not started)."""
+    if name == "run-fork":
+        run = failed(organization)
+        return {"run_id": run.pk}, {"from": "agent-0.task-0.step-0", "start": False}
+    return {}, {"key": "price:chips"}
+
+
 # --------------------------------------------------------------------------- runners
 def runner(organization: Organization, hostname: str = "host-a") -> Runner:
     return runners.register(

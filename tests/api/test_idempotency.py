@@ -100,6 +100,9 @@ def _prepare(route: Route, tenant: Tenant) -> tuple[str, dict[str, Any]]:
     if route.name in states.ESCALATION_ROUTES:
         values, body = states.escalation_request(route.name, tenant.organization)
         return route.path(**values), body
+    if route.name in states.REUSE_ROUTES:
+        values, body = states.reuse_request(route.name, tenant.organization)
+        return route.path(**values), body
     if route.name in states.SCHEDULE_ROUTES:
         values, body = states.schedule_request(route.name, tenant.organization)
         return route.path(**values), body

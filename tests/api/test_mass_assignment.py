@@ -63,6 +63,9 @@ def test_a_field_the_client_may_not_set_is_refused_and_changes_nothing(
     elif route.name in states.ESCALATION_ROUTES:
         values, runner_body = states.escalation_request(route.name, tenant.organization)
         path = route.path(**values)
+    elif route.name in states.REUSE_ROUTES:
+        values, runner_body = states.reuse_request(route.name, tenant.organization)
+        path = route.path(**values)
     elif route.name in states.SCHEDULE_ROUTES:
         values, runner_body = states.schedule_request(route.name, tenant.organization)
         path = route.path(**values)

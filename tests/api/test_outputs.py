@@ -161,6 +161,12 @@ def reference_detail(run_id: Any) -> dict[str, Any]:
         general(ChildRunOutput(), child)
         for child in children.values("id", "status", "parent_mode", "parent_step_id", "created_at")
     ]
+    data["forked_from"] = (
+        {"run": str(run.forked_from_run_id), "step": run.forked_from_step}
+        if run.forked_from_run_id
+        else None
+    )
+    data["forks"] = [str(fork.pk) for fork in run.forks.order_by("created_at", "id")]
     outputs = (
         Step.objects.filter(run=run, attempt_number=run.attempt_number, status="completed")
         .order_by("task__agent__position", "task__position", "generation", "position")

@@ -16,6 +16,7 @@ import pytest
 from orchestrator_client import Client
 from runs.models import Run
 from tests import factories
+from tests.api import states
 from tests.client.conftest import Orch, Tenant
 from tests.support import free_port, wait_until
 
@@ -302,3 +303,26 @@ def test_every_command_prints_json_for_scripts(orch: Orch, client: Client, tmp_p
     assert "grant" in text_ledger.stdout
     assert run["id"] in text_ls.stdout
     assert "status    cancelled" in text_show.stdout
+
+
+def test_a_failed_run_is_forked_dry_and_retried_reusing_what_completed(
+    orch: Orch, tenant: Tenant
+) -> None:
+    failed = states.failed(tenant.organization)
+
+    preview = orch.json("runs", "fork", str(failed.pk), "--from", "agent-0.task-0.step-1",
+                        "--dry-run")  # fmt: skip
+    forked = orch.json("runs", "fork", str(failed.pk), "--from", "agent-0.task-0.step-0",
+                       "--no-start", "--variables", '{"topic": "chips"}')  # fmt: skip
+    retried = orch.json("runs", "retry", str(failed.pk), "--reuse-completed")
+
+    assert preview == {
+        "reuse": [],  # nothing completed in the source
+        "run": ["agent-0.task-0.step-0", "agent-0.task-0.step-1"],
+        "reservation": "0.060000",
+    }
+    assert forked["status"] == "created"
+    assert forked["forked_from"] == {"run": str(failed.pk), "step": "agent-0.task-0.step-0"}
+    assert forked["variables"] == {"topic": "chips"}
+    assert retried["status"] == "retrying"
+    assert Run.objects.get(pk=failed.pk).forks.count() == 1

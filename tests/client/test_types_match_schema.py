@@ -56,6 +56,7 @@ COMPONENTS: dict[Any, str] = {
     types.ChildRun: "ChildRunOutput",
     types.RunDetail: "RunDetailOutput",
     types.Decision: "ApprovalOutput",
+    types.ForkPreview: "ForkPreviewOutput",
     types.Agent: "AgentOutput",
     types.Task: "TaskOutput",
     types.Step: "StepOutput",

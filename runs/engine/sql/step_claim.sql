@@ -25,7 +25,8 @@ CREATE FUNCTION engine.step_claim(
     id bigint, run_id uuid, attempt_number smallint, attempts integer, task_id bigint,
     generation smallint, name varchar, tool varchar, params jsonb, "when" text,
     timeout_ms bigint, handler_for_id bigint, dispatched_at timestamptz,
-    status_changed_at timestamptz, rate_limits jsonb, more boolean
+    status_changed_at timestamptz, rate_limits jsonb, reused_from jsonb, cache jsonb,
+    more boolean
 ) LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -137,10 +138,10 @@ BEGIN
         )
         SELECT c.id, c.run_id, c.attempt_number, c.attempts, c.task_id, c.generation,
                c.name, c.tool, c.params, c."when", c.timeout_ms, c.handler_for_id,
-               c.dispatched_at, c.status_changed_at, c.rate_limits
+               c.dispatched_at, c.status_changed_at, c.rate_limits, c.reused_from, c.cache
         INTO id, run_id, attempt_number, attempts, task_id, generation, name, tool, params,
              "when", timeout_ms, handler_for_id, dispatched_at, status_changed_at,
-             rate_limits
+             rate_limits, reused_from, cache
         FROM claimed AS c;
         CONTINUE WHEN NOT FOUND;
         IF p_run IS NULL THEN

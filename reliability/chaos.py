@@ -255,10 +255,12 @@ class StackInjector(Injector):
 class Submitted:
     index: int
     kind: str
-    control: str  # "", "cancel" or "pause"
+    control: str  # "", "cancel", "pause", "resume" (retry reusing) or "fork"
     run_id: str = ""
     cancelled: bool = False
     paused: bool = False
+    resumed: bool = False  # retried with reuse: completed
+    fork_id: str = ""  # the run forked from it
     error: str = ""
 
 
@@ -274,6 +276,11 @@ class RunBook:
     def ids(self) -> list[str]:
         with self.lock:
             return [item.run_id for item in self.items if item.run_id]
+
+
+# What is done to a run of these kinds once it has ended (``drive``), unless it is
+# cancelled or paused instead.
+RESUMED_OR_FORKED = {"fail": "resume", "sequential": "fork"}
 
 
 def _status_of(response: Any) -> str:
@@ -321,6 +328,44 @@ def drive(client: Client, item: Submitted, plan: dict[str, Any], rng: random.Ran
             )
             if answer.status_code != 200:
                 item.error = f"resume: {answer.status_code} {answer.text[:200]}"
+    elif item.control in ("resume", "fork"):
+        # Once it has ended: retried reusing what completed (its effects must not run
+        # again), or forked from its last effect (what comes before it reused).
+        if not _ended(client, path):
+            item.error = f"{item.control}: the run did not end within {ENDED_WITHIN_S:g} s"
+        elif item.control == "resume":
+            answer = client.request(
+                "POST", f"{path}/retry", json={"reuse": "completed"},
+                idempotency_key=f"chaos-retry-{item.index}",
+            )  # fmt: skip
+            item.resumed = answer.status_code == 200
+            if not item.resumed:
+                item.error = f"retry: {answer.status_code} {answer.text[:200]}"
+        else:
+            answer = client.request(
+                "POST", f"{path}/fork", json={"from": FORK_FROM},
+                idempotency_key=f"chaos-fork-{item.index}",
+            )  # fmt: skip
+            if answer.status_code in (200, 201):
+                item.fork_id = answer.json()["id"]
+            else:
+                item.error = f"fork: {answer.status_code} {answer.text[:200]}"
+
+
+# A run to resume or fork must have ended first; it is polled this long at most.
+ENDED_WITHIN_S = 300.0
+# Where the `sequential` runs are forked: their last effect (reliability.workload).
+FORK_FROM = "agent.seq.e2"
+ENDED = ("completed", "failed", "cancelled", "timed_out")
+
+
+def _ended(client: Client, path: str) -> bool:
+    deadline = time.monotonic() + ENDED_WITHIN_S
+    while time.monotonic() < deadline:
+        if _status_of(client.request("GET", path)) in ENDED:
+            return True
+        time.sleep(0.5)  # a client polling, not synchronisation
+    return False
 
 
 def approver(client: Client, stop: threading.Event) -> None:
@@ -377,8 +422,21 @@ def effect_problems(book: RunBook, effects: Counter[tuple[int, int]]) -> dict[st
         for (s, a) in effects
         if a > attempts.get(s, 0)
     )
-    completed_once = Step.objects.filter(
-        run_id__in=with_descendants(book.ids()),
+    # Steps completed with another step's output (a retry reusing, a fork, a cache hit)
+    # ran nothing: their effect is the other step's.
+    ran = Step.objects.filter(
+        run_id__in=with_descendants(book.ids()), reused_from__isnull=True, cached_from__isnull=True
+    )
+    borrowed = Step.objects.filter(run_id__in=with_descendants(book.ids())).exclude(
+        pk__in=ran.values("pk")
+    )
+    borrowed_ran = sorted(
+        f"step {s} attempt {a}: completed with another step's output, yet its tool ran"
+        for s in borrowed.values_list("pk", flat=True)
+        for (step, a) in effects
+        if step == s
+    )
+    completed_once = ran.filter(
         tool__in=("http", "runner"),
         status="completed",
     ).values_list("pk", "attempts")
@@ -390,9 +448,9 @@ def effect_problems(book: RunBook, effects: Counter[tuple[int, int]]) -> dict[st
     # The effect endpoint answers with the attempt it saw: a completed step whose
     # recorded answer is another attempt's took a stale worker's outcome (what the
     # attempt number fences out).
-    answers = Step.objects.filter(
-        run_id__in=with_descendants(book.ids()), tool="http", status="completed"
-    ).values_list("pk", "attempts", "output__body__attempt")
+    answers = ran.filter(tool="http", status="completed").values_list(
+        "pk", "attempts", "output__body__attempt"
+    )
     stale = sorted(
         f"step {pk} is on attempt {n} but recorded attempt {seen}'s answer"
         for pk, n, seen in answers
@@ -409,6 +467,8 @@ def effect_problems(book: RunBook, effects: Counter[tuple[int, int]]) -> dict[st
         "completed_without_effect": missing,
         "recorded_from_another_attempt": stale,
         "effects_of_superseded_attempts": superseded,
+        "borrowed_steps": borrowed.filter(status="completed").count(),
+        "borrowed_steps_that_ran": borrowed_ran,
     }
 
 
@@ -619,19 +679,20 @@ def outcome_problems(book: RunBook) -> list[str]:
     """Runs whose final status no fault or action explains."""
     from runs.models import Run
 
+    forks = [item.fork_id for item in book.items if item.fork_id]
     found = {
         str(pk): (status, last_error or {})
-        for pk, status, last_error in Run.objects.filter(pk__in=book.ids()).values_list(
+        for pk, status, last_error in Run.objects.filter(pk__in=book.ids() + forks).values_list(
             "pk", "status", "last_error"
         )
     }
     problems = []
-    for item in book.items:
-        if not item.run_id:
-            continue
-        status, error = found.get(item.run_id, ("missing", {}))
-        expected = {EXPECTED[item.kind]}
-        if item.cancelled:
+    runs = [(item, item.run_id) for item in book.items if item.run_id]
+    runs += [(item, item.fork_id) for item in book.items if item.fork_id]
+    for item, run_id in runs:
+        status, error = found.get(run_id, ("missing", {}))
+        expected = {EXPECTED[item.kind]}  # a fork ends as its source would have
+        if item.cancelled and run_id == item.run_id:
             expected = {"cancelled"}
         elif item.control == "cancel":
             expected.add("cancelled")  # the cancel may have landed after a retry, or not
@@ -643,7 +704,7 @@ def outcome_problems(book: RunBook) -> list[str]:
             expected.add("failed")
         if status not in expected:
             problems.append(
-                f"{item.run_id} ({item.kind}{', ' + item.control if item.control else ''}): "
+                f"{run_id} ({item.kind}{', ' + item.control if item.control else ''}): "
                 f"{status}, expected {' or '.join(sorted(expected))}; last_error {error}"
             )
     return problems
@@ -701,6 +762,10 @@ def format_report(report: dict[str, Any], title: str = "chaos") -> str:
          len(effects["recorded_from_another_attempt"])),
         ("effects of attempts superseded after a lost lease (run again)",
          effects["effects_of_superseded_attempts"]),
+        ("runs resumed reusing / forked; steps completed with another's output (tool ran)", (
+            f"{report['resumed']} / {report['forked']}; {effects['borrowed_steps']} "
+            f"({len(effects['borrowed_steps_that_ran'])})"
+        )),
         ("step attempts charged twice", len(consistency["step_attempts_charged_twice"])),
         ("runs whose ledger does not settle", len(consistency["ledgers_unsettled"])),
         ("check_invariants", "clean" if consistency["invariants"]["clean"] else "VIOLATED"),
@@ -730,6 +795,7 @@ def format_report(report: dict[str, Any], title: str = "chaos") -> str:
             ("phantom effects", effects["phantom_attempts"]),
             ("effects missing", effects["completed_without_effect"]),
             ("outcomes recorded from another attempt", effects["recorded_from_another_attempt"]),
+            ("borrowed steps whose tool ran", effects["borrowed_steps_that_ran"]),
             ("API 5xx", report["api"]["server_errors"]),
             ("processes that exited by themselves", report["unexpected_exits"]),
             ("submission errors", report["submission_errors"]),
@@ -856,6 +922,8 @@ def storm(
             if draw < config.cancel_share + config.pause_share
             else ""
         )
+        if not control and kind in RESUMED_OR_FORKED:
+            control = RESUMED_OR_FORKED[kind]
         item = Submitted(index, kind, control)
         book.add(item)
         work.put((item, plan_for(kind, index, effects.url, rng), random.Random(rng.random())))
@@ -963,7 +1031,9 @@ def storm(
     effect_report = effect_problems(book, effects.log.snapshot())
     unexplained = outcome_problems(book)
     # The runs submitted: child runs (started by `run` steps) are counted apart.
-    org_runs = Run.objects.filter(name__startswith="chaos-", parent_run__isnull=True).count()
+    org_runs = Run.objects.filter(
+        name__startswith="chaos-", parent_run__isnull=True, forked_from_run__isnull=True
+    ).count()
     child_runs = Run.objects.filter(name__startswith="chaos-", parent_run__isnull=False).count()
     created = len(book.ids())
     report: dict[str, Any] = {
@@ -981,6 +1051,8 @@ def storm(
         "webhooks": webhooks,
         "submission_errors": [f"#{i.index} {i.kind}: {i.error}" for i in book.items if i.error],
         "controls": dict(Counter(i.control or "none" for i in book.items)),
+        "resumed": sum(1 for i in book.items if i.resumed),
+        "forked": sum(1 for i in book.items if i.fork_id),
         "faults": [asdict(f) for f in schedule],
         "faults_by_kind": dict(Counter(f.kind for f in schedule if not f.result.startswith("not"))),
         "consistency": consistency.as_dict(),
@@ -1008,6 +1080,7 @@ def storm(
         and not effect_report["phantom_attempts"]
         and not effect_report["completed_without_effect"]
         and not effect_report["recorded_from_another_attempt"]
+        and not effect_report["borrowed_steps_that_ran"]
         and not tally.server_errors
         and not target.unexpected_exits
         and not report["limits"]["keys_over_their_limit"]

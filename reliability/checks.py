@@ -42,13 +42,18 @@ class Consistency:
 
 
 def with_descendants(run_ids: list[str]) -> list[str]:
-    """``run_ids`` and every child run they started, at any depth: a child's steps,
-    charges and settlement are checked like those of the runs submitted."""
+    """``run_ids`` and every child run they started and every fork made of them, at any
+    depth: their steps, charges and settlement are checked like those of the runs
+    submitted."""
+    from django.db.models import Q
+
     from runs.models import Run
 
     found, frontier = list(run_ids), list(run_ids)
     while frontier:
-        children = Run.objects.filter(parent_run__pk__in=frontier)
+        children = Run.objects.filter(
+            Q(parent_run__pk__in=frontier) | Q(forked_from_run__pk__in=frontier)
+        )
         frontier = [str(pk) for pk in children.values_list("pk", flat=True)]
         found += frontier
     return found

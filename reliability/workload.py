@@ -39,6 +39,7 @@ KINDS = (
     "keyed",
     "rate_limited",
     "timer",
+    "cached",
 )
 
 # What each kind ends as when no one cancels it.
@@ -62,6 +63,9 @@ EXPECTED = {
     "rate_limited": "completed",
     # A durable wait between two effects: parked in PostgreSQL, woken by its message.
     "timer": "completed",
+    # An effect whose output is cached by shard: the shard's first run calls it, the
+    # others take its output (charged nothing, no call).
+    "cached": "completed",
     # make chaos-net's: an effect whose service answers after ~20 s (SLOW_EFFECT_S).
     "slow": "completed",
 }
@@ -330,6 +334,14 @@ def plan_for(kind: str, index: int, url: str, rng: random.Random) -> dict[str, A
         timer = {"name": "timer", "tool": "wait", "params": {"for": f"{rng.randint(1, 4)}s"}}
         steps = [effect("e1", url), timer, effect("e2", url)]
         return _run(name, [_agent([{"name": "timed", "steps": steps}])])
+    if kind == "cached":
+        cache = {"key": "chaos-cache-${variables.shard}", "ttl": "1h"}
+        steps = [effect("e1", url) | {"cache": cache}, noop("after")]
+        return _run(
+            name,
+            [_agent([{"name": "cached", "steps": steps}])],
+            variables={"shard": index % KEYED_SHARDS},
+        )
     if kind == "slow":
         steps = [effect("slow", url, hold=SLOW_EFFECT_S), effect("after", url)]
         return _run(name, [_agent([{"name": "slow", "steps": steps}])])

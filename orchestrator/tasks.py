@@ -203,13 +203,22 @@ def sweep_retention_task() -> dict[str, int]:
     return _swept("retention", retention.prune())
 
 
-@shared_task(name="orchestrator.webhooks.sweep", **RETRY_OPTIONS)
+# The webhooks process's tasks are acknowledged when received, not when done: a
+# delivery's claim in PostgreSQL (its lease) is what gets it sent again when its sender
+# dies, never its message. Acknowledged late, a send in flight when the broker
+# connection was lost was cancelled (CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_
+# CONNECTION_LOSS), which the process's pool of threads cannot do: the whole process
+# stopped ("does not implement kill_job"; make chaos's Redis restart found it).
+WEBHOOK_TASK_OPTIONS = {**RETRY_OPTIONS, "acks_late": False}
+
+
+@shared_task(name="orchestrator.webhooks.sweep", **WEBHOOK_TASK_OPTIONS)
 def sweep_webhooks_task() -> dict[str, int]:
     """Claim the run webhooks' due deliveries and send each (docs/webhooks.md)."""
     return _swept("webhooks", webhooks.sweep())
 
 
-@shared_task(name="orchestrator.webhooks.deliver", **RETRY_OPTIONS)
+@shared_task(name="orchestrator.webhooks.deliver", **WEBHOOK_TASK_OPTIONS)
 def webhook_delivery_task(delivery_id: int, token: str) -> str | None:
     """Send one claimed delivery; a duplicate message, or one whose claim passed to
     another, sends nothing."""

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
+from config.celery import app
 from orchestrator import webhooks as sender
 from orchestrator.tasks import sweep_webhooks_task, webhook_delivery_task
 from runs.models import Run, Step
@@ -168,3 +169,13 @@ def test_a_worker_killed_while_sending_loses_nothing(
     assert delivery_ids([first, second]) == [str(delivery.uid)] * 2
     assert first.body == second.body
     assert [a.number for a in delivery.attempt_records.all()] == [1]
+
+
+def test_no_task_of_the_webhooks_process_is_acknowledged_late() -> None:
+    # Its pool of threads cannot cancel a task: a late-acknowledged one in flight when the
+    # broker connection drops is cancelled (CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_
+    # CONNECTION_LOSS) and stops the whole process. Its deliveries' leases recover them.
+    routed = [name for name in app.tasks if name.startswith("orchestrator.webhooks.")]
+    assert sorted(routed) == ["orchestrator.webhooks.deliver", "orchestrator.webhooks.sweep"]
+    assert [app.tasks[name].acks_late for name in sorted(routed)] == [False, False]
+    assert app.conf.task_acks_late  # the rest of the tasks are

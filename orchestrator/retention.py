@@ -3,9 +3,10 @@ every due time are deleted once older than RETENTION_DAYS, by a beat sweep.
 
 Deleted: webhook attempts; webhook deliveries no longer pending (delivered or given up);
 schedule fires, but the ones whose run is not yet known to have ended (a schedule's
-overlap check reads them). Kept, whatever their age: runs, their events, the ledger and
-reservations (the account and the audit trail), and a delivery still to be sent (held by
-a suspension, or redelivered by hand).
+overlap check reads them); and step cache entries older than the longest `ttl` a plan
+may declare (a year: no step can read them any more). Kept, whatever their age: runs,
+their events, the ledger and reservations (the account and the audit trail), and a
+delivery still to be sent (held by a suspension, or redelivered by hand).
 
 The age is each row's ``created_at``. None of these tables has an index on it, and none
 is needed: ids grow with time, so the oldest rows are the first by primary key. The sweep
@@ -14,7 +15,7 @@ window, one short transaction per window, until a window holds a recent row (tho
 it are recent too), nothing is left, or its time budget is spent: a pass reads and
 deletes at most ``batch`` rows at a time, and reads nothing past the first recent
 window. ``next_due`` tells beat when the first row by id turns old, so an idle sweep
-costs three one-row reads per look.
+costs a one-row read per table per look.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from runs.models import StepCacheEntry
+from runs.plan.durations import MAX_DURATION_MS
 from schedules.models import ScheduleFire
 from webhooks.models import DeliveryStatus, WebhookAttempt, WebhookDelivery
 
@@ -44,10 +47,15 @@ class Retained:
     name: str
     model: type[models.Model]
     keep: Q | None = None
+    # How long its rows are kept, when not RETENTION_DAYS.
+    kept_for: timedelta | None = None
 
     def deletable(self) -> models.QuerySet[models.Model]:
         rows = self.model._default_manager.all()
         return rows if self.keep is None else rows.exclude(self.keep)
+
+    def window(self) -> timedelta:
+        return self.kept_for or timedelta(days=settings.RETENTION_DAYS)
 
 
 # Attempts first: a delivery's attempts then mostly go before it does.
@@ -55,13 +63,18 @@ RETAINED = (
     Retained("webhook_attempts", WebhookAttempt),
     Retained("webhook_deliveries", WebhookDelivery, keep=Q(status=DeliveryStatus.PENDING)),
     Retained("schedule_fires", ScheduleFire, keep=Q(run__isnull=False, run_ended=False)),
+    # A step cache's entry answers steps whose `ttl` it is younger than: past the longest
+    # ttl a plan may declare, no step can read it any more.
+    Retained(
+        "step_cache_entries", StepCacheEntry, kept_for=timedelta(milliseconds=MAX_DURATION_MS)
+    ),
 )
 _NAMES = {retained.model._meta.label: retained.name for retained in RETAINED}
 
 
-def cutoff(now: datetime | None = None) -> datetime:
-    """Rows created before this moment are old."""
-    return (now or timezone.now()) - timedelta(days=settings.RETENTION_DAYS)
+def cutoff(retained: Retained, now: datetime | None = None) -> datetime:
+    """Its rows created before this moment are old."""
+    return (now or timezone.now()) - retained.window()
 
 
 def prune(
@@ -71,10 +84,10 @@ def prune(
     time budget (a backlog of one does not hold back the others); return how many rows of
     each table (a delivery's attempts deleted with it count as attempts). Safe to run
     twice at once: each deletes what it finds still there."""
-    before = cutoff(now)
     counts = {retained.name: 0 for retained in RETAINED}
     for retained in RETAINED:
         deadline = time.monotonic() + budget_s / len(RETAINED)
+        before = cutoff(retained, now)
         for label, count in _prune_table(retained, before, batch, deadline).items():
             counts[_NAMES.get(label, label)] += count
     return counts
@@ -107,8 +120,8 @@ def next_due() -> datetime | None:
     """When the first deletable row by id turns old: when beat sends the sweep. Ids and
     creation times can disagree by the length of a transaction, seconds against days; the
     sweep's backstop covers it."""
-    oldest = [
-        created_at
+    due = [
+        created_at + retained.window()
         for retained in RETAINED
         if (
             created_at := retained.deletable()
@@ -118,4 +131,4 @@ def next_due() -> datetime | None:
         )
         is not None
     ]
-    return min(oldest) + timedelta(days=settings.RETENTION_DAYS) if oldest else None
+    return min(due) if due else None

@@ -13,8 +13,10 @@ from django.utils import timezone
 
 from billing.models import LedgerEntry
 from orchestrator import retention
+from runs import services
 from runs.engine.start import run_start
-from runs.models import Run, RunEvent
+from runs.models import Run, RunEvent, Step, StepCacheEntry
+from runs.plan.durations import MAX_DURATION_MS
 from schedules.models import FireKind, FireStatus, ScheduleFire, SkipReason
 from tests import factories
 from tests.schedules.conftest import make_schedule
@@ -27,6 +29,7 @@ NOW = timezone.now()
 WINDOW = timedelta(days=30)
 OLD = NOW - WINDOW - timedelta(minutes=1)  # just outside the window
 RECENT = NOW - WINDOW + timedelta(minutes=1)  # just inside it
+MINUTE = timedelta(minutes=1)
 
 
 @pytest.fixture(autouse=True)
@@ -98,7 +101,12 @@ def test_retention_deletes_only_what_is_older_than_the_window() -> None:
 
     counts = retention.prune(now=NOW)
 
-    assert counts == {"webhook_attempts": 2, "webhook_deliveries": 2, "schedule_fires": 2}
+    assert counts == {
+        "webhook_attempts": 2,
+        "webhook_deliveries": 2,
+        "schedule_fires": 2,
+        "step_cache_entries": 0,
+    }
     deliveries = [old_delivered, old_failed, old_pending, recent]
     assert remaining(WebhookDelivery, deliveries) == {old_pending, recent}
     attempts = [old_attempt, recent_attempt, attempt_of_old]
@@ -109,6 +117,30 @@ def test_retention_deletes_only_what_is_older_than_the_window() -> None:
         kept_runs
     )
     assert retention.prune(now=NOW) == dict.fromkeys(counts, 0)
+
+
+def test_a_step_cache_entry_is_kept_as_long_as_the_longest_ttl_may_read_it() -> None:
+    run = factories.run(factories.org())
+    run_start(run_id=run.pk)
+    services.run_pick_up(run_id=run.pk)  # a no-op when the start began it at once
+    step = Step.objects.filter(run=run).first()
+    assert step is not None
+    longest = timedelta(milliseconds=MAX_DURATION_MS)
+
+    def entry(created_at: datetime) -> int:
+        return StepCacheEntry.objects.create(
+            organization_id=run.organization_id, tool=step.tool, key="k", run=run, step=step,
+            created_at=created_at,
+        ).pk  # fmt: skip
+
+    unreadable, readable, month_old = (
+        entry(NOW - longest - MINUTE),
+        entry(NOW - longest + MINUTE),
+        entry(OLD),
+    )
+
+    assert retention.prune(now=NOW)["step_cache_entries"] == 1
+    assert remaining(StepCacheEntry, [unreadable, readable, month_old]) == {readable, month_old}
 
 
 def test_retention_goes_through_a_backlog_in_batches_and_stops_at_the_recent_rows() -> None:

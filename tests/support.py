@@ -103,9 +103,18 @@ class Child:
         self._log.flush()
         return self.log_path.read_text(errors="replace")
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+    def stop(
+        self, sig: int = signal.SIGTERM, timeout: float = 30.0, *, leader_only: bool = False
+    ) -> int:
+        """Signal the group (or with ``leader_only`` its first process alone), wait, then
+        SIGKILL the group. A Celery worker's warm shutdown is SIGTERM to its main process
+        only: the pool's children take SIGTERM's default and die mid-task, between a
+        commit and the message it sends."""
         if self.alive():
-            os.killpg(self.proc.pid, sig)
+            if leader_only:
+                os.kill(self.proc.pid, sig)
+            else:
+                os.killpg(self.proc.pid, sig)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:

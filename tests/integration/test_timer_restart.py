@@ -58,7 +58,8 @@ class Worker:
 
     def stop(self) -> None:
         if self.current is not None:
-            self.current.stop(timeout=20)  # a warm shutdown, as a deployment restarts it
+            # A warm shutdown, as a deployment restarts it: SIGTERM to the main process.
+            self.current.stop(timeout=20, leader_only=True)
             self.current.kill_group()
             self.current = None
 

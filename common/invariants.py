@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 from django.utils.module_loading import autodiscover_modules
 
@@ -35,11 +36,26 @@ def invariant(name: str, description: str) -> Callable[[Check], Check]:
     return register
 
 
-def all_invariants() -> list[Invariant]:
+@cache
+def _discover() -> None:
     autodiscover_modules("invariants")
+
+
+def all_invariants() -> list[Invariant]:
+    _discover()
     return sorted(_registry.values(), key=lambda item: item.name)
 
 
-def check_all() -> dict[str, list[str]]:
-    """Every invariant's violations, by name (empty lists when it holds)."""
-    return {item.name: item.check() for item in all_invariants()}
+def check_all(*scopes: str) -> dict[str, list[str]]:
+    """Every invariant's violations, by name (empty lists when it holds); with
+    ``scopes``, only the invariants whose name begins with one of them (``"billing."``)."""
+    return {
+        item.name: item.check()
+        for item in all_invariants()
+        if not scopes or item.name.startswith(scopes)
+    }
+
+
+def violations(*scopes: str) -> dict[str, list[str]]:
+    """``check_all``'s invariants that do not hold: ``{}`` when all hold."""
+    return {name: found for name, found in check_all(*scopes).items() if found}

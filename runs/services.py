@@ -600,12 +600,13 @@ def run_fail(
     )
     if result.changed:
         # Unfinished agents fail with the run (seed 000: a FAILED run has a FAILED
-        # agent); their unfinished tasks and steps are cancelled.
+        # agent), paused ones too (a paused run failed by its timeout or an operator);
+        # their unfinished tasks and steps are cancelled.
         transition_many(
             Agent,
             Agent.objects.filter(run=run, attempt_number=run.attempt_number),
             NodeStatus.FAILED,
-            from_states=[NodeStatus.PENDING, NodeStatus.RUNNING],
+            from_states=NODE_OPEN,
             actor=actor,
             message=message,
             updates={"last_error": error},

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from billing.models import LedgerEntry, Organization
-from common.invariants import check_all
+from common.invariants import violations
 from runs import services
 from runs.engine.start import run_start
 from runs.models import Run, RunAttempt, Step
@@ -53,5 +53,5 @@ def assert_books_balanced(run: Run, check_invariants: bool = True) -> None:
     assert len(keys) == len(set(keys))
     if not check_invariants:
         return
-    violations = {name: found for name, found in check_all().items() if found}
-    assert violations == {}, violations
+    broken = violations()
+    assert broken == {}, broken

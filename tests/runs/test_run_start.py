@@ -18,7 +18,7 @@ from django.test.utils import CaptureQueriesContext
 
 from billing.models import LedgerEntry, Organization, Reservation
 from billing.services import InsufficientCredits, to_credits
-from common.invariants import check_all
+from common.invariants import violations
 from runs import services
 from runs.engine import control
 from runs.engine.start import run_start
@@ -156,7 +156,7 @@ def test_a_start_leaves_the_run_pending_with_its_attempt_reservation_and_events(
     # savepoint here: the test runs in a transaction of its own).
     written = [q["sql"] for q in statements.captured_queries if "SAVEPOINT" not in q["sql"]]
     assert len(written) == 4, written
-    assert {check: found for check, found in check_all().items() if found} == {}
+    assert violations() == {}
 
 
 def test_too_few_credits_writes_nothing_and_refuses(
@@ -228,7 +228,7 @@ def test_a_stored_plan_that_no_longer_validates_fails_the_run_at_pick_up(
     assert Reservation.objects.get(run_id=run.pk).settled_at is not None
     assert Organization.objects.get(pk=organization.pk).credits_available == Decimal(100)
     assert transport.steps == []
-    assert {check: found for check, found in check_all().items() if found} == {}
+    assert violations() == {}
 
 
 def test_a_duplicate_pick_up_changes_nothing(

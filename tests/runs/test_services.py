@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.invariants import check_all
+from common.invariants import violations
 from runs import approvals, services
 from runs.engine.start import run_start
 from runs.models import Agent, Run, RunAttempt, RunEvent, Step, Task
@@ -17,8 +17,8 @@ pytestmark = pytest.mark.django_db
 
 
 def assert_invariants_hold() -> None:
-    violations = {name: found for name, found in check_all().items() if found}
-    assert violations == {}
+    broken = violations()
+    assert broken == {}
 
 
 def started(**plan_options: object) -> Run:
@@ -289,6 +289,20 @@ def test_fail_records_last_error_and_fails_unfinished_agents() -> None:
     assert failed.last_error == {"code": "timeout", "message": "run timed out"}
     assert Agent.objects.get(pk=agent.pk).status == "failed"
     assert Agent.objects.exclude(pk=agent.pk).get(run=run).status == "failed"  # never started
+    assert set(Step.objects.filter(run=run).values_list("status", flat=True)) == {"cancelled"}
+    assert_invariants_hold()
+
+
+def test_a_paused_run_that_fails_fails_its_paused_agents() -> None:
+    # Found by the state machine's property test: a run failed while paused (its timeout,
+    # an operator) left its agents cancelled, a failed run with no failed agent.
+    run = started(agents=2)
+    services.run_pause(run_id=run.pk)
+    assert set(Agent.objects.filter(run=run).values_list("status", flat=True)) == {"paused"}
+
+    services.run_fail(run_id=run.pk, code="timeout", message="run timed out")
+
+    assert set(Agent.objects.filter(run=run).values_list("status", flat=True)) == {"failed"}
     assert set(Step.objects.filter(run=run).values_list("status", flat=True)) == {"cancelled"}
     assert_invariants_hold()
 

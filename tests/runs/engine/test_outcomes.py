@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from billing.models import LedgerEntry, Reservation
-from common.invariants import check_all
+from common.invariants import violations
 from common.tools.base import ToolError
 from runs import services
 from runs.engine.outcomes import Outcome, record
@@ -46,7 +46,7 @@ def start(engine_run: Start) -> Start:
 
 
 def assert_invariants_hold() -> None:
-    assert {name: found for name, found in check_all().items() if found} == {}
+    assert violations() == {}
 
 
 # --------------------------------------------------------------------------- success

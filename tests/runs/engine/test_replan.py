@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from billing.models import LedgerEntry, Reservation
-from common.invariants import check_all
+from common.invariants import violations
 from runs import escalations, replanning
 from runs.models import Agent, EscalationTicket, Replan, RunEvent
 from runs.outbox import RunMessage
@@ -43,7 +43,7 @@ def continuing(*agents: dict[str, Any], **run: Any) -> dict[str, Any]:
 
 
 def assert_invariants_hold() -> None:
-    assert {name: found for name, found in check_all().items() if found} == {}
+    assert violations() == {}
 
 
 def answer(run: EngineRun, planner: Callable[[str], Any] = planner_named) -> str:

@@ -1,20 +1,168 @@
-"""Child processes for race tests, started with the `spawn` method.
+"""Contender processes for race tests: spawned once, reused by every race.
 
-A forked child inherits the test process's threads and locks (the Celery app's, the
-logging module's) in whatever state they were, and can hang on them; a spawned child
-starts clean, sets Django up against the test database, and runs one side of the race.
-This module imports nothing from Django at import time for that reason.
+A race test runs one operation per contender process against the same rows at the same
+moment, each with its own PostgreSQL connection: ``contend([(operation, run_ids), ...])``
+gives contender i the i-th job, and before each of their run ids all the job's contenders
+meet at a barrier of as many parties, so they really contend for the row's lock.
+
+The contenders are started with the ``spawn`` method: a forked child inherits the test
+process's threads and locks (the Celery app's, the logging module's) in whatever state
+they were, and can hang on them; a spawned child starts clean and sets Django up against
+the test database. That setup costs seconds of CPU per process, so the contenders are a
+pool, started lazily once per test process (each xdist worker has its own) and stopped at
+its exit; each serves jobs from a queue of its own. What carries from one job to the next
+and why it does not matter:
+
+- connections: closed after every job (a test may flush the database between two), and
+  the pool is started again if the test database's URL changes;
+- settings: the test process's values of ``CARRIED_SETTINGS`` (which race tests set with
+  pytest-django's ``settings``) apply in the contenders for the job's duration only. The
+  environment is read at the spawn alone: a test's change to it would reach a pool
+  started during that test and every race after, so race tests change settings instead;
+- barriers: synchronisation primitives are shared only by inheritance, so the pool
+  creates one cyclic ``Barrier(k)`` for each party count in ``PARTIES`` when it starts,
+  and every contender is spawned with all of them.
+
+A contender that raises or dies fails the race with its traceback or exit code, at once:
+the pool is stopped (its processes terminated, wherever they were) and the next race
+starts a fresh one. This module imports nothing from Django at import time: a contender
+imports it before it sets Django up.
 """
 
 from __future__ import annotations
 
+import atexit
+import multiprocessing
 import os
+import queue
+import time
+import traceback
+from collections.abc import Sequence
 from typing import Any
+
+# Party counts a race may have: two contenders (tests/runs/test_races.py) or eight
+# starters of one organization (tests/runs/test_admission_races.py).
+PARTIES = (2, 8)
+# Settings race tests change in the test process that the contenders must see too.
+CARRIED_SETTINGS = ("ENGINE_START_AT_ONCE_STEPS", "ENGINE_LEASE_SECONDS")
+# A contender that has not met the others this long after reaching a barrier breaks it.
+BARRIER_SECONDS = 120
+# A job's outcomes come back within this, or the race fails (a test's timeout is 300 s).
+JOB_SECONDS = 240
+# How often a waiting side checks that the other side is still alive.
+LIVENESS_SECONDS = 1.0
+
+
+def contend(jobs: Sequence[tuple[str, Sequence[str]]]) -> list[list[str]]:
+    """Run each job, (operation, run ids), in a contender of its own, all at once: before
+    each run id the jobs' contenders meet at a barrier (so the jobs have as many run ids
+    each). What came of each job: an outcome per run id ("won", "refused", or what the
+    operation named)."""
+    global _pool
+    from django.conf import settings
+
+    from tests.support import shared_database_url
+
+    database_url = shared_database_url()
+    if _pool is not None and _pool.database_url != database_url:
+        _pool.stop()
+        _pool = None
+    if _pool is None:
+        _pool = _Pool(database_url)
+    overrides = {name: getattr(settings, name) for name in CARRIED_SETTINGS}
+    try:
+        return _pool.run(jobs, overrides)
+    except BaseException:
+        # Whatever the contenders were doing (waiting at a barrier, in a transaction),
+        # no later race must meet it.
+        _pool.stop(at_once=True)
+        _pool = None
+        raise
+
+
+class _Pool:
+    def __init__(self, database_url: str) -> None:
+        self.database_url = database_url
+        self.context = multiprocessing.get_context("spawn")
+        self.barriers = {
+            parties: self.context.Barrier(parties, timeout=BARRIER_SECONDS) for parties in PARTIES
+        }
+        self.results: Any = self.context.Queue()
+        self.processes: list[Any] = []
+        self.queues: list[Any] = []
+        self.jobs_sent = 0
+
+    def run(
+        self, jobs: Sequence[tuple[str, Sequence[str]]], overrides: dict[str, Any]
+    ) -> list[list[str]]:
+        parties = len(jobs)
+        assert parties in self.barriers, f"a race of {parties} contenders: PARTIES has {PARTIES}"
+        assert len({len(run_ids) for _, run_ids in jobs}) == 1, "jobs of unequal lengths"
+        while len(self.processes) < parties:
+            self._spawn()
+        self.jobs_sent += 1
+        number = self.jobs_sent
+        for index, (operation, run_ids) in enumerate(jobs):
+            self.queues[index].put((number, operation, list(run_ids), parties, overrides))
+        outcomes: dict[int, list[str]] = {}
+        deadline = time.monotonic() + JOB_SECONDS
+        while len(outcomes) < parties:
+            try:
+                index, answered, said, failure = self.results.get(timeout=LIVENESS_SECONDS)
+            except queue.Empty:
+                for index, process in enumerate(self.processes[:parties]):
+                    assert process.is_alive(), (
+                        f"contender {index} died (exit code {process.exitcode})"
+                    )
+                assert time.monotonic() < deadline, (
+                    f"no outcomes from the contenders in {JOB_SECONDS} s"
+                )
+                continue
+            assert answered == number, f"contender {index} answered job {answered}, not {number}"
+            assert failure is None, f"contender {index} ({jobs[index][0]}) failed:\n{failure}"
+            outcomes[index] = said
+        return [outcomes[index] for index in range(parties)]
+
+    def _spawn(self) -> None:
+        if not self.processes:
+            atexit.register(self.stop)
+        jobs: Any = self.context.Queue()
+        process = self.context.Process(
+            target=contender,
+            args=(len(self.processes), self.database_url, self.barriers, jobs, self.results),
+            daemon=True,
+        )
+        process.start()
+        self.processes.append(process)
+        self.queues.append(jobs)
+
+    def stop(self, at_once: bool = False) -> None:
+        """Stop the contenders: after their job (``at_once``: wherever they are)."""
+        atexit.unregister(self.stop)
+        for process, jobs in zip(self.processes, self.queues, strict=True):
+            if at_once:
+                process.terminate()
+            else:
+                jobs.put(None)
+        for process, jobs in zip(self.processes, self.queues, strict=True):
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+                process.join()
+            jobs.cancel_join_thread()
+            jobs.close()
+        self.results.cancel_join_thread()
+        self.results.close()
+        self.processes, self.queues = [], []
+
+
+_pool: _Pool | None = None
 
 
 def contender(
-    database_url: str, operation: str, run_ids: list[str], barrier: Any, results: Any
+    index: int, database_url: str, barriers: dict[int, Any], jobs: Any, results: Any
 ) -> None:
+    """One contender: serve jobs until told to stop (None) or the test process is gone."""
     os.environ["DATABASE_URL"] = database_url
     os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings.test"
     import django
@@ -22,27 +170,48 @@ def contender(
     django.setup()
     from django.conf import settings
     from django.db import connections
-
-    from runs.states import InvalidTransition
+    from django.test.utils import override_settings
 
     settings.ORCHESTRATOR_DISPATCH_ENABLED = False
-    do = OPERATIONS[operation]
+    parent = multiprocessing.parent_process()
+    while True:
+        try:
+            job = jobs.get(timeout=LIVENESS_SECONDS)
+        except queue.Empty:
+            if parent is None or not parent.is_alive():
+                return  # the test process was killed: nobody will stop this one
+            continue
+        if job is None:
+            return
+        number, operation, run_ids, parties, overrides = job
+        said: list[str] | None = None
+        failure = None
+        try:
+            with override_settings(**overrides):
+                said = _contend(OPERATIONS[operation], run_ids, barriers[parties])
+        except Exception:  # noqa: BLE001 - the race fails with it, in the test process
+            failure = traceback.format_exc()
+        finally:
+            # Before the answer: the test may flush the database as soon as it has it.
+            connections.close_all()
+        results.put((index, number, said, failure))
+
+
+def _contend(do: Any, run_ids: list[str], barrier: Any) -> list[str]:
+    from runs.states import InvalidTransition
+
     outcomes = []
-    try:
-        for run_id in run_ids:
-            barrier.wait()
-            try:
-                # An operation may say it lost (False) without raising, or name its
-                # outcome.
-                said = do(run_id)
-                if not isinstance(said, str):
-                    said = "refused" if said is False else "won"
-                outcomes.append(said)
-            except InvalidTransition:
-                outcomes.append("refused")
-    finally:
-        connections.close_all()
-        results.put((operation, outcomes))
+    for run_id in run_ids:
+        barrier.wait()
+        try:
+            # An operation may say it lost (False) without raising, or name its outcome.
+            said = do(run_id)
+            if not isinstance(said, str):
+                said = "refused" if said is False else "won"
+            outcomes.append(said)
+        except InvalidTransition:
+            outcomes.append("refused")
+    return outcomes
 
 
 def _complete(run_id: str) -> None:

@@ -11,7 +11,6 @@ check under it is taken away (the run's guess, ``admission.looks_free``, is only
 
 from __future__ import annotations
 
-import multiprocessing
 from collections import Counter
 from decimal import Decimal
 from typing import Any
@@ -26,7 +25,6 @@ from runs.engine.start import run_start
 from runs.models import Run
 from runs.reservation import plan_reservation
 from tests import factories, race_support
-from tests.support import shared_database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,38 +33,17 @@ ROUNDS = 6
 
 
 @pytest.fixture(autouse=True)
-def start_at_once(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Small runs begin at their start, in the starters (spawned: they read the
-    environment) as in this process."""
+def start_at_once(settings: Any) -> None:
+    """Small runs begin at their start, in the starters (race_support carries the
+    setting to them) as in this process."""
     settings.ENGINE_START_AT_ONCE_STEPS = 200
-    monkeypatch.setenv("ENGINE_START_AT_ONCE_STEPS", "200")
 
 
 def crowd(rounds: list[list[Any]]) -> list[Counter[str]]:
     """Start every run of each round from ``STARTERS`` processes at once (process i
     starts the i-th run of every round); what came of each round's starts."""
-    context = multiprocessing.get_context("spawn")
-    barrier = context.Barrier(STARTERS, timeout=120)
-    results: Any = context.Queue()
-    processes = [
-        context.Process(
-            target=race_support.contender,
-            args=(
-                shared_database_url(),
-                "start_outcome",
-                [str(ids[index]) for ids in rounds],
-                barrier,
-                results,
-            ),
-        )
-        for index in range(STARTERS)
-    ]
-    for process in processes:
-        process.start()
-    collected = [results.get(timeout=300)[1] for _ in processes]
-    for process in processes:
-        process.join(30)
-        assert process.exitcode == 0
+    jobs = [("start_outcome", [str(ids[index]) for ids in rounds]) for index in range(STARTERS)]
+    collected = race_support.contend(jobs)
     return [Counter(outcomes[index] for outcomes in collected) for index in range(len(rounds))]
 
 

@@ -7,7 +7,6 @@ table must make the outcome deterministic: exactly one winner, exactly one event
 
 from __future__ import annotations
 
-import multiprocessing
 from typing import Any
 
 import pytest
@@ -17,7 +16,6 @@ from runs import admission, fairness, services
 from runs.engine.start import run_start
 from runs.models import Run, RunEvent
 from tests import factories, race_support
-from tests.support import shared_database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,23 +24,8 @@ ROUNDS = 200
 
 def race(first: str, second: str, run_ids: list[str]) -> dict[str, list[str]]:
     """Run operations ``first`` and ``second`` against each run, from two processes."""
-    context = multiprocessing.get_context("spawn")
-    barrier = context.Barrier(2, timeout=120)
-    results: Any = context.Queue()
-    processes = [
-        context.Process(
-            target=race_support.contender,
-            args=(shared_database_url(), operation, run_ids, barrier, results),
-        )
-        for operation in (first, second)
-    ]
-    for process in processes:
-        process.start()
-    collected = dict(results.get(timeout=300) for _ in processes)
-    for process in processes:
-        process.join(30)
-        assert process.exitcode == 0
-    return collected
+    outcomes = race_support.contend([(first, run_ids), (second, run_ids)])
+    return dict(zip((first, second), outcomes, strict=True))
 
 
 def running_runs(count: int) -> list[str]:
@@ -101,11 +84,11 @@ FAIR_ROUNDS = 100
 
 
 @pytest.fixture
-def long_leases(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def long_leases(settings: Any) -> None:
     """Slots taken while the rounds are set up must not expire before their round (the
-    test settings' lease is 3 s): an expired slot is free to take, rightly."""
+    test settings' lease is 3 s): an expired slot is free to take, rightly. (race_support
+    carries the setting to the contenders.)"""
     settings.ENGINE_LEASE_SECONDS = 600
-    monkeypatch.setenv("ENGINE_LEASE_SECONDS", "600")
 
 
 def test_two_runs_started_at_once_never_exceed_the_running_limit() -> None:

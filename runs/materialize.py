@@ -2,19 +2,29 @@
 
 Runs carry no agents until a worker picks them up (seed 000: PENDING has
 agent_count = 0); ``run_pick_up`` calls ``materialize`` in the transaction that moves the
-run to RUNNING. Rows are bulk-inserted: a 5,000-step plan is a handful of statements.
+run to RUNNING (a start that begins its run at once calls it too). Python works out the
+new rows' values from the typed plan and one engine function writes them
+(``engine.attempt_materialize``): a small run's attempt is one statement, a 20,000-step
+plan's ten.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from itertools import islice
 from typing import Any
 
+from django.db import connection
 from django.db.models import F
+from django.utils import timezone
 
-from common.copy import copy_insert
 from runs.models import Agent, Mode, Run, RunAttempt, Step, Task
 from runs.plan import AgentPlan, HandlerPlan, Plan, StepPlan, TaskPlan
+
+# Steps written per statement: a wide plan's go in batches, never a statement of all of
+# them (a run may hold 20,000; the batch's JSON is what the worker holds at once).
+STEPS_PER_STATEMENT = 2000
 
 
 def wiring(
@@ -39,25 +49,69 @@ def wiring(
     return [(len(deps), dependents[name]) for name, deps in zip(names, depends_on, strict=True)]
 
 
-def _agent_row(
-    run: Run, attempt: RunAttempt, plan: AgentPlan, position: int, wired: tuple[int, list[str]]
-) -> Agent:
-    return Agent(
-        run=run,
-        attempt=attempt,
-        attempt_number=attempt.attempt_number,
-        name=plan.name,
-        position=position,
-        mode=plan.mode,
-        failure_mode=plan.failure_mode,
-        max_concurrent_tasks=plan.max_concurrent_tasks,
-        depends_on=list(plan.depends_on),
-        pending_dependencies=wired[0],
-        dependents=wired[1],
-        task_count=len(plan.tasks),
-        open_children=len(plan.tasks),
-        timeout_ms=plan.timeout_ms,
-    )
+def agent_values(plan: AgentPlan, position: int, wired: tuple[int, list[str]]) -> dict[str, Any]:
+    """A new agent's columns that its plan and place decide (the rest, what every new
+    agent starts with, ``engine.attempt_materialize`` sets)."""
+    return {
+        "name": plan.name,
+        "position": position,
+        "mode": plan.mode,
+        "failure_mode": plan.failure_mode,
+        "max_concurrent_tasks": plan.max_concurrent_tasks,
+        "depends_on": list(plan.depends_on),
+        "pending_dependencies": wired[0],
+        "dependents": wired[1],
+        "task_count": len(plan.tasks),
+        "timeout_ms": plan.timeout_ms,
+    }
+
+
+def task_values(
+    plan: TaskPlan, position: int, wired: tuple[int, list[str]], generation: int = 0
+) -> dict[str, Any]:
+    """A new task's columns that its plan and place decide (``agent_values``)."""
+    return {
+        "name": plan.name,
+        "position": position,
+        "generation": generation,
+        "mode": plan.mode,
+        "failure_mode": plan.failure_mode,
+        "max_concurrent_steps": plan.max_concurrent_steps,
+        "depends_on": list(plan.depends_on),
+        "pending_dependencies": wired[0],
+        "dependents": wired[1],
+        "step_count": len(plan.steps),
+        "timeout_ms": plan.timeout_ms,
+    }
+
+
+def step_values(
+    plan: StepPlan,
+    position: int,
+    wired: tuple[int, list[str]],
+    generation: int = 0,
+    reused_from: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A new step's columns that its plan and place decide (``agent_values``;
+    ``engine.steps_insert`` sets the rest)."""
+    return {
+        "name": plan.name,
+        "position": position,
+        "generation": generation,
+        "tool": plan.tool,
+        "params": plan.params,
+        "when": plan.when,
+        "on_error": [handler.stored() for handler in plan.on_error],
+        "on_callback": [handler.stored() for handler in plan.on_callback],
+        "retry": plan.retry.as_dict(),
+        "timeout_ms": plan.timeout_ms,
+        "rate_limits": plan.rate_limits_stored(),
+        "depends_on": list(plan.depends_on),
+        "pending_dependencies": wired[0],
+        "dependents": wired[1],
+        "reused_from": reused_from,
+        "cache": plan.cache.stored() if plan.cache is not None else None,
+    }
 
 
 def task_row(
@@ -68,22 +122,14 @@ def task_row(
     wired: tuple[int, list[str]],
     generation: int = 0,
 ) -> Task:
+    """``task_values`` as an unsaved Task (a level retry's new generation)."""
+    values = task_values(plan, position, wired, generation)
     return Task(
         run=run,
         agent=agent,
         attempt_number=agent.attempt_number,
-        name=plan.name,
-        position=position,
-        generation=generation,
-        mode=plan.mode,
-        failure_mode=plan.failure_mode,
-        max_concurrent_steps=plan.max_concurrent_steps,
-        depends_on=list(plan.depends_on),
-        pending_dependencies=wired[0],
-        dependents=wired[1],
-        step_count=len(plan.steps),
-        open_children=len(plan.steps),
-        timeout_ms=plan.timeout_ms,
+        open_children=values["step_count"],
+        **values,
     )
 
 
@@ -94,28 +140,13 @@ def step_row(
     position: int,
     wired: tuple[int, list[str]],
     generation: int = 0,
-    reused_from: dict[str, Any] | None = None,
 ) -> Step:
+    """``step_values`` as an unsaved Step (a level retry's new generation, handlers)."""
     return Step(
         run=run,
         task=task,
         attempt_number=task.attempt_number,
-        name=plan.name,
-        position=position,
-        generation=generation,
-        tool=plan.tool,
-        params=plan.params,
-        when=plan.when,
-        on_error=[handler.stored() for handler in plan.on_error],
-        on_callback=[handler.stored() for handler in plan.on_callback],
-        retry=plan.retry.as_dict(),
-        timeout_ms=plan.timeout_ms,
-        rate_limits=plan.rate_limits_stored(),
-        depends_on=list(plan.depends_on),
-        pending_dependencies=wired[0],
-        dependents=wired[1],
-        reused_from=reused_from,
-        cache=plan.cache.stored() if plan.cache is not None else None,
+        **step_values(plan, position, wired, generation),
     )
 
 
@@ -165,34 +196,18 @@ def task_rows(run: Run, agent: Agent, plan: AgentPlan, generation: int = 0) -> l
     ]
 
 
-def step_rows(
-    run: Run,
-    task: Task,
-    plan: TaskPlan,
-    generation: int = 0,
-    reuse: Mapping[str, dict[str, Any]] | None = None,
-) -> list[Step]:
-    """The task's steps; ``reuse``: the run's steps (by path) that take an earlier step's
-    output instead of running (``Run.reuse``, runs.reuse)."""
+def step_rows(run: Run, task: Task, plan: TaskPlan, generation: int = 0) -> list[Step]:
     wired = wire_children(plan.mode, plan.steps)
-    prefix = f"{task.agent.name}.{task.name}." if reuse else ""
     return [
-        step_row(
-            run,
-            task,
-            step_plan,
-            index,
-            wired[index],
-            generation,
-            reuse.get(prefix + step_plan.name) if reuse else None,
-        )
+        step_row(run, task, step_plan, index, wired[index], generation)
         for index, step_plan in enumerate(plan.steps)
     ]
 
 
-def materialize(run: Run, attempt: RunAttempt, plan: Plan) -> list[Agent]:
+def materialize(run: Run, attempt: RunAttempt, plan: Plan) -> int:
     """The attempt's rows; the steps ``Run.reuse`` names complete with their earlier
-    output when they come to run, without running (docs/engine.md)."""
+    output when they come to run, without running (docs/engine.md). Returns how many
+    agents it has."""
     wired = wire_children(plan.mode, plan.agents)
     return add_agents(run, attempt, plan.agents, wired, reuse=run.reuse)
 
@@ -204,28 +219,61 @@ def add_agents(
     wired: Sequence[tuple[int, list[str]]],
     first_position: int = 0,
     reuse: Mapping[str, dict[str, Any]] | None = None,
-) -> list[Agent]:
+) -> int:
     """Create ``plans``' agents (wired as given), their tasks and their steps in the
-    attempt, positioned from ``first_position`` (a re-plan adds agents after the rest)."""
-    agents = Agent.objects.bulk_create(
-        [
-            _agent_row(run, attempt, agent, first_position + index, wired[index])
-            for index, agent in enumerate(plans)
-        ]
-    )
-    tasks: list[Task] = []
-    task_plans: list[TaskPlan] = []
-    for agent, agent_plan in zip(agents, plans, strict=True):
-        tasks.extend(task_rows(run, agent, agent_plan))
-        task_plans.extend(agent_plan.tasks)
-    tasks = Task.objects.bulk_create(tasks, batch_size=1000)
-    # Streamed, task by task: a run may hold 20,000 steps (common/copy.py says why).
-    copy_insert(
-        Step,
-        (
-            step
-            for task, task_plan in zip(tasks, task_plans, strict=True)
-            for step in step_rows(run, task, task_plan, reuse=reuse)
-        ),
-    )
-    return agents
+    attempt, positioned from ``first_position`` (a re-plan adds agents after the rest):
+    ``engine.attempt_materialize`` writes them from their values, the steps of a wide
+    plan in batches of STEPS_PER_STATEMENT. Returns how many agents it added."""
+    agents: list[dict[str, Any]] = []
+    tasks: list[dict[str, Any]] = []
+    for index, agent_plan in enumerate(plans):
+        position = first_position + index
+        agents.append(agent_values(agent_plan, position, wired[index]))
+        tasks.extend(
+            {"agent": position, **task_values(task_plan, task_index, task_wired)}
+            for task_index, (task_plan, task_wired) in enumerate(
+                zip(agent_plan.tasks, wire_children(agent_plan.mode, agent_plan.tasks), strict=True)
+            )
+        )
+    steps = _steps(plans, reuse)
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT engine.attempt_materialize(%s, %s, %s, %s, %s, %s, %s)",
+            [
+                run.pk,
+                attempt.pk,
+                attempt.attempt_number,
+                _json(agents),
+                _json(tasks),
+                _json(list(islice(steps, STEPS_PER_STATEMENT))),
+                now,
+            ],
+        )
+        task_ids = cursor.fetchone()[0]
+        while batch := list(islice(steps, STEPS_PER_STATEMENT)):
+            cursor.execute(
+                "SELECT engine.steps_insert(%s, %s, %s, %s, %s)",
+                [run.pk, attempt.attempt_number, task_ids, _json(batch), now],
+            )
+    return len(agents)
+
+
+def _steps(
+    plans: Sequence[AgentPlan], reuse: Mapping[str, dict[str, Any]] | None
+) -> Iterator[dict[str, Any]]:
+    """The steps' values of ``plans``' tasks, each naming its task by index in the order
+    ``add_agents`` lists the tasks; produced as they are sent."""
+    task_index = 0
+    for agent_plan in plans:
+        for task_plan in agent_plan.tasks:
+            prefix = f"{agent_plan.name}.{task_plan.name}."
+            wired = wire_children(task_plan.mode, task_plan.steps)
+            for index, step_plan in enumerate(task_plan.steps):
+                reused = reuse.get(prefix + step_plan.name) if reuse else None
+                yield {"task": task_index, **step_values(step_plan, index, wired[index], 0, reused)}
+            task_index += 1
+
+
+def _json(rows: list[dict[str, Any]]) -> str:
+    return json.dumps(rows, separators=(",", ":"))

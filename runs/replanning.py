@@ -261,11 +261,11 @@ def _spawn(run: Run, replan: Replan, proposal: list[dict[str, Any]], now: dateti
         last=Max("position")
     )["last"]
     added = add_agents(run, attempt, plans, wired, (last if last is not None else -1) + 1)
-    names = [agent.name for agent in added]
+    names = [plan.name for plan in plans]
     # The hold becomes the new agents (one open child each).
     Run.objects.filter(pk=run.pk).update(
-        agent_count=F("agent_count") + len(added),
-        open_children=F("open_children") + len(added) - 1,
+        agent_count=F("agent_count") + added,
+        open_children=F("open_children") + added - 1,
         replan_pending_since=None,
     )
     replan.agents, replan.cost = names, cost

@@ -480,7 +480,7 @@ def run_pick_up_locked(
     savepoint to roll back to. ``attempt``: the current one, when the caller has it
     (a start that begins the run opened it)."""
     attempt = attempt or current_attempt(run)
-    agents = materialize(run, attempt, plan)
+    agent_count = materialize(run, attempt, plan)
     now = timezone.now()
     return transition_locked(
         run,
@@ -488,8 +488,8 @@ def run_pick_up_locked(
         actor=actor,
         now=now,
         updates={
-            "agent_count": len(agents),
-            "open_children": len(agents),
+            "agent_count": agent_count,
+            "open_children": agent_count,
             "active_children": 0,
             "waiting_approvals": 0,
             "last_heartbeat": now,

@@ -122,15 +122,16 @@ def _starts(args: argparse.Namespace, organization: Any) -> int:
     from runs.engine.start import run_start
 
     held: list[float] = []
-    lock = admission.lock
+    on_start = admission.on_start
 
-    def timed_lock(organization_id: Any) -> None:
-        # From the lock to the commit's end: what one organization's starts queue for.
-        lock(organization_id)
+    def timed_on_start(run: Any) -> bool:
+        # From the lock (its decision's statement takes it first) to the commit's end:
+        # what one organization's starts queue for.
         taken = time.perf_counter()
         transaction.on_commit(lambda: held.append(time.perf_counter() - taken))
+        return on_start(run)
 
-    admission.lock = timed_lock
+    admission.on_start = timed_on_start
 
     def created(count: int) -> list[Any]:
         plan = sequential_plan(MANY_STEPS)

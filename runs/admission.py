@@ -91,8 +91,7 @@ def on_start(run: Run) -> bool:
     work: never refused, never counted, admitted."""
     if run.parent_run_id is not None:
         return True
-    lock(run.organization_id)
-    pending, pending_limit, admitted = _at_start(run)
+    pending, pending_limit, admitted = _at_start(run, locked=True)
     if pending >= pending_limit:
         raise TooManyPendingRuns(
             f"the organization has {pending} runs waiting to start, its limit; "
@@ -107,24 +106,25 @@ def looks_free(run: Run) -> bool:
     before asking ``on_start`` (which decides)."""
     if run.parent_run_id is not None:
         return True
-    pending, pending_limit, admitted = _at_start(run)
+    pending, pending_limit, admitted = _at_start(run, locked=False)
     return admitted and pending < pending_limit
 
 
-def _at_start(run: Run) -> tuple[int, int, bool]:
+def _at_start(run: Run, *, locked: bool) -> tuple[int, int, bool]:
     """(runs of the organization waiting to start, their limit, whether ``run`` may be
-    admitted at once), the limits and the counts in one statement: this runs on every
-    start."""
+    admitted at once), from ``engine.run_admission``: one statement on every start,
+    which takes the organization's lock first when ``locked``."""
     with connection.cursor() as cursor:
         cursor.execute(
-            _ON_START_SQL,
-            {
-                "organization": run.organization_id,
-                "run": run.pk,
-                "pending_default": settings.ORG_MAX_PENDING_RUNS,
-                "running_default": settings.ORG_MAX_RUNNING_RUNS,
-                "key": run.concurrency_key,
-            },
+            "SELECT * FROM engine.run_admission(%s, %s, %s, %s, %s, %s)",
+            [
+                run.organization_id,
+                run.pk,
+                run.concurrency_key,
+                settings.ORG_MAX_PENDING_RUNS,
+                settings.ORG_MAX_RUNNING_RUNS,
+                LOCK_NAMESPACE if locked else None,
+            ],
         )
         pending_limit, pending, running_limit, held, waiting, key_held = cursor.fetchone()
     if run.concurrency_key and key_held >= run.concurrency_max:
@@ -132,35 +132,9 @@ def _at_start(run: Run) -> tuple[int, int, bool]:
     return pending, pending_limit, held < running_limit and not waiting
 
 
-_STARTED_SQL = ", ".join(f"'{status}'" for status in RUN_STARTED)
-_HOLDS_SQL = (
-    f"r.parent_run_id IS NULL AND (r.status IN ({_STARTED_SQL}) OR "
-    "(r.status IN ('pending', 'retrying') AND r.admitted_at IS NOT NULL))"
-)
-_ON_START_SQL = f"""
-SELECT COALESCE(o.max_pending_runs, %(pending_default)s), counts.pending,
-       COALESCE(o.max_running_runs, %(running_default)s), counts.held,
-       EXISTS (SELECT 1 FROM runs_run AS r
-               WHERE r.organization_id = o.id AND r.parent_run_id IS NULL
-                 AND r.status IN ('pending', 'retrying') AND r.admitted_at IS NULL
-                 AND r.id <> %(run)s),
-       counts.key_held
-FROM billing_organization AS o, LATERAL (
-    -- One pass over the organization's runs under way.
-    SELECT count(*) FILTER (WHERE r.status = 'pending') AS pending,
-           count(*) FILTER (WHERE {_HOLDS_SQL}) AS held,
-           count(*) FILTER (WHERE %(key)s <> '' AND r.concurrency_key = %(key)s
-                            AND {_HOLDS_SQL}) AS key_held
-    FROM runs_run AS r
-    WHERE r.organization_id = o.id AND r.parent_run_id IS NULL AND r.id <> %(run)s
-      AND r.status IN ('pending', 'retrying', {_STARTED_SQL})
-) AS counts
-WHERE o.id = %(organization)s
-"""  # noqa: S608 - only this module's constants are formatted in
-
-
 # A run holds a place among its organization's running runs from its admission (an
-# admitted run not yet picked up included) until it ends. Child runs hold none and
+# admitted run not yet picked up included) until it ends (engine.run_admission counts
+# the same at a start). Child runs hold none and
 # never wait: they are their parent's work, and a parent waiting for a child queued
 # behind it (or behind its own concurrency key) would wait forever.
 TOP = Q(parent_run__isnull=True)

@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 
 from billing.models import Organization
@@ -17,6 +18,7 @@ from runs.engine import control
 from runs.engine.start import run_start
 from runs.models import EventKind, Run, RunEvent, StepSlot
 from runs.plan import PlanInvalid
+from runs.states import RUN_STARTED
 from tests import factories
 
 pytestmark = pytest.mark.django_db
@@ -79,6 +81,23 @@ def test_a_run_is_admitted_at_its_start_only_with_a_place_free_and_nobody_waitin
     assert Run.objects.get(pk=late.pk).admitted_at is None
     assert control.pick_up(behind.pk)
     assert not control.pick_up(late.pk)
+
+
+@pytest.mark.parametrize("holding", sorted(RUN_STARTED))
+def test_a_run_in_any_started_state_holds_its_place_at_a_start(holding: str) -> None:
+    # engine.run_admission lists the started states in SQL: the same as runs.states'.
+    organization = factories.org()
+    admission.limits_set(organization.pk, actor="test", max_running_runs=1)
+    first = started(organization)
+    Run.objects.filter(pk=first.pk).update(status=holding)
+
+    second = services.run_create(organization=organization, plan=factories.plan())
+    assert not admission.looks_free(second)
+    with transaction.atomic():
+        assert not admission.on_start(second)
+
+    Run.objects.filter(pk=first.pk).update(status="completed")
+    assert admission.looks_free(second)
 
 
 def test_waiting_runs_are_admitted_by_priority_then_fifo_as_places_free() -> None:

@@ -151,11 +151,11 @@ def test_a_start_leaves_the_run_pending_with_its_attempt_reservation_and_events(
     }
     assert Organization.objects.get(pk=organization.pk).credits_available == 1000 - amount
     assert transport.runs == [(RunMessage.PICK_UP, str(run.pk))]
-    # The lock (with the plan), admission's lock and count of the organization's runs
-    # waiting to start (runs.admission), and the call, inside run_start's transaction (a
-    # savepoint here: the test runs in a transaction of its own).
+    # The lock (with the plan), admission's lock with its count of the organization's
+    # runs (one statement, engine.run_admission), and the call, inside run_start's
+    # transaction (a savepoint here: the test runs in a transaction of its own).
     written = [q["sql"] for q in statements.captured_queries if "SAVEPOINT" not in q["sql"]]
-    assert len(written) == 4, written
+    assert len(written) == 3, written
     assert violations() == {}
 
 

@@ -24,7 +24,6 @@ from django.utils import timezone
 from billing.models import Organization
 from billing.services import (
     InsufficientCredits,
-    credits_reserve,
     to_credits,
 )
 from common import eventstreams, tracing
@@ -46,9 +45,8 @@ from runs.models import (
     Task,
 )
 from runs.outbox import RunMessage, enqueue_run_message, revoke_running_steps
-from runs.plan import Limits, Plan, PlanError, PlanInvalid, parse_plan
+from runs.plan import Plan, PlanError, PlanInvalid, parse_plan
 from runs.plan.fields import CONCURRENCY_KEY_MAX_LENGTH
-from runs.plan.model import read_plan
 from runs.reservation import plan_reservation
 from runs.reuse import retry_reuse
 from runs.states import (
@@ -296,146 +294,14 @@ def concurrency_of(plan: Plan) -> tuple[str, int]:
     return key, plan.concurrency.max_runs
 
 
-# --------------------------------------------------------------------------- start, pick up
-# The states a run's start leads to, short of a terminal one: starting it again there
-# answers the run as it is (a client retrying its start never sees a conflict because
-# the first start was fast).
-STARTED = frozenset(
-    {
-        RunStatus.PENDING,
-        RunStatus.RUNNING,
-        RunStatus.WAITING_APPROVAL,
-        RunStatus.PAUSED,
-        RunStatus.RESUMING,
-        RunStatus.RETRYING,
-        RunStatus.ESCALATED,
-    }
-)
-
-
-@dataclass(frozen=True)
-class Starting:
-    """A run locked for its start (``run_to_start``): its plan as stored and the credits
-    its first attempt reserves. ``plan`` None: the run was started before and is returned
-    as it is."""
-
-    run: Run
-    plan: Plan | None = None
-    amount: Decimal = Decimal(0)
-
-
-@dataclass(frozen=True)
-class Pending:
-    """What ``run_start_pending`` did: the run; attempt 1, opened now (None: the run was
-    started before, and is returned as it is); whether admission let it in at once."""
-
-    run: Run
-    attempt: RunAttempt | None = None
-    admitted: bool = False
-    plan: Plan | None = None
-
-
-def run_to_start(
-    *, run_id: RunId, organization: Organization | None = None, actor: str = "system"
-) -> Starting:
-    """The run locked (in the caller's transaction) and checked for its start: deleted,
-    refused; started already (pending, running or any state its start led to, short of a
-    terminal one), returned as it is; a terminal state, refused by the transition table."""
-    run = lock_run(run_id, organization)
-    if run.deleted_at is not None:
-        raise RunDeleted(f"run {run.pk} was deleted")
-    if run.status != RunStatus.CREATED:
-        if run.status in STARTED:
-            return Starting(run)
-        # A terminal state start() can never lead to: the table refuses it explicitly.
-        return Starting(transition(Run, run.pk, RunStatus.PENDING, actor=actor).obj)
-    if tracing.enabled:
-        _trace_start(run)
-    plan = stored_plan(run)
-    amount = to_credits(plan_reservation(plan, run.reuse))
-    if amount <= 0:
-        raise ValueError("a reservation must be positive")
-    return Starting(run, plan, amount)
-
-
-def run_start_pending(starting: Starting, *, actor: str, admitted: bool | None = None) -> Pending:
-    """CREATED -> PENDING for a run ``run_to_start`` locked: attempt 1 opened
-    (``engine.run_start``). ``admitted`` None: admission is asked whether a place is free
-    at once (``runs.admission.on_start``: its lock on the organization held until
-    commit) and the credits are reserved here (InsufficientCredits when short: the
-    caller's transaction rolls back, the run stays CREATED). ``admitted`` True: the
-    caller takes the organization's locks last, after it has begun the run
-    (``runs.engine.start``): it asks admission itself and reserves with
-    ``run_reserve`` before it commits."""
-    run, plan = starting.run, starting.plan
-    if plan is None:
-        return Pending(run)
-    reserve = admitted is None
-    if admitted is None:
-        # Refused with 429 beyond the organization's pending runs; admitted at once when
-        # a place is free and nobody waits for one (runs.admission).
-        admitted = admission.on_start(run)
-    admitted_at = timezone.now() if admitted else None
-    now = timezone.now()
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT * FROM engine.run_start(%s, %s, %s, %s, %s, %s)",
-            [run.pk, starting.amount, actor, admitted_at, now, reserve],
-        )
-        row = cursor.fetchone()
-    if row[3] is None:
-        raise _short_of_credits(run.organization_id, starting.amount)
-    eventstreams.events_written(run.pk)  # the function wrote the start's events
-    run.status, run.attempt_number, run.admitted_at = RunStatus.PENDING, 1, admitted_at
-    run.status_changed_at, run.started_at, run.updated_at, attempt_id = row
-    attempt = RunAttempt.from_db(
-        connection.alias, ["id", "run_id", "attempt_number"], [attempt_id, run.pk, 1]
-    )
-    return Pending(run, attempt, admitted, plan)
-
-
-def run_reserve(run: Run, attempt: RunAttempt, amount: Decimal, actor: str) -> None:
-    """Reserve the credits of a start that opened its attempt without them
-    (``run_start_pending(admitted=True)``): InsufficientCredits when short."""
-    credits_reserve(
-        organization_id=run.organization_id,
-        run_id=run.pk,
-        attempt_id=attempt.pk,
-        attempt_number=attempt.attempt_number,
-        amount=amount,
-        actor=actor,
-    )
-
-
-def _short_of_credits(organization_id: UUID, amount: Decimal) -> InsufficientCredits:
+# --------------------------------------------------------------------------- pick up
+def short_of_credits(organization_id: UUID, amount: Decimal) -> InsufficientCredits:
     """A reservation the organization could not cover (engine.attempt_open wrote nothing):
     402 to an API client."""
     available = Organization.objects.values_list("credits_available", flat=True).get(
         pk=organization_id
     )
     return InsufficientCredits(amount, available)
-
-
-def _trace_start(run: Run) -> None:
-    """A run created untraced is traced from the request that starts it; the start of a
-    traced run is linked to the run's trace from the starting request's."""
-    if not run.trace_context:
-        run.trace_context = tracing.run_context(attributes={"orchestrator.run.name": run.name})
-        Run.objects.filter(pk=run.pk).update(trace_context=run.trace_context)
-        return
-    tracing.link_current(run.trace_context, relation="run started")
-
-
-def stored_plan(run: Run) -> Plan:
-    """The typed plan of a stored run, for what its start reads of it (the steps, the
-    credits to reserve). The plan passed every check when the run was created: its shape
-    is read again (the typed plan is built from it), not its whole-plan checks
-    (dependencies, cycles, templates), which the pick-up makes before it writes; a plan
-    whose shape no longer reads is refused in full, as at creation."""
-    plan, problems = read_plan(run.plan, Limits.from_settings())
-    if problems or plan is None:
-        return plan_of(run)  # raises PlanInvalid with every problem
-    return plan
 
 
 def _open_attempt(run: Run, actor: str) -> RunAttempt:
@@ -449,7 +315,7 @@ def _open_attempt(run: Run, actor: str) -> RunAttempt:
         )
         attempt_id = cursor.fetchone()[0]
     if attempt_id is None:
-        raise _short_of_credits(run.organization_id, amount)
+        raise short_of_credits(run.organization_id, amount)
     eventstreams.events_written(run.pk)
     return RunAttempt.from_db(
         connection.alias,

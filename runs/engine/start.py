@@ -9,25 +9,33 @@ The organization's locks (admission's, then its row for the reservation) are tak
 reservation and the commit: one organization's starts do their heavy part side by side
 (docs/benchmark.md, "Many small runs"). When admission then says no (a race took the
 place), the begun run is rolled back to a savepoint and started as a waiting one.
-Otherwise (``services.run_start_pending``: admission asked first) a worker picks the run
+Otherwise (``run_start_pending``: admission asked first) a worker picks the run
 up (``control.pick_up``), asked for after commit.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from decimal import Decimal
+
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from billing.models import Organization
+from billing.services import credits_reserve, to_credits
+from common import eventstreams, tracing
 from runs import admission, services
 from runs.engine import hotpath
 from runs.engine.dispatch import announce, dispatch_agents, step_from_row
 from runs.engine.propagation import finish_if_done
 from runs.models import Run, RunAttempt
 from runs.outbox import Outbox, RunMessage, enqueue_run_message
-from runs.plan import Plan, PlanInvalid
-from runs.states import RUN_TERMINAL
+from runs.plan import Limits, Plan, PlanInvalid
+from runs.plan.model import read_plan
+from runs.reservation import plan_reservation
+from runs.states import RUN_TERMINAL, RunStatus
+from runs.transitions import transition
 
 
 @transaction.atomic
@@ -39,7 +47,7 @@ def run_start(
     start led to, short of a terminal one): returned unchanged. Too little available:
     InsufficientCredits, and the whole transaction rolls back, so the run stays CREATED.
     """
-    starting = services.run_to_start(run_id=run_id, organization=organization, actor=actor)
+    starting = run_to_start(run_id=run_id, organization=organization, actor=actor)
     if starting.plan is None:
         return starting.run
     if starting.plan.step_count <= settings.ENGINE_START_AT_ONCE_STEPS and admission.looks_free(
@@ -48,7 +56,7 @@ def run_start(
         begun = _begin_then_admit(starting, actor)
         if begun is not None:
             return begun
-    pending = services.run_start_pending(starting, actor=actor)
+    pending = run_start_pending(starting, actor=actor)
     run, plan = pending.run, pending.plan
     if pending.attempt is None or plan is None:
         return run
@@ -65,7 +73,7 @@ class _NotAdmitted(Exception):
     """Admission said no to a run begun on its guess: the savepoint is rolled back."""
 
 
-def _begin_then_admit(starting: services.Starting, actor: str) -> Run | None:
+def _begin_then_admit(starting: Starting, actor: str) -> Run | None:
     """Begin the run, then take the organization's locks and ask admission; reserve its
     credits last. None, with nothing written, when admission lets it wait after all or
     its plan must be left to a pick-up: the caller starts it as a waiting run."""
@@ -75,14 +83,14 @@ def _begin_then_admit(starting: services.Starting, actor: str) -> Run | None:
         return None
     try:
         with transaction.atomic():  # a savepoint: undone whole when admission says no
-            pending = services.run_start_pending(starting, actor=actor, admitted=True)
+            pending = run_start_pending(starting, actor=actor, admitted=True)
             assert pending.attempt is not None
             begin(run, checked, actor, pending.attempt)
             # Ended as it began (nothing to run): its attempt closed and settled a
             # reservation not made yet. Rare; started the general way instead.
             if run.status in RUN_TERMINAL or not admission.on_start(run):
                 raise _NotAdmitted
-            services.run_reserve(run, pending.attempt, starting.amount, actor)
+            run_reserve(run, pending.attempt, starting.amount, actor)
     except _NotAdmitted:
         run.refresh_from_db()
         return None
@@ -116,3 +124,136 @@ def begin(run: Run, plan: Plan, actor: str, attempt: RunAttempt | None = None) -
     if run.open_children == 0:
         run.refresh_from_db()  # nothing to do: completed as it started
     return run
+
+
+# --------------------------------------------------------------------------- its parts
+# The states a run's start leads to, short of a terminal one: starting it again there
+# answers the run as it is (a client retrying its start never sees a conflict because
+# the first start was fast).
+STARTED = frozenset(
+    {
+        RunStatus.PENDING,
+        RunStatus.RUNNING,
+        RunStatus.WAITING_APPROVAL,
+        RunStatus.PAUSED,
+        RunStatus.RESUMING,
+        RunStatus.RETRYING,
+        RunStatus.ESCALATED,
+    }
+)
+
+
+@dataclass(frozen=True)
+class Starting:
+    """A run locked for its start (``run_to_start``): its plan as stored and the credits
+    its first attempt reserves. ``plan`` None: the run was started before and is returned
+    as it is."""
+
+    run: Run
+    plan: Plan | None = None
+    amount: Decimal = Decimal(0)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """What ``run_start_pending`` did: the run; attempt 1, opened now (None: the run was
+    started before, and is returned as it is); whether admission let it in at once."""
+
+    run: Run
+    attempt: RunAttempt | None = None
+    admitted: bool = False
+    plan: Plan | None = None
+
+
+def run_to_start(
+    *, run_id: services.RunId, organization: Organization | None = None, actor: str = "system"
+) -> Starting:
+    """The run locked (in the caller's transaction) and checked for its start: deleted,
+    refused; started already (pending, running or any state its start led to, short of a
+    terminal one), returned as it is; a terminal state, refused by the transition table."""
+    run = services.lock_run(run_id, organization)
+    if run.deleted_at is not None:
+        raise services.RunDeleted(f"run {run.pk} was deleted")
+    if run.status != RunStatus.CREATED:
+        if run.status in STARTED:
+            return Starting(run)
+        # A terminal state start() can never lead to: the table refuses it explicitly.
+        return Starting(transition(Run, run.pk, RunStatus.PENDING, actor=actor).obj)
+    if tracing.enabled:
+        _trace_start(run)
+    plan = stored_plan(run)
+    amount = to_credits(plan_reservation(plan, run.reuse))
+    if amount <= 0:
+        raise ValueError("a reservation must be positive")
+    return Starting(run, plan, amount)
+
+
+def run_start_pending(starting: Starting, *, actor: str, admitted: bool | None = None) -> Pending:
+    """CREATED -> PENDING for a run ``run_to_start`` locked: attempt 1 opened
+    (``engine.run_start``). ``admitted`` None: admission is asked whether a place is free
+    at once (``runs.admission.on_start``: its lock on the organization held until
+    commit) and the credits are reserved here (InsufficientCredits when short: the
+    caller's transaction rolls back, the run stays CREATED). ``admitted`` True: the
+    caller takes the organization's locks last, after it has begun the run
+    (``runs.engine.start``): it asks admission itself and reserves with
+    ``run_reserve`` before it commits."""
+    run, plan = starting.run, starting.plan
+    if plan is None:
+        return Pending(run)
+    reserve = admitted is None
+    if admitted is None:
+        # Refused with 429 beyond the organization's pending runs; admitted at once when
+        # a place is free and nobody waits for one (runs.admission).
+        admitted = admission.on_start(run)
+    admitted_at = timezone.now() if admitted else None
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT * FROM engine.run_start(%s, %s, %s, %s, %s, %s)",
+            [run.pk, starting.amount, actor, admitted_at, now, reserve],
+        )
+        row = cursor.fetchone()
+    if row[3] is None:
+        raise services.short_of_credits(run.organization_id, starting.amount)
+    eventstreams.events_written(run.pk)  # the function wrote the start's events
+    run.status, run.attempt_number, run.admitted_at = RunStatus.PENDING, 1, admitted_at
+    run.status_changed_at, run.started_at, run.updated_at, attempt_id = row
+    attempt = RunAttempt.from_db(
+        connection.alias, ["id", "run_id", "attempt_number"], [attempt_id, run.pk, 1]
+    )
+    return Pending(run, attempt, admitted, plan)
+
+
+def run_reserve(run: Run, attempt: RunAttempt, amount: Decimal, actor: str) -> None:
+    """Reserve the credits of a start that opened its attempt without them
+    (``run_start_pending(admitted=True)``): InsufficientCredits when short."""
+    credits_reserve(
+        organization_id=run.organization_id,
+        run_id=run.pk,
+        attempt_id=attempt.pk,
+        attempt_number=attempt.attempt_number,
+        amount=amount,
+        actor=actor,
+    )
+
+
+def _trace_start(run: Run) -> None:
+    """A run created untraced is traced from the request that starts it; the start of a
+    traced run is linked to the run's trace from the starting request's."""
+    if not run.trace_context:
+        run.trace_context = tracing.run_context(attributes={"orchestrator.run.name": run.name})
+        Run.objects.filter(pk=run.pk).update(trace_context=run.trace_context)
+        return
+    tracing.link_current(run.trace_context, relation="run started")
+
+
+def stored_plan(run: Run) -> Plan:
+    """The typed plan of a stored run, for what its start reads of it (the steps, the
+    credits to reserve). The plan passed every check when the run was created: its shape
+    is read again (the typed plan is built from it), not its whole-plan checks
+    (dependencies, cycles, templates), which the pick-up makes before it writes; a plan
+    whose shape no longer reads is refused in full, as at creation."""
+    plan, problems = read_plan(run.plan, Limits.from_settings())
+    if problems or plan is None:
+        return services.plan_of(run)  # raises PlanInvalid with every problem
+    return plan

@@ -21,7 +21,7 @@ from billing.models import Organization
 from billing.services import to_credits
 from common.invariants import violations
 from runs import admission, services
-from runs.engine.start import run_start
+from runs.engine.start import run_start, stored_plan
 from runs.models import Run
 from runs.reservation import plan_reservation
 from tests import factories, race_support
@@ -114,7 +114,7 @@ def test_starts_at_once_never_exceed_a_concurrency_key() -> None:
 
 def test_starts_at_once_never_overdraw_the_credits() -> None:
     # A one-step run reserves the same amount each: the organization affords three.
-    amount = to_credits(plan_reservation(services.stored_plan(small(factories.org()))))
+    amount = to_credits(plan_reservation(stored_plan(small(factories.org()))))
     rounds = rounds_of(small, {"max_running_runs": 50}, credits=str(amount * 3))
 
     outcomes = crowd(rounds)

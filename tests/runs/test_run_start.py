@@ -21,7 +21,7 @@ from billing.services import InsufficientCredits, to_credits
 from common.invariants import violations
 from runs import services
 from runs.engine import control
-from runs.engine.start import run_start
+from runs.engine.start import run_start, stored_plan
 from runs.models import Agent, Run, RunAttempt, RunEvent
 from runs.outbox import RunMessage
 from runs.reservation import plan_reservation
@@ -113,7 +113,7 @@ def test_a_start_leaves_the_run_pending_with_its_attempt_reservation_and_events(
 ) -> None:
     organization = factories.org(credits=1000)
     run = factories.run(organization, **PLANS[name])
-    amount = to_credits(plan_reservation(services.stored_plan(run)))
+    amount = to_credits(plan_reservation(stored_plan(run)))
 
     with CaptureQueriesContext(connection) as statements:
         returned = at_once(run)

@@ -15,10 +15,7 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
-from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django.db.models import BooleanField
-from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from billing.models import Organization
@@ -87,17 +84,34 @@ def error_payload(code: str, message: str, **extra: Any) -> dict[str, Any]:
 
 # What the engine reads of a run on every step: everything but the large fields (a wide
 # run's plan is tens of kilobytes; reading it on every step would make a step's cost grow
-# with the run). Read with one prepared-once statement, not a query the ORM builds per call.
+# with the run).
 _HEAVY = {"plan", "variables", "timeouts", "last_error", "policy", "reuse"}
-_LIGHT = [f.attname for f in Run._meta.concrete_fields if f.attname not in _HEAVY]
-# The gate first (a one-time filter, evaluated before any row is locked: the lock order
-# is gate, then rows), then the run's row.
-_LOCK_LIGHT_SQL = (
-    f"SELECT {', '.join(connection.ops.quote_name(name) for name in _LIGHT)} "  # noqa: S608
-    "FROM runs_run WHERE id = %s "
-    "AND (SELECT engine.run_gate(%s)) "
-    "FOR NO KEY UPDATE"
-)
+_ALL = [f.attname for f in Run._meta.concrete_fields]
+_LIGHT = [name for name in _ALL if name not in _HEAVY]
+# Psycopg gives each column as the model wants it but JSON, which Django's JSONField
+# decodes itself (all of them are among the heavy fields).
+_DECODED = {
+    f.attname: f.from_db_value for f in Run._meta.concrete_fields if hasattr(f, "from_db_value")
+}
+
+
+def _lock_sql(columns: list[str], *, in_organization: bool) -> str:
+    """The statement that locks a run: the gate first (a one-time filter, evaluated before
+    any row is locked: the lock order is gate, then rows), then the run's row. Written
+    once per shape at import, not built by the ORM per call: every service locks a run."""
+    return (
+        f"SELECT {', '.join(connection.ops.quote_name(name) for name in columns)} "  # noqa: S608
+        "FROM runs_run WHERE id = %s "
+        + ("AND organization_id = %s " if in_organization else "")
+        + "AND (SELECT engine.run_gate(%s)) FOR NO KEY UPDATE"
+    )
+
+
+_LOCK_SQL = {
+    (light, in_organization): _lock_sql(_LIGHT if light else _ALL, in_organization=in_organization)
+    for light in (False, True)
+    for in_organization in (False, True)
+}
 
 
 def lock_run(
@@ -110,20 +124,19 @@ def lock_run(
     ``light`` leaves out the plan and other large fields: the engine moves a run forward
     on every step without them.
     """
-    if light and organization is None:
-        return _lock_light(run_id)
     key = _run_key(run_id)
-    # The gate in the same statement, as in _LOCK_LIGHT_SQL (before the row's lock).
-    gate = RawSQL("(SELECT engine.run_gate(%s))", [key], output_field=BooleanField())
-    query = Run.objects.select_for_update(no_key=True).filter(gate)
-    if light:
-        query = query.defer(*_HEAVY)
-    if organization is not None:
-        query = query.filter(organization=organization)
-    try:
-        return query.get(pk=key)
-    except (Run.DoesNotExist, ValueError, ValidationError) as exc:  # a malformed id is absent
-        raise RunNotFound(f"run {run_id} not found") from exc
+    columns = _LIGHT if light else _ALL
+    params: list[Any] = [key, organization.pk, key] if organization is not None else [key, key]
+    with connection.cursor() as cursor:
+        cursor.execute(_LOCK_SQL[light, organization is not None], params)
+        row = cursor.fetchone()
+    if row is None:
+        raise RunNotFound(f"run {run_id} not found")
+    values = [
+        _DECODED[name](value, None, connection) if name in _DECODED else value
+        for name, value in zip(columns, row, strict=True)
+    ]
+    return Run.from_db(connection.alias, columns, values)
 
 
 def _run_key(run_id: RunId) -> UUID:
@@ -132,18 +145,6 @@ def _run_key(run_id: RunId) -> UUID:
         return run_id if isinstance(run_id, UUID) else UUID(str(run_id))
     except ValueError as exc:
         raise RunNotFound(f"run {run_id} not found") from exc
-
-
-def _lock_light(run_id: RunId) -> Run:
-    key = _run_key(run_id)
-    with connection.cursor() as cursor:
-        cursor.execute(_LOCK_LIGHT_SQL, [key, key])
-        row = cursor.fetchone()
-    if row is None:
-        raise RunNotFound(f"run {run_id} not found")
-    # None of the light columns needs a converter (no JSON, no decimal): the row is the
-    # instance's values as the ORM would have loaded them.
-    return Run.from_db(connection.alias, _LIGHT, row)
 
 
 def require_source(run: Run, source: str, target: str) -> bool:

@@ -1,17 +1,18 @@
 """Turn a run's plan into Agent, Task and Step rows for one attempt.
 
 Runs carry no agents until a worker picks them up (seed 000: PENDING has
-agent_count = 0); ``run_pick_up`` calls ``materialize`` in the transaction that moves the
-run to RUNNING (a start that begins its run at once calls it too). Python works out the
+agent_count = 0); ``run_pick_up`` calls ``materialize``, which moves the run to RUNNING
+with its rows (a start that begins its run at once calls it too). Python works out the
 new rows' values from the typed plan and one engine function writes them
-(``engine.attempt_materialize``): a small run's attempt is one statement, a 20,000-step
-plan's ten.
+(``engine.run_pick_up``): a small run's pick-up is one statement, a 20,000-step plan's
+ten.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
 from itertools import islice
 from typing import Any
 
@@ -204,12 +205,13 @@ def step_rows(run: Run, task: Task, plan: TaskPlan, generation: int = 0) -> list
     ]
 
 
-def materialize(run: Run, attempt: RunAttempt, plan: Plan) -> int:
-    """The attempt's rows; the steps ``Run.reuse`` names complete with their earlier
-    output when they come to run, without running (docs/engine.md). Returns how many
-    agents it has."""
+def materialize(run: Run, attempt: RunAttempt, plan: Plan, *, actor: str, now: datetime) -> int:
+    """The attempt's rows, and the run PENDING -> RUNNING with them (``engine.run_pick_up``:
+    its caller holds the run locked and has seen it PENDING); the steps ``Run.reuse``
+    names complete with their earlier output when they come to run, without running
+    (docs/engine.md). Returns how many agents it has."""
     wired = wire_children(plan.mode, plan.agents)
-    return add_agents(run, attempt, plan.agents, wired, reuse=run.reuse)
+    return _write(run, attempt, plan.agents, wired, 0, run.reuse, now, _PICK_UP_SQL, [actor, now])
 
 
 def add_agents(
@@ -217,13 +219,34 @@ def add_agents(
     attempt: RunAttempt,
     plans: Sequence[AgentPlan],
     wired: Sequence[tuple[int, list[str]]],
-    first_position: int = 0,
-    reuse: Mapping[str, dict[str, Any]] | None = None,
+    first_position: int,
 ) -> int:
-    """Create ``plans``' agents (wired as given), their tasks and their steps in the
-    attempt, positioned from ``first_position`` (a re-plan adds agents after the rest):
-    ``engine.attempt_materialize`` writes them from their values, the steps of a wide
-    plan in batches of STEPS_PER_STATEMENT. Returns how many agents it added."""
+    """Add ``plans``' agents (wired as given), their tasks and their steps to the running
+    attempt, positioned from ``first_position`` (a re-plan adds agents after the rest);
+    returns how many."""
+    now = timezone.now()
+    return _write(run, attempt, plans, wired, first_position, None, now, _ADD_SQL, [now])
+
+
+_PICK_UP_SQL = "SELECT engine.run_pick_up(%s, %s, %s, %s, %s, %s, %s, %s)"
+_ADD_SQL = "SELECT engine.attempt_materialize(%s, %s, %s, %s, %s, %s, %s)"
+
+
+def _write(
+    run: Run,
+    attempt: RunAttempt,
+    plans: Sequence[AgentPlan],
+    wired: Sequence[tuple[int, list[str]]],
+    first_position: int,
+    reuse: Mapping[str, dict[str, Any]] | None,
+    now: datetime,
+    statement: str,
+    extra: list[Any],
+) -> int:
+    """Write ``plans``' rows from their values with ``statement`` (``engine.run_pick_up``
+    or ``engine.attempt_materialize``, ``extra`` its arguments after the rows): the
+    agents, the tasks and the first STEPS_PER_STATEMENT steps, then the rest of a wide
+    plan's steps in batches (``engine.steps_insert``)."""
     agents: list[dict[str, Any]] = []
     tasks: list[dict[str, Any]] = []
     for index, agent_plan in enumerate(plans):
@@ -236,20 +259,17 @@ def add_agents(
             )
         )
     steps = _steps(plans, reuse)
-    now = timezone.now()
+    first = list(islice(steps, STEPS_PER_STATEMENT))
+    rows: list[Any] = [
+        run.pk,
+        attempt.pk,
+        attempt.attempt_number,
+        _json(agents),
+        _json(tasks),
+        _json(first),
+    ]
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT engine.attempt_materialize(%s, %s, %s, %s, %s, %s, %s)",
-            [
-                run.pk,
-                attempt.pk,
-                attempt.attempt_number,
-                _json(agents),
-                _json(tasks),
-                _json(list(islice(steps, STEPS_PER_STATEMENT))),
-                now,
-            ],
-        )
+        cursor.execute(statement, [*rows, *extra])
         task_ids = cursor.fetchone()[0]
         while batch := list(islice(steps, STEPS_PER_STATEMENT)):
             cursor.execute(
@@ -263,7 +283,7 @@ def _steps(
     plans: Sequence[AgentPlan], reuse: Mapping[str, dict[str, Any]] | None
 ) -> Iterator[dict[str, Any]]:
     """The steps' values of ``plans``' tasks, each naming its task by index in the order
-    ``add_agents`` lists the tasks; produced as they are sent."""
+    ``_write`` lists the tasks; produced as they are sent."""
     task_index = 0
     for agent_plan in plans:
         for task_plan in agent_plan.tasks:

@@ -58,7 +58,6 @@ from runs.states import (
 from runs.transitions import (
     record_event,
     transition,
-    transition_locked,
     transition_many,
 )
 
@@ -347,21 +346,17 @@ def run_pick_up_locked(
     savepoint to roll back to. ``attempt``: the current one, when the caller has it
     (a start that begins the run opened it)."""
     attempt = attempt or current_attempt(run)
-    agent_count = materialize(run, attempt, plan)
     now = timezone.now()
-    return transition_locked(
-        run,
-        RunStatus.RUNNING,
-        actor=actor,
-        now=now,
-        updates={
-            "agent_count": agent_count,
-            "open_children": agent_count,
-            "active_children": 0,
-            "waiting_approvals": 0,
-            "last_heartbeat": now,
-        },
-    ).obj
+    agent_count = materialize(run, attempt, plan, actor=actor, now=now)
+    # The caller's copy of the row, as engine.run_pick_up left it.
+    run.status, run.status_changed_at, run.updated_at = RunStatus.RUNNING, now, now
+    if run.picked_up_at is None:
+        run.picked_up_at = now
+    run.agent_count = run.open_children = agent_count
+    run.active_children = run.waiting_approvals = 0
+    run.last_heartbeat = now
+    eventstreams.events_written(run.pk)  # the function wrote the pick-up's event
+    return run
 
 
 # --------------------------------------------------------------------------- finishing

@@ -10,7 +10,7 @@ from django.forms.models import model_to_dict
 
 from runs import materialize, services
 from runs.engine.start import run_start
-from runs.models import Agent, Run, Step, Task
+from runs.models import Agent, Run, RunEvent, Step, Task
 from tests import factories
 
 pytestmark = pytest.mark.django_db
@@ -157,3 +157,19 @@ def test_ids_follow_the_plan_and_a_wide_plan_goes_in_batches(
         (1,),
     ]
     assert picked.agent_count == picked.open_children == 2
+
+
+def test_a_pick_up_moves_the_run_with_its_rows_and_its_copy_is_the_stored_row() -> None:
+    run = services.run_create(organization=factories.org(credits=10_000), plan=_plan())
+    run_start(run_id=run.pk)
+
+    picked, _ = services.run_pick_up(run_id=run.pk)
+
+    stored = Run.objects.get(pk=run.pk)
+    columns = [f.attname for f in Run._meta.concrete_fields]
+    # What the pick-up hands its caller is the row as engine.run_pick_up left it.
+    assert {c: getattr(picked, c) for c in columns} == {c: getattr(stored, c) for c in columns}
+    assert (stored.status, stored.agent_count, stored.open_children) == ("running", 2, 2)
+    assert stored.picked_up_at == stored.status_changed_at == stored.last_heartbeat
+    moves = RunEvent.objects.filter(run=run, entity="run", to_status="running")
+    assert [(e.from_status, e.actor, e.attempt_number) for e in moves] == [("pending", "worker", 1)]

@@ -11,8 +11,10 @@ with the step, fails.
 Tables not yet analysed are another hazard, not pinned here (what the planner then
 knows depends on the tests that ran before): measured by hand, they had led to a
 charge's idempotency check filtering every ledger entry of the organization, a task's
-successors found through an index of every step, and the steps to update joined by a
-scan of the step table; the statements and indexes were changed so that they do not.
+successors found through an index of every step (the handler index, which held every
+step with NULL; partial since, it holds handlers only), and the steps to update joined
+by a scan of the step table; the statements and indexes were changed so that they do
+not.
 """
 
 from __future__ import annotations

@@ -30,27 +30,33 @@ BEGIN
         ORDER BY a.position
         LIMIT (SELECT free FROM run)
     ), tasks AS (
-        SELECT id, agent_id, position, retry_count, free FROM (
-            SELECT t.id, t.agent_id, t.position, t.retry_count,
-                   GREATEST(t.max_concurrent_steps - t.active_children, 0) AS free,
-                   row_number() OVER (PARTITION BY t.agent_id ORDER BY t.position) AS n,
-                   ag.free AS agent_free
-            FROM agents AS ag
-            JOIN runs_task AS t ON t.agent_id = ag.id AND t.generation = ag.retry_count
-            WHERE t.status = 'pending' AND t.pending_dependencies = 0 AND t.dispatched_at IS NULL
-        ) AS numbered
-        WHERE n <= agent_free
+        -- Each agent's first ready tasks, up to its free slots, and each task's first
+        -- ready steps, up to its own: one ordered probe per parent (task_ready,
+        -- step_ready hold exactly these rows), whatever the statistics say. Joined
+        -- instead, the plan made for the tables' statistics once hashed every step of
+        -- the table (test_hotpath_plans.py).
+        SELECT t.id, t.agent_id, t.position, t.retry_count,
+               GREATEST(t.max_concurrent_steps - t.active_children, 0) AS free
+        FROM agents AS ag
+        CROSS JOIN LATERAL (
+            SELECT * FROM runs_task AS x
+            WHERE x.agent_id = ag.id AND x.generation = ag.retry_count
+              AND x.status = 'pending' AND x.pending_dependencies = 0
+              AND x.dispatched_at IS NULL
+            ORDER BY x.position
+            LIMIT ag.free
+        ) AS t
     ), steps AS (
-        SELECT id, task_id, tool FROM (
-            SELECT st.id, st.task_id, st.tool,
-                   row_number() OVER (PARTITION BY st.task_id ORDER BY st.position) AS n,
-                   tk.free
-            FROM tasks AS tk
-            JOIN runs_step AS st ON st.task_id = tk.id AND st.generation = tk.retry_count
-            WHERE st.status = 'pending' AND st.pending_dependencies = 0
-              AND st.dispatched_at IS NULL
-        ) AS numbered
-        WHERE n <= free
+        SELECT st.id, st.task_id, st.tool
+        FROM tasks AS tk
+        CROSS JOIN LATERAL (
+            SELECT x.id, x.task_id, x.tool, x.position FROM runs_step AS x
+            WHERE x.task_id = tk.id AND x.generation = tk.retry_count
+              AND x.status = 'pending' AND x.pending_dependencies = 0
+              AND x.dispatched_at IS NULL
+            ORDER BY x.position
+            LIMIT tk.free
+        ) AS st
     ), go AS (
         SELECT 1 AS applied
         WHERE EXISTS (SELECT 1 FROM agents)

@@ -50,7 +50,7 @@ BEGIN
         SELECT st.id, st.task_id, st.tool
         FROM tasks AS tk
         CROSS JOIN LATERAL (
-            SELECT x.id, x.task_id, x.tool, x.position FROM runs_step AS x
+            SELECT x.id, x.task_id, x.tool FROM runs_step AS x
             WHERE x.task_id = tk.id AND x.generation = tk.retry_count
               AND x.status = 'pending' AND x.pending_dependencies = 0
               AND x.dispatched_at IS NULL

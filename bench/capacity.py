@@ -46,7 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .worker import Worker, WorkerFailed, descendants
+from .procs import descendants, parent_of, proc_seconds, redis_seconds, tree_seconds
+from .worker import Worker, WorkerFailed
 
 if TYPE_CHECKING:
     import psycopg
@@ -62,7 +63,6 @@ SETTLE_S = 1.0
 # next idle report, at most 10 s later (pgstat.c, PGSTAT_IDLE_INTERVAL), and no other
 # session can make it report sooner. Those counters are read this long after a phase.
 STATS_FLUSH_S = 11.0
-TICKS = os.sysconf("SC_CLK_TCK")
 TOP = 12  # statements shown per phase
 
 SETUP_SQL = (
@@ -91,25 +91,6 @@ RUNS_LEFT_SQL = "SELECT count(*) FROM runs_run WHERE id = ANY(%s) AND status <> 
 
 
 # --------------------------------------------------------------------------- CPU
-def proc_seconds(pid: int) -> tuple[int, float, float] | None:
-    """(start time, CPU seconds of the process, of the children it reaped), or None when
-    it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    # "pid (comm) state ppid ...": comm may hold spaces; fields[0] is field 3, state.
-    fields = stat[stat.rfind(")") + 2 :].split()
-    utime, stime, cutime, cstime = (int(value) for value in fields[11:15])
-    return int(fields[19]), (utime + stime) / TICKS, (cutime + cstime) / TICKS
-
-
-def tree_seconds(root: int) -> float:
-    """CPU seconds of ``root``, its live descendants and every child they reaped."""
-    found = [proc_seconds(pid) for pid in (root, *descendants(root))]
-    return sum(entry[1] + entry[2] for entry in found if entry)
-
-
 def kind_of(backend_type: str) -> str:
     if backend_type == "client backend":
         return "backends"
@@ -168,8 +149,7 @@ class Monitor:
             raise SystemExit(
                 "PostgreSQL must run on this host: its processes' CPU is read from /proc"
             )
-        text = parent.read_text()
-        self.postmaster = int(text[text.rfind(")") + 2 :].split()[1])
+        self.postmaster = parent_of(self.pid)
 
     def one(self, sql: str, *params: Any) -> Any:
         row = self.connection.execute(sql, params or None).fetchone()
@@ -239,13 +219,6 @@ class Counters:
                 tables[name] = {"inserted": ins, "updated": upd, "hot": hot, "deleted": dele}
         wal = [now - old for now, old in zip(self.wal, before.wal, strict=True)]
         return tables, dict(zip(("writes", "flushes"), wal, strict=True))
-
-
-def redis_seconds(url: str) -> float:
-    import redis
-
-    info = redis.Redis.from_url(url).info("cpu")
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
 # --------------------------------------------------------------------------- phases

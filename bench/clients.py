@@ -69,6 +69,8 @@ class Batch:
     started: float  # time.time() when the barrier opened
     started_perf: float  # the same moment, perf_counter (for wall times)
     submissions: list[Submission]
+    # What ``submit``'s ``at_start`` returned at that moment (a CpuMeter's reading).
+    at_start: dict[str, float] | None = None
 
     @property
     def submitted_s(self) -> float:
@@ -129,10 +131,16 @@ class Clients:
         for process in self._processes:
             process.start()
 
-    def submit(self, job: Job, args: Sequence[tuple[Any, ...]], timeout: float) -> Batch:
+    def submit(
+        self,
+        job: Job,
+        args: Sequence[tuple[Any, ...]],
+        timeout: float,
+        at_start: Callable[[], dict[str, float]] | None = None,
+    ) -> Batch:
         """Client i runs ``job(*args[i])`` (a client beyond ``args`` sits this one out);
-        the clock starts when all have prepared. ``timeout``: seconds for the
-        submitting, once started."""
+        the clock starts when all have prepared, and ``at_start`` is read then.
+        ``timeout``: seconds for the submitting, once started."""
         if len(args) > self.count:
             raise ValueError(f"{len(args)} shares for {self.count} clients")
         if not self._processes:
@@ -145,6 +153,7 @@ class Clients:
             except threading.BrokenBarrierError:
                 raise ClientsFailed(self._why("did not get ready")) from None
             started_perf, started = time.perf_counter(), time.time()
+            reading = at_start() if at_start is not None else None
             replies: dict[int, tuple[list[Submission], str | None]] = {}
             deadline = started_perf + timeout
             while len(replies) < self.count:
@@ -167,7 +176,11 @@ class Clients:
             more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
             raise ClientsFailed(errors[0] + more)
         submissions = [s for _, (done, _) in sorted(replies.items()) for s in done]
-        return Batch(started, started_perf, submissions)
+        return Batch(started, started_perf, submissions, reading)
+
+    def pids(self) -> list[int]:
+        """The client processes' (none before the first ``submit``)."""
+        return [process.pid for process in self._processes if process.pid is not None]
 
     def _why(self, what: str) -> str:
         dead = [p.name for p in self._processes if not p.is_alive()]

@@ -34,11 +34,13 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from .clients import Clients
+from .procs import CpuMeter, own_seconds, parent_of, redis_seconds, tree_seconds
 from .report import NOTES, Figure, Goal, format_extras, format_table, goals, table_rows
 from .worker import Worker, WorkerFailed
 
 if TYPE_CHECKING:
     from .scenarios import Engine, Raw, Sample
+    from .web import Web
 
 SETTLE_S = 0.5  # pause between scenarios, so one's stragglers do not slow the next
 # Scenarios measured on a worker started with these settings (then restarted without).
@@ -184,6 +186,40 @@ def warm_up(engine: Engine, raw: Raw, children: int) -> list[str]:
     return [f"{name}: {sample.error}" for name, sample in samples.items() if sample.error]
 
 
+def cpu_meter(
+    workers: Callable[[], list[int]], clients: Clients, web: Web | None = None
+) -> CpuMeter | None:
+    """The many-runs scenarios' CPU by owner: PostgreSQL's processes (its postmaster's
+    tree, the backends that ended meanwhile included), the workers' trees (``workers``:
+    their pids now; a worker may be restarted), the client processes, gunicorn's, Redis
+    (``INFO cpu``) and this process. None where PostgreSQL does not run on this host."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        backend = cursor.fetchone()[0]
+    try:
+        postmaster = parent_of(backend)
+    except OSError:
+        return None
+    broker = os.environ["CELERY_BROKER_URL"]
+
+    def web_seconds() -> float | None:
+        pid = web.pid() if web is not None else None
+        return tree_seconds(pid) if pid is not None else None
+
+    return CpuMeter(
+        {
+            "postgres": lambda: tree_seconds(postmaster),
+            "worker": lambda: sum(tree_seconds(pid) for pid in workers()),
+            "clients": lambda: sum(tree_seconds(pid) for pid in clients.pids()),
+            "web": web_seconds,
+            "redis": lambda: redis_seconds(broker),
+            "bench": own_seconds,
+        }
+    )
+
+
 def analyze() -> None:
     """Fresh planner statistics before a scenario, as on a server that has been running.
 
@@ -291,7 +327,15 @@ def _main(args: argparse.Namespace) -> int:
     figures = {name: Figure(name, kind, steps) for name, kind, steps, _ in selected}
     # Worker memory over the pass: from after the warm-up until the end, or until the
     # first restart (the last scenarios run on a worker restarted for them).
-    rss: dict[str, int | None] = {"before_warm_up": None, "start": None, "end": None}
+    # Of the growth, what the engine's scenarios and raw Celery's each added (the KiB
+    # over each of them, summed by kind): both run on this one worker.
+    rss: dict[str, int | None] = {
+        "before_warm_up": None,
+        "start": None,
+        "end": None,
+        "grown_engine": 0,
+        "grown_raw": 0,
+    }
     warm_up_errors: list[str] = []
     aborted = ""
     started_at = datetime.now(UTC)
@@ -300,8 +344,9 @@ def _main(args: argparse.Namespace) -> int:
         _say(f"==> starting a worker: prefork, {args.workers} children (log {worker.log_path})")
         worker.start()
         rss["before_warm_up"] = worker.rss_kib()
-        engine = Engine(args.timeout, worker.alive, clients=clients, web=web)
-        raw = Raw(args.timeout, worker.alive, clients=clients)
+        meter = cpu_meter(lambda: [worker.pid], clients, web)
+        engine = Engine(args.timeout, worker.alive, clients=clients, web=web, meter=meter)
+        raw = Raw(args.timeout, worker.alive, clients=clients, meter=meter)
         engine.slots = raw.slots = args.workers
         _say("==> warming up")
         warm_up_errors = warm_up(engine, raw, args.workers)
@@ -341,7 +386,11 @@ def _main(args: argparse.Namespace) -> int:
                     more = "".join(f", {key} {value:.3f}" for key, value in sample.extra.items())
                     _say(f"    {name:<18} {sample.wall_s:8.3f} s{more}")
                 time.sleep(SETTLE_S)
-                figure.rss_kib.append((rss_before, worker.rss_kib()))
+                rss_after = worker.rss_kib()
+                figure.rss_kib.append((rss_before, rss_after))
+                if not restarted:
+                    grown = f"grown_{figure.kind}"
+                    rss[grown] = (rss[grown] or 0) + rss_after - rss_before
         time.sleep(1)
         if not worker.alive():
             raise WorkerFailed("the worker died")

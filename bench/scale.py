@@ -46,7 +46,16 @@ if TYPE_CHECKING:
 DEFAULT_SET = "1x4 2x4 4x4 8x4 12x4"
 # What the many-runs scenarios report (bench.scenarios._many_extra), in the JSON; the
 # table shows runs/s and p95 completion latency.
-MANY_EXTRAS = ("runs_per_s", "p50_start_s", "p95_start_s", "p50_latency_s", "p95_latency_s")
+MANY_EXTRAS = (
+    "runs_per_s",
+    "p50_start_s",
+    "p95_start_s",
+    "p50_latency_s",
+    "p95_latency_s",
+    "cpu_ms_total",
+    "cpu_ms_postgres",
+    "cpu_busy",
+)
 
 
 @dataclass(frozen=True)
@@ -93,7 +102,7 @@ class Row:
 
 
 def measure(fleet: Fleet, timeout: float, workdir: Path, clients: Clients) -> Row:
-    from .run import analyze, warm_up
+    from .run import analyze, cpu_meter, warm_up
     from .scenarios import Engine, Raw, fan_plan
 
     workers = [
@@ -108,8 +117,9 @@ def measure(fleet: Fleet, timeout: float, workdir: Path, clients: Clients) -> Ro
         def alive() -> bool:
             return all(worker.alive() for worker in workers)
 
-        engine: Engine = Engine(timeout, alive, fleet.slots, clients=clients)
-        raw: Raw = Raw(timeout, alive, fleet.slots, clients=clients)
+        meter = cpu_meter(lambda: [worker.pid for worker in workers], clients)
+        engine: Engine = Engine(timeout, alive, fleet.slots, clients=clients, meter=meter)
+        raw: Raw = Raw(timeout, alive, fleet.slots, clients=clients, meter=meter)
         for problem in warm_up(engine, raw, fleet.slots):
             _say(f"    warm-up failed: {problem}")
         time.sleep(1)
@@ -140,6 +150,14 @@ def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None else fmt.format(value)
 
 
+def _cpu(figures: dict[str, float | None], name: str) -> str:
+    """A many-runs scenario's CPU per run, all of it and (when any) PostgreSQL's."""
+    total, postgres = figures.get(f"{name}_cpu_ms_total"), figures.get(f"{name}_cpu_ms_postgres")
+    if total is None:
+        return "-"
+    return f"{total:.1f} ({postgres:.1f})" if postgres else f"{total:.1f}"
+
+
 HEADER = (
     "fleet",
     "slots",
@@ -152,8 +170,10 @@ HEADER = (
     "fan/group",
     "many_runs/s",
     "p95 s",
+    "CPU ms/run (pg)",
     "many_chains/s",
     "p95 s",
+    "CPU ms/run",
     "runs ratio",
 )
 
@@ -175,8 +195,10 @@ def table(rows: list[Row]) -> str:
                 _num(ratio(f.get("fan_2000_wall_s"), f.get("group_2000_wall_s")), "{:.2f}x"),
                 _num(f.get("many_runs_runs_per_s"), "{:.1f}"),
                 _num(f.get("many_runs_p95_latency_s"), "{:.2f}"),
+                _cpu(f, "many_runs"),
                 _num(f.get("many_chains_runs_per_s"), "{:.1f}"),
                 _num(f.get("many_chains_p95_latency_s"), "{:.2f}"),
+                _cpu(f, "many_chains"),
                 _num(
                     ratio(f.get("many_runs_runs_per_s"), f.get("many_chains_runs_per_s")),
                     "{:.2f}x",
@@ -196,6 +218,9 @@ NOTES = (
     "join step after its 2,000 sleeps, group_sleep is a bare group.",
     "fan/group: fan_2000 wall / group_2000 wall (no-op steps; <= 1.0 means the engine is "
     "as fast). runs ratio: many_runs runs/s / many_chains runs/s.",
+    "CPU ms/run: the CPU of every process of the measurement (PostgreSQL, the workers, the "
+    "clients, Redis, this one) from the clock's start to the wall's end, per run; in "
+    "brackets, PostgreSQL's.",
 )
 
 

@@ -45,6 +45,7 @@ from runs.models import Run, Step
 from runs.states import RUN_TERMINAL, RunStatus, StepStatus
 
 from .clients import Batch, Clients, Submission, shares
+from .procs import CpuMeter
 from .raw_tasks import BENCH_QUEUE, join, noop, sleep, stamp
 
 if TYPE_CHECKING:
@@ -111,11 +112,23 @@ def percentile(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
-def _many_extra(wall: float, batch: Batch, completions: list[float]) -> dict[str, float]:
+def _cpu(meter: CpuMeter | None, batch: Batch, wall: float) -> dict[str, float]:
+    """With a meter, the CPU per run of each part from the clock's start until now (the
+    wall's end)."""
+    if meter is None or not batch.at_start:
+        return {}
+    return CpuMeter.per_unit(batch.at_start, meter.read(), len(batch.submissions), wall)
+
+
+def _many_extra(
+    wall: float, batch: Batch, completions: list[float], cpu: dict[str, float]
+) -> dict[str, float]:
     """runs/s; the calls' own time (start latency: a call until it returned) and each
-    run's (completion latency: its call until it was done), p50 and p95."""
+    run's (completion latency: its call until it was done), p50 and p95; ``cpu``
+    (``_cpu``)."""
     starts = [submission.took for submission in batch.submissions]
     return {
+        **cpu,
         "runs_per_s": len(starts) / wall,
         "submit_s": batch.submitted_s,
         "p50_start_s": percentile(starts, 50),
@@ -313,12 +326,14 @@ class Engine:
         slots: int = 1,
         clients: Clients | None = None,
         web: Web | None = None,
+        meter: CpuMeter | None = None,
     ) -> None:
         self.timeout = timeout
         self.alive = alive
         self.slots = slots  # the fleet's worker slots (prefork children): for efficiency
         self.clients = clients
         self.web = web
+        self.meter = meter  # the many-runs scenarios' CPU by owner, when given
         self._web_warm = False
         self.organization = _organization()
 
@@ -434,7 +449,7 @@ class Engine:
                 for i in range(runs)
             ]
             jobs = [(share,) for share in shares(ids, clients.count)]
-            return self._many(clients.submit(start_runs, jobs, self.timeout), steps)
+            return self._many(clients.submit(start_runs, jobs, self.timeout, self._reading), steps)
         except Exception as exc:  # noqa: BLE001 - a failure is a figure too
             return Sample(runs * steps, error=_describe(exc))
 
@@ -451,7 +466,8 @@ class Engine:
             per_run = [keys[i % organizations] for i in range(runs)]
             plan = sequential_plan(steps)
             jobs = [(url, share, plan) for share in shares(per_run, clients.count)]
-            return self._many(clients.submit(post_runs, jobs, self.timeout), steps)
+            batch = clients.submit(post_runs, jobs, self.timeout, self._reading)
+            return self._many(batch, steps)
         except Exception as exc:  # noqa: BLE001 - a failure is a figure too
             return Sample(runs * steps, error=_describe(exc))
 
@@ -482,9 +498,14 @@ class Engine:
         ids = [submission.ref for submission in batch.submissions]
         self._wait_all_terminal(ids, batch.started_perf)
         wall = time.perf_counter() - batch.started_perf
+        cpu = _cpu(self.meter, batch, wall)
         finished = self._check_all_completed(ids, steps)
         completions = [finished[s.ref].timestamp() - s.sent for s in batch.submissions]
-        return Sample(len(ids) * steps, wall_s=wall, extra=_many_extra(wall, batch, completions))
+        extra = _many_extra(wall, batch, completions, cpu)
+        return Sample(len(ids) * steps, wall_s=wall, extra=extra)
+
+    def _reading(self) -> dict[str, float]:
+        return self.meter.read() if self.meter is not None else {}
 
     def _wait_all_terminal(self, ids: list[str], started: float) -> None:
         pending = Run.objects.filter(pk__in=ids).exclude(status__in=RUN_TERMINAL)
@@ -644,11 +665,13 @@ class Raw:
         alive: Callable[[], bool],
         slots: int = 1,
         clients: Clients | None = None,
+        meter: CpuMeter | None = None,
     ) -> None:
         self.timeout = timeout
         self.alive = alive
         self.slots = slots
         self.clients = clients
+        self.meter = meter
 
     def _get(self, result: Any, deadline: float | None = None) -> Any:
         """``result.get()``, in slices of at most 2 s so that a dead worker is noticed.
@@ -753,10 +776,14 @@ class Raw:
                 raise ScenarioFailed("no clients to submit with (Raw(clients=...))")
             counts = [len(share) for share in shares(range(chains), self.clients.count)]
             jobs = [(count, links) for count in counts]
-            batch = self.clients.submit(send_chains, jobs, self.timeout)
+            meter = self.meter
+            batch = self.clients.submit(
+                send_chains, jobs, self.timeout, meter.read if meter is not None else None
+            )
             deadline = batch.started_perf + self.timeout
             stamps = [float(self._get(app.AsyncResult(s.ref), deadline)) for s in batch.submissions]
             wall = time.perf_counter() - batch.started_perf
+            cpu = _cpu(meter, batch, wall)
             completions = [
                 stamped - s.sent for stamped, s in zip(stamps, batch.submissions, strict=True)
             ]
@@ -766,7 +793,7 @@ class Raw:
         except Exception as exc:  # noqa: BLE001 - a failure is a figure too
             self._purge()
             return Sample(chains * links, error=_describe(exc))
-        extra = _many_extra(wall, batch, completions)
+        extra = _many_extra(wall, batch, completions, cpu)
         return Sample(chains * links, wall_s=wall, extra=extra)
 
     def _purge(self) -> None:

@@ -56,5 +56,10 @@ class Web:
                 raise
         return self.stack.base_url
 
+    def pid(self) -> int | None:
+        """gunicorn's master process, while it runs."""
+        process = self.stack.processes.get("web")
+        return process.pid if process is not None else None
+
     def stop(self) -> None:
         self.stack.stop_processes()

@@ -14,6 +14,7 @@ from typing import IO
 
 from config.celery import WORKER_QUEUES, app
 
+from .procs import descendants, vm_rss_kib
 from .raw_tasks import BENCH_QUEUE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -130,37 +131,3 @@ class Worker:
         """Log lines that report an error (the worker logs at WARNING and above)."""
         markers = ("ERROR", "CRITICAL", "Traceback")
         return [line for line in self.log_text().splitlines() if any(m in line for m in markers)]
-
-
-def descendants(root: int) -> list[int]:
-    """Every live descendant of ``root``, from the parent pids in /proc/<pid>/stat."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 1 and fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-    found: list[int] = []
-    frontier = [root]
-    while frontier:
-        pid = frontier.pop()
-        for child in children.get(pid, []):
-            found.append(child)
-            frontier.append(child)
-    return found
-
-
-def vm_rss_kib(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        pass
-    return 0

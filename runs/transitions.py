@@ -23,11 +23,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 from uuid import UUID
 
 from django.db import connection, models, transaction
+from django.db.models import F, Func, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from common import eventstreams
@@ -35,6 +37,9 @@ from runs.models import Agent, EventKind, Run, RunEvent, Step, Task
 from runs.states import TERMINAL, InvalidTransition, check_transition, is_allowed
 
 Entity = TypeVar("Entity", Run, Agent, Task, Step)
+MILLISECOND = timedelta(milliseconds=1)
+# Rows written by one UPDATE of transition_many (a run's widest task holds 5,000 steps).
+UPDATE_BATCH = 5_000
 
 ENTITY_NAMES: dict[type[models.Model], str] = {
     Run: "run",
@@ -81,10 +86,49 @@ def _apply(obj: Run | Agent | Task | Step, entity: str, to_status: str, now: dat
         fields.append("started_at")
     if to_status in TERMINAL[entity]:
         obj.completed_at = now
+        # engine.duration_ms's rule (runs/engine/sql/duration_ms.sql), in exact integers.
         begin = obj.started_at or obj.created_at
-        obj.duration_ms = max(0, int((now - begin).total_seconds() * 1000))
+        obj.duration_ms = max(0, (now - begin) // MILLISECOND)
         fields += ["completed_at", "duration_ms"]
     return fields
+
+
+# What transition_many writes for a field _apply gave its rows different values: the
+# rule that gave each row its own, as an expression of the row's columns before the
+# UPDATE (set where unset; how long the state lasted).
+def _per_row(name: str, now: datetime) -> models.Expression:
+    if name in ("started_at", "picked_up_at"):
+        return Coalesce(F(name), Value(now))
+    if name == "duration_ms":
+        return Func(
+            Value(now),
+            F("started_at"),
+            F("created_at"),
+            function="engine.duration_ms",
+            output_field=models.BigIntegerField(),
+        )
+    raise ValueError(f"transition_many has no rule for {name!r} differing between rows")
+
+
+def _written(
+    locked: Sequence[Run | Agent | Task | Step], fields: set[str], now: datetime
+) -> dict[str, Any]:
+    """The columns one UPDATE of ``locked`` writes, after _apply and the updates set
+    ``fields`` on each: a field's value where every row has the same (a state, a moment,
+    an error), else its rule (``_per_row``); ``updated_at`` the moment, as ``save`` does."""
+    written: dict[str, Any] = {}
+    for name in sorted(fields):
+        if name == "updated_at":
+            for obj in locked:
+                obj.updated_at = now  # type: ignore[union-attr]
+            written[name] = now
+            continue
+        first = getattr(locked[0], name)
+        if all(getattr(obj, name) == first for obj in locked[1:]):
+            written[name] = first
+        else:
+            written[name] = _per_row(name, now)
+    return written
 
 
 def _event(
@@ -248,7 +292,12 @@ def transition_many(
                     payload=payload,
                 )
             )
-        model.objects.bulk_update(locked, sorted(fields), batch_size=500)
+        # One UPDATE per UPDATE_BATCH rows (bulk_update's CASE per row and field cost a
+        # cancel of six steps 60 % of its time in compiling it).
+        written = _written(locked, fields, now)
+        for first in range(0, len(locked), UPDATE_BATCH):
+            batch = [obj.pk for obj in locked[first : first + UPDATE_BATCH]]
+            model.objects.filter(pk__in=batch).update(**written)
         RunEvent.objects.bulk_create(events, batch_size=500)
         for run_id in {event.run_id for event in events}:
             eventstreams.events_written(run_id)

@@ -82,8 +82,7 @@ BEGIN
     SET status = 'completed',
         status_changed_at = p_now,
         completed_at = p_now,
-        duration_ms = GREATEST(0, floor(EXTRACT(EPOCH FROM
-            (p_now - COALESCE(a.started_at, a.created_at))) * 1000))::bigint,
+        duration_ms = engine.duration_ms(p_now, a.started_at, a.created_at),
         open_children = a.open_children - 1,
         active_children = a.active_children - 1
     WHERE a.id = p_agent;
@@ -96,8 +95,7 @@ BEGIN
     SET status = 'completed',
         status_changed_at = p_now,
         completed_at = p_now,
-        duration_ms = GREATEST(0, floor(EXTRACT(EPOCH FROM
-            (p_now - COALESCE(r.started_at, r.created_at))) * 1000))::bigint,
+        duration_ms = engine.duration_ms(p_now, r.started_at, r.created_at),
         updated_at = p_now,
         open_children = r.open_children - 1,
         active_children = r.active_children - 1

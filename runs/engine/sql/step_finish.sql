@@ -16,8 +16,7 @@ BEGIN
         SET status = 'completed',
             status_changed_at = p_now,
             completed_at = p_now,
-            duration_ms = GREATEST(0, floor(EXTRACT(EPOCH FROM
-                (p_now - COALESCE(s.started_at, s.created_at))) * 1000))::bigint,
+            duration_ms = engine.duration_ms(p_now, s.started_at, s.created_at),
             output = p_output::jsonb,
             cost = s.cost + p_cost,
             lease_expires_at = NULL

@@ -10,8 +10,7 @@ BEGIN
     SET status = 'completed',
         status_changed_at = p_now,
         completed_at = p_now,
-        duration_ms = GREATEST(0, floor(EXTRACT(EPOCH FROM
-            (p_now - COALESCE(t.started_at, t.created_at))) * 1000))::bigint,
+        duration_ms = engine.duration_ms(p_now, t.started_at, t.created_at),
         open_children = t.open_children - 1,
         active_children = t.active_children - 1
     WHERE t.id = p_task

@@ -8,23 +8,16 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from reliability.stack import parents
+
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def descendants(root: int) -> list[int]:
-    """Every live descendant of ``root``, from the parent pids in /proc/<pid>/stat."""
+    """Every live descendant of ``root``."""
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 1 and fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    for child, parent in parents().items():
+        children.setdefault(parent, []).append(child)
     found: list[int] = []
     frontier = [root]
     while frontier:

@@ -68,9 +68,9 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
         time.sleep(0.1)
 
 
-def children_of(pid: int) -> list[int]:
-    """Direct children of ``pid`` (from /proc), e.g. a Celery worker's pool processes."""
-    found = []
+def parents() -> dict[int, int]:
+    """Every live process's parent pid, by pid (from /proc; zombies left out)."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -80,9 +80,14 @@ def children_of(pid: int) -> list[int]:
             continue
         # pid (comm) state ppid ...: comm may contain spaces, so split after its ')'.
         fields = stat.rsplit(")", 1)[1].split()
-        if len(fields) > 1 and int(fields[1]) == pid and fields[0] != "Z":
-            found.append(int(entry.name))
+        if len(fields) > 1 and fields[0] != "Z":
+            found[int(entry.name)] = int(fields[1])
     return found
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of ``pid``, e.g. a Celery worker's pool processes."""
+    return [child for child, parent in parents().items() if parent == pid]
 
 
 # A worker (re)started this long ago has started its pool (kill_worker_child).

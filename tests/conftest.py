@@ -158,12 +158,42 @@ def celery_worker(
         worker.kill_group()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def webhooks_worker(
+    webhooks_process: str, transactional_db: None, broker: redis.Redis[bytes]
+) -> Iterator[str]:
+    """The session's `webhooks` process, for one test; yield its hostname. After the test,
+    before its rows are flushed, the process is quiet: the test's pending deliveries are
+    ended (a send or a sweep it still holds finds nothing to do), and nothing is queued
+    or running. Else it went on sending a test's backlog into the next test (a stray sweep
+    claimed that test's delivery) and its writes deadlocked with the flush."""
+    yield webhooks_process
+    from webhooks.models import DeliveryStatus, WebhookDelivery
+
+    WebhookDelivery.objects.filter(status=DeliveryStatus.PENDING).update(
+        status=DeliveryStatus.FAILED, lease_token=None
+    )
+    wait_until(
+        partial(_quiet, webhooks_process, broker),
+        timeout=60,
+        what="the webhooks process to finish what it held",
+    )
+
+
+def _quiet(hostname: str, broker: redis.Redis[bytes]) -> bool:
+    if broker.llen(QUEUE_WEBHOOKS):
+        return False
+    inspect = app.control.inspect(destination=[hostname], timeout=1)
+    held = [inspect.active() or {}, inspect.reserved() or {}]
+    return all(hostname in found and not found[hostname] for found in held)
+
+
+@pytest.fixture(scope="session")
+def webhooks_process(
     django_db_setup: None, broker: redis.Redis[bytes], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     """Start the Procfile's `webhooks` process (the webhooks queue alone, a pool of
-    threads); yield its hostname."""
+    threads); yield its hostname (tests take it through ``webhooks_worker``)."""
     hostname = f"webhooks-{uuid.uuid4().hex[:8]}@localhost"
     log: Path = tmp_path_factory.mktemp("webhooks") / "webhooks.log"
     worker = Child(

@@ -236,7 +236,7 @@ class Phase:
 
 
 def phases(fan: int, seq: int, runs: int) -> list[Phase]:
-    from .scenarios import fan_plan, sequential_plan
+    from .plans import fan_plan, sequential_plan
 
     return [
         Phase(

@@ -117,7 +117,8 @@ def _starts(args: argparse.Namespace, organization: Any) -> int:
     from django.db import connection, transaction
     from django.test.utils import CaptureQueriesContext
 
-    from bench.scenarios import MANY_STEPS, sequential_plan
+    from bench.plans import sequential_plan
+    from bench.scenarios import MANY_STEPS
     from runs import admission, services
     from runs.engine.start import run_start
 

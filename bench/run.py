@@ -118,10 +118,7 @@ def scenario_table() -> list[tuple[str, str, int, Callable[[Engine, Raw], Sample
 
     The widest come last: fan_20000 takes minutes.
     """
-    from .scenarios import (
-        MANY_ORGS,
-        MANY_RUNS,
-        MANY_STEPS,
+    from .plans import (
         SLEEP_WIDTH,
         WIDE_FAN_WIDTH,
         dag_plan,
@@ -129,6 +126,7 @@ def scenario_table() -> list[tuple[str, str, int, Callable[[Engine, Raw], Sample
         sequential_plan,
         wide_fan_plan,
     )
+    from .scenarios import MANY_ORGS, MANY_RUNS, MANY_STEPS
 
     many = MANY_RUNS * MANY_STEPS
     wide = WIDE_FAN_WIDTH + 1  # and the join
@@ -170,7 +168,7 @@ def scenario_table() -> list[tuple[str, str, int, Callable[[Engine, Raw], Sample
 def warm_up(engine: Engine, raw: Raw, children: int) -> list[str]:
     """Small runs of every kind, and sleeps two per child, so that each child has
     imported and connected."""
-    from .scenarios import dag_plan, fan_plan, sequential_plan
+    from .plans import dag_plan, fan_plan, sequential_plan
 
     samples = {
         "engine seq_10": engine.run(sequential_plan(10), 10),

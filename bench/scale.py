@@ -102,8 +102,9 @@ class Row:
 
 
 def measure(fleet: Fleet, timeout: float, workdir: Path, clients: Clients) -> Row:
+    from .plans import fan_plan
     from .run import analyze, cpu_meter, warm_up
-    from .scenarios import Engine, Raw, fan_plan
+    from .scenarios import Engine, Raw
 
     workers = [
         Worker(fleet.children, workdir / f"worker-{fleet.label}-{index}.log")

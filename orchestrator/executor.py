@@ -60,7 +60,7 @@ from common.tools.base import Tool, ToolContext, ToolError
 from orchestrator import rate_limit_asks, step_spans
 from orchestrator.borrowing import borrowed, remember
 from orchestrator.context import StepContext
-from orchestrator.heartbeat import Held, hand_back, lease_keeper
+from orchestrator.heartbeat import Held, give_back_slot, hand_back, lease_keeper
 from orchestrator.transport import CeleryTransport, serving
 from runs import callbacks, fairness
 from runs.engine import control, hotpath
@@ -157,7 +157,7 @@ def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
             _measure(step, outcome, time.monotonic() - began, applied)
         finally:
             lease_keeper.hold(None)
-            _give_back(slot)
+            give_back_slot(slot)
     if outcome.skipped:
         return "skipped"
     return "failed" if outcome.error else "completed"
@@ -232,7 +232,7 @@ class _Server:
         if self.slot is not None:
             lease_keeper.hold(None)
             slot, self.slot = self.slot, None
-            _give_back(slot)
+            give_back_slot(slot)
 
     def hold(self, organization_id: Any) -> bool:
         """A slot of ``organization_id`` (the one held already, or another instead)."""
@@ -462,16 +462,6 @@ def _measure(step: Step, outcome: Outcome, duration_s: float, applied: bool) -> 
     if step.dispatched_at is not None and step.status_changed_at is not None:
         waited = (step.status_changed_at - step.dispatched_at).total_seconds()
     metrics.step_attempt(step.tool, result, duration_s, waited)
-
-
-def _give_back(slot: fairness.Slot) -> None:
-    """Give the slot back; a database that failed meanwhile lets it go by its lease
-    instead (what failed is what the caller reports, not this)."""
-    try:
-        discard_interrupted_connection()
-        fairness.release_slot(slot)
-    except (OperationalError, InterfaceError):
-        logger.warning("slot %s of %s left to its lease", slot.slot, slot.organization_id)
 
 
 def _served_by_another(run_id: Any, task_id: str) -> bool:

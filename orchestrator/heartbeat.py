@@ -24,17 +24,20 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import InterfaceError, OperationalError, close_old_connections, connection
 from django.utils import timezone
 
 from common import metrics
+from common.connections import discard_interrupted_connection
 from orchestrator.transport import CeleryTransport
-from runs.fairness import Slot, renew_slot
+from runs.fairness import Slot, acquire_slot, release_slot, renew_slot
 from runs.models import Run, Step
 from runs.transitions import hand_back_steps
 
@@ -196,3 +199,30 @@ def renew(step_id: int, run_id: Any, attempt: int) -> bool:
 
 
 lease_keeper = _LeaseKeeper()
+
+
+def give_back_slot(slot: Slot) -> None:
+    """Give the slot back; a database that failed meanwhile lets it go by its lease
+    instead (what failed is what the caller reports, not this)."""
+    try:
+        discard_interrupted_connection()
+        release_slot(slot)
+    except (OperationalError, InterfaceError):
+        logger.warning("slot %s of %s left to its lease", slot.slot, slot.organization_id)
+
+
+@contextmanager
+def slot_held(organization_id: Any, holder: str) -> Iterator[Slot | None]:
+    """One of the organization's step slots (``runs.fairness``) for the block, renewed
+    by this thread meanwhile and given back after; None, and nothing held, when every
+    slot is taken. (The executor holds its slots across several steps, by hand.)"""
+    slot = acquire_slot(organization_id, holder)
+    if slot is None:
+        yield None
+        return
+    lease_keeper.hold(slot)
+    try:
+        yield slot
+    finally:
+        lease_keeper.hold(None)
+        give_back_slot(slot)

@@ -21,8 +21,8 @@ A ``deadline`` (``guarded_client(deadline=...)``, a ``time.monotonic()`` instant
 the whole exchange, not each step of it: the name's resolution, each address's connect,
 TLS, and every read and write of the request and its answer get only the time left, so a
 receiver that drips its headers a byte at a time is cut at the deadline like a silent one
-(httpx's own timeouts bound each read alone). The run webhooks send with one
-(``WEBHOOK_TIMEOUT``, orchestrator/webhooks.py).
+(httpx's own timeouts bound each read alone). Every caller sends with one, through
+``orchestrator.outbound``, which also bounds how much of an answer is decoded.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 webhook and e-mail, each attempt recorded, retried with backoff by the task that calls
 ``notify_run``.
 
-The webhook is a JSON POST to the organization's URL, through the outbound address
-guard (HTTP_TOOL_ALLOWED_NETWORKS), with
+The webhook is a JSON POST to the organization's URL, through ``orchestrator.outbound``
+(the address guard, HTTP_TOOL_ALLOWED_NETWORKS; ESCALATION_WEBHOOK_TIMEOUT for the whole
+exchange; at most ANSWER_READ_BYTES of the answer read), with
 
     X-Orchestrator-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">
 
@@ -30,12 +31,16 @@ from django.conf import settings
 from django.core.mail import send_mail
 
 from billing.secrets import SecretUnreadable, webhook_secret
-from orchestrator.netguard import ONCALL_WEBHOOK, AddressNotAllowed, guarded_client
+from common.text import storable_text
+from orchestrator import outbound
+from orchestrator.netguard import ONCALL_WEBHOOK, AddressNotAllowed
 from runs import escalations
 from runs.models import EscalationTicket, NotificationChannel
 
 logger = logging.getLogger(__name__)
 SIGNATURE_HEADER = "X-Orchestrator-Signature"
+# How much of on-call's answer is read: its first 200 characters explain a failure.
+ANSWER_READ_BYTES = 4096
 
 
 def signature(secret: str, timestamp: int, body: bytes) -> str:
@@ -93,16 +98,23 @@ def _webhook(ticket: EscalationTicket, attempt: int) -> None:
         }
         if secret:
             headers[SIGNATURE_HEADER] = signature(secret, int(time.time()), body)
-        with guarded_client(
-            settings.HTTP_TOOL_ALLOWED_NETWORKS,
+        with outbound.exchange(
+            "POST",
+            url,
+            deadline=started + float(settings.ESCALATION_WEBHOOK_TIMEOUT),
             refused=ONCALL_WEBHOOK,
-            timeout=settings.ESCALATION_WEBHOOK_TIMEOUT,
-        ) as client:
-            response = client.post(url, content=body, headers=headers)
-        status = response.status_code
+            content=body,
+            headers=headers,
+        ) as response:
+            status = response.status_code
+            read = outbound.read(response, ANSWER_READ_BYTES, cut=True)
         if not 200 <= status < 300:
-            error = f"HTTP {status}: {response.text[:200]}"
-    except (AddressNotAllowed, SecretUnreadable) as exc:
+            error = storable_text(f"HTTP {status}: {outbound.text(response, read)[:200]}")
+    except httpx.TimeoutException:
+        status = None  # an answer cut short is no answer
+        timeout = settings.ESCALATION_WEBHOOK_TIMEOUT
+        error = f"timeout: no whole answer within ESCALATION_WEBHOOK_TIMEOUT ({timeout:g} s)"
+    except (AddressNotAllowed, SecretUnreadable, outbound.Undecodable) as exc:
         error = str(exc)
     except (httpx.HTTPError, OSError) as exc:  # recorded and retried, never raised
         error = f"{type(exc).__name__}: {exc}"

@@ -31,8 +31,10 @@ from cryptography.fernet import InvalidToken
 from django.conf import settings
 
 from common import metrics
+from common.text import storable_text
 from config.celery import app
-from orchestrator.netguard import WEBHOOK, AddressNotAllowed, guarded_client
+from orchestrator import outbound
+from orchestrator.netguard import WEBHOOK, AddressNotAllowed
 from orchestrator.notify import SIGNATURE_HEADER, signature
 from webhooks import services
 from webhooks.models import WebhookDelivery
@@ -108,7 +110,8 @@ def post(delivery: WebhookDelivery) -> services.AttemptResult:
     and body) is bounded by WEBHOOK_TIMEOUT in all (the guard's deadline): a receiver
     that drips its answer is cut like a silent one, and the attempt is recorded as a
     ``timeout``, well within the claim's lease. At most WEBHOOK_MAX_RESPONSE_BYTES of the
-    answer are read."""
+    answer are read, counted decoded (``orchestrator.outbound``: a gzip bomb stops
+    there), and its excerpt is stored without NUL characters."""
     content = encoded(delivery)
     started = time.monotonic()
     status: int | None = None
@@ -122,22 +125,22 @@ def post(delivery: WebhookDelivery) -> services.AttemptResult:
             "X-Orchestrator-Delivery": str(delivery.uid),
             SIGNATURE_HEADER: signature(secret, int(time.time()), content),
         }
-        timeout = float(settings.WEBHOOK_TIMEOUT)
-        with (
-            guarded_client(
-                settings.HTTP_TOOL_ALLOWED_NETWORKS,
-                refused=WEBHOOK,
-                deadline=started + timeout,
-                timeout=timeout,
-            ) as client,
-            client.stream(
-                "POST", delivery.endpoint.url, content=content, headers=headers
-            ) as answer,
-        ):
+        with outbound.exchange(
+            "POST",
+            delivery.endpoint.url,
+            deadline=started + float(settings.WEBHOOK_TIMEOUT),
+            refused=WEBHOOK,
+            content=content,
+            headers=headers,
+        ) as answer:
             status = answer.status_code
-            read = _read_capped(answer)
+            try:
+                read = outbound.read(answer, int(settings.WEBHOOK_MAX_RESPONSE_BYTES), cut=True)
+            except outbound.Undecodable:
+                read = b""  # the status is the answer; its text only explains a failure
         if not 200 <= status < 300:
-            error = f"HTTP {status}: {read[:200].decode('utf-8', 'replace')}"
+            excerpt = outbound.text(answer, read)[:200]
+            error = storable_text(f"HTTP {status}: {excerpt}")
     except httpx.TimeoutException:
         status = None  # an answer cut short is no answer
         error = (
@@ -151,14 +154,3 @@ def post(delivery: WebhookDelivery) -> services.AttemptResult:
         error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     duration_ms = int((time.monotonic() - started) * 1000)
     return services.AttemptResult(status_code=status, error=error, duration_ms=duration_ms)
-
-
-def _read_capped(answer: httpx.Response) -> bytes:
-    """The answer's body up to the size cap (the guard's deadline bounds how long)."""
-    cap = int(settings.WEBHOOK_MAX_RESPONSE_BYTES)
-    read = b""
-    for chunk in answer.iter_bytes():
-        read += chunk[: cap - len(read)]
-        if len(read) >= cap:
-            break
-    return read

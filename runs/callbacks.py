@@ -217,11 +217,28 @@ class Reading:
 
 def poll_due(wait_id: Any, number: int) -> StepWait | None:
     """The poll wait if reading ``number`` is the next one due, else None (a duplicate
-    or late message, or a wait that ended)."""
-    wait = StepWait.objects.filter(pk=wait_id, kind=StepWaitKind.POLL).first()
+    or late message, or a wait that ended); with its run and organization (``wait.run.
+    organization``: whose slot the reading takes, and whether it is suspended)."""
+    waits = StepWait.objects.select_related("run__organization")
+    wait = waits.filter(pk=wait_id, kind=StepWaitKind.POLL).first()
     if wait is None or wait.status != W.WAITING or wait.polls + 1 != number:
         return None
     return wait
+
+
+def poll_defer(wait_id: Any, number: int, seconds: float) -> bool:
+    """Put reading ``number`` off by ``seconds``, uncounted (its organization is
+    suspended, or its step slots are all held): its message is sent again, and its
+    ``next_poll_at`` moves with it, so that the sweep does not take it for lost and send
+    a second one meanwhile. False when that reading is no longer the one due."""
+    with transaction.atomic():
+        moved = StepWait.objects.filter(
+            pk=wait_id, status=W.WAITING, kind=StepWaitKind.POLL, polls=number - 1
+        ).update(next_poll_at=timezone.now() + timedelta(seconds=seconds))
+        if moved:
+            pk = str(wait_id)
+            after_commit(lambda: schedule_poll(pk, number, seconds))
+    return bool(moved)
 
 
 def record_reading(wait_id: Any, number: int, reading: Reading) -> bool:
@@ -396,6 +413,7 @@ __all__ = [
     "Reading",
     "new_callback",
     "open_callback",
+    "poll_defer",
     "poll_due",
     "receive_callback",
     "record_reading",

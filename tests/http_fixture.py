@@ -14,15 +14,23 @@ with nothing scripted answers 404. ``chat_completion()`` scripts an OpenAI-compa
 
 Handlers that simulate a slow server (``delay``) wait on an event that teardown sets,
 so stopping the server never waits for a delay to run out.
+
+Hostile servers, for the bounds of ``orchestrator.outbound``: ``gzip_bomb()`` is a body
+that inflates a thousandfold, ``DrippingReceiver`` answers its headers a byte at a time.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json as jsonlib
+import socket
 import threading
+import tracemalloc
 import uuid
+import zlib
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -273,3 +281,92 @@ def http_server(settings: Any) -> Iterator[HttpServer]:
     settings.HTTP_TOOL_ALLOWED_NETWORKS = ["127.0.0.1/32"]
     with HttpServer() as server:
         yield server
+
+
+# What reading a bomb may hold at its peak (Python's allocations, traced): a few pieces of
+# the decoder and the body up to its cap; a reader that inflates a 64 KiB chunk whole
+# holds 64 MiB.
+MEMORY_BOUND = 16 << 20
+
+
+@contextlib.contextmanager
+def peak_memory() -> Iterator[Callable[[], int]]:
+    """Trace the allocations of the block; what it yields tells their peak, in bytes."""
+    tracemalloc.start()
+    peak = [0]
+    try:
+        yield lambda: peak[0]
+    finally:
+        peak[0] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+
+
+@functools.cache
+def gzip_bomb(size: int = 256 << 20) -> bytes:
+    """``size`` zero bytes gzip-compressed: 256 MiB in about 255 KiB. Served with
+    ``Content-Encoding: gzip``, a reader that inflates before it counts holds a thousand
+    times what came over the wire."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = bytes(1 << 20)
+    packed = [packer.compress(zeros) for _ in range(size >> 20)]
+    return b"".join([*packed, packer.flush()])
+
+
+class DrippingReceiver:
+    """A receiver on 127.0.0.1 that takes the request, then sends its answer's headers a
+    byte at a time, every ``interval`` s, never finishing them: each read of the sender's
+    succeeds, only a bound on the whole exchange ends it. ``answered`` counts the
+    requests it began to answer. A context manager: leaving it closes every connection."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        self.interval = interval
+        self.answered = 0
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        self._listener.settimeout(0.1)
+        while not self._closing.is_set():
+            try:
+                connection, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            thread = threading.Thread(target=self._drip, args=(connection,), daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _drip(self, connection: socket.socket) -> None:
+        with connection:
+            received = b""
+            while b"\r\n\r\n" not in received:  # the request's head (its body is small)
+                chunk = connection.recv(65536)
+                if not chunk:
+                    return
+                received += chunk
+            with self._lock:
+                self.answered += 1
+            head = b"HTTP/1.1 200 OK\r\n" + b"X-Drip: " + b"." * 100_000
+            for byte in head:
+                if self._closing.wait(self.interval):
+                    return
+                try:
+                    connection.sendall(bytes([byte]))
+                except OSError:  # the sender gave up: what this receiver is for
+                    return
+
+    def __enter__(self) -> DrippingReceiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._closing.set()
+        self._threads[0].join(timeout=5)  # accepts no more: the list is whole
+        for thread in self._threads[1:]:
+            thread.join(timeout=5)
+        self._listener.close()

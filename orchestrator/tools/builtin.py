@@ -35,7 +35,8 @@ from common.tools.base import (
     has_template,
 )
 from common.tools.registry import register
-from orchestrator.netguard import AddressNotAllowed, guarded_client
+from orchestrator import outbound
+from orchestrator.netguard import AddressNotAllowed
 from runs.plan import DurationRefused, read_duration_ms
 from runs.plan.durations import not_a_duration, parse_duration_ms
 from runs.plan.errors import listing, show, suggest
@@ -379,12 +380,13 @@ def _exchange(params: dict[str, Any], ctx: ToolContext, spool: Any) -> ToolResul
     """One HTTP request; redirects are followed only with `follow_redirects: true` (at most
     HTTP_MAX_REDIRECTS hops), otherwise a 3xx is returned like a 2xx.
 
-    Every connection, each redirect hop included, goes through the address guard
-    (``orchestrator.netguard``): a loopback, private, link-local... address fails the step
-    at once with `address_not_allowed` (never retried). A JSON body (by content type) is
-    parsed, any other body is returned as text. Error statuses raise the matching code
-    (HTTP_RETRYABLE, HTTP_NON_RETRYABLE, server_error, invalid_input). `timeout` bounds
-    each network wait and the whole download.
+    The request is ``orchestrator.outbound``'s: every connection, each redirect hop
+    included, goes through the address guard (a loopback, private, link-local...
+    address fails the step at once with `address_not_allowed`, never retried); `timeout`
+    bounds the whole exchange, from the name's look-up to the body's last byte; the body
+    is decoded as it is read and capped in decoded bytes. A JSON body (by content type)
+    is parsed, any other body is returned as text. Error statuses raise the matching code
+    (HTTP_RETRYABLE, HTTP_NON_RETRYABLE, server_error, invalid_input).
     """
     method, url, request = _http_request(params)
     timeout = _duration_seconds(params, "timeout", ctx.timeout_s or 30, *HTTP_TIMEOUT_MS)
@@ -397,56 +399,52 @@ def _exchange(params: dict[str, Any], ctx: ToolContext, spool: Any) -> ToolResul
     limit = settings.ARTIFACT_MAX_FILE_BYTES if save_as else settings.HTTP_TOOL_MAX_RESPONSE_BYTES
     body: Any = spool if save_as else bytearray()
     received = 0
-    deadline = time.monotonic() + timeout
     next_stop_check = time.monotonic() + CANCEL_CHECK_INTERVAL
     try:
-        with (
-            guarded_client(
-                settings.HTTP_TOOL_ALLOWED_NETWORKS,
-                timeout=timeout,
-                follow_redirects=follow,
-                max_redirects=HTTP_MAX_REDIRECTS,
-            ) as client,
-            client.stream(method, url, **request) as response,
-        ):
-            for chunk in response.iter_bytes():
+        with outbound.exchange(
+            method,
+            url,
+            deadline=time.monotonic() + timeout,
+            follow_redirects=follow,
+            max_redirects=HTTP_MAX_REDIRECTS,
+            **request,
+        ) as response:
+            for chunk in outbound.body(response, limit):
                 if save_as:
                     body.write(chunk)
                 else:
                     body.extend(chunk)
                 received += len(chunk)
-                if received > limit:
-                    raise ToolError("invalid_output", f"response larger than {limit} bytes")
-                now = time.monotonic()
-                if now > deadline:
-                    raise ToolError("timeout", f"HTTP response took longer than {timeout:g}s")
                 # stop_requested may query the database: ask at most once per interval.
+                now = time.monotonic()
                 if now >= next_stop_check:
                     next_stop_check = now + CANCEL_CHECK_INTERVAL
                     if ctx.stop_requested():
                         raise ToolError("cancelled", "the step was cancelled while running", False)
     except AddressNotAllowed as exc:
         raise ToolError("address_not_allowed", str(exc), False) from exc
+    except outbound.TooLarge as exc:
+        raise ToolError("invalid_output", str(exc)) from exc
+    except outbound.Undecodable as exc:
+        raise ToolError("invalid_output", f"HTTP response cannot be decoded: {exc}") from exc
     except httpx.TooManyRedirects as exc:
         message = f"more than {HTTP_MAX_REDIRECTS} redirects"
         raise ToolError("invalid_output", message, False) from exc
     except httpx.TimeoutException as exc:
-        raise ToolError("timeout", f"HTTP request timed out: {exc}") from exc
+        message = f"HTTP request timed out: no whole answer within {timeout:g}s ({exc})"
+        raise ToolError("timeout", message) from exc
     except (httpx.UnsupportedProtocol, httpx.LocalProtocolError, httpx.InvalidURL) as exc:
         raise ToolError("invalid_input", f"HTTP request is invalid: {exc}", False) from exc
     except httpx.TransportError as exc:
         raise ToolError("connection_error", f"HTTP request failed: {exc}") from exc
-    except httpx.DecodingError as exc:
-        raise ToolError("invalid_output", f"HTTP response cannot be decoded: {exc}") from exc
     except (TypeError, ValueError) as exc:  # httpx refusing a header or body value
         raise ToolError("invalid_input", f"HTTP request is invalid: {exc}", False) from exc
     status = response.status_code
     if save_as:
         body.seek(0)
-        head = body.read(HTTP_ERROR_EXCERPT * 4)
-        text = head.decode(response.encoding or "utf-8", errors="replace")
+        text = outbound.text(response, body.read(HTTP_ERROR_EXCERPT * 4))
     else:
-        text = bytes(body).decode(response.encoding or "utf-8", errors="replace")
+        text = outbound.text(response, bytes(body))
     if status >= 400:
         excerpt = text[:HTTP_ERROR_EXCERPT].strip()
         message = f"HTTP {status}: {excerpt}" if excerpt else f"HTTP {status}"

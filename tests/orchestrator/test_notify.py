@@ -17,7 +17,7 @@ from orchestrator import notify
 from runs.models import EscalationTicket, Notification, RunEvent
 from tests import factories
 from tests.api import states
-from tests.http_fixture import HttpServer
+from tests.http_fixture import DrippingReceiver, HttpServer
 
 pytestmark = pytest.mark.django_db
 SECRET = "whsec-for-tests"
@@ -139,6 +139,27 @@ def test_a_webhook_to_an_address_the_guard_refuses_is_recorded_not_sent(settings
     refused = Notification.objects.get(ticket=ticket)
     assert not refused.delivered
     assert "loopback address" in refused.error
+
+
+@pytest.mark.timeout(30)  # read by read, a dripping receiver would hold it for an hour
+def test_a_webhook_whose_receiver_drips_its_headers_is_cut_at_the_timeout(
+    settings: Any,
+) -> None:
+    settings.HTTP_TOOL_ALLOWED_NETWORKS = ["127.0.0.1/32"]
+    settings.ESCALATION_WEBHOOK_TIMEOUT = 0.5
+    settings.ESCALATION_WEBHOOK_ATTEMPTS = 1
+    organization = factories.org()
+    with DrippingReceiver() as receiver:
+        oncall_set(
+            organization=organization, webhook_url=f"{receiver.url}/hook", webhook_secret=SECRET
+        )
+        notify.notify_run(states.escalation(organization).run_id)
+        assert receiver.answered == 1
+
+    cut = Notification.objects.get(channel="webhook")
+    assert (cut.delivered, cut.status_code) == (False, None)
+    assert cut.error == "timeout: no whole answer within ESCALATION_WEBHOOK_TIMEOUT (0.5 s)"
+    assert 500 <= cut.duration_ms < 2000
 
 
 def test_a_webhook_needs_a_secret_and_the_secret_rotates() -> None:

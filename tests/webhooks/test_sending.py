@@ -16,9 +16,9 @@ from orchestrator import webhooks as sender
 from runs.models import Run, RunEvent
 from runs.services import run_cancel
 from tests import factories
-from tests.http_fixture import HttpServer
+from tests.http_fixture import MEMORY_BOUND, DrippingReceiver, HttpServer, gzip_bomb, peak_memory
 from tests.support import wait_until
-from tests.webhooks.support import SECRET, DrippingReceiver, delivery_ids, endpoint, verify
+from tests.webhooks.support import SECRET, delivery_ids, endpoint, verify
 from webhooks import services
 from webhooks.models import WebhookDelivery, WebhookEndpoint
 
@@ -280,6 +280,23 @@ def test_a_large_answer_is_read_up_to_the_cap(http_server: HttpServer, settings:
 
     (attempt,) = the_delivery().attempt_records.all()
     assert attempt.error == "HTTP 500: " + "x" * 100
+
+
+def test_an_answer_that_inflates_is_read_decoded_up_to_the_cap_and_stored_readable(
+    http_server: HttpServer,
+) -> None:
+    # 256 MiB of zeros in 255 KiB: inflated only as far as the cap, and the NUL
+    # characters it decodes to are not what PostgreSQL refuses in the attempt's error.
+    http_server.respond("/hook", status=500, body=gzip_bomb(), headers={"Content-Encoding": "gzip"})
+    hook = endpoint(factories.org(), f"{http_server.url}/hook")
+    ended_run(hook)
+
+    with peak_memory() as peak:
+        send_due()
+
+    (attempt,) = the_delivery().attempt_records.all()
+    assert attempt.error == "HTTP 500: " + "\ufffd" * 200
+    assert peak() < MEMORY_BOUND
 
 
 def test_a_runs_deliveries_go_in_order_a_later_waits_for_an_earlier(

@@ -13,9 +13,10 @@ from rest_framework.test import APIClient
 from artifacts.models import Artifact
 from billing.services import api_key_create
 from runs import callbacks
-from runs.models import Run, RunnerJob
+from runs.callbacks import POLL_BODY_LIMIT
+from runs.models import Run, RunnerJob, StepWait
 from runs.states import RunStatus
-from tests.http_fixture import HttpServer
+from tests.http_fixture import HttpServer, gzip_bomb
 from tests.integration.engine_support import assert_books_balanced, steps_of, submit, wait_for
 from tests.support import wait_until
 
@@ -322,6 +323,26 @@ def test_a_poll_fails_by_its_condition_or_its_attempts(
 
     assert run.status == RunStatus.FAILED
     assert steps_of(run)["watch"].error["code"] == code
+    assert_books_balanced(run)
+
+
+def test_a_poll_of_a_server_answering_a_gzip_bomb_ends_at_its_timeout(
+    http_server: HttpServer,
+) -> None:
+    # Each reading's body inflates to NUL characters: cut at the poll's body limit and
+    # stored readable, each reading is counted, and the step ends at its timeout.
+    http_server.respond("/job", body=gzip_bomb(), headers={"Content-Encoding": "gzip"})
+    step = {**watch(http_server, timeout="2s", max_attempts=1000), "retry": {"max_attempts": 1}}
+    run = wait_for(submit(plan_of(step)), timeout=30)
+
+    assert run.status == RunStatus.FAILED
+    failed = steps_of(run)["watch"]
+    assert failed.error["cause"] == "timeout"
+    wait = StepWait.objects.get(step=failed)
+    assert wait.polls >= 2
+    last = wait.last_response
+    # The last reading had only what was left of the timeout, and may have been cut by it.
+    assert last.get("body") == "\ufffd" * POLL_BODY_LIMIT or last["error"].startswith("timeout")
     assert_books_balanced(run)
 
 

@@ -31,7 +31,6 @@ from django.conf import settings
 from django.core.mail import send_mail
 
 from billing.secrets import SecretUnreadable, webhook_secret
-from common.text import storable_text
 from orchestrator import outbound
 from orchestrator.netguard import ONCALL_WEBHOOK, AddressNotAllowed
 from runs import escalations
@@ -107,14 +106,14 @@ def _webhook(ticket: EscalationTicket, attempt: int) -> None:
             headers=headers,
         ) as response:
             status = response.status_code
-            read = outbound.read(response, ANSWER_READ_BYTES, cut=True)
+            excerpt = outbound.excerpt(response, ANSWER_READ_BYTES)
         if not 200 <= status < 300:
-            error = storable_text(f"HTTP {status}: {outbound.text(response, read)[:200]}")
+            error = f"HTTP {status}: {excerpt}"
     except httpx.TimeoutException:
         status = None  # an answer cut short is no answer
         timeout = settings.ESCALATION_WEBHOOK_TIMEOUT
         error = f"timeout: no whole answer within ESCALATION_WEBHOOK_TIMEOUT ({timeout:g} s)"
-    except (AddressNotAllowed, SecretUnreadable, outbound.Undecodable) as exc:
+    except (AddressNotAllowed, SecretUnreadable) as exc:
         error = str(exc)
     except (httpx.HTTPError, OSError) as exc:  # recorded and retried, never raised
         error = f"{type(exc).__name__}: {exc}"

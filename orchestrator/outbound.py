@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 from django.conf import settings
 
+from common.text import storable_text
 from orchestrator.netguard import HTTP_TOOL, guarded_client
 
 # Asked of every server: the encodings ``body`` decodes with a bound.
@@ -118,6 +119,17 @@ def text(response: httpx.Response, data: bytes) -> str:
     """``data`` as text in the answer's charset (UTF-8 when it names none or one not
     known); what does not decode becomes U+FFFD."""
     return data.decode(response.encoding or "utf-8", errors="replace")
+
+
+def excerpt(response: httpx.Response, limit: int, chars: int = 200) -> str:
+    """The first ``chars`` characters of the answer's text (of at most ``limit`` bytes
+    read), as PostgreSQL can store them: what explains a failed webhook attempt. ""
+    for an encoding not read here: the status is the answer, its text an aside."""
+    try:
+        data = read(response, limit, cut=True)
+    except Undecodable:
+        return ""
+    return storable_text(text(response, data)[:chars])
 
 
 def _encodings(header: str) -> list[str]:

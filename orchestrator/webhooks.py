@@ -31,7 +31,6 @@ from cryptography.fernet import InvalidToken
 from django.conf import settings
 
 from common import metrics
-from common.text import storable_text
 from config.celery import app
 from orchestrator import outbound
 from orchestrator.netguard import WEBHOOK, AddressNotAllowed
@@ -134,13 +133,9 @@ def post(delivery: WebhookDelivery) -> services.AttemptResult:
             headers=headers,
         ) as answer:
             status = answer.status_code
-            try:
-                read = outbound.read(answer, int(settings.WEBHOOK_MAX_RESPONSE_BYTES), cut=True)
-            except outbound.Undecodable:
-                read = b""  # the status is the answer; its text only explains a failure
+            excerpt = outbound.excerpt(answer, int(settings.WEBHOOK_MAX_RESPONSE_BYTES))
         if not 200 <= status < 300:
-            excerpt = outbound.text(answer, read)[:200]
-            error = storable_text(f"HTTP {status}: {excerpt}")
+            error = f"HTTP {status}: {excerpt}"
     except httpx.TimeoutException:
         status = None  # an answer cut short is no answer
         error = (

@@ -18,6 +18,7 @@ from api.errors import LIST_ERRORS, READ_ERRORS, RETRY_AFTER_PARAMETER, error_re
 from api.pagination import PageQuery, paginated
 from api.parsers import AnyStringJSONParser
 from api.query import filter_parameters
+from api.runners import polls_held
 from api.serializers import (
     BalanceOutput,
     InputSerializer,
@@ -34,7 +35,7 @@ from common import eventstreams
 from ratelimits.selectors import rate_limit_list
 from runs.fairness import organization_load
 from schedules.services import schedules_held
-from webhooks.services import endpoints_held
+from webhooks.services import deliveries_in_flight, endpoints_held
 
 TAG_BILLING = "billing"
 TAG_ORGANIZATION = "organization"
@@ -104,6 +105,12 @@ class QuotasOutput(serializers.Serializer[Any]):
     event_streams = QuotaOutput(
         help_text="Event streams open at once; one more is refused with 429 `too_many_streams`."
     )
+    runner_polls = QuotaOutput(
+        help_text="Runner polls held at once; one more hold is refused with 429 `too_many_polls`."
+    )
+    webhooks_in_flight = QuotaOutput(
+        help_text="Webhook deliveries being sent at once; the others wait, pending, for one to end."
+    )
 
 
 class OrganizationOutput(serializers.Serializer[Any]):
@@ -122,6 +129,8 @@ def quota_use(organization: Organization) -> dict[str, dict[str, int]]:
         quotas.SCHEDULES: schedules_held(organization=organization).count(),
         quotas.RATE_LIMITS: rate_limit_list(organization).count(),
         quotas.EVENT_STREAMS: eventstreams.streams_open(organization.pk),
+        quotas.RUNNER_POLLS: polls_held(organization.pk),
+        quotas.WEBHOOKS_IN_FLIGHT: deliveries_in_flight(organization=organization).count(),
     }
     return {
         name: {"limit": limit, "used": used[name]}

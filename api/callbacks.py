@@ -63,7 +63,9 @@ class CallbackApi(ApiView):
             200: CallbackOutput,
             409: OpenApiResponse(
                 description="`callback_used`: posted already; `callback_closed`: the step "
-                "no longer waits (cancelled, timed out, retried)."
+                "no longer waits (cancelled, timed out, retried); `organization_suspended`: "
+                "the run's organization is suspended (nothing is recorded: post again once "
+                "it is lifted)."
             ),
             410: OpenApiResponse(description="`callback_expired`."),
             **error_responses(400, 404),

@@ -47,7 +47,7 @@ from artifacts.services import (
     UploadMismatch,
 )
 from artifacts.storage import StorageUnavailable
-from billing.quotas import QuotaExceeded, TooManyStreams
+from billing.quotas import QuotaExceeded, TooManyPolls, TooManyStreams
 from billing.services import InsufficientCredits
 from common.filters import Problems, QueryInvalid
 from runs.admission import TooManyPendingRuns
@@ -141,6 +141,7 @@ DOMAIN_ERRORS: dict[type[Exception], tuple[int, Callable[[Any], Any], Callable[[
     TooManyPendingRuns: (429, lambda exc: {"retry_after": exc.retry_after}, str),
     QuotaExceeded: (409, lambda exc: exc.details, str),
     TooManyStreams: (429, lambda exc: exc.details, str),
+    TooManyPolls: (429, lambda exc: exc.details, str),
     RunStorageFull: (413, lambda exc: None, str),
     ArtifactTooLarge: (413, lambda exc: None, str),
     InvalidName: (400, lambda exc: None, str),
@@ -352,6 +353,7 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     429: "`throttled`: too many requests for this key; `too_many_pending_runs`: the "
     "organization has as many runs waiting to start as it may; `too_many_uploads`; "
     "`too_many_streams` (an event stream past the organization's quota); "
+    "`too_many_polls` (a runner poll that would be held past the organization's quota); "
     "`too_many_pending_deliveries`: the webhook endpoint has as many deliveries pending as "
     "a test or a redelivery may add to; see the `Retry-After` header",
     500: "`internal_error`",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from typing import Any, ClassVar, cast
 from uuid import UUID
@@ -19,15 +20,19 @@ from django.conf import settings
 from django.db import connection
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import serializers
+from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from api.authentication import organization_of
+from api.authentication import OrganizationSuspended, client_of, organization_of
 from api.errors import LIST_ERRORS, WRITE_ERRORS, error_responses
 from api.idempotency import idempotent
 from api.pagination import PageQuery, paginated
 from api.serializers import EmptyInput, InputSerializer, StrictCharField
 from api.views import ApiView, list_schema, page_response, validated
+from billing import quotas
+from billing.selectors import ORGANIZATION_SUSPENDED
+from common import leases
 from common.stores import broker_redis
 from runs import runners, selectors
 from runs.filters import RunnerJobFilter
@@ -183,11 +188,21 @@ class PollApi(RunnerApi):
     )
     def get(self, request: Request) -> Response:
         """Stop commands first, else one job claimed for this runner, else 204 after
-        waiting up to ``wait`` seconds (woken at once when a job or a stop arrives)."""
+        waiting up to ``wait`` seconds (woken at once when a job or a stop arrives). An
+        organization holds at most its quota `runner_polls` at once: a poll that would
+        wait past it is refused with 429 `too_many_polls` (`Retry-After`). A hold ends
+        when its key is revoked (401) or its organization suspended (403
+        `organization_suspended`), having claimed nothing since."""
         query = self.query
-        organization = organization_of(request)
+        client = client_of(request)
         wait = query.get("wait", settings.RUNNER_POLL_TIMEOUT)
-        result = held_poll(organization, query["runner_id"], float(wait))
+        result = held_poll(
+            client.organization, query["runner_id"], float(wait), api_key_id=client.api_key.pk
+        )
+        if result.refused == ORGANIZATION_SUSPENDED:
+            raise OrganizationSuspended
+        if result.refused:
+            raise AuthenticationFailed("unknown or revoked API key")
         if result.empty:
             return Response(status=204)
         return Response(poll_body(result))
@@ -202,19 +217,47 @@ def poll_body(result: runners.Poll) -> dict[str, Any]:
 
 
 # A held poll looks again at least this often, whatever it hears: a wake-up lost with
-# Redis costs latency, never a job.
+# Redis costs latency, never a job; a revoked key ends its hold within this time.
 RECHECK_S = 5.0
+# A held poll's lease outlives its longest hold by this much, unrenewed: a web process
+# that dies frees its polls' places that long after they would have ended.
+LEASE_MARGIN_S = RECHECK_S + 10
 
 
-def held_poll(organization: Any, runner_id: str, wait: float) -> runners.Poll:
+def held_polls_key(organization_id: Any) -> str:
+    """The sorted set of an organization's held polls (``common.leases``)."""
+    return f"orchestrator:runners:held:{organization_id}"
+
+
+def polls_held(organization_id: Any) -> int:
+    """How many polls the organization has held now (its quota `runner_polls`)."""
+    return leases.held(held_polls_key(organization_id))
+
+
+def held_poll(
+    organization: Any, runner_id: str, wait: float, *, api_key_id: Any = None
+) -> runners.Poll:
     """Poll, and while there is nothing, hold up to ``wait`` seconds listening on the
     runner's and the organization's Redis channels (subscribed before the next look, so
     that nothing published after it is missed). Without Redis the poll still holds, and
-    looks every ``RECHECK_S``: a broker outage slows delivery, it refuses no poll."""
+    looks every ``RECHECK_S``: a broker outage slows delivery, it refuses no poll.
+
+    Only a hold takes one of the organization's places (its quota `runner_polls`, a
+    lease in Redis, ``TooManyPolls`` past it): a poll that finds something at once, or
+    does not wait, holds nothing. Each look reads ``api_key_id`` again (``runners.poll``),
+    at every wake-up and every ``RECHECK_S``: the hold of a revoked key, or a suspended
+    organization's (the suspension wakes its polls), ends ``refused``."""
     deadline = time.monotonic() + wait
-    first = runners.poll(organization=organization, runner_id=runner_id)
+    first = runners.poll(organization=organization, runner_id=runner_id, api_key_id=api_key_id)
     if not first.empty or wait <= 0:
         return first
+    lease = leases.Lease(
+        held_polls_key(organization.pk), ttl_s=wait + LEASE_MARGIN_S, what="runner poll"
+    )
+    limit = quotas.quota_of(organization, quotas.RUNNER_POLLS)
+    if not lease.take(limit):
+        # A place frees when a hold ends: within the longest hold.
+        raise quotas.TooManyPolls(limit, retry_after=max(1, math.ceil(RECHECK_S)))
     client = broker_redis(socket_connect_timeout=2, socket_timeout=RECHECK_S + 5)
     pubsub = client.pubsub(ignore_subscribe_messages=True)
     listening = _subscribe(
@@ -226,6 +269,7 @@ def held_poll(organization: Any, runner_id: str, wait: float) -> runners.Poll:
                 organization=organization,
                 runner_id=runner_id,
                 registered_at=first.registered_at,
+                api_key_id=api_key_id,
             )
             left = deadline - time.monotonic()
             if not result.empty or left <= 0:
@@ -243,6 +287,7 @@ def held_poll(organization: Any, runner_id: str, wait: float) -> runners.Poll:
                     listening = False
             time.sleep(pause)
     finally:
+        lease.release()
         with contextlib.suppress(redis.RedisError):
             pubsub.close()
             client.close()

@@ -77,6 +77,16 @@ class OrganizationForm(ModelForm[Organization]):
         min_value=0,
         help_text="Event streams open at once. Empty: QUOTA_EVENT_STREAMS.",
     )
+    quota_runner_polls = forms.IntegerField(
+        required=False,
+        min_value=0,
+        help_text="Runner polls held at once. Empty: QUOTA_RUNNER_POLLS.",
+    )
+    quota_webhooks_in_flight = forms.IntegerField(
+        required=False,
+        min_value=0,
+        help_text="Webhook deliveries sent at once. Empty: QUOTA_WEBHOOKS_IN_FLIGHT.",
+    )
 
     class Meta:
         model = Organization

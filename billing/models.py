@@ -54,6 +54,14 @@ class Organization(models.Model):
     quota_event_streams = models.PositiveIntegerField(
         null=True, blank=True, help_text="Event streams open at once; empty: QUOTA_EVENT_STREAMS."
     )
+    quota_runner_polls = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Runner polls held at once; empty: QUOTA_RUNNER_POLLS."
+    )
+    quota_webhooks_in_flight = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Webhook deliveries in flight at once; empty: QUOTA_WEBHOOKS_IN_FLIGHT.",
+    )
     # Suspension (docs/tenants.md): while set, its keys are refused, its schedules skip,
     # its webhooks hold their deliveries and its running runs are paused.
     suspended_at = models.DateTimeField(null=True, blank=True, editable=False)

@@ -6,6 +6,13 @@
 - ``event_streams``: streams open at once, counted in Redis while they are open
   (``common.eventstreams.StreamLease``); one more is refused (``TooManyStreams``, 429
   `too_many_streams`).
+- ``runner_polls``: runner polls held at once, counted in Redis as streams are
+  (``common.leases``, api/runners.py); one more hold is refused (``TooManyPolls``, 429
+  `too_many_polls`).
+- ``webhooks_in_flight``: webhook deliveries being sent at once. Nothing is refused: the
+  sweep's claim (runs/engine/sql/webhook_claim.sql, which reads the field and takes the
+  setting as its default, the same rule as ``quota_of``) leaves the organization's other
+  due deliveries pending until one of its sends ends.
 
 Each quota is the organization's own (a ``quota_*`` field) or, empty, its setting
 (``QUOTA_*``), read when it is applied: a change takes effect at once. A quota lowered
@@ -32,12 +39,20 @@ WEBHOOK_ENDPOINTS = "webhook_endpoints"
 SCHEDULES = "schedules"
 RATE_LIMITS = "rate_limits"
 EVENT_STREAMS = "event_streams"
+RUNNER_POLLS = "runner_polls"
+WEBHOOKS_IN_FLIGHT = "webhooks_in_flight"
 # quota -> (the organization's field, the setting it defaults to, what it counts)
 QUOTAS: dict[str, tuple[str, str, str]] = {
     WEBHOOK_ENDPOINTS: ("quota_webhook_endpoints", "QUOTA_WEBHOOK_ENDPOINTS", "webhook endpoints"),
     SCHEDULES: ("quota_schedules", "QUOTA_SCHEDULES", "schedules"),
     RATE_LIMITS: ("quota_rate_limits", "QUOTA_RATE_LIMITS", "rate limits"),
     EVENT_STREAMS: ("quota_event_streams", "QUOTA_EVENT_STREAMS", "event streams open"),
+    RUNNER_POLLS: ("quota_runner_polls", "QUOTA_RUNNER_POLLS", "runner polls held"),
+    WEBHOOKS_IN_FLIGHT: (
+        "quota_webhooks_in_flight",
+        "QUOTA_WEBHOOKS_IN_FLIGHT",
+        "webhook deliveries in flight",
+    ),
 }
 NAMES = tuple(QUOTAS)
 FIELDS = tuple(field for field, _, _ in QUOTAS.values())
@@ -79,6 +94,24 @@ class TooManyStreams(Exception):
     @property
     def details(self) -> dict[str, Any]:
         return {"quota": EVENT_STREAMS, "limit": self.limit, "retry_after": self.retry_after}
+
+
+class TooManyPolls(Exception):
+    """The organization has as many runner polls held as its quota allows."""
+
+    code = "too_many_polls"
+
+    def __init__(self, limit: int, retry_after: int) -> None:
+        super().__init__(
+            f"the organization has {limit} runner polls held, its quota; poll again in "
+            f"{retry_after} s, or ask an operator to raise the quota"
+        )
+        self.limit = limit
+        self.retry_after = retry_after
+
+    @property
+    def details(self) -> dict[str, Any]:
+        return {"quota": RUNNER_POLLS, "limit": self.limit, "retry_after": self.retry_after}
 
 
 class InvalidQuotas(ValueError):

@@ -83,17 +83,22 @@ def ledger_for(
     return LedgerFilter(query or {}, queryset=entries).filtered().order_by("-created_at", "-id")
 
 
+# Why a key may no longer be used (``key_refused``).
+KEY_REVOKED = "the API key was revoked"
+ORGANIZATION_SUSPENDED = "the organization is suspended"
+
+
 def key_refused(api_key_id: Any) -> str:
-    """Why the key may no longer be used, or "": "the API key was revoked", "the
-    organization is suspended". One read by primary keys: a live event stream asks at
-    each heartbeat."""
+    """Why the key may no longer be used, or "": ``KEY_REVOKED``,
+    ``ORGANIZATION_SUSPENDED``. One read by primary keys: a live event stream asks at
+    each heartbeat, a held runner poll at each look."""
     row = (
         ApiKey.objects.filter(pk=api_key_id)
         .values_list("revoked_at", "organization__suspended_at")
         .first()
     )
     if row is None or row[0] is not None:
-        return "the API key was revoked"
+        return KEY_REVOKED
     if row[1] is not None:
-        return "the organization is suspended"
+        return ORGANIZATION_SUSPENDED
     return ""

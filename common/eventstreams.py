@@ -22,10 +22,10 @@ registered and at every heartbeat, so an event is at worst late, never missed. A
 that is down costs the wake-ups (logged once per outage), never a write.
 
 The streams an organization has open are counted here too, for its quota
-(``StreamLease``; docs/tenants.md, "Quotas"): one sorted set per organization, a member
-per open stream scored by when its lease lapses, renewed at each heartbeat and removed
-when the stream closes. A web process that dies leaves its streams' leases behind; they
-lapse after ``lapse_after`` (two heartbeats and 10 s) and count no more.
+(``StreamLease``, a ``common.leases.Lease``; docs/tenants.md, "Quotas"): one sorted set
+per organization, a member per open stream scored by when its lease lapses, renewed at
+each heartbeat and removed when the stream closes. A web process that dies leaves its
+streams' leases behind; they lapse and count no more.
 
 This module is the shared leaf's: both ``runs`` (transitions, the engine) and
 ``orchestrator`` write events, and both may import it. It names no app.
@@ -37,7 +37,6 @@ import functools
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +45,7 @@ import redis
 from django.conf import settings
 from django.db import connection, transaction
 
+from common import leases
 from common.stores import broker_redis
 
 logger = logging.getLogger(__name__)
@@ -192,80 +192,19 @@ def _open_key(organization_id: object) -> str:
     return f"{PREFIX}open:{organization_id}"
 
 
-# Atomic, so that two streams opening at once never both take the last place: drop the
-# lapsed leases, count, add this one if there is room. KEYS[1]: the organization's set;
-# ARGV: now, when the lease lapses, the quota, the stream's id, the set's own expiry (s).
-_TAKE = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then
-    return 0
-end
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[4])
-redis.call('EXPIRE', KEYS[1], ARGV[5])
-return 1
-"""
-
-
-@functools.lru_cache(maxsize=2)
-def _take_script(url: str) -> Any:
-    return _redis(url).register_script(_TAKE)
-
-
-@dataclass
-class StreamLease:
+class StreamLease(leases.Lease):
     """One open stream's place among its organization's (its quota `event_streams`).
 
     Without Redis nothing is counted: a stream opens anyway (it works without Redis, as
     its wake-ups do: an outage slows streams down, it refuses none), and its renewal at
     the next heartbeat after Redis is back counts it again."""
 
-    organization_id: object
-    ttl_s: float
-    stream_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-
-    @property
-    def key(self) -> str:
-        return _open_key(self.organization_id)
-
-    def take(self, limit: int) -> bool:
-        """Count this stream as open if its organization has fewer than ``limit`` open;
-        False when it has as many (nothing taken)."""
-        now = time.time()
-        try:
-            taken = _take_script(settings.CELERY_BROKER_URL)(
-                keys=[self.key],
-                args=[now, now + self.ttl_s, limit, self.stream_id, int(self.ttl_s) + 1],
-            )
-        except (redis.RedisError, OSError) as exc:
-            logger.warning("event stream opened uncounted (Redis: %s)", exc)
-            return True
-        return bool(taken)
-
-    def renew(self) -> None:
-        """At each heartbeat: the lease extended (taken again if it lapsed, or was never
-        counted for want of Redis: the stream is open, it counts)."""
-        try:
-            with _client().pipeline(transaction=False) as pipe:
-                pipe.zadd(self.key, {self.stream_id: time.time() + self.ttl_s})
-                pipe.expire(self.key, int(self.ttl_s) + 1)
-                pipe.execute()
-        except (redis.RedisError, OSError) as exc:
-            # Not a warning per stream and heartbeat: its wake-ups report the outage once.
-            logger.debug("event stream's lease not renewed (Redis: %s)", exc)
-
-    def release(self) -> None:
-        """The stream closed: its place is free at once."""
-        try:
-            _client().zrem(self.key, self.stream_id)
-        except (redis.RedisError, OSError) as exc:
-            logger.warning("event stream's lease not released, it lapses (Redis: %s)", exc)
+    def __init__(self, organization_id: object, ttl_s: float) -> None:
+        super().__init__(_open_key(organization_id), ttl_s, what="event stream")
+        self.organization_id = organization_id
 
 
 def streams_open(organization_id: object) -> int:
     """How many streams the organization has open (leases not lapsed); 0 when Redis does
     not answer (nothing is counted then)."""
-    try:
-        return int(_client().zcount(_open_key(organization_id), time.time(), "+inf"))
-    except (redis.RedisError, OSError) as exc:
-        logger.warning("open event streams not counted (Redis: %s)", exc)
-        return 0
+    return leases.held(_open_key(organization_id))

@@ -38,6 +38,7 @@ DOORBELLS = PREFIX + "doorbells"  # "rung|reason" -> sent; "answered|outcome" ->
 RATE_LIMITS = PREFIX + "rate_limits"  # "granted|limit" -> units; "waits|limit" -> waits
 RATE_LIMIT_WAIT = PREFIX + "rate_limit_wait"  # "limit|bucket index", "limit|sum", "limit|count"
 WEBHOOK_ATTEMPTS = PREFIX + "webhook_attempts"  # "outcome" -> attempts
+WEBHOOK_DISABLED = PREFIX + "webhook_disabled"  # "cause" -> endpoints the service disabled
 SCHEDULE_FIRES = PREFIX + "schedule_fires"  # "kind|outcome" -> due times (or triggers)
 # Seconds: a no-op step takes milliseconds, an LLM call or a runner's job minutes.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
@@ -198,6 +199,12 @@ def webhook_attempt(delivery_status: str) -> None:
     ``failed`` (failed for good, the delivery with it)."""
     outcome = WEBHOOK_OUTCOMES.get(delivery_status, delivery_status)
     _add([(WEBHOOK_ATTEMPTS, outcome, 1)])
+
+
+def webhook_endpoint_disabled(cause: str) -> None:
+    """The webhooks service disabled an endpoint by itself: ``gone`` (410), ``failing``
+    (failed for long), ``backlog`` (more deliveries pending than WEBHOOK_MAX_BACKLOG)."""
+    _add([(WEBHOOK_DISABLED, cause, 1)])
 
 
 def schedule_fires(kind: str, outcome: str, count: int = 1) -> None:

@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 # The hashes processes count in, in the order the scrape reads them.
 _COUNTED = (metrics.STEPS, metrics.DURATION, metrics.QUEUE_WAIT, metrics.SWEEPS, metrics.API,
             metrics.DOORBELLS, metrics.RATE_LIMITS, metrics.RATE_LIMIT_WAIT,
-            metrics.WEBHOOK_ATTEMPTS, metrics.SCHEDULE_FIRES)  # fmt: skip
+            metrics.WEBHOOK_ATTEMPTS, metrics.SCHEDULE_FIRES, metrics.WEBHOOK_DISABLED)  # fmt: skip
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
@@ -139,7 +139,7 @@ class OrchestratorCollector(Collector):
             yield _redis_up(0)
             return
         steps, duration, queue_wait, sweeps, api, doorbells, rate, rate_wait = results[:8]
-        webhook_attempts, schedule_fires = results[8 : len(_COUNTED)]
+        webhook_attempts, schedule_fires, webhook_disabled = results[8 : len(_COUNTED)]
         yield _redis_up(1)
 
         attempts = CounterMetricFamily(
@@ -222,7 +222,16 @@ class OrchestratorCollector(Collector):
         )
         for parts, value in _fields(schedule_fires):
             fires.add_metric(parts[:2], float(value))
-        yield from (attempts_made, fires)
+        disabled = CounterMetricFamily(
+            "orchestrator_webhook_endpoints_disabled",
+            "Webhook endpoints the service disabled, by cause: gone (it answered 410), "
+            "failing (failed for long), backlog (more deliveries pending than "
+            "WEBHOOK_MAX_BACKLOG).",
+            labels=["cause"],
+        )
+        for parts, value in _fields(webhook_disabled):
+            disabled.add_metric(parts[:1], float(value))
+        yield from (attempts_made, fires, disabled)
         depth = GaugeMetricFamily(
             "orchestrator_queue_depth", "Messages waiting in each Celery queue.", labels=["queue"]
         )

@@ -167,6 +167,14 @@ class Runner:
             if not free:
                 self._reap_wait()
             return
+        if response.status_code == 429:
+            # The organization holds as many polls as its quota allows (too_many_polls):
+            # poll again once a place may be free, as the server says.
+            retry_after = response.headers.get("Retry-After", "")
+            wait_s = float(retry_after) if retry_after.isdigit() else 5.0
+            logger.warning("poll: %s; polling again in %.0fs", response.text, wait_s)
+            self.stopping.wait(min(max(wait_s, 1.0), 60.0))
+            return
         if response.status_code != 200:
             logger.error("poll: %s %s", response.status_code, response.text)
             self.stopping.wait(1.0)

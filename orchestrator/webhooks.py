@@ -5,8 +5,9 @@ PostgreSQL writes a delivery in the transaction of the state change it announces
 (webhooks/migrations/0001); this module only sends. The sweep, which beat sends once a
 delivery is due (``webhooks.services.deliveries_next_due``, looked for every
 WEBHOOK_SWEEP_INTERVAL s), claims what is due (``webhooks.services.deliveries_claim``:
-FOR UPDATE SKIP LOCKED, at most WEBHOOK_ENDPOINT_CONCURRENCY in flight per endpoint,
-organizations in turns, each under a lease) and publishes one
+FOR UPDATE SKIP LOCKED, at most WEBHOOK_ENDPOINT_CONCURRENCY in flight per endpoint and
+an organization's quota `webhooks_in_flight` per organization, organizations in turns,
+each under a lease) and publishes one
 ``orchestrator.webhooks.deliver`` message per claim, on the ``webhooks`` queue
 (config/celery.py), which only the `webhooks` process consumes (Procfile: a pool of
 threads), apart from the workers that run steps. A delivery

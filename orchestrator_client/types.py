@@ -275,6 +275,8 @@ class Quotas(TypedDict):
     schedules: Quota
     rate_limits: Quota
     event_streams: Quota
+    runner_polls: Quota
+    webhooks_in_flight: Quota
 
 
 class Organization(TypedDict):

@@ -42,6 +42,10 @@ LOCK_NAMESPACE = 0x7261_6E  # "ran"
 ACTIVE = (RunStatus.PENDING, *RUN_STARTED)
 # The queued_reason of a run held by its organization's suspension.
 SUSPENDED = "the organization is suspended"
+# The actor of the pauses and resumes a suspension makes (runs/suspension.py, and the
+# engine's resume, which pauses again a run its organization's suspension caught
+# resuming): how its pauses are told apart from a person's.
+SUSPENSION_ACTOR = "suspension"
 
 
 class TooManyPendingRuns(Exception):

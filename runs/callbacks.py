@@ -31,6 +31,7 @@ from django.db import transaction
 from django.db.models import Min, Q
 from django.utils import timezone
 
+from billing.models import Organization
 from billing.pricing import tool_price
 from common import tracing
 from common.text import storable_text
@@ -57,7 +58,8 @@ class CallbackNotFound(Exception):
 
 
 class CallbackRefused(Exception):
-    """The callback exists but takes no post now (409 used or closed, 410 expired)."""
+    """The callback exists but takes no post now (409 used, closed or its organization
+    suspended, 410 expired)."""
 
     def __init__(self, code: str, status: int, message: str) -> None:
         super().__init__(message)
@@ -134,6 +136,19 @@ def receive_callback(token: str, *, status: str, result: Any = None, error: Any 
     found = _callback_by_token(token)
     with transaction.atomic():
         run = lock_run(found.run_id, light=True)
+        suspended = Organization.objects.filter(
+            pk=run.organization_id, suspended_at__isnull=False
+        ).exists()
+        if suspended:
+            # Nothing of a suspended organization moves on (docs/tenants.md), and the
+            # URL carries no key to refuse: its run's organization is what is suspended.
+            # The wait stays open, to be posted once it is lifted (if not expired by then).
+            raise CallbackRefused(
+                "organization_suspended",
+                409,
+                "the organization of this callback's run is suspended; post it again once "
+                "the suspension is lifted",
+            )
         wait = StepWait.objects.select_for_update().get(pk=found.pk)
         now = timezone.now()
         if wait.status in (W.COMPLETED, W.FAILED):

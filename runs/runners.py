@@ -33,6 +33,7 @@ from django.utils import timezone
 
 from billing.models import Organization
 from billing.pricing import tool_price
+from billing.selectors import key_refused
 from common import tracing
 from common.tools.base import ToolError
 from runs.engine.outcomes import Outcome, record
@@ -194,10 +195,12 @@ class Poll:
     job: RunnerJob | None = None
     # The registration this look was made for: a held poll passes it to its next looks.
     registered_at: datetime | None = None
+    # Why the poll's key may no longer be used (``billing.selectors.key_refused``), or "".
+    refused: str = ""
 
     @property
     def empty(self) -> bool:
-        return not (self.deregistered or self.stop_jobs or self.job)
+        return not (self.refused or self.deregistered or self.stop_jobs or self.job)
 
 
 _CLAIM_SQL = """
@@ -222,7 +225,11 @@ RETURNING j.id
 
 @transaction.atomic
 def poll(
-    *, organization: Organization, runner_id: str, registered_at: datetime | None = None
+    *,
+    organization: Organization,
+    runner_id: str,
+    registered_at: datetime | None = None,
+    api_key_id: Any = None,
 ) -> Poll:
     """One look for the runner (the API holds the request and looks again when woken):
     its stop commands not yet handed over, else the first pending job it matches
@@ -235,7 +242,16 @@ def poll(
     registered again since (its process restarted while this poll was held, and the
     server never saw the old connection close), the poll belongs to a process that is
     gone: it ends as deregistered and claims nothing, or the job it claimed would never
-    reach the new process (found by the restart test)."""
+    reach the new process (found by the restart test).
+
+    ``api_key_id``: the key the poll came with. A held poll outlives the request's
+    authentication, so each look reads the key and its organization again (one read by
+    primary keys) before it hands anything over: a look that begins once the key's
+    revocation or the organization's suspension has committed claims nothing and ends the
+    hold (``refused``)."""
+    refused = key_refused(api_key_id) if api_key_id is not None else ""
+    if refused:
+        return Poll(refused=refused, registered_at=registered_at)
     # Locked: a registration and a claim for one runner never interleave.
     runner = _runner(organization, runner_id, lock=True)
     superseded = registered_at is not None and runner.registered_at != registered_at

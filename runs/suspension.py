@@ -14,6 +14,17 @@ pause was the suspension's, and leaves alone those a person paused (before the
 suspension, or after it through the admin). Each run is paused or resumed in its own
 transaction after the organization's row is written (never under one lock for all of
 them), so a crash half way leaves a state that running the same command again completes.
+
+A run caught ``resuming`` (a resume in flight: PAUSED -> RESUMING is done, the worker's
+RESUMING -> RUNNING is not) cannot be paused from there; the worker's resume
+(``runs.engine.control.resume``) reads the organization under the run's lock and pauses
+it again at once, with the same actor. The race is closed by the order of the two
+writes: the organization's row is committed before the runs are listed, and each listed
+run is locked before it is looked at, so either the resume ran first (the run is
+``running`` when its lock is had, and is paused here) or it runs after (and reads the
+suspension). The other doors a suspension closes read the same row: a callback's post
+(``runs.callbacks``, 409 ``organization_suspended``) and a runner's held poll, which the
+suspension wakes so that it ends at once (``runs.runners.poll``).
 """
 
 from __future__ import annotations
@@ -29,12 +40,12 @@ from django.utils import timezone
 from billing.models import Organization
 from runs import admission, services
 from runs.models import Run, RunEvent
+from runs.outbox import wake_runners
 from runs.states import InvalidTransition, RunStatus
 
 logger = logging.getLogger(__name__)
 
-# The actor of the pauses and resumes a suspension makes: how its pauses are told apart.
-SUSPENSION_ACTOR = "suspension"
+SUSPENSION_ACTOR = admission.SUSPENSION_ACTOR
 REASON_MAX_LENGTH = 500
 
 
@@ -61,16 +72,28 @@ def organization_suspend(
             locked.suspended_reason = reason
         locked.save(update_fields=["suspended_at", "suspended_reason"])
     logger.info("organization %s suspended by %s: %s", locked.pk, actor, reason)
+    # Its runners' held polls end now, not at their next look.
+    wake_runners(str(locked.pk), [])
     done = Suspension(locked)
-    running = Run.objects.filter(organization=locked, status=RunStatus.RUNNING)
-    for run_id in running.order_by("created_at").values_list("pk", flat=True):
-        try:
-            paused = services.run_pause(run_id=run_id, actor=SUSPENSION_ACTOR)
-        except InvalidTransition:
-            continue  # it moved on since it was listed (ended, waits for an approval)
-        if paused.status == RunStatus.PAUSED:
+    moving = Run.objects.filter(
+        organization=locked, status__in=(RunStatus.RUNNING, RunStatus.RESUMING)
+    )
+    for run_id in moving.order_by("created_at").values_list("pk", flat=True):
+        if _paused(run_id):
             done.runs.append(run_id)
     return done
+
+
+@transaction.atomic
+def _paused(run_id: UUID) -> bool:
+    """Pause the run if it is running. One still resuming is left to its resume, which
+    pauses it (the suspension is committed before this lock is taken: module
+    docstring)."""
+    run = services.lock_run(run_id, light=True)
+    if run.status != RunStatus.RUNNING:
+        return False  # moved on since it was listed (ended, waits for an approval)
+    paused = services.run_pause(run_id=run_id, actor=SUSPENSION_ACTOR)
+    return paused.status == RunStatus.PAUSED
 
 
 def organization_unsuspend(*, organization: Organization, actor: str = "system") -> Suspension:

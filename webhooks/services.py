@@ -27,6 +27,7 @@ from django.utils import timezone
 from billing import quotas
 from billing.models import Organization
 from billing.secrets import decrypt_value, encrypt_value
+from common import metrics
 from webhooks.models import (
     TEST_EVENT,
     URL_MAX_LENGTH,
@@ -247,10 +248,25 @@ def _enable(endpoint: WebhookEndpoint) -> None:
     endpoint.failing_since = None
 
 
-def _disable(endpoint: WebhookEndpoint, reason: str) -> None:
+def _disable(endpoint: WebhookEndpoint, reason: str, *, cause: str = "") -> None:
+    """Disable the endpoint; ``cause``: a short name for the metrics of those the service
+    disables by itself (``gone``, ``failing``, ``backlog``), counted once it commits."""
     endpoint.enabled = False
     endpoint.disabled_at = timezone.now()
     endpoint.disabled_reason = reason[:ERROR_MAX_LENGTH]
+    if cause:
+        transaction.on_commit(lambda: metrics.webhook_endpoint_disabled(cause))
+
+
+def _backlog(endpoint: WebhookEndpoint) -> int | None:
+    """How many deliveries the endpoint has pending when they are more than
+    WEBHOOK_MAX_BACKLOG, else None. Counts no further than one past the bound (an index
+    range of the pending deliveries, ``webhook_delivery_order``): a cost an attempt can
+    pay."""
+    limit = settings.WEBHOOK_MAX_BACKLOG
+    pending = WebhookDelivery.objects.filter(endpoint=endpoint, status=DeliveryStatus.PENDING)
+    counted = pending.values("id")[: limit + 1].count()
+    return counted if counted > limit else None
 
 
 def _room_for_one_more(endpoint: WebhookEndpoint) -> None:
@@ -328,21 +344,39 @@ class Claim:
     token: str
 
 
-def deliveries_claim(*, limit: int, per_endpoint: int, lease_seconds: float) -> list[Claim]:
+def deliveries_claim(
+    *, limit: int, per_endpoint: int, lease_seconds: float, per_organization: int | None = None
+) -> list[Claim]:
     """Claim up to ``limit`` due deliveries, fairly (``engine.webhook_claim``,
     runs/engine/sql/webhook_claim.sql): at most ``per_endpoint`` in flight to any endpoint
-    (claimed ones whose lease runs count), organizations served in turns, a suspended
-    organization's held. Each is held for ``lease_seconds``: a worker that dies while
-    sending loses nothing, the delivery is due again when the lease ends.
+    and, across its endpoints, at most its quota `webhooks_in_flight` to any organization
+    (its own, else ``per_organization``: by default QUOTA_WEBHOOKS_IN_FLIGHT; claimed
+    ones whose lease runs count),
+    organizations served in turns, a suspended organization's held. Each is held for
+    ``lease_seconds``: a worker that dies while sending loses nothing, the delivery is due
+    again when the lease ends.
 
     One sweep claims at a time (a transaction advisory lock; another sweep finding it
-    taken returns nothing): the bound counts every claim made before it."""
+    taken returns nothing): the bounds count every claim made before it."""
+    if per_organization is None:
+        per_organization = settings.QUOTA_WEBHOOKS_IN_FLIGHT
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            "SELECT delivery_id, token FROM engine.webhook_claim(%s::int, %s::int, %s::float8)",
-            [limit, per_endpoint, lease_seconds],
+            "SELECT delivery_id, token"
+            " FROM engine.webhook_claim(%s::int, %s::int, %s::int, %s::float8)",
+            [limit, per_endpoint, per_organization, lease_seconds],
         )
         return [Claim(delivery_id, str(token)) for delivery_id, token in cursor.fetchall()]
+
+
+def deliveries_in_flight(*, organization: Organization) -> QuerySet[WebhookDelivery]:
+    """The organization's deliveries being sent now (claimed, their lease running): what
+    its quota `webhooks_in_flight` bounds."""
+    return WebhookDelivery.objects.filter(
+        endpoint__organization=organization,
+        status=DeliveryStatus.PENDING,
+        lease_until__gte=timezone.now(),
+    )
 
 
 def deliveries_next_due() -> datetime | None:
@@ -382,8 +416,10 @@ def attempt_record(*, delivery_id: int, token: str, result: AttemptResult) -> st
     """Record one attempt and what follows: delivered; failed for good (410 Gone disables
     the endpoint at once; the retry window passed); or due again after the backoff. The
     endpoint's failures in a row are counted, and past both WEBHOOK_DISABLE_AFTER seconds
-    and WEBHOOK_DISABLE_FAILURES attempts it is disabled. Returns the delivery's status,
-    or None when the claim was lost (nothing changes but the attempt's record)."""
+    and WEBHOOK_DISABLE_FAILURES attempts it is disabled; so is an endpoint left with more
+    than WEBHOOK_MAX_BACKLOG deliveries pending, whatever the answer. Returns the
+    delivery's status, or None when the claim was lost (nothing changes but the attempt's
+    record)."""
     delivery = WebhookDelivery.objects.select_for_update().filter(pk=delivery_id).first()
     if delivery is None:
         return None  # deleted with its endpoint meanwhile
@@ -420,7 +456,7 @@ def attempt_record(*, delivery_id: int, token: str, result: AttemptResult) -> st
         if result.status_code == 410:
             delivery.status = DeliveryStatus.FAILED
             if endpoint.enabled:
-                _disable(endpoint, "the endpoint answered 410 Gone")
+                _disable(endpoint, "the endpoint answered 410 Gone", cause="gone")
         elif now >= retry_deadline(delivery):
             delivery.status = DeliveryStatus.FAILED
         else:
@@ -442,7 +478,20 @@ def attempt_record(*, delivery_id: int, token: str, result: AttemptResult) -> st
                 endpoint,
                 f"failed {endpoint.consecutive_failures} attempts in a row over "
                 f"{int(failing_for)} s; last: {result.error or result.status_code}",
+                cause="failing",
             )
     delivery.save(update_fields=fields)
+    if endpoint.enabled and (backlog := _backlog(endpoint)) is not None:
+        # Its receiver takes fewer than its runs announce: run events are never refused
+        # (they are written with the change they announce), so the endpoint stops
+        # getting new ones instead, and keeps those it has, to be sent once it is
+        # enabled again (docs/webhooks.md, "Disabling").
+        _disable(
+            endpoint,
+            f"more than {settings.WEBHOOK_MAX_BACKLOG} deliveries pending "
+            f"(WEBHOOK_MAX_BACKLOG; {backlog} counted): its receiver does not keep up; "
+            "enable it again to send them",
+            cause="backlog",
+        )
     endpoint.save(update_fields=ENDPOINT_STATE)
     return str(delivery.status)

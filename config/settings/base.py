@@ -813,6 +813,19 @@ QUOTA_RATE_LIMITS = env.integer(
 QUOTA_EVENT_STREAMS = env.integer(
     "QUOTA_EVENT_STREAMS", 50, "event streams an organization may have open at once", minimum=0
 )
+# Holds: what an organization keeps busy at once. Past QUOTA_RUNNER_POLLS a poll that
+# would be held is refused (429 too_many_polls); past QUOTA_WEBHOOKS_IN_FLIGHT its due
+# deliveries wait, pending, for one of its sends to end (the webhooks process has
+# WEBHOOK_CONCURRENCY threads for every organization).
+QUOTA_RUNNER_POLLS = env.integer(
+    "QUOTA_RUNNER_POLLS", 100, "runner polls an organization may have held at once", minimum=0
+)
+QUOTA_WEBHOOKS_IN_FLIGHT = env.integer(
+    "QUOTA_WEBHOOKS_IN_FLIGHT",
+    5,
+    "webhook deliveries of an organization sent at once",
+    minimum=0,
+)
 
 # --------------------------------------------------------------------------- escalation
 # The engine's policy layer (docs/escalation.md): when a failing run goes to people
@@ -890,6 +903,15 @@ WEBHOOK_MAX_PENDING = env.integer(
     "WEBHOOK_MAX_PENDING",
     100,
     "pending deliveries of an endpoint past which a test or a redelivery is refused",
+    minimum=1,
+)
+# Run events are never refused (they are written with the change they announce): an
+# endpoint left with more pending than this, its receiver not keeping up, is disabled at
+# its next attempt instead, and gets no more until it is enabled again.
+WEBHOOK_MAX_BACKLOG = env.integer(
+    "WEBHOOK_MAX_BACKLOG",
+    10_000,
+    "pending deliveries of an endpoint past which it is disabled",
     minimum=1,
 )
 EMAIL_BACKEND = env.string(

@@ -8,6 +8,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from billing.models import Organization
 from common import logcontext, tracing
 from runs import admission, services
 from runs.engine.dispatch import (
@@ -73,11 +74,21 @@ def resume(run_id: Any, actor: str = "worker") -> bool:
     Agents and tasks that were already under way go back to RUNNING; their dispatched
     steps whose messages were dropped while paused are published again (a duplicate
     of a message still queued is harmless: the claim lets one through).
+
+    A run whose organization was suspended since its resume was asked for is paused
+    again at once, by the suspension (``admission.SUSPENSION_ACTOR``), instead of going
+    on: the suspension leaves runs caught resuming to this (runs/suspension.py), and
+    unsuspending resumes them with the others it paused.
     """
     with transaction.atomic():
         run = services.lock_run(run_id, light=True)
         if run.status != RunStatus.RESUMING:
             return False
+        # Read under the run's lock: a suspension that listed the run before this lock
+        # was had committed the organization's row first (runs/suspension.py).
+        suspended = Organization.objects.filter(
+            pk=run.organization_id, suspended_at__isnull=False
+        ).exists()
         now = timezone.now()
         for model in (Agent, Task):
             transition_many(
@@ -94,6 +105,9 @@ def resume(run_id: Any, actor: str = "worker") -> bool:
                 now=now,
             )
         run = services.run_resumed(run_id=run.pk, actor=actor)
+        if suspended:
+            services.run_pause(run_id=run.pk, actor=admission.SUSPENSION_ACTOR)
+            return True
         redispatch(run, now)
         return True
 

@@ -43,6 +43,8 @@ def test_the_organization_shows_the_default_limits_and_nothing_in_use(
             "schedules": {"limit": settings.QUOTA_SCHEDULES, "used": 0},
             "rate_limits": {"limit": settings.QUOTA_RATE_LIMITS, "used": 0},
             "event_streams": {"limit": settings.QUOTA_EVENT_STREAMS, "used": 0},
+            "runner_polls": {"limit": settings.QUOTA_RUNNER_POLLS, "used": 0},
+            "webhooks_in_flight": {"limit": settings.QUOTA_WEBHOOKS_IN_FLIGHT, "used": 0},
         },
     }
 

@@ -133,6 +133,8 @@ def test_the_organization_shows_each_quota_in_force_and_its_use(live: Live, sett
         "schedules": {"limit": 40, "used": 1},
         "rate_limits": {"limit": settings.QUOTA_RATE_LIMITS, "used": 0},
         "event_streams": {"limit": 2, "used": 1},
+        "runner_polls": {"limit": settings.QUOTA_RUNNER_POLLS, "used": 0},
+        "webhooks_in_flight": {"limit": settings.QUOTA_WEBHOOKS_IN_FLIGHT, "used": 0},
     }
     wait_until(lambda: streams_open(live.organization.pk) == 0, what="the stream's release")
 

@@ -37,6 +37,8 @@ def test_a_quota_is_the_setting_until_the_organization_has_its_own(settings: Any
         "schedules": 0,
         "rate_limits": settings.QUOTA_RATE_LIMITS,
         "event_streams": 3,
+        "runner_polls": settings.QUOTA_RUNNER_POLLS,
+        "webhooks_in_flight": settings.QUOTA_WEBHOOKS_IN_FLIGHT,
     }
     assert quotas.quotas_set(organization.pk, actor="test", schedules=None)["schedules"] == 7
 
@@ -150,6 +152,8 @@ def test_set_limits_sets_quotas_through_the_service_and_prints_them(settings: An
         "schedules": settings.QUOTA_SCHEDULES,
         "rate_limits": settings.QUOTA_RATE_LIMITS,
         "event_streams": 0,
+        "runner_polls": settings.QUOTA_RUNNER_POLLS,
+        "webhooks_in_flight": settings.QUOTA_WEBHOOKS_IN_FLIGHT,
     }
     organization.refresh_from_db()
     assert (organization.quota_webhook_endpoints, organization.quota_event_streams) == (5, 0)
@@ -197,6 +201,8 @@ def test_the_admin_sets_quotas_through_the_service(client: Client) -> None:
         "quota_schedules": "",
         "quota_rate_limits": "",
         "quota_event_streams": "12",
+        "quota_runner_polls": "7",
+        "quota_webhooks_in_flight": "",
     }
     refused = client.post(url, {**form, "quota_schedules": "-1"})
     assert refused.status_code == 200
@@ -210,4 +216,6 @@ def test_the_admin_sets_quotas_through_the_service(client: Client) -> None:
         organization.quota_schedules,
         organization.quota_rate_limits,
         organization.quota_event_streams,
-    ) == (3, None, None, 12)
+        organization.quota_runner_polls,
+        organization.quota_webhooks_in_flight,
+    ) == (3, None, None, 12, 7, None)

@@ -19,6 +19,7 @@ from django.db import connection
 
 from artifacts import storage
 from artifacts.models import Artifact
+from billing import quotas
 from billing.services import api_key_create
 from runs import runners, services
 from runs.models import RunEvent, Runner, RunnerJob
@@ -284,6 +285,7 @@ def test_hundreds_of_held_polls_hold_no_connection_and_do_not_starve_the_api(
     web: str, broker: Any
 ) -> None:
     organization = factories.org(credits=100)
+    quotas.quotas_set(organization.pk, actor="test", runner_polls=HELD_POLLS)  # 100 by default
     _, key = api_key_create(organization=organization, name="runner", scope="runner")
     _, full = api_key_create(organization=organization, name="client", scope="full")
     ids = [

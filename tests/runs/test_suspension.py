@@ -213,3 +213,38 @@ def test_the_admin_suspends_with_a_reason_and_unsuspends(client: Client) -> None
 
     assert suspended(organization) == (None, "")
     assert status(run) == "resuming"
+
+
+def last_pause_by(run: Run) -> str:
+    pauses = RunEvent.objects.filter(run=run, entity="run", to_status="paused")
+    return str(pauses.latest("id").actor)
+
+
+def test_a_run_caught_resuming_is_paused_by_its_resume_and_resumed_when_it_is_lifted() -> None:
+    organization = factories.org()
+    run = running(organization)
+    services.run_pause(run_id=run.pk, actor="api:someone")
+    services.run_resume(run_id=run.pk, actor="api:someone")  # its worker's resume in flight
+
+    done = suspension.organization_suspend(organization=organization)
+
+    assert (done.runs, status(run)) == ([], "resuming")  # left to its resume
+    assert control.resume(run.pk) is True
+    assert status(run) == "paused"
+    assert last_pause_by(run) == suspension.SUSPENSION_ACTOR
+    assert suspension.organization_unsuspend(organization=organization).runs == [run.pk]
+    assert control.resume(run.pk) is True
+    assert status(run) == "running"
+
+
+def test_a_run_that_resumed_before_the_suspension_is_paused_by_it() -> None:
+    organization = factories.org()
+    run = running(organization)
+    services.run_pause(run_id=run.pk, actor="api:someone")
+    services.run_resume(run_id=run.pk, actor="api:someone")
+    assert control.resume(run.pk) is True
+
+    done = suspension.organization_suspend(organization=organization)
+
+    assert (done.runs, status(run)) == ([run.pk], "paused")
+    assert last_pause_by(run) == suspension.SUSPENSION_ACTOR

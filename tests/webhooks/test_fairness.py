@@ -1,15 +1,21 @@
 """Whose deliveries a sweep claims (runs/engine/sql/webhook_claim.sql): an endpoint's
-in-flight bound applied inside the claim, organizations served in turns, a suspended
-organization's deliveries held; and the bound on what a test or a redelivery may add to
-an endpoint's pending deliveries (webhooks.services)."""
+and an organization's in-flight bounds applied inside the claim, organizations served in
+turns, a suspended organization's deliveries held; the bound on what a test or a
+redelivery may add to an endpoint's pending deliveries, and an endpoint disabled past its
+backlog bound (webhooks.services)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 from django.conf import settings
 from django.utils import timezone
 
+from billing import quotas
 from billing.models import Organization
+from common import metrics
+from runs.models import RunEvent
 from runs.services import run_cancel
 from tests import factories
 from tests.webhooks.support import endpoint
@@ -116,3 +122,86 @@ def test_tests_and_redeliveries_stop_at_the_pending_bound_run_events_do_not() ->
 
     WebhookDelivery.objects.filter(endpoint=hook, status="pending").update(status="failed")
     services.endpoint_test(endpoint_id=hook.pk)  # room again once they are sent
+
+
+def lease_ended(*delivery_ids: int) -> None:
+    """Their sends answered: the places they held are free."""
+    WebhookDelivery.objects.filter(pk__in=delivery_ids).update(
+        status="delivered", lease_until=None, lease_token=None
+    )
+
+
+def test_an_organization_has_at_most_its_quota_in_flight_across_its_endpoints(
+    settings: Any,
+) -> None:
+    assert settings.QUOTA_WEBHOOKS_IN_FLIGHT == 5
+    busy = factories.org()
+    backlog(busy, endpoints=8, each=2)
+
+    first = claim(limit=50)
+    other = ping(factories.org())
+
+    assert len(first) == 5  # not 8: one in flight to each endpoint, 5 in all
+    assert claim(limit=50) == [other.pk]  # its turns wait while its five are sent
+    lease_ended(first[0])
+    assert len(claim(limit=50)) == 1  # a place freed, a place taken
+    quotas.quotas_set(busy.pk, actor="test", webhooks_in_flight=2)
+    lease_ended(*first[1:])
+    assert len(claim(limit=50)) == 1  # 1 still in flight, of its own quota of 2
+    assert services.deliveries_in_flight(organization=busy).count() == 2
+
+
+def test_an_endpoint_with_more_pending_than_the_backlog_bound_is_disabled_at_its_next_attempt(
+    settings: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    settings.WEBHOOK_MAX_BACKLOG = 3
+    hook = endpoint(factories.org())
+    cancelled = [factories.run(hook.organization) for _ in range(4)]
+    for run in cancelled:  # run events: never refused, each a pending delivery
+        run_cancel(run_id=run.pk, reason="done")
+    (claimed,) = services.deliveries_claim(limit=1, per_endpoint=1, lease_seconds=60)
+    disabled_before = counted_disabled("backlog")
+
+    with django_capture_on_commit_callbacks(execute=True):
+        services.attempt_record(
+            delivery_id=claimed.delivery_id,
+            token=claimed.token,
+            result=services.AttemptResult(status_code=None, error="timeout", duration_ms=1000),
+        )
+
+    hook.refresh_from_db()
+    assert not hook.enabled
+    assert hook.disabled_reason == (
+        "more than 3 deliveries pending (WEBHOOK_MAX_BACKLOG; 4 counted): its receiver does "
+        "not keep up; enable it again to send them"
+    )
+    assert counted_disabled("backlog") == disabled_before + 1
+    # Its backlog is kept, to be sent when it is enabled again; new events are not queued
+    # but told in the run's timeline.
+    assert WebhookDelivery.objects.filter(endpoint=hook, status="pending").count() == 4
+    later = factories.run(hook.organization)
+    run_cancel(run_id=later.pk, reason="done")
+    assert WebhookDelivery.objects.filter(endpoint=hook).count() == 4
+    told = RunEvent.objects.filter(run=later, entity="webhook").get()
+    assert "is disabled (more than 3 deliveries pending" in told.message
+
+
+def test_an_endpoint_at_the_backlog_bound_stays_enabled(settings: Any) -> None:
+    settings.WEBHOOK_MAX_BACKLOG = 3
+    hook = endpoint(factories.org())
+    for _ in range(3):
+        run_cancel(run_id=factories.run(hook.organization).pk, reason="done")
+    (claimed,) = services.deliveries_claim(limit=1, per_endpoint=1, lease_seconds=60)
+
+    services.attempt_record(
+        delivery_id=claimed.delivery_id,
+        token=claimed.token,
+        result=services.AttemptResult(status_code=500, error="HTTP 500", duration_ms=5),
+    )
+
+    hook.refresh_from_db()
+    assert hook.enabled
+
+
+def counted_disabled(cause: str) -> int:
+    return int(metrics.connection().hget(metrics.WEBHOOK_DISABLED, cause) or 0)

@@ -2,8 +2,9 @@
 runs steps, the `webhooks` process (a pool of threads, the webhooks queue alone) sends.
 A run ended on the worker is delivered; a receiver that drips its headers is cut at
 WEBHOOK_TIMEOUT and recorded while a run of the same organization goes through; one
-organization's slow backlog does not hold up another organization's delivery; a worker
-killed while sending loses nothing (the claim's lease ends and the delivery is sent
+organization's slow backlog does not hold up another organization's delivery, and its
+tarpits hold no more of the sending threads than its quota; a worker killed while
+sending loses nothing (the claim's lease ends and the delivery is sent
 again)."""
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from __future__ import annotations
 import signal
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.conf import settings
 
+from billing import quotas
 from config.celery import app
 from orchestrator import webhooks as sender
 from orchestrator.tasks import sweep_webhooks_task, webhook_delivery_task
@@ -122,6 +125,50 @@ def test_another_organizations_delivery_goes_in_the_next_sweep_past_a_slow_backl
     # Sent while the slow backlog (50 answers, 5 at a time, each 0.8 s) was far from done.
     pending = WebhookDelivery.objects.filter(endpoint__in=slow, status="pending").count()
     assert pending >= 20, pending
+
+
+def most_at_once(attempts: list[WebhookAttempt]) -> int:
+    """The most attempts that were under way at one moment. Each ran from its start
+    (recorded less its duration) to its record: the next claim of a place can come only
+    after that record commits, so these intervals are what the claim bounds."""
+    moments = sorted(
+        [(a.created_at - timedelta(milliseconds=a.duration_ms), 1) for a in attempts]
+        + [(a.created_at, -1) for a in attempts],
+        key=lambda moment: (moment[0], moment[1]),  # an end before a start at one time
+    )
+    most = under_way = 0
+    for _, change in moments:
+        under_way += change
+        most = max(most, under_way)
+    return most
+
+
+def test_one_organizations_tarpits_hold_at_most_its_quota_of_the_sending_threads(
+    webhooks_worker: str, http_server: HttpServer
+) -> None:
+    """8 endpoints of one organization at a receiver that never answers (each attempt
+    cut at WEBHOOK_TIMEOUT), against a webhooks process of 10 threads: never more than
+    its quota `webhooks_in_flight` (3 here) sent at once, and another organization's
+    delivery sent meanwhile."""
+    http_server.respond("/fast", status=200)
+    busy = factories.org()
+    quotas.quotas_set(busy.pk, actor="test", webhooks_in_flight=3)
+    with DrippingReceiver() as tarpit:
+        for n in range(8):
+            services.endpoint_test(endpoint_id=endpoint(busy, f"{tarpit.url}/tar-{n}").pk)
+        attempts = WebhookAttempt.objects.filter(delivery__endpoint__organization=busy)
+
+        def rounds_made() -> bool:
+            sweep_webhooks_task.delay()  # beat's part
+            return attempts.count() >= 9
+
+        wait_until(rounds_made, timeout=60, what="three rounds of the tarpits' attempts")
+        fast_one = services.endpoint_test(
+            endpoint_id=endpoint(factories.org(), f"{http_server.url}/fast").pk
+        )
+        wait_until(lambda: delivered(fast_one), timeout=20, what="the other organization's")
+
+    assert most_at_once(list(attempts)) == 3
 
 
 def test_a_worker_killed_while_sending_loses_nothing(

@@ -11,8 +11,10 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 
+from billing.models import Organization
 from common.tools.base import ToolContext, ToolError
 from config.celery import app
 from orchestrator import polling
@@ -352,6 +354,31 @@ def test_a_callback_completes_its_step_once(engine_run: Start) -> None:
     with pytest.raises(CallbackRefused) as again:
         callbacks.receive_callback(token, status="completed", result={"answer": 43})
     assert (again.value.status, again.value.code) == (409, "callback_used")
+    assert engine.step("hook").output == {"answer": 42}
+
+
+def test_a_suspended_organizations_callback_is_refused_and_taken_once_it_is_lifted(
+    engine_run: Start,
+) -> None:
+    """The URL carries no key: its run's organization is what is suspended. Nothing is
+    recorded, and the same URL is good once the suspension is lifted."""
+    engine = engine_run(plan_with(HOOK))
+    _, token = open_and_park(engine)
+    organization = Organization.objects.filter(pk=engine.run.organization_id)
+    organization.update(suspended_at=timezone.now())
+
+    with pytest.raises(CallbackRefused) as refused:
+        callbacks.receive_callback(token, status="completed", result={"answer": 42})
+    answered = Client().post(
+        f"/api/v1/callbacks/{token}", {"status": "completed"}, content_type="application/json"
+    )
+
+    assert (refused.value.status, refused.value.code) == (409, "organization_suspended")
+    assert (answered.status_code, answered.json()["code"]) == (409, "organization_suspended")
+    assert StepWait.objects.get(step=engine.step("hook")).status == "waiting"
+    organization.update(suspended_at=None)
+    with engine._committed():
+        callbacks.receive_callback(token, status="completed", result={"answer": 42})
     assert engine.step("hook").output == {"answer": 42}
 
 

@@ -13,6 +13,12 @@ each stream holds a lease (``eventstreams.StreamLease``), taken before the respo
 starts (one more: ``429 too_many_streams``), renewed at each heartbeat and released when
 the server closes the response, whether or not it ever sent a frame.
 
+A client must take each write within ``API_STREAM_SEND_TIMEOUT_S`` (``Leased``): one that
+stops reading fills the connection's buffers, and the write blocks, where neither the
+heartbeat (the lease's renewal, the key's check) nor the end of the run is ever reached.
+Past the timeout the server drops the connection and frees the stream's place, so a
+stalled client holds it, and outlives its key's revocation, for that long at most.
+
 How it waits. PostgreSQL is the source of truth and Redis only says when to look
 (``common.eventstreams``): the stream subscribes to its run's channel, registers the run
 as watched, and reads the events after the last one it sent whenever it is woken, once
@@ -37,6 +43,7 @@ with no gap: what a client has seen is exactly the events list up to its last id
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import math
@@ -46,11 +53,13 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from uuid import UUID
 
+import gevent
 import redis
 from django.conf import settings
 from django.db import DatabaseError, connection
 from django.http import StreamingHttpResponse
 from drf_spectacular.utils import extend_schema
+from gevent import monkey
 from rest_framework import serializers
 from rest_framework.exceptions import ErrorDetail, ValidationError
 from rest_framework.negotiation import DefaultContentNegotiation
@@ -356,23 +365,71 @@ class EventStream:
 
 
 # --------------------------------------------------------------------------- the view
+class StalledClient(ConnectionResetError):
+    """The client took no write for ``API_STREAM_SEND_TIMEOUT_S``: the server gives its
+    connection up. A reset, to gunicorn: it closes the connection without writing more
+    (an error answer would block on the same full buffers) and logs it at debug level;
+    ``Leased`` logs the drop itself."""
+
+
+def write_deadline(seconds: float) -> gevent.Timeout | None:
+    """A timer that breaks the current greenlet out of whatever write it is blocked in,
+    ``seconds`` from now (``StalledClient``); None outside the gevent web, whose writes are
+    not cooperative (the development server, the tests' live server)."""
+    if not monkey.is_module_patched("socket"):
+        return None
+    stalled = StalledClient(errno.ECONNRESET, f"no write taken for {seconds:g} s")
+    return gevent.Timeout.start_new(seconds, stalled)
+
+
 class Leased:
-    """A stream's frames, and its lease released when the server closes the response
-    (WSGI's ``close``, which Django passes on to its content): after the last frame, a
-    client gone, or never started at all (a generator never started runs no
-    ``finally``)."""
+    """A stream's frames, each to be taken by the client within ``send_timeout_s``, and
+    its lease released when the server closes the response (WSGI's ``close``, which
+    Django passes on to its content): after the last frame, a client gone or dropped, or
+    never started at all (a generator never started runs no ``finally``).
+
+    The write is the server's (gunicorn's worker writes each frame while this generator
+    waits at its ``yield``), so the deadline is a gevent timer armed before each frame is
+    handed over and cancelled when the next one is asked for: it fires only while the
+    write of that frame is still blocked."""
 
     def __init__(
-        self, frames: Generator[bytes, None, None], lease: eventstreams.StreamLease
+        self,
+        frames: Generator[bytes, None, None],
+        lease: eventstreams.StreamLease,
+        *,
+        send_timeout_s: float,
+        name: str,
     ) -> None:
         self.frames = frames
         self.lease = lease
+        self.send_timeout_s = send_timeout_s
+        self.name = name
+        self._sending = self._send()
 
     def __iter__(self) -> Iterator[bytes]:
-        return self.frames
+        return self._sending
+
+    def _send(self) -> Generator[bytes, None, None]:
+        for chunk in self.frames:
+            deadline = write_deadline(self.send_timeout_s)
+            try:
+                yield chunk
+            except GeneratorExit:
+                if deadline is not None and not deadline.pending:  # it fired
+                    logger.warning(
+                        "%s dropped: the client took no write for %g s",
+                        self.name,
+                        self.send_timeout_s,
+                    )
+                raise
+            finally:
+                if deadline is not None:
+                    deadline.close()
 
     def close(self) -> None:
         try:
+            self._sending.close()
             self.frames.close()
         finally:
             self.lease.release()
@@ -431,9 +488,10 @@ class RunEventsStreamApi(ApiView):
         run = selectors.run_get(organization=organization, run_id=run_id)
         after = last_event_id(request, self.query)
         heartbeat_s = settings.API_STREAM_HEARTBEAT_S
-        lease = eventstreams.StreamLease(
-            organization.pk, ttl_s=eventstreams.lapse_after(heartbeat_s)
-        )
+        send_timeout_s = settings.API_STREAM_SEND_TIMEOUT_S
+        # Renewed at each heartbeat, which a write may hold up by the send timeout.
+        ttl_s = eventstreams.lapse_after(heartbeat_s) + send_timeout_s
+        lease = eventstreams.StreamLease(organization.pk, ttl_s=ttl_s)
         limit = quotas.quota_of(organization, quotas.EVENT_STREAMS)
         if not lease.take(limit):
             # A place frees when a stream closes, or at the latest when the lease of one
@@ -442,9 +500,13 @@ class RunEventsStreamApi(ApiView):
         stream = EventStream(
             run=run, after=after, heartbeat_s=heartbeat_s, api_key_id=client.api_key.pk, lease=lease
         )
-        response = StreamingHttpResponse(
-            Leased(stream.frames(), lease), content_type="text/event-stream"
+        content = Leased(
+            stream.frames(),
+            lease,
+            send_timeout_s=send_timeout_s,
+            name=f"event stream of run {run.pk}",
         )
+        response = StreamingHttpResponse(content, content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once
         return response

@@ -1010,6 +1010,16 @@ API_STREAM_HEARTBEAT_S = env.number(
 )
 if not 0 < API_STREAM_HEARTBEAT_S <= 300:
     env.errors.append(f"API_STREAM_HEARTBEAT_S must be in (0, 300], got {API_STREAM_HEARTBEAT_S}")
+# A write of an event stream (its events, a keep-alive) must be taken by the client
+# within this many seconds, or the stream is dropped and its place freed: a client that
+# stops reading would otherwise hold its connection, and its place, for good.
+API_STREAM_SEND_TIMEOUT_S = env.number(
+    "API_STREAM_SEND_TIMEOUT_S", 10, "seconds a client may take to accept one write of a stream"
+)
+if not 0 < API_STREAM_SEND_TIMEOUT_S <= 300:
+    env.errors.append(
+        f"API_STREAM_SEND_TIMEOUT_S must be in (0, 300], got {API_STREAM_SEND_TIMEOUT_S}"
+    )
 IDEMPOTENCY_TTL_HOURS = env.integer(
     "IDEMPOTENCY_TTL_HOURS", 24, "hours an Idempotency-Key response is kept", minimum=1
 )

@@ -40,6 +40,7 @@ __all__ = [
     "render_value",
     "resolve_in",
     "scan_reference",
+    "secret_references",
     "template_errors",
 ]
 
@@ -353,6 +354,44 @@ def template_errors(value: Any, path: str) -> list[tuple[str, str]]:
         elif isinstance(item, list | tuple):
             stack.extend(reversed([(f"{where}[{i}]", v) for i, v in enumerate(item)]))
     return errors
+
+
+def secret_references(value: Any, path: str = "") -> list[tuple[str, Reference]]:
+    """``(path, reference)`` for every reference to ``secrets`` in a JSON-like value.
+
+    The one answer to "does this value reach a secret": read from the parsed templates,
+    so that every spelling the parser accepts (``${ secrets.X }``, ``${secrets["X"]}``,
+    ...) is found, and keys are searched too, though no renderer reads them today. A
+    string that does not parse reaches nothing (rendering it fails before anything is
+    resolved). Paths extend ``path`` as ``template_errors`` writes them.
+    """
+    found: list[tuple[str, Reference]] = []
+    stack: list[tuple[str, Any]] = [(path, value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, str):
+            found.extend((where, ref) for ref in _secret_refs(item))
+        elif isinstance(item, Mapping):
+            children: list[tuple[str, Any]] = []
+            for key, child in item.items():
+                child_path = _child_path(where, key)
+                if isinstance(key, str):
+                    children.append((child_path, key))
+                children.append((child_path, child))
+            stack.extend(reversed(children))
+        elif isinstance(item, list | tuple):
+            stack.extend(reversed([(f"{where}[{i}]", v) for i, v in enumerate(item)]))
+    return found
+
+
+def _secret_refs(text: str) -> list[Reference]:
+    if "$" not in text:
+        return []
+    try:
+        references = Template.parse(text).references
+    except ValueError:  # TemplateError, or int() of an index past Python's digit limit
+        return []
+    return [ref for ref in references if ref[0] == "secrets"]
 
 
 def render_value(value: Any, resolve: Resolver) -> Any:

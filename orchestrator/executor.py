@@ -590,6 +590,9 @@ def run_attempt(step: Step, attempt: int) -> Outcome:
     except (TemplateError, UnresolvedReference) as exc:
         message = redact_text(str(exc), context.secrets_used.values())
         return Outcome(error=ToolError("template_error", message, False))
+    refused = spec.secret_kept(step.params, params)
+    if refused:
+        return Outcome(error=ToolError("invalid_input", refused, False))
     ctx = ToolContext(
         step_id=step.pk,
         run_id=str(step.run_id),

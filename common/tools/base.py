@@ -17,6 +17,7 @@ from decimal import Decimal
 from typing import Any, BinaryIO
 
 from common.errors import is_retryable
+from common.templates import format_reference, secret_references
 
 # How often a long tool looks for cancellation (a cooperative check; revoke with
 # terminate is the other half).
@@ -108,12 +109,45 @@ def no_verbatim(params: dict[str, Any]) -> frozenset[str]:
     return frozenset()
 
 
+# The parameters of a step whose rendered values the engine keeps or shows (a runner
+# job's prompt, a poll's URL and headers, a child run's variables, a wait's time): they
+# may not read a secret, which would be kept in clear (``common.templates.
+# secret_references`` decides, at submission and again before they are rendered).
+StoredParams = Callable[[dict[str, Any]], frozenset[str]]
+
+
+def nothing_stored(params: dict[str, Any]) -> frozenset[str]:
+    return frozenset()
+
+
+def all_stored(params: dict[str, Any]) -> frozenset[str]:
+    return frozenset(params)
+
+
 @dataclass(frozen=True)
 class ToolSpec:
     name: str
     run: Tool | None  # None for tools a worker never executes (approval)
     validate: ParamValidator | None = None
     verbatim: VerbatimParams = no_verbatim
+    stored: StoredParams = nothing_stored
+
+    def secret_kept(self, written: dict[str, Any], rendered: dict[str, Any]) -> str:
+        """Why a step's parameters cannot be handed to this tool ("": they can): one it
+        keeps reads a secret as written (the plan checks refuse it; a plan stored before
+        they did), or holds a reference to one once rendered (a value rendered from a
+        variable or an output is data, and a child run would read one in its plan)."""
+        stored = self.stored(written)
+        for given, how in ((written, "reads"), (rendered, "renders to text holding")):
+            kept = {key: value for key, value in given.items() if key in stored}
+            found = secret_references(kept, "params")
+            if found:
+                where, ref = found[0]
+                return (
+                    f"{where} {how} ${{{format_reference(ref)}}}: the {self.name} tool keeps "
+                    "it as rendered, so it cannot hold a secret"
+                )
+        return ""
 
 
 def has_template(value: Any) -> bool:

@@ -7,7 +7,15 @@ before anything is stored. Built-in tools register themselves when
 
 from __future__ import annotations
 
-from common.tools.base import ParamValidator, Tool, ToolSpec, VerbatimParams, no_verbatim
+from common.tools.base import (
+    ParamValidator,
+    StoredParams,
+    Tool,
+    ToolSpec,
+    VerbatimParams,
+    no_verbatim,
+    nothing_stored,
+)
 
 # Named by SPEC sections 5 and 9, and seed 003's asynchronous operations.
 BUILTIN_TOOLS = frozenset(
@@ -39,8 +47,9 @@ def register(
     run: Tool | None,
     validate: ParamValidator | None = None,
     verbatim: VerbatimParams = no_verbatim,
+    stored: StoredParams = nothing_stored,
 ) -> None:
-    _registry[name] = ToolSpec(name, run, validate, verbatim)
+    _registry[name] = ToolSpec(name, run, validate, verbatim, stored)
 
 
 def tool_names() -> frozenset[str]:

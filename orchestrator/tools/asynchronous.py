@@ -6,14 +6,13 @@ the step (``runs.engine.waiting``) and what ends the wait records the attempt's 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.conf import settings
 
 from common.expressions import Expression, ExpressionError
 from common.templates import TemplateError
-from common.tools.base import ToolContext, ToolError, ToolResult, has_template
+from common.tools.base import ToolContext, ToolError, ToolResult, all_stored, has_template
 from common.tools.registry import register
 from orchestrator.tools.builtin import (
     Problems,
@@ -37,6 +36,13 @@ def run_verbatim(params: dict[str, Any]) -> frozenset[str]:
     """A child plan written out is the child's, templates included: the parent renders
     a `plan` only when it is a template (``${variables.sub}``)."""
     return frozenset({"plan"}) if isinstance(params.get("plan"), dict) else frozenset()
+
+
+def run_stored(params: dict[str, Any]) -> frozenset[str]:
+    """The child run keeps its variables, and a templated plan as rendered: the parent
+    cannot hand it a secret's value (the child reads ``${secrets.NAME}`` itself, in the
+    plan written out)."""
+    return frozenset({"variables", "plan"}) - run_verbatim(params)
 
 
 def child_run(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
@@ -147,7 +153,10 @@ def callback(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
         _http_request(request)  # refused before the URL is opened
     opened = ctx.open_callback(min(timeout, settings.CALLBACK_MAX_TIMEOUT))
     sent = http(request, ctx).output if request is not None else None
-    return ToolResult(wait={"kind": "callback", **opened, "request": sent})
+    # Of the answer, only its status goes on (its event shows it): the rest may echo what
+    # the request sent, a secret's value included, and a wait is not redacted.
+    answer = {"status": sent["status"]} if isinstance(sent, dict) else None
+    return ToolResult(wait={"kind": "callback", **opened, "request": answer})
 
 
 def validate_callback(params: dict[str, Any]) -> Problems:
@@ -240,10 +249,6 @@ def validate_poll(params: dict[str, Any], rendered: bool = False) -> Problems:
     for key in POLL_CONDITIONS:
         if key in params and not (key == "failed_when" and params[key] in ("", None)):
             problems += _condition(params[key], key)
-    # What a poll is given is stored with its wait, to poll again after a restart: a
-    # secret would be stored in the clear.
-    if "${secrets." in json.dumps(params, default=str):
-        problems.append(("params", "a poll cannot carry secrets"))
     return problems
 
 
@@ -263,6 +268,7 @@ def _condition(source: Any, key: str) -> Problems:
     return problems
 
 
-register("run", child_run, validate_run, run_verbatim)
+register("run", child_run, validate_run, run_verbatim, run_stored)
 register("callback", callback, validate_callback)
-register("poll", poll, validate_poll, poll_verbatim)
+# What a poll is given is kept with its wait, to poll again after a restart.
+register("poll", poll, validate_poll, poll_verbatim, all_stored)

@@ -32,6 +32,7 @@ from common.tools.base import (
     ToolContext,
     ToolError,
     ToolResult,
+    all_stored,
     has_template,
 )
 from common.tools.registry import register
@@ -281,10 +282,6 @@ def validate_runner(params: dict[str, Any], rendered: bool = False) -> Problems:
                 not isinstance(tags, list) or not all(isinstance(tag, str) for tag in tags)
             ):
                 problems.append(("demands.tags", "must be a list of strings"))
-    # The prompt goes to another host as it is, and the job keeps it: a secret in it
-    # would be stored in the clear.
-    if "${secrets." in json.dumps(params):
-        problems.append(("params", "a runner job cannot carry secrets"))
     return problems
 
 
@@ -659,5 +656,7 @@ register("http", http, validate_http)
 register("python", python, validate_python)
 register("llm", llm, validate_llm)
 register("approval", None)
-register("runner", runner, validate_runner)
-register("wait", wait, validate_wait)
+# A runner job keeps its parameters, and its prompt goes to another host; a wait's time
+# is shown in its event: neither may read a secret.
+register("runner", runner, validate_runner, stored=all_stored)
+register("wait", wait, validate_wait, stored=all_stored)

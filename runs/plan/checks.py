@@ -19,7 +19,13 @@ from typing import Any, TypeGuard
 
 from billing.models import SECRET_NAME_RE
 from common.expressions import Expression, ExpressionError
-from common.templates import Reference, Template, TemplateError, format_reference
+from common.templates import (
+    Reference,
+    Template,
+    TemplateError,
+    format_reference,
+    secret_references,
+)
 from common.tools import registry
 from common.tools.registry import WAITING_TOOLS, tool_names
 from runs.plan.errors import PlanError, join, listing, show, suggest
@@ -37,6 +43,18 @@ ERROR_FIELDS = ("code", "message", "step", "retryable")
 # `run` step's on_callback handlers, how its child run ended.
 CALLBACK_URL_FIELDS = ("url",)
 CALLBACK_FIELDS = ("child_run", "status", "outputs", "error")
+KEPT_KEYS = "{} stored and shown as rendered, which would hold the value in clear"
+
+
+def _kept_by(tool: str) -> str:
+    """Why a tool's parameter may not read a secret (``ToolSpec.stored``)."""
+    if tool == "run":
+        return (
+            "a child run keeps its variables (and a plan rendered from a template) as "
+            "given, which would hold the value in clear; write ${secrets.NAME} in the "
+            "child's plan written out, where the child reads it itself"
+        )
+    return f"the {tool} tool keeps this parameter as rendered, which would hold the value in clear"
 
 
 def check_plan(data: Any, limits: Limits) -> list[PlanError]:
@@ -210,6 +228,10 @@ class _Checker:
             self.check_templates(rendered, join(path, "params"), param_scope)
             if isinstance(tool, str):
                 self.check_tool_params(tool, params, join(path, "params"))
+            if spec is not None:
+                stored = spec.stored(params)
+                kept = {key: value for key, value in params.items() if key in stored}
+                self.no_secrets(kept, join(path, "params"), _kept_by(str(tool)))
         when = data.get("when")
         if isinstance(when, str) and when.strip():
             self.check_condition(when, join(path, "when"), scope)
@@ -219,10 +241,17 @@ class _Checker:
             for index, use in enumerate(uses):
                 if isinstance(use, dict):
                     texts = {k: v for k in ("key", "units") if isinstance(v := use.get(k), str)}
-                    self.check_templates(texts, f"{join(path, 'rate_limits')}[{index}]", scope)
+                    where = f"{join(path, 'rate_limits')}[{index}]"
+                    self.check_templates(texts, where, scope)
+                    self.no_secrets(
+                        texts, where, KEPT_KEYS.format("a rate limit's key and units are")
+                    )
         cache = data.get("cache")
         if isinstance(cache, dict) and isinstance(cache.get("key"), str):
             self.check_templates({"key": cache["key"]}, join(path, "cache"), scope)
+            self.no_secrets(
+                {"key": cache["key"]}, join(path, "cache"), KEPT_KEYS.format("a cache key is")
+            )
         if not handler:
             self.handlers(data, path, _name_of(data), scope)
             self.callback_handlers(data, path, _name_of(data), scope)
@@ -506,6 +535,11 @@ class _Checker:
                 stack.extend(reversed([(join(where, str(k)), v) for k, v in item.items()]))
             elif isinstance(item, list | tuple):
                 stack.extend(reversed([(f"{where}[{i}]", v) for i, v in enumerate(item)]))
+
+    def no_secrets(self, value: dict[str, Any], path: str, why: str) -> None:
+        """A value kept or shown as rendered reads no secret, in any spelling."""
+        for where, ref in secret_references(value, path):
+            self.error(where, f"${{{format_reference(ref)}}}: secrets cannot be used here: {why}")
 
     def check_condition(self, when: Any, path: str, scope: _Scope) -> str:
         if not isinstance(when, str) or not when.strip():

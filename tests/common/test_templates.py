@@ -20,8 +20,10 @@ from common.templates import (
     parse_reference,
     render_value,
     resolve_in,
+    secret_references,
     template_errors,
 )
+from tests.secret_spellings import every_spelling
 
 CONTEXT: dict[str, Any] = {
     "variables": {"topic": "otters", "count": 3, "ratio": 0.5, "flag": True, "none": None},
@@ -443,3 +445,26 @@ def test_parse_never_raises_anything_but_template_error(text: str) -> None:
         return
     rendered = template.render(lambda ref: format_reference(ref))
     assert isinstance(rendered, str)
+
+
+# --- secret_references -----------------------------------------------------------------
+@every_spelling
+def test_secret_references_finds_every_spelling_the_parser_accepts(spelling: str) -> None:
+    assert secret_references(spelling) == [("", ("secrets", "TOKEN"))]
+    nested = {"a": [{"b": spelling}], spelling: "a key", "c": 1}
+    assert secret_references(nested, "params") == [
+        ("params.a[0].b", ("secrets", "TOKEN")),
+        (f"params.{spelling}", ("secrets", "TOKEN")),
+    ]
+
+
+def test_secret_references_ignores_other_roots_escapes_and_unparsed_text() -> None:
+    value = {
+        "a": "${variables.secrets} ${steps.secrets.output}",
+        "b": "$${secrets.TOKEN}",  # the escape: the text ${secrets.TOKEN}, no reference
+        "c": "${secrets.TOKEN",  # does not parse: rendering it fails before resolving
+        "d": "secrets.TOKEN",
+        "e": [None, 3, True],
+    }
+    assert secret_references(value) == []
+    assert secret_references("${secrets}") == [("", ("secrets",))]

@@ -144,7 +144,7 @@ POLL = {"url": "https://status.example/1", "done_when": "${response.body.state} 
         ({**POLL, "interval": 0}, "params.interval: must be a duration of at least 1ms"),
         ({**POLL, "interval": "10ms"}, "params.interval: must be at least 50ms, got '10ms'"),
         ({**POLL, "timeout": "31d"}, "params.timeout: must be at most 30d, got '31d'"),
-        ({**POLL, "headers": {"Authorization": "${secrets.TOKEN}"}}, "cannot carry secrets"),
+        ({**POLL, "headers": {"Authorization": "${secrets.TOKEN}"}}, "secrets cannot be used here"),
         ({**POLL, "url": "file:///etc"}, "params.url: must be an http(s) URL"),
     ],
 )

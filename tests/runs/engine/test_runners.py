@@ -439,7 +439,6 @@ def park_in(engine: EngineRun, organization: Organization) -> RunnerJob:
         ({"prompt": "x", "demands": {"gpu": True}}, "demands.gpu"),
         ({"prompt": "x", "demands": {"tags": "gpu"}}, "demands.tags"),
         ({"prompt": "x", "match_timeout": 0}, "match_timeout"),
-        ({"prompt": "${secrets.token}"}, "params"),
         ({"prompt": "x", "colour": "red"}, "colour"),
     ],
 )

@@ -28,6 +28,7 @@ urlpatterns = [
     path("runs/<uuid:run_id>/retry", views.RunRetryApi.as_view(), name="run-retry"),
     path("runs/<uuid:run_id>/fork", reuse_api.RunForkApi.as_view(), name="run-fork"),
     path("cache/invalidate", reuse_api.CacheInvalidateApi.as_view(), name="cache-invalidate"),
+    path("runs/<uuid:run_id>/callback", callback_api.RunCallbackApi.as_view(), name="run-callback"),
     path("runs/<uuid:run_id>/approve", views.RunApproveApi.as_view(), name="run-approve"),
     path("runs/<uuid:run_id>/reject", views.RunRejectApi.as_view(), name="run-reject"),
     path("runs/<uuid:run_id>/agents", views.RunAgentsApi.as_view(), name="run-agents"),

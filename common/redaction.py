@@ -1,4 +1,5 @@
-"""Secret values out of what a step leaves behind: its output, its error, its logs.
+"""Secret values out of what a step leaves behind: its output, its error, its logs; and
+callback URLs' tokens out of log lines.
 
 The executor knows the values of the `${secrets.NAME}` references it resolved for an
 attempt; ``redact`` replaces each of them, in every string of a JSON-like value (keys
@@ -9,6 +10,10 @@ formatted in that process meanwhile (the tool's own, a traceback) is redacted to
 Only verbatim occurrences are found: a tool that encodes a value (base64 for basic
 auth, percent-encoding in a URL) and returns the encoded form is not redacted. An empty
 value is never redacted (there is nothing to replace).
+
+A callback URL (``/api/v1/callbacks/<id>.<secret>``) is a credential: whoever holds it
+ends its step. ``without_callback_tokens`` writes it ``<id>.[redacted]``, for the log
+filter and gunicorn's access log (``config.access_log``).
 
 Pure Python, no Django: the logging configuration imports it.
 """
@@ -21,9 +26,23 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-__all__ = ["REDACTED", "active_values", "redact", "redact_text", "redactable", "redacting"]
+__all__ = [
+    "CALLBACK_PATH",
+    "REDACTED",
+    "active_values",
+    "redact",
+    "redact_text",
+    "redactable",
+    "redacting",
+    "without_callback_tokens",
+]
 
 REDACTED = "[redacted]"
+# Where a callback step's URL points (api/urls.py): its last segment is the token.
+CALLBACK_PATH = "/api/v1/callbacks/"
+# The token: what follows the path up to the end of the segment (a query, a quote, a
+# space); the id before its first dot is kept, to tell callbacks apart in a log.
+_CALLBACK_TOKEN = re.compile(re.escape(CALLBACK_PATH) + r"([0-9A-Fa-f]*)([^/?#\s\"']*)")
 
 # The values of the attempt whose tool is running in this thread, for the log filter.
 _active: ContextVar[tuple[str, ...]] = ContextVar("orchestrator_secret_values", default=())
@@ -92,3 +111,15 @@ def redacting(values: Iterable[str]) -> Iterator[None]:
 
 def active_values() -> tuple[str, ...]:
     return _active.get()
+
+
+def _hidden(match: re.Match[str]) -> str:
+    identifier, rest = match[1], match[2]
+    if len(identifier) != 32:  # not a callback's id: all of it may be secret
+        return f"{CALLBACK_PATH}{REDACTED}" if match[0] != CALLBACK_PATH else match[0]
+    return f"{CALLBACK_PATH}{identifier}.{REDACTED}" if rest else match[0]
+
+
+def without_callback_tokens(text: str) -> str:
+    """``text`` with every callback URL's token replaced: ``/api/v1/callbacks/<id>.[redacted]``."""
+    return _CALLBACK_TOKEN.sub(_hidden, text) if CALLBACK_PATH in text else text

@@ -33,4 +33,6 @@ graceful_timeout = 5
 # never the side that closes first; an idle connection costs a gevent worker a socket and
 # no greenlet's stack worth speaking of.
 keepalive = int(os.environ.get("WEB_KEEPALIVE_S", "75"))
+# The access log writes a callback URL's token (a credential) replaced.
+logger_class = "config.access_log.AccessLogger"
 raw_env = [f"DATABASE_POOL_SIZE={os.environ.get('DATABASE_POOL_SIZE', '10')}"]

@@ -8,7 +8,12 @@ import logging
 from datetime import UTC, datetime
 
 from common.logcontext import FIELDS, TRACE_FIELDS
-from common.redaction import active_values, redact_text
+from common.redaction import (
+    CALLBACK_PATH,
+    active_values,
+    redact_text,
+    without_callback_tokens,
+)
 
 # Attributes every LogRecord has; anything else was passed with `extra=` and is emitted.
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
@@ -46,13 +51,21 @@ class TextFormatter(logging.Formatter):
 
 class RedactSecrets(logging.Filter):
     """Replace the secret values of the step attempt in progress (``common.redaction``)
-    in a record's message, traceback, stack and string extras, before it is formatted.
+    in a record's message, traceback, stack and string extras, before it is formatted;
+    and a callback URL's token in its message.
 
     The record is changed in place: handlers that run after this one (and the list a test's
     ``caplog`` keeps) see it redacted as well.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
+        # A callback URL's token is a credential (Django logs the path of every 4xx).
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # arguments that do not fit: the handler says so
+            return True
+        if CALLBACK_PATH in message:
+            record.msg, record.args = without_callback_tokens(message), ()
         values = active_values()
         if not values:
             return True

@@ -34,6 +34,7 @@ from django.utils import timezone
 from billing.models import Organization
 from billing.pricing import tool_price
 from common import tracing
+from common.redaction import CALLBACK_PATH
 from common.text import storable_text
 from common.tools.base import ToolError
 from runs.children import child_ended
@@ -46,7 +47,6 @@ from runs.states import RUN_TERMINAL, StepStatus
 from runs.transitions import record_event
 
 W = StepWaitStatus
-CALLBACK_PATH = "/api/v1/callbacks/"
 # How much of a poll's response its wait keeps (and a completed poll step outputs).
 POLL_BODY_LIMIT = 100_000
 
@@ -133,7 +133,27 @@ def _callback_by_token(token: str) -> StepWait:
 def receive_callback(token: str, *, status: str, result: Any = None, error: Any = None) -> StepWait:
     """A post to a callback URL: the step completes with ``result`` or fails with
     ``callback_failed`` (retried by its policy: a new URL per attempt)."""
-    found = _callback_by_token(token)
+    return _receive(_callback_by_token(token), "callback", status, result, error)
+
+
+def receive_callback_of(
+    *,
+    run: Run,
+    callback_id: uuid.UUID,
+    actor: str,
+    status: str,
+    result: Any = None,
+    error: Any = None,
+) -> StepWait:
+    """The same post by the run's organization, naming the callback by the id its event
+    shows (the URL's token is not shown anywhere it could be read back)."""
+    found = StepWait.objects.filter(pk=callback_id, run=run, kind=StepWaitKind.CALLBACK).first()
+    if found is None:
+        raise CallbackNotFound("no such callback")
+    return _receive(found, actor, status, result, error)
+
+
+def _receive(found: StepWait, actor: str, status: str, result: Any, error: Any) -> StepWait:
     with transaction.atomic():
         run = lock_run(found.run_id, light=True)
         suspended = Organization.objects.filter(
@@ -176,7 +196,7 @@ def receive_callback(token: str, *, status: str, result: Any = None, error: Any 
         record_event(
             run,
             EventKind.WAIT,
-            actor="callback",
+            actor=actor,
             message=f"callback received: {status}",
             payload={"wait": str(wait.pk), "status": status},
             entity="step",

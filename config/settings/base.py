@@ -1055,6 +1055,7 @@ SPECTACULAR_SETTINGS: dict[str, Any] = {
         "FailureModeEnum": "runs.models.FailureMode",
         "ScheduleStatusEnum": "schedules.models.ScheduleStatus",
         "FireStatusEnum": "schedules.models.FireStatus",
+        "CallbackStatusEnum": "api.callbacks.CALLBACK_STATUSES",
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",

@@ -211,14 +211,11 @@ def _park_on_callback(run: Run, step: Step, wait: dict[str, Any]) -> None:
     record_event(
         run,
         EventKind.WAIT,
-        message="waiting for a callback",
-        # The URL is the organization's to hand out (without a request, this is where
-        # a client finds it); it expires with the attempt.
-        payload={
-            "wait": wait.get("wait"),
-            "url": wait.get("url"),
-            "request": _status_of(wait.get("request")),
-        },
+        message=f"waiting for callback {wait.get('wait')}",
+        # The callback's id, never its URL: the URL's token ends the step, and events are
+        # shown to keys that may not (read scope). The organization's full keys end it by
+        # this id (``callbacks.receive_callback_of``).
+        payload={"wait": wait.get("wait"), "request": _status_of(wait.get("request"))},
         entity="step",
         entity_id=str(step.pk),
     )

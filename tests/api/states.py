@@ -12,7 +12,7 @@ from artifacts.models import Artifact
 from billing.models import Organization
 from orchestrator.tools.asynchronous import child_run as run_tool
 from orchestrator.tools.builtin import runner as runner_tool
-from runs import escalations, runners, services
+from runs import callbacks, escalations, runners, services
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record
 from runs.engine.start import run_start
@@ -129,6 +129,26 @@ def child_step(organization: Organization) -> tuple[Step, Run]:
     record(step.pk, run.pk, claimed["attempts"], Outcome(wait=wait))
     step.refresh_from_db()
     return step, Run.objects.get(parent_step=step)
+
+
+# --------------------------------------------------------------------------- callbacks
+CALLBACK_ROUTES = frozenset({"run-callback"})
+
+
+def callback_request(organization: Organization) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(path values, body) that end a `callback` step parked on its callback, by its id."""
+    spec = factories.plan(name="calls-back")
+    hook = factories.step("hook", "callback", params={"timeout": 60})
+    spec["agents"][0]["tasks"][0]["steps"] = [hook]
+    run = running_plan(organization, spec)
+    step = Step.objects.get(run=run, name="hook")
+    claimed = claim_step(step.pk, worker="test", task_id="test", lease_seconds=60)
+    assert claimed is not None
+    opened = callbacks.open_callback(
+        callbacks.new_callback(), step_id=step.pk, attempt=claimed["attempts"], expires_in=60
+    )
+    record(step.pk, run.pk, claimed["attempts"], Outcome(wait={"kind": "callback", **opened}))
+    return {"run_id": run.pk}, {"callback": opened["wait"], "status": "completed", "result": 1}
 
 
 def running_plan(organization: Organization, spec: dict[str, Any]) -> Run:

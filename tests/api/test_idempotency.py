@@ -106,6 +106,9 @@ def _prepare(route: Route, tenant: Tenant) -> tuple[str, dict[str, Any]]:
     if route.name in states.SCHEDULE_ROUTES:
         values, body = states.schedule_request(route.name, tenant.organization)
         return route.path(**values), body
+    if route.name in states.CALLBACK_ROUTES:
+        values, body = states.callback_request(tenant.organization)
+        return route.path(**values), body
     if route.name in states.WEBHOOK_ROUTES:
         values, body = states.webhook_request(route.name, tenant.organization)
         return route.path(**{k: v for k, v in values.items() if k in route.parameters}), body

@@ -18,6 +18,9 @@ from tests.api.routes import Route, post_routes
 pytestmark = pytest.mark.django_db
 
 FORBIDDEN = ("organization", "status", "credits_charged", "id", "created_at")
+# A route whose own body has a field of that name: a callback's `status` is how the
+# operation it waited for ended (the same body as its URL's), not the run's.
+OWN_FIELDS = {"run-callback": ("status",)}
 
 
 def forbidden_values(other: Tenant) -> dict[str, Any]:
@@ -53,6 +56,8 @@ def valid_body(route: Route) -> dict[str, Any]:
 def test_a_field_the_client_may_not_set_is_refused_and_changes_nothing(
     route: Route, field: str, tenant: Tenant, other_tenant: Tenant
 ) -> None:
+    if field in OWN_FIELDS.get(route.name, ()):
+        pytest.skip(f"{field} is a field of {route}'s own body")
     runner_body: dict[str, Any] = {}
     if route.name in states.RUNNER_ROUTES:
         values, runner_body = states.runner_request(route.name, tenant.organization)
@@ -71,6 +76,9 @@ def test_a_field_the_client_may_not_set_is_refused_and_changes_nothing(
         path = route.path(**values)
     elif route.name in states.WEBHOOK_ROUTES:
         values, runner_body = states.webhook_request(route.name, tenant.organization)
+        path = route.path(**values)
+    elif route.name in states.CALLBACK_ROUTES:
+        values, runner_body = states.callback_request(tenant.organization)
         path = route.path(**values)
     elif route.parameters:
         ready = states.READY_FOR.get(route.name)

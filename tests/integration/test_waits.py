@@ -54,8 +54,8 @@ def children_of(run: Run) -> dict[str, Run]:
     return {row.parent_step.name: row for row in rows if row.parent_step}
 
 
-def client_of(run: Run) -> APIClient:
-    _, key = api_key_create(organization=run.organization)
+def client_of(run: Run, scope: str = "full") -> APIClient:
+    _, key = api_key_create(organization=run.organization, scope=scope)
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
     return client
@@ -270,19 +270,25 @@ def test_a_failed_callback_is_retried_with_a_new_url(http_server: HttpServer) ->
     assert_books_balanced(run)
 
 
-def test_a_callback_without_a_request_shows_its_url_to_its_organization() -> None:
+def test_a_callback_without_a_request_is_ended_by_its_id_with_a_full_key() -> None:
     run = submit(plan_of({"name": "hook", "tool": "callback", "params": {"timeout": 60}}))
     client = client_of(run)
 
-    def url() -> str | None:
+    def callback_id() -> str | None:
         events = client.get(f"/api/v1/runs/{run.pk}/events", {"kind": "wait"}).json()
-        found = [e["payload"]["url"] for e in events["results"] if e["payload"].get("url")]
+        found = [e["payload"]["wait"] for e in events["results"] if e["payload"].get("wait")]
         return found[0] if found else None
 
-    path = wait_until(url, timeout=30, what="the callback's event")
-    path = path[path.index("/api/v1/callbacks/") :]
-    answer = APIClient().post(path, {"status": "completed", "result": "signed"}, format="json")
-    assert answer.status_code == 200
+    wait_id = wait_until(callback_id, timeout=30, what="the callback's event")
+    events = client.get(f"/api/v1/runs/{run.pk}/events").content
+    assert b"/api/v1/callbacks/" not in events  # its URL, a credential, is not shown
+    body = {"callback": wait_id, "status": "completed", "result": "signed"}
+    reader = client_of(run, scope="read")
+    refused = reader.post(f"/api/v1/runs/{run.pk}/callback", body, format="json")
+    assert refused.status_code == 403
+    answer = client.post(f"/api/v1/runs/{run.pk}/callback", body, format="json")
+    assert answer.status_code == 200, answer.content
+    assert answer.json() == {"ok": True}
     assert wait_for(run).status == RunStatus.COMPLETED
     assert steps_of(run)["hook"].output == "signed"
 

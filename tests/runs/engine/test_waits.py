@@ -5,6 +5,7 @@ runs.children, runs.callbacks). The same with real workers: tests/integration/te
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from decimal import Decimal
@@ -25,7 +26,7 @@ from runs import callbacks, children, services
 from runs.callbacks import CallbackNotFound, CallbackRefused, Reading
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record
-from runs.models import Run, Step, StepWait
+from runs.models import Run, RunEvent, Step, StepWait
 from runs.outbox import RunMessage
 from runs.plan import parse_plan
 from runs.reservation import plan_reservation
@@ -380,6 +381,40 @@ def test_a_suspended_organizations_callback_is_refused_and_taken_once_it_is_lift
     with engine._committed():
         callbacks.receive_callback(token, status="completed", result={"answer": 42})
     assert engine.step("hook").output == {"answer": 42}
+
+
+def test_the_callbacks_event_shows_its_id_never_its_token(engine_run: Start) -> None:
+    engine = engine_run(plan_with(HOOK))
+    _, token = open_and_park(engine)
+    head, _, secret = token.partition(".")
+
+    (event,) = RunEvent.objects.filter(run=engine.run, kind="wait")
+    assert event.payload == {"wait": str(uuid.UUID(hex=head)), "request": None}
+    assert event.message == f"waiting for callback {uuid.UUID(hex=head)}"
+    assert secret not in str(RunEvent.objects.filter(run=engine.run).values())
+
+
+def test_the_runs_organization_ends_a_callback_by_its_id_once(engine_run: Start) -> None:
+    engine = engine_run(plan_with(HOOK))
+    _, token = open_and_park(engine)
+    callback_id = uuid.UUID(hex=token.partition(".")[0])
+    run = engine.refresh()
+
+    other = engine_run(plan_with(HOOK)).refresh()
+    with pytest.raises(CallbackNotFound):  # another run's callback id names nothing here
+        callbacks.receive_callback_of(
+            run=other, callback_id=callback_id, actor="key x", status="completed"
+        )
+    with engine._committed():
+        callbacks.receive_callback_of(
+            run=run, callback_id=callback_id, actor="key x", status="completed", result=7
+        )
+    assert engine.step("hook").output == 7
+    with pytest.raises(CallbackRefused) as again:
+        callbacks.receive_callback(token, status="completed", result=8)
+    assert (again.value.status, again.value.code) == (409, "callback_used")
+    received = RunEvent.objects.filter(run=run, message="callback received: completed").get()
+    assert received.actor == "key x"
 
 
 def test_a_failed_callback_fails_the_attempt_and_the_retry_gets_a_new_url(

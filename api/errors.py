@@ -330,7 +330,8 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     "path, in `details`), `invalid_json`, `invalid_yaml` (a YAML body of `POST /runs` or "
     "`/schedules`), "
     "`invalid_plan` (every problem of the plan with its path in `details`), "
-    "`invalid_fork` (a fork's `from` names no step, or a step it would reuse changed: "
+    "`invalid_fork` (a fork's `plan` is not an object, its `from` names no step, or a step "
+    "it would reuse changed: "
     "`details.paths`), "
     "`invalid_idempotency_key`",
     401: "`not_authenticated` (no key) or `authentication_failed` (unknown, malformed or "

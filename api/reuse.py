@@ -87,9 +87,9 @@ class RunForkApi(ApiView):
     def post(self, request: Request, run_id: UUID) -> Response:
         """A new run of the source's plan (or an edited one) whose steps before `from`
         that completed in the source are reused, neither run nor charged; `from` and what
-        waits for it run. 400 `invalid_fork`: no such step, or a step it would reuse
-        changed in the plan (`details.paths`); 409 `invalid_transition` for a run that has
-        not ended."""
+        waits for it run. 400 `invalid_fork`: a `plan` that is not an object, no such
+        step, or a step it would reuse changed in the plan (`details.paths`); 409
+        `invalid_transition` for a run that has not ended."""
         client = client_of(request)
         # Another organization's run is not found, whatever the body (as for every
         # route of a run): looked up before the body is read.

@@ -24,6 +24,7 @@ from runs import services
 from runs.materialize import wiring
 from runs.models import EventKind, Run
 from runs.plan import Plan, StepPlan, parse_plan
+from runs.plan.errors import a
 from runs.reservation import plan_reservation
 from runs.reuse import completed_steps, step_path
 from runs.states import RUN_TERMINAL, InvalidTransition
@@ -144,10 +145,16 @@ def fork_of(
     ``plan``, every step it would reuse must be unchanged there (same path, tool, params
     and dependencies); ``variables`` are laid over the plan's, and a step it would reuse
     must not read one whose value changes."""
+    if plan is not None and not isinstance(plan, dict):
+        raise InvalidFork(
+            f"plan must be an object (a run's plan; left out, the source's), got {a(plan)}",
+            [],
+        )
     if source.status not in RUN_TERMINAL:
         raise InvalidTransition("run", source.status, "forked", "only an ended run can be forked")
     raw = dict(plan if plan is not None else source.plan)
-    if variables is not None:
+    # Plan variables that are not an object are parse_plan's to refuse, with their path.
+    if variables is not None and isinstance(raw.get("variables", {}), dict):
         raw["variables"] = {**raw.get("variables", {}), **variables}
     new = parse_plan(raw)
     again = downstream(new, from_path)

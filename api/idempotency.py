@@ -8,7 +8,8 @@ A key is scoped to (organization, method, path) and kept ``IDEMPOTENCY_TTL_HOURS
    requests owns the key. A loser reads the row it collided with:
    ``in_progress`` -> 409 ``idempotency_key_in_use``; completed with another body ->
    422 ``idempotency_key_reused``; completed with the same body -> the stored response,
-   replayed (a 201 as 200) with ``Idempotent-Replayed: true`` and no side effect.
+   replayed (a 201 as 200) with ``Idempotent-Replayed: true`` and no side effect. A body
+   is known by its fingerprint, an HMAC keyed by the server's key (``fingerprint``).
 2. **Run.** The view runs in one transaction. A success is stored in the *same*
    transaction, by an UPDATE that only succeeds while this request still owns its claim:
    the side effects and the stored response commit together or not at all.
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import hmac
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -44,6 +46,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework.exceptions import APIException
 from rest_framework.renderers import JSONRenderer
@@ -68,6 +71,8 @@ IN_PROGRESS_LEASE = timedelta(seconds=60)
 CLAIM_ATTEMPTS = 5
 QUERIES = named(Path(__file__).parent / "queries")
 SEALED = "sealed"  # a stored field's form when encrypted: {"sealed": "<Fernet token>"}
+# What the key of body fingerprints is derived from SECRET_KEY for (salted_hmac's salt).
+FINGERPRINT_PURPOSE = "api.idempotency.fingerprint"
 
 IDEMPOTENCY_PARAMETER = OpenApiParameter(
     name=HEADER,
@@ -144,18 +149,45 @@ def validate_key(raw: str) -> str:
     return raw
 
 
-def fingerprint(data: Any) -> str:
-    """SHA-256 of the body as canonical JSON: key order and whitespace do not matter."""
-    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+def _canonical(data: Any) -> bytes:
+    """The body as canonical JSON: key order and whitespace do not matter."""
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return text.encode("utf-8")
+
+
+def fingerprint(data: Any, secret: str | bytes | None = None) -> str:
+    """HMAC-SHA256 of the body as canonical JSON, keyed by a key derived from the
+    server's ``SECRET_KEY`` (or ``secret``). Keyed because a body may hold a secret (a
+    webhook create's signing secret) and its fingerprint is stored: an unkeyed digest
+    would let anyone who reads the row confirm a guess of that secret offline."""
+    keyed = salted_hmac(FINGERPRINT_PURPOSE, _canonical(data), secret, algorithm="sha256")
+    return keyed.hexdigest()
+
+
+def fingerprint_earlier(data: Any, stored: str) -> bool:
+    """Whether ``stored``, a record's fingerprint that is not ``fingerprint(data)``, is
+    still ``data``'s, stored within the record's life under a key no longer the first:
+    a key of ``SECRET_KEY_FALLBACKS`` (a rotation), or none (records stored before
+    fingerprints were keyed held the bare SHA-256; they are all gone
+    ``IDEMPOTENCY_TTL_HOURS`` after the upgrade, and this form with them). Without it,
+    a client's retry across the change would be refused 422 ``idempotency_key_reused``."""
+    forms = [fingerprint(data, secret) for secret in settings.SECRET_KEY_FALLBACKS]
+    forms.append(hashlib.sha256(_canonical(data)).hexdigest())
+    return any(hmac.compare_digest(stored, form) for form in forms)
 
 
 def idempotency_claim(
-    *, scope: Scope, fingerprint: str, now: datetime | None = None
+    *,
+    scope: Scope,
+    fingerprint: str,
+    earlier: Callable[[str], bool] | None = None,
+    now: datetime | None = None,
 ) -> Claim | IdempotencyRecord:
     """Claim the key, or return the completed record to replay; or raise 409 / 422. The
     claim is one statement (api/queries/idempotency_claim.sql, which takes over an
-    expired row in place); only a collision reads the row it collided with."""
+    expired row in place); only a collision reads the row it collided with. A record
+    whose fingerprint is not ``fingerprint`` is of the same body when ``earlier`` says
+    so (``fingerprint_earlier``)."""
     for _ in range(CLAIM_ATTEMPTS):
         now = now or timezone.now()
         params = {
@@ -175,7 +207,8 @@ def idempotency_claim(
             continue  # released or expired since the collision: claim again
         if existing.status == IdempotencyStatus.IN_PROGRESS:
             raise IdempotencyKeyInUse()
-        if existing.fingerprint != fingerprint:
+        same = hmac.compare_digest(existing.fingerprint, fingerprint)
+        if not (same or (earlier is not None and earlier(existing.fingerprint))):
             raise IdempotencyKeyReused()
         return existing
     raise IdempotencyKeyInUse()
@@ -286,7 +319,11 @@ def _idempotent(handler: Handler, sealed: Sequence[str]) -> Handler:
         scope = Scope(organization_of(request), request.method or "POST", request.path, key)
         # Parsing happens here, before the claim: a malformed or oversized body is a
         # validation failure and stores nothing.
-        outcome = idempotency_claim(scope=scope, fingerprint=fingerprint(request.data))
+        outcome = idempotency_claim(
+            scope=scope,
+            fingerprint=fingerprint(request.data),
+            earlier=functools.partial(fingerprint_earlier, request.data),
+        )
         if isinstance(outcome, IdempotencyRecord):
             return replay(outcome, sealed)
         succeeded = False

@@ -29,7 +29,8 @@ class IdempotencyRecord(models.Model):
     method = models.CharField(max_length=10)
     path = models.CharField(max_length=500)
     key = models.CharField(max_length=255)
-    # SHA-256 of the request body as canonical JSON (sorted keys, no whitespace).
+    # HMAC-SHA256, keyed from SECRET_KEY, of the request body as canonical JSON (sorted
+    # keys, no whitespace): api.idempotency.fingerprint.
     fingerprint = models.CharField(max_length=64)
     status = models.CharField(
         max_length=12, choices=IdempotencyStatus.choices, default=IdempotencyStatus.IN_PROGRESS

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -18,6 +19,7 @@ from api.idempotency import (
     IN_PROGRESS_LEASE,
     Claim,
     Scope,
+    _canonical,
     fingerprint,
     idempotency_claim,
     idempotency_complete,
@@ -341,6 +343,78 @@ def test_a_completed_record_is_kept_for_the_configured_ttl(tenant: Tenant, setti
     assert abs(record.expires_at - expected) < timedelta(minutes=1)
     assert (record.method, record.path, record.key) == ("POST", RUNS, KEY)
     assert record.fingerprint == fingerprint(create_body())
+
+
+# --------------------------------------------------------------------------- the fingerprint
+WEBHOOKS = "/api/v1/webhooks"
+
+
+def webhook_create(secret: str) -> dict[str, Any]:
+    return {**states.webhook_body(), "secret": secret}
+
+
+@pytest.mark.django_db
+def test_the_stored_fingerprint_of_a_body_holding_a_secret_is_keyed_by_the_server(
+    tenant: Tenant, settings: Any
+) -> None:
+    body = webhook_create("whsec_a-guessable-secret-0001")
+    assert post(tenant, WEBHOOKS, body).status_code == 201
+
+    stored = IdempotencyRecord.objects.get().fingerprint
+
+    # Whoever reads the row cannot confirm a guess of the secret by hashing the body.
+    assert stored != hashlib.sha256(_canonical(body)).hexdigest()
+    assert stored == fingerprint(body)
+    settings.SECRET_KEY = "another-server-" + "k" * 40
+    assert fingerprint(body) != stored
+
+
+def store_completed(tenant: Tenant, path: str, fingerprint: str, answer: Any) -> None:
+    IdempotencyRecord.objects.create(
+        organization=tenant.organization,
+        method="POST",
+        path=path,
+        key=KEY,
+        fingerprint=fingerprint,
+        status="completed",
+        response_status=201,
+        response_body=answer,
+        expires_at=timezone.now() + timedelta(hours=1),
+    )
+
+
+@pytest.mark.django_db
+def test_a_record_stored_before_fingerprints_were_keyed_still_replays_its_body(
+    tenant: Tenant,
+) -> None:
+    body = create_body()
+    bare = hashlib.sha256(_canonical(body)).hexdigest()
+    store_completed(tenant, RUNS, bare, {"id": "first"})
+
+    replayed = post(tenant, RUNS, body)
+    other = post(tenant, RUNS, create_body("another"))
+
+    assert (replayed.status_code, replayed.json()) == (200, {"id": "first"})
+    assert replayed["Idempotent-Replayed"] == "true"
+    assert (other.status_code, other.json()["code"]) == (422, "idempotency_key_reused")
+    assert not Run.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_record_stored_under_a_rotated_secret_key_still_replays_its_body(
+    tenant: Tenant, settings: Any
+) -> None:
+    body = create_body()
+    old_key = settings.SECRET_KEY
+    store_completed(tenant, RUNS, fingerprint(body), {"id": "first"})
+    settings.SECRET_KEY = "the-new-server-key-" + "n" * 40
+    settings.SECRET_KEY_FALLBACKS = [old_key]
+
+    replayed = post(tenant, RUNS, body)
+
+    assert (replayed.status_code, replayed.json()) == (200, {"id": "first"})
+    settings.SECRET_KEY_FALLBACKS = []
+    assert post(tenant, RUNS, body).json()["code"] == "idempotency_key_reused"
 
 
 @pytest.mark.django_db

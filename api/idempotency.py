@@ -46,7 +46,6 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
-from django.utils.crypto import salted_hmac
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework.exceptions import APIException
 from rest_framework.renderers import JSONRenderer
@@ -57,6 +56,7 @@ from api.authentication import organization_of
 from api.models import IdempotencyRecord, IdempotencyStatus
 from billing.models import Organization
 from billing.secrets import decrypt_value, encrypt_value
+from common.digests import canonical_json, keyed_digest
 from common.queries import fetch, named
 
 logger = logging.getLogger(__name__)
@@ -149,19 +149,12 @@ def validate_key(raw: str) -> str:
     return raw
 
 
-def _canonical(data: Any) -> bytes:
-    """The body as canonical JSON: key order and whitespace do not matter."""
-    text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return text.encode("utf-8")
-
-
 def fingerprint(data: Any, secret: str | bytes | None = None) -> str:
-    """HMAC-SHA256 of the body as canonical JSON, keyed by a key derived from the
-    server's ``SECRET_KEY`` (or ``secret``). Keyed because a body may hold a secret (a
-    webhook create's signing secret) and its fingerprint is stored: an unkeyed digest
-    would let anyone who reads the row confirm a guess of that secret offline."""
-    keyed = salted_hmac(FINGERPRINT_PURPOSE, _canonical(data), secret, algorithm="sha256")
-    return keyed.hexdigest()
+    """The body's keyed digest (``common.digests``) under ``SECRET_KEY`` (or ``secret``).
+    Keyed because a body may hold a secret (a webhook create's signing secret) and its
+    fingerprint is stored: a bare hash would let anyone who reads the row confirm a
+    guess of that secret offline."""
+    return keyed_digest(FINGERPRINT_PURPOSE, data, secret)
 
 
 def fingerprint_earlier(data: Any, stored: str) -> bool:
@@ -172,7 +165,7 @@ def fingerprint_earlier(data: Any, stored: str) -> bool:
     ``IDEMPOTENCY_TTL_HOURS`` after the upgrade, and this form with them). Without it,
     a client's retry across the change would be refused 422 ``idempotency_key_reused``."""
     forms = [fingerprint(data, secret) for secret in settings.SECRET_KEY_FALLBACKS]
-    forms.append(hashlib.sha256(_canonical(data)).hexdigest())
+    forms.append(hashlib.sha256(canonical_json(data)).hexdigest())
     return any(hmac.compare_digest(stored, form) for form in forms)
 
 

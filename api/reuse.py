@@ -147,8 +147,9 @@ class CacheInvalidateApi(ApiView):
     )
     @idempotent
     def post(self, request: Request) -> Response:
-        """Drop your organization's step cache entries of `key` (every tool): the next step
-        with that key runs its tool. None: `invalidated` is 0."""
+        """Drop your organization's step cache entries of `key` (every tool, whatever
+        their inputs): the next step with that key runs its tool. None: `invalidated` is
+        0."""
         data = validated(self.InvalidateInput, request.data)
         client = client_of(request)
         dropped = reuse.cache_invalidate(organization=client.organization, key=data["key"])

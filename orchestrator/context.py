@@ -14,7 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 from billing.secrets import SecretUnreadable, secret_values
-from common.templates import Reference, UnresolvedReference, format_reference, resolve_in
+from common.templates import (
+    Reference,
+    UnresolvedReference,
+    format_reference,
+    render_value,
+    resolve_in,
+)
 from runs.children import child_summary
 from runs.models import Run, Step, Task
 
@@ -130,3 +136,12 @@ class StepContext:
             values = self._step_values(sibling["id"], sibling["retry_count"], str(rest[2]))
             return resolve_in(values, rest[3:])
         raise UnresolvedReference(f"cannot resolve {format_reference(ref)}")
+
+
+def render_params(params: dict[str, Any], verbatim: frozenset[str], context: StepContext) -> Any:
+    """A step's parameters with their templates rendered, but for those its tool takes
+    as written (a child run's plan, a poll's conditions)."""
+    if not verbatim:
+        return render_value(params, context)
+    rendered = render_value({k: v for k, v in params.items() if k not in verbatim}, context)
+    return {**rendered, **{k: params[k] for k in verbatim if k in params}}

@@ -53,13 +53,13 @@ from common import logcontext, metrics, tracing
 from common.connections import discard_interrupted_connection
 from common.expressions import ExpressionError, parsed
 from common.redaction import redact, redact_text, redactable, redacting
-from common.templates import Reference, TemplateError, UnresolvedReference, render_value
+from common.templates import Reference, TemplateError, UnresolvedReference
 from common.text import storable_text, unstorable_string
 from common.tools import registry
 from common.tools.base import Tool, ToolContext, ToolError
 from orchestrator import rate_limit_asks, step_spans
 from orchestrator.borrowing import borrowed, remember
-from orchestrator.context import StepContext
+from orchestrator.context import StepContext, render_params
 from orchestrator.heartbeat import Held, give_back_slot, hand_back, lease_keeper
 from orchestrator.transport import CeleryTransport, serving
 from runs import callbacks, fairness
@@ -586,7 +586,7 @@ def run_attempt(step: Step, attempt: int) -> Outcome:
             error=ToolError("tool_error", f"tool {step.tool!r} cannot run on a worker", False)
         )
     try:
-        params = _rendered(step.params, spec.verbatim(step.params), context)
+        params = render_params(step.params, spec.verbatim(step.params), context)
     except (TemplateError, UnresolvedReference) as exc:
         message = redact_text(str(exc), context.secrets_used.values())
         return Outcome(error=ToolError("template_error", message, False))
@@ -676,15 +676,6 @@ ARTIFACT_REFUSALS: dict[type[Exception], tuple[str, bool]] = {
     artifact_services.TooManyUploads: ("rate_limited", True),
     artifact_services.StorageUnavailable: ("service_unavailable", True),
 }
-
-
-def _rendered(params: dict[str, Any], verbatim: frozenset[str], context: StepContext) -> Any:
-    """The step's parameters with their templates rendered, but for those its tool takes
-    as written (a child run's plan, a poll's conditions)."""
-    if not verbatim:
-        return render_value(params, context)
-    rendered = render_value({k: v for k, v in params.items() if k not in verbatim}, context)
-    return {**rendered, **{k: params[k] for k in verbatim if k in params}}
 
 
 def _without_secrets(context: StepContext) -> Callable[[Reference], Any]:

@@ -533,23 +533,29 @@ class EventKind(models.TextChoices):
 
 class StepCacheEntry(models.Model):
     """A completed step whose plan declared `cache`: its output answers the same
-    organization's steps of the same tool and rendered key within their `ttl`
+    organization's steps of the same tool, rendered key and inputs within their `ttl`
     (runs.reuse). Written when the step completes by running its tool, never for a
-    reused or cached one; `POST /cache/invalidate` deletes entries by key."""
+    reused or cached one; one entry per organization, tool, key and inputs, the newest
+    write replacing the older. `POST /cache/invalidate` deletes entries by key."""
 
     id = models.BigAutoField(primary_key=True)
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, db_index=False)
     tool = models.CharField(max_length=64)
     key = models.CharField(max_length=1000)
+    # The keyed digest of the step's rendered params (runs.reuse.cache_inputs); empty
+    # for a cache declared with `inputs: false`, and for entries written before inputs
+    # were kept (which therefore answer only such caches).
+    inputs = models.CharField(max_length=64, blank=True, default="", db_default="")
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+", db_index=False)
     step = models.ForeignKey("Step", on_delete=models.CASCADE, related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         verbose_name_plural = "step cache entries"
-        indexes = [
-            models.Index(
-                fields=["organization", "key", "tool", "-created_at"], name="stepcache_lookup"
+        constraints = [
+            # The lookup's index too, and invalidation's (by organization and key).
+            models.UniqueConstraint(
+                fields=["organization", "key", "tool", "inputs"], name="stepcache_unique"
             ),
         ]
 

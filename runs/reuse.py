@@ -26,6 +26,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.models import Organization
+from common.digests import keyed_digest
 from runs.models import Run, Step, StepCacheEntry
 from runs.plan.fields import CACHE_KEY_MAX_LENGTH
 from runs.states import StepStatus
@@ -72,11 +73,24 @@ def source_output(reused_from: dict[str, Any]) -> Any:
 
 
 # --------------------------------------------------------------------------- the cache
+# What the key of the inputs' digest is derived from SECRET_KEY for (common.digests).
+INPUTS_PURPOSE = "runs.reuse.cache_inputs"
+
+
+def cache_inputs(params: Any) -> str:
+    """What a step's cache entry is kept under beside its key: the keyed digest of the
+    step's rendered params, so that two steps of one key whose inputs differ never
+    answer each other. Keyed (an HMAC from ``SECRET_KEY``), as params may hold a
+    secret's value and the digest is stored."""
+    return keyed_digest(INPUTS_PURPOSE, params)
+
+
 def cache_hit(
-    *, organization_id: Any, tool: str, key: str, ttl_ms: int
+    *, organization_id: Any, tool: str, key: str, inputs: str, ttl_ms: int
 ) -> tuple[Any, dict[str, Any]] | None:
-    """The newest completed step of the organization with ``tool`` and ``key``, younger
-    than ``ttl_ms``: (its output, ``{"run": ID, "step": ID}``); None when there is none."""
+    """The organization's entry of ``tool``, ``key`` and ``inputs`` ("" for a cache
+    without inputs), younger than ``ttl_ms``, whose step completed: (its output,
+    ``{"run": ID, "step": ID}``); None when there is none."""
     if len(key) > CACHE_KEY_MAX_LENGTH:
         return None
     since = timezone.now() - timedelta(milliseconds=ttl_ms)
@@ -85,10 +99,10 @@ def cache_hit(
             organization_id=organization_id,
             key=key,
             tool=tool,
+            inputs=inputs,
             created_at__gte=since,
             step__status=StepStatus.COMPLETED,
         )
-        .order_by("-created_at")
         .values_list("run_id", "step_id", "step__output")
         .first()
     )
@@ -98,19 +112,36 @@ def cache_hit(
     return output, {"run": str(run_id), "step": step_id}
 
 
-def cache_add(*, organization_id: Any, run_id: Any, step_id: int, tool: str, key: str) -> None:
-    """A step that ran its tool and completed answers later steps of its key. Its output
-    is read from the step when it answers, so an entry of a step that did not complete
-    (a charge beyond the reservation) answers nothing."""
+def cache_add(
+    *, organization_id: Any, run_id: Any, step_id: int, tool: str, key: str, inputs: str
+) -> None:
+    """A step that ran its tool and completed answers later steps of its key and inputs,
+    in place of the entry that did (one entry per organization, tool, key and inputs:
+    an upsert, so that misses do not pile up rows). Its output is read from the step
+    when it answers, so an entry of a step that did not complete (a charge beyond the
+    reservation) answers nothing."""
     if len(key) > CACHE_KEY_MAX_LENGTH:
         return
-    StepCacheEntry.objects.create(
-        organization_id=organization_id, run_id=run_id, step_id=step_id, tool=tool, key=key
+    entry = StepCacheEntry(
+        organization_id=organization_id,
+        run_id=run_id,
+        step_id=step_id,
+        tool=tool,
+        key=key,
+        inputs=inputs,
+        created_at=timezone.now(),
+    )
+    StepCacheEntry.objects.bulk_create(
+        [entry],
+        update_conflicts=True,
+        unique_fields=["organization", "key", "tool", "inputs"],
+        update_fields=["run", "step", "created_at"],
     )
 
 
 @transaction.atomic
 def cache_invalidate(*, organization: Organization, key: str) -> int:
-    """Drop the organization's entries of ``key`` (every tool); how many there were."""
+    """Drop the organization's entries of ``key`` (every tool, whatever their inputs);
+    how many there were."""
     deleted, _ = StepCacheEntry.objects.filter(organization=organization, key=key).delete()
     return deleted

@@ -157,17 +157,22 @@ class RateLimitUse(PlanModel):
 
 
 class StepCache(PlanModel):
-    """A step's cache: a completed step of the same organization, tool and rendered key,
-    younger than `ttl`, answers it at once, charged nothing (`cached_from`)."""
+    """A step's cache: a completed step of the same organization, tool, rendered key and
+    (unless `inputs` is false) rendered params, younger than `ttl`, answers it at once,
+    charged nothing (`cached_from`)."""
 
     key: Annotated[str, CacheKey()]
     """Text with `${...}` templates, rendered when the step runs (`${params.url}` is not
     available: write the values the key depends on)."""
     ttl_ms: Annotated[int, Duration()] = Field(validation_alias="ttl")
     """How old an entry may be: `30s`, `5m`, `1.5h`, `7d`... at most a year."""
+    inputs: bool = True
+    """Whether an entry answers only a step whose rendered params are the same as its
+    own (default), or any step of the key whatever its params (false: the key alone
+    says what the output depends on)."""
 
     def stored(self) -> dict[str, Any]:
-        return {"key": self.key, "ttl_ms": self.ttl_ms}
+        return {"key": self.key, "ttl_ms": self.ttl_ms, "inputs": self.inputs}
 
 
 class StepPlan(PlanModel):

@@ -19,7 +19,6 @@ from api.idempotency import (
     IN_PROGRESS_LEASE,
     Claim,
     Scope,
-    _canonical,
     fingerprint,
     idempotency_claim,
     idempotency_complete,
@@ -30,6 +29,7 @@ from api.idempotency import (
 from api.models import IdempotencyRecord
 from billing.models import LedgerEntry
 from billing.services import credits_grant
+from common.digests import canonical_json
 from runs import services
 from runs.engine import control
 from runs.engine.start import run_start
@@ -363,7 +363,7 @@ def test_the_stored_fingerprint_of_a_body_holding_a_secret_is_keyed_by_the_serve
     stored = IdempotencyRecord.objects.get().fingerprint
 
     # Whoever reads the row cannot confirm a guess of the secret by hashing the body.
-    assert stored != hashlib.sha256(_canonical(body)).hexdigest()
+    assert stored != hashlib.sha256(canonical_json(body)).hexdigest()
     assert stored == fingerprint(body)
     settings.SECRET_KEY = "another-server-" + "k" * 40
     assert fingerprint(body) != stored
@@ -388,7 +388,7 @@ def test_a_record_stored_before_fingerprints_were_keyed_still_replays_its_body(
     tenant: Tenant,
 ) -> None:
     body = create_body()
-    bare = hashlib.sha256(_canonical(body)).hexdigest()
+    bare = hashlib.sha256(canonical_json(body)).hexdigest()
     store_completed(tenant, RUNS, bare, {"id": "first"})
 
     replayed = post(tenant, RUNS, body)

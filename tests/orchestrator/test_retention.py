@@ -127,16 +127,16 @@ def test_a_step_cache_entry_is_kept_as_long_as_the_longest_ttl_may_read_it() -> 
     assert step is not None
     longest = timedelta(milliseconds=MAX_DURATION_MS)
 
-    def entry(created_at: datetime) -> int:
+    def entry(key: str, created_at: datetime) -> int:
         return StepCacheEntry.objects.create(
-            organization_id=run.organization_id, tool=step.tool, key="k", run=run, step=step,
+            organization_id=run.organization_id, tool=step.tool, key=key, run=run, step=step,
             created_at=created_at,
         ).pk  # fmt: skip
 
     unreadable, readable, month_old = (
-        entry(NOW - longest - MINUTE),
-        entry(NOW - longest + MINUTE),
-        entry(OLD),
+        entry("k1", NOW - longest - MINUTE),
+        entry("k2", NOW - longest + MINUTE),
+        entry("k3", OLD),
     )
 
     assert retention.prune(now=NOW)["step_cache_entries"] == 1

@@ -129,7 +129,7 @@ def test_what_json_carries_reaches_the_columns_unchanged() -> None:
     assert fetch.params == {"text": AWKWARD, "nested": [1, {"a": None}]}
     assert fetch.on_error[0]["params"] == {"note": AWKWARD}
     assert fetch.timeout_ms == 1500
-    assert fetch.cache == {"key": "k:${run.name}", "ttl_ms": 3_600_000}
+    assert fetch.cache == {"key": "k:${run.name}", "ttl_ms": 3_600_000, "inputs": True}
     assert fetch.reused_from is None  # JSON null is SQL NULL, not the JSON value null
     assert Step.objects.filter(run=run, reused_from__isnull=True).count() == 9
     assert Step.objects.get(run=run, name="use").when == "${steps.fetch.output.ok} == true"

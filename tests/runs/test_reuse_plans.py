@@ -20,12 +20,28 @@ def test_a_cache_keeps_its_key_template_and_its_ttl_in_milliseconds() -> None:
     data = one_step(tool="echo", cache={"key": "k:${variables.q}", "ttl": "1.5h"})
     plan = valid({**data, "variables": {"q": "chips"}})
 
-    assert the_step(plan).cache.stored() == {"key": "k:${variables.q}", "ttl_ms": 5_400_000}
+    assert the_step(plan).cache.stored() == {
+        "key": "k:${variables.q}",
+        "ttl_ms": 5_400_000,
+        "inputs": True,
+    }
+
+
+def test_a_cache_may_say_its_entries_answer_any_params_of_its_key() -> None:
+    data = one_step(tool="echo", cache={"key": "k", "ttl": "1h", "inputs": False})
+
+    assert the_step(valid(data)).cache.stored() == {
+        "key": "k",
+        "ttl_ms": 3_600_000,
+        "inputs": False,
+    }
 
 
 @pytest.mark.parametrize(
     ("cache", "path"),
     [
+        ({"key": "k", "ttl": "1h", "inputs": "false"}, "agents[0].tasks[0].steps[0].cache.inputs"),
+        ({"key": "k", "ttl": "1h", "inputs": 0}, "agents[0].tasks[0].steps[0].cache.inputs"),
         ({"key": "", "ttl": "1h"}, "agents[0].tasks[0].steps[0].cache.key"),
         ({"key": "k", "ttl": "forever"}, "agents[0].tasks[0].steps[0].cache.ttl"),
         ({"key": "k"}, "agents[0].tasks[0].steps[0].cache.ttl"),

@@ -84,8 +84,10 @@ def _reclaim(run: Any, step: Step, outbox: Outbox) -> None:
 
 
 # --------------------------------------------------------------------------- timeouts
-# Run-level timed states: (status, timeouts key, clock column, what happens).
+# Run-level timed states: (status, timeouts key, clock column, what happens). A plan's
+# `timeouts` has no `created` (runs.plan.Timeouts): CREATED_RUN_TTL is the server's.
 _RUN_TIMEOUTS = (
+    (RunStatus.CREATED, "created", "status_changed_at", "cancel"),
     (RunStatus.PENDING, "pending", "status_changed_at", "fail"),
     (RunStatus.RESUMING, "resuming", "status_changed_at", "fail"),
     (RunStatus.RETRYING, "retrying", "status_changed_at", "fail"),
@@ -141,10 +143,11 @@ def timeouts_next_due() -> datetime | None:
 def sweep_timeouts(now: datetime | None = None) -> dict[str, int]:
     """End every run, agent and task that stayed too long in a timed state.
 
-    pending, resuming, retrying and running (the run timeout) end FAILED, paused ends
-    CANCELLED (SPEC section 4), each with a `last_error` naming the timeout; an agent or
-    task past its timeout fails and its parent reacts by its failure mode. Each row is
-    re-checked under its run's lock, so a run that moved on meanwhile is left alone.
+    pending, resuming, retrying and running (the run timeout) end FAILED, paused and
+    created (never started: CREATED_RUN_TTL) end CANCELLED, each with a `last_error`
+    naming the timeout; an agent or task past its timeout fails and its parent reacts by
+    its failure mode. Each row is re-checked under its run's lock, so a run that moved on
+    meanwhile (a created run started) is left alone.
     """
     now = now or timezone.now()
     counts: dict[str, int] = defaultdict(int)

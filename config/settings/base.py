@@ -768,6 +768,12 @@ RUN_TIMEOUT_DEFAULTS = {
     "escalated": env.integer(
         "TIMEOUT_ESCALATED", 24 * 3600, "seconds a run may stay ESCALATED", minimum=1
     ),
+    # A run never started costs nothing and counts against no limit: it is cancelled
+    # after this long (created_timeout), and its artifacts then expire like any ended
+    # run's. The server's bound, not the client's: no plan's `timeouts` changes it.
+    "created": env.integer(
+        "CREATED_RUN_TTL", 7 * 24 * 3600, "seconds a run may stay CREATED", minimum=1
+    ),
 }
 # A step dispatched, pending and due for this long without being claimed lost its message.
 ENGINE_LOST_MESSAGE_AFTER = env.integer(

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import io
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from django.utils import timezone
 
+from artifacts import services as artifact_services
+from artifacts.models import Artifact
+from artifacts.selectors import artifact_get
 from common.invariants import violations
 from orchestrator import sweeps
 from runs import services
 from runs.engine import control
 from runs.engine.start import run_start
 from runs.models import Agent, Run, RunAttempt, Task
+from runs.plan import PlanInvalid
 from tests import factories
 
 pytestmark = pytest.mark.django_db
@@ -139,6 +145,79 @@ def test_an_agent_past_its_timeout_fails_and_a_continue_run_carries_on() -> None
     assert slow.status == "skipped"
     assert slow.last_error["code"] == "agent_timeout"
     assert Run.objects.get(pk=run.pk).status == "running"
+
+
+def test_a_run_never_started_is_cancelled_after_the_created_run_ttl() -> None:
+    run = factories.run()
+
+    assert sweeps.timeouts_next_due() == run.status_changed_at + timedelta(days=7)
+    assert sweeps.sweep_timeouts(now=later(timedelta(days=6, hours=23))) == {}
+    counts = sweeps.sweep_timeouts(now=later(timedelta(days=7, minutes=1)))
+
+    run = Run.objects.get(pk=run.pk)
+    assert counts == {"created_timeout": 1}
+    assert run.status == "cancelled"
+    assert run.completed_at is not None
+    assert run.last_error["code"] == "created_timeout"
+    assert run.last_error["message"] == "created timeout: created for more than 7d"
+    assert_consistent(run)
+
+
+def test_the_created_run_ttl_is_the_servers_setting_not_the_plans(settings: Any) -> None:
+    settings.RUN_TIMEOUT_DEFAULTS = {**settings.RUN_TIMEOUT_DEFAULTS, "created": 60}
+    run = factories.run()
+    started_in_time = started()
+
+    assert sweeps.sweep_timeouts(now=later(timedelta(seconds=61))) == {"created_timeout": 1}
+    assert Run.objects.get(pk=run.pk).status == "cancelled"
+    assert Run.objects.get(pk=started_in_time.pk).status == "pending"
+    with pytest.raises(PlanInvalid) as refused:
+        factories.run(timeouts={"created": "30d"})
+    assert [error.path for error in refused.value.errors] == ["timeouts.created"]
+
+
+def test_runs_never_started_are_cancelled_in_batches_once_each(settings: Any) -> None:
+    settings.ENGINE_SWEEP_BATCH = 2
+    runs = [factories.run() for _ in range(3)]
+    when = later(timedelta(days=8))
+
+    counts = [sweeps.sweep_timeouts(now=when) for _ in range(3)]
+
+    assert counts == [{"created_timeout": 2}, {"created_timeout": 1}, {}]
+    assert {Run.objects.get(pk=run.pk).status for run in runs} == {"cancelled"}
+    assert sweeps.timeouts_next_due() is None
+
+
+def expiry_of(artifact: Artifact) -> datetime | None:
+    # Any: `expires_at` is the selector's annotation, not a field.
+    shown: Any = artifact_get(organization=artifact.organization, artifact_id=artifact.pk)
+    expires_at: datetime | None = shown.expires_at
+    return expires_at
+
+
+def test_the_artifacts_of_a_run_never_started_expire_once_it_is_cancelled(
+    settings: Any,
+) -> None:
+    settings.ARTIFACT_RETENTION_DAYS = 30
+    run = factories.run()
+    artifact = artifact_services.upload(
+        organization=run.organization,
+        run_id=run.pk,
+        name="input.csv",
+        stream=io.BytesIO(b"a,b"),
+        size=3,
+    )
+    assert expiry_of(artifact) is None
+
+    sweeps.sweep_timeouts(now=later(timedelta(days=7, minutes=1)))
+
+    ended = Run.objects.get(pk=run.pk).completed_at
+    assert ended is not None
+    assert expiry_of(artifact) == ended + timedelta(days=30)
+    assert artifact_services.sweep(now=later(timedelta(days=29)))["expired"] == 0
+    swept = artifact_services.sweep(now=later(timedelta(days=31)))
+    assert (swept["expired"], swept["deleted"]) == (1, 1)
+    assert Artifact.objects.get(pk=artifact.pk).status == "deleted"
 
 
 def test_sweeping_twice_does_nothing_the_second_time() -> None:

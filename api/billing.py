@@ -26,6 +26,7 @@ from api.serializers import (
     StrictCharField,
 )
 from api.views import ApiView, page_response, validated
+from artifacts.selectors import artifacts_held
 from billing import quotas
 from billing.filters import LedgerFilter
 from billing.models import SECRET_NAME_PATTERN, Organization
@@ -111,6 +112,14 @@ class QuotasOutput(serializers.Serializer[Any]):
     webhooks_in_flight = QuotaOutput(
         help_text="Webhook deliveries being sent at once; the others wait, pending, for one to end."
     )
+    artifacts = QuotaOutput(
+        help_text="Artifacts stored (uploading or available, not expired); one more upload "
+        "is refused with 409 `quota_exceeded`."
+    )
+    artifact_bytes = QuotaOutput(
+        help_text="Bytes of those artifacts; an upload that would exceed it is refused with "
+        "409 `quota_exceeded`."
+    )
 
 
 class OrganizationOutput(serializers.Serializer[Any]):
@@ -124,6 +133,7 @@ class OrganizationOutput(serializers.Serializer[Any]):
 def quota_use(organization: Organization) -> dict[str, dict[str, int]]:
     """Each quota in force with what the organization holds against it, counted as the
     services that check it count."""
+    artifacts = artifacts_held(organization=organization)
     used = {
         quotas.WEBHOOK_ENDPOINTS: endpoints_held(organization=organization).count(),
         quotas.SCHEDULES: schedules_held(organization=organization).count(),
@@ -131,6 +141,8 @@ def quota_use(organization: Organization) -> dict[str, dict[str, int]]:
         quotas.EVENT_STREAMS: eventstreams.streams_open(organization.pk),
         quotas.RUNNER_POLLS: polls_held(organization.pk),
         quotas.WEBHOOKS_IN_FLIGHT: deliveries_in_flight(organization=organization).count(),
+        quotas.ARTIFACTS: quotas.quota_used(quotas.ARTIFACTS, artifacts),
+        quotas.ARTIFACT_BYTES: quotas.quota_used(quotas.ARTIFACT_BYTES, artifacts),
     }
     return {
         name: {"limit": limit, "used": used[name]}

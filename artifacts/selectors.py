@@ -56,6 +56,19 @@ def with_expiry(artifacts: QuerySet[Artifact]) -> QuerySet[Artifact]:
     )
 
 
+def artifacts_held(
+    *, organization: Organization, now: datetime | None = None
+) -> QuerySet[Artifact]:
+    """What counts against the organization's artifact quotas (``artifacts``,
+    ``artifact_bytes``): its artifacts stored or being uploaded, but not those deleted
+    (or being deleted) nor past their expiry (the next sweep deletes them)."""
+    live = with_expiry(Artifact.objects.filter(organization=organization, status__in=LIVE))
+    # Spelled out, not exclude(expires_at__lte=now): NOT (NULL <= now) is NULL, which
+    # would drop every artifact of a run not ended.
+    unexpired = Q(expires_at__isnull=True) | Q(expires_at__gt=now or timezone.now())
+    return live.filter(Q(status=ArtifactStatus.UPLOADING) | unexpired)
+
+
 def expired_artifacts(now: datetime) -> QuerySet[Artifact]:
     # Q: the annotation is not a field the type checker knows.
     available = Artifact.objects.filter(status=ArtifactStatus.AVAILABLE)

@@ -5,7 +5,9 @@ hold, and storage never holds bytes the database does not know of:
 
 1. reserve, in one short transaction under the run's lock: the run may take the file
    (not deleted, the name free, fewer than ARTIFACT_MAX_IN_FLIGHT uploads in flight,
-   ARTIFACT_RUN_MAX_BYTES not exceeded) and an ``uploading`` row is written;
+   ARTIFACT_RUN_MAX_BYTES not exceeded), and so may its organization (its quotas of
+   artifacts and of their bytes, under their locks: ``billing.quotas``), and an
+   ``uploading`` row is written;
 2. the bytes go to storage, outside any transaction, hashed on the way;
 3. the row becomes ``available`` with the size and SHA-256 storage holds.
 
@@ -30,9 +32,11 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from artifacts.models import LIVE, Artifact, ArtifactStatus
-from artifacts.selectors import ArtifactNotFound, expired_artifacts
+from artifacts.selectors import ArtifactNotFound, artifacts_held, expired_artifacts
 from artifacts.storage import StorageUnavailable, Stored, UploadTarget, backend
+from billing import quotas
 from billing.models import Organization
+from billing.quotas import QuotaExceeded
 from common.text import text_problem
 from runs.models import Run
 from runs.services import RunDeleted, lock_run
@@ -121,6 +125,12 @@ def _reserve(
                 f"run {run.pk} holds {used} bytes of artifacts; {size} more would exceed "
                 f"{settings.ARTIFACT_RUN_MAX_BYTES}"
             )
+        # Across the organization's runs: each quota counted under its own lock, taken
+        # after the run's (always in this order), so two uploads to two runs cannot both
+        # take its last place or bytes.
+        held = artifacts_held(organization=organization)
+        quotas.check_quota(organization, quotas.ARTIFACTS, held=held)
+        quotas.check_quota(organization, quotas.ARTIFACT_BYTES, held=held, adding=size)
         return Artifact.objects.create(
             organization=organization,
             run=run,
@@ -361,6 +371,7 @@ __all__ = [
     "ArtifactTooLarge",
     "Download",
     "InvalidName",
+    "QuotaExceeded",
     "RunStorageFull",
     "StorageUnavailable",
     "TooManyUploads",

@@ -87,6 +87,14 @@ class OrganizationForm(ModelForm[Organization]):
         min_value=0,
         help_text="Webhook deliveries sent at once. Empty: QUOTA_WEBHOOKS_IN_FLIGHT.",
     )
+    quota_artifacts = forms.IntegerField(
+        required=False, min_value=0, help_text="Artifacts stored. Empty: QUOTA_ARTIFACTS."
+    )
+    quota_artifact_bytes = forms.IntegerField(
+        required=False,
+        min_value=0,
+        help_text="Bytes of artifacts stored. Empty: QUOTA_ARTIFACT_BYTES.",
+    )
 
     class Meta:
         model = Organization

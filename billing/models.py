@@ -62,6 +62,12 @@ class Organization(models.Model):
         blank=True,
         help_text="Webhook deliveries in flight at once; empty: QUOTA_WEBHOOKS_IN_FLIGHT.",
     )
+    quota_artifacts = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Artifacts stored; empty: QUOTA_ARTIFACTS."
+    )
+    quota_artifact_bytes = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Bytes of artifacts stored; empty: QUOTA_ARTIFACT_BYTES."
+    )
     # Suspension (docs/tenants.md): while set, its keys are refused, its schedules skip,
     # its webhooks hold their deliveries and its running runs are paused.
     suspended_at = models.DateTimeField(null=True, blank=True, editable=False)

@@ -13,6 +13,9 @@
   sweep's claim (runs/engine/sql/webhook_claim.sql, which reads the field and takes the
   setting as its default, the same rule as ``quota_of``) leaves the organization's other
   due deliveries pending until one of its sends ends.
+- ``artifacts``, ``artifact_bytes``: the artifacts an organization stores, counted, and
+  their bytes, summed (``SUMMED``); the upload's reservation checks both, its size the
+  bytes it adds (409 `quota_exceeded`).
 
 Each quota is the organization's own (a ``quota_*`` field) or, empty, its setting
 (``QUOTA_*``), read when it is applied: a change takes effect at once. A quota lowered
@@ -29,7 +32,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import QuerySet, Sum
 
 from billing.models import Organization
 
@@ -41,6 +44,8 @@ RATE_LIMITS = "rate_limits"
 EVENT_STREAMS = "event_streams"
 RUNNER_POLLS = "runner_polls"
 WEBHOOKS_IN_FLIGHT = "webhooks_in_flight"
+ARTIFACTS = "artifacts"
+ARTIFACT_BYTES = "artifact_bytes"
 # quota -> (the organization's field, the setting it defaults to, what it counts)
 QUOTAS: dict[str, tuple[str, str, str]] = {
     WEBHOOK_ENDPOINTS: ("quota_webhook_endpoints", "QUOTA_WEBHOOK_ENDPOINTS", "webhook endpoints"),
@@ -53,7 +58,11 @@ QUOTAS: dict[str, tuple[str, str, str]] = {
         "QUOTA_WEBHOOKS_IN_FLIGHT",
         "webhook deliveries in flight",
     ),
+    ARTIFACTS: ("quota_artifacts", "QUOTA_ARTIFACTS", "artifacts stored"),
+    ARTIFACT_BYTES: ("quota_artifact_bytes", "QUOTA_ARTIFACT_BYTES", "bytes of artifacts stored"),
 }
+# Quotas of an amount, not of rows: the field of the held rows that is summed.
+SUMMED: dict[str, str] = {ARTIFACT_BYTES: "size"}
 NAMES = tuple(QUOTAS)
 FIELDS = tuple(field for field, _, _ in QUOTAS.values())
 # The advisory lock namespace of quotas (pg_advisory_xact_lock(namespace, key)).
@@ -65,11 +74,18 @@ class QuotaExceeded(Exception):
 
     code = "quota_exceeded"
 
-    def __init__(self, quota: str, limit: int) -> None:
-        super().__init__(
-            f"the organization has {limit} {QUOTAS[quota][2]}, its quota; delete one, or ask "
-            "an operator to raise the quota"
-        )
+    def __init__(self, quota: str, limit: int, used: int = 0, adding: int = 1) -> None:
+        if quota in SUMMED:
+            message = (
+                f"the organization has {used} {QUOTAS[quota][2]}; {adding} more would exceed "
+                f"its quota of {limit}; delete some, or ask an operator to raise the quota"
+            )
+        else:
+            message = (
+                f"the organization has {limit} {QUOTAS[quota][2]}, its quota; delete one, or "
+                "ask an operator to raise the quota"
+            )
+        super().__init__(message)
         self.quota = quota
         self.limit = limit
 
@@ -139,10 +155,21 @@ def _lock(organization_id: Any, name: str) -> None:
         )
 
 
-def check_quota(organization: Organization, name: str, *, held: QuerySet[Any]) -> None:
+def quota_used(name: str, held: QuerySet[Any]) -> int:
+    """What ``held`` (the organization's rows that count) take of the quota ``name``: how
+    many they are, or, for a quota of an amount (``SUMMED``), their amount."""
+    if name in SUMMED:
+        return int(held.aggregate(total=Sum(SUMMED[name]))["total"] or 0)
+    return held.count()
+
+
+def check_quota(
+    organization: Organization, name: str, *, held: QuerySet[Any], adding: int = 1
+) -> None:
     """In the transaction that creates one more of ``name``: refuse it
     (``QuotaExceeded``) when ``held`` (the organization's rows that count) are as many as
-    its quota.
+    its quota; for a quota of an amount, when ``adding`` more would take their amount
+    past it.
 
     The race it closes: two creates at once each count the rows committed before them,
     both see one place left, and both take it. So the count is taken under a
@@ -154,8 +181,9 @@ def check_quota(organization: Organization, name: str, *, held: QuerySet[Any]) -
         raise RuntimeError("check_quota needs the create's transaction (its lock ends with it)")
     _lock(organization.pk, name)
     limit = quota_of(organization, name)
-    if held.count() >= limit:
-        raise QuotaExceeded(name, limit)
+    used = quota_used(name, held)
+    if used + adding > limit:
+        raise QuotaExceeded(name, limit, used, adding)
 
 
 def quotas_set(organization_id: Any, *, actor: str, **quotas: int | None) -> dict[str, int]:

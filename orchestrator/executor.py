@@ -673,6 +673,7 @@ ARTIFACT_REFUSALS: dict[type[Exception], tuple[str, bool]] = {
     artifact_services.InvalidName: ("invalid_input", False),
     artifact_services.ArtifactTooLarge: ("quota_exceeded", False),
     artifact_services.RunStorageFull: ("quota_exceeded", False),
+    artifact_services.QuotaExceeded: ("quota_exceeded", False),
     artifact_services.TooManyUploads: ("rate_limited", True),
     artifact_services.StorageUnavailable: ("service_unavailable", True),
 }

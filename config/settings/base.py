@@ -832,6 +832,15 @@ QUOTA_WEBHOOKS_IN_FLIGHT = env.integer(
     "webhook deliveries of an organization sent at once",
     minimum=0,
 )
+# What an organization's artifacts may hold in storage, all runs together (one run may
+# hold ARTIFACT_RUN_MAX_BYTES): an upload past either is refused (409 quota_exceeded).
+QUOTA_ARTIFACTS = env.integer(
+    "QUOTA_ARTIFACTS", 100_000, "artifacts an organization may have stored", minimum=0
+)
+QUOTA_ARTIFACT_BYTES = env.integer(
+    "QUOTA_ARTIFACT_BYTES", 100 * 1024**3, "bytes of artifacts an organization may store",
+    minimum=0,
+)  # fmt: skip
 
 # --------------------------------------------------------------------------- escalation
 # The engine's policy layer (docs/escalation.md): when a failing run goes to people

@@ -45,6 +45,8 @@ def test_the_organization_shows_the_default_limits_and_nothing_in_use(
             "event_streams": {"limit": settings.QUOTA_EVENT_STREAMS, "used": 0},
             "runner_polls": {"limit": settings.QUOTA_RUNNER_POLLS, "used": 0},
             "webhooks_in_flight": {"limit": settings.QUOTA_WEBHOOKS_IN_FLIGHT, "used": 0},
+            "artifacts": {"limit": settings.QUOTA_ARTIFACTS, "used": 0},
+            "artifact_bytes": {"limit": settings.QUOTA_ARTIFACT_BYTES, "used": 0},
         },
     }
 

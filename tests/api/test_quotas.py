@@ -135,6 +135,8 @@ def test_the_organization_shows_each_quota_in_force_and_its_use(live: Live, sett
         "event_streams": {"limit": 2, "used": 1},
         "runner_polls": {"limit": settings.QUOTA_RUNNER_POLLS, "used": 0},
         "webhooks_in_flight": {"limit": settings.QUOTA_WEBHOOKS_IN_FLIGHT, "used": 0},
+        "artifacts": {"limit": settings.QUOTA_ARTIFACTS, "used": 0},
+        "artifact_bytes": {"limit": settings.QUOTA_ARTIFACT_BYTES, "used": 0},
     }
     wait_until(lambda: streams_open(live.organization.pk) == 0, what="the stream's release")
 

@@ -60,6 +60,8 @@ def test_a_tool_saves_bytes_and_files_and_its_output_lists_them(
     [
         (None, "invalid_input", False),  # the name is taken
         ("ARTIFACT_MAX_FILE_BYTES", "quota_exceeded", False),
+        ("QUOTA_ARTIFACTS", "quota_exceeded", False),  # the organization's, all runs
+        ("QUOTA_ARTIFACT_BYTES", "quota_exceeded", False),
         ("ARTIFACT_MAX_IN_FLIGHT", "rate_limited", True),
     ],
 )
@@ -71,6 +73,10 @@ def test_a_refused_artifact_is_a_step_error(
     ctx.save_bytes("taken", b"x")
     if setting == "ARTIFACT_MAX_FILE_BYTES":
         settings.ARTIFACT_MAX_FILE_BYTES = 1
+    elif setting == "QUOTA_ARTIFACTS":
+        settings.QUOTA_ARTIFACTS = 1
+    elif setting == "QUOTA_ARTIFACT_BYTES":
+        settings.QUOTA_ARTIFACT_BYTES = 2
     elif setting == "ARTIFACT_MAX_IN_FLIGHT":
         Artifact.objects.filter(run_id=step.run_id).update(status="uploading")
         settings.ARTIFACT_MAX_IN_FLIGHT = 1

@@ -39,6 +39,8 @@ def test_a_quota_is_the_setting_until_the_organization_has_its_own(settings: Any
         "event_streams": 3,
         "runner_polls": settings.QUOTA_RUNNER_POLLS,
         "webhooks_in_flight": settings.QUOTA_WEBHOOKS_IN_FLIGHT,
+        "artifacts": settings.QUOTA_ARTIFACTS,
+        "artifact_bytes": settings.QUOTA_ARTIFACT_BYTES,
     }
     assert quotas.quotas_set(organization.pk, actor="test", schedules=None)["schedules"] == 7
 
@@ -140,6 +142,8 @@ def test_set_limits_sets_quotas_through_the_service_and_prints_them(settings: An
         "5",
         "--quota-event-streams",
         "0",
+        "--quota-artifact-bytes",
+        "1000",
         "--share",
         "2",
         stdout=out,
@@ -154,6 +158,8 @@ def test_set_limits_sets_quotas_through_the_service_and_prints_them(settings: An
         "event_streams": 0,
         "runner_polls": settings.QUOTA_RUNNER_POLLS,
         "webhooks_in_flight": settings.QUOTA_WEBHOOKS_IN_FLIGHT,
+        "artifacts": settings.QUOTA_ARTIFACTS,
+        "artifact_bytes": 1000,
     }
     organization.refresh_from_db()
     assert (organization.quota_webhook_endpoints, organization.quota_event_streams) == (5, 0)
@@ -203,6 +209,8 @@ def test_the_admin_sets_quotas_through_the_service(client: Client) -> None:
         "quota_event_streams": "12",
         "quota_runner_polls": "7",
         "quota_webhooks_in_flight": "",
+        "quota_artifacts": "",
+        "quota_artifact_bytes": "5000000000",
     }
     refused = client.post(url, {**form, "quota_schedules": "-1"})
     assert refused.status_code == 200
@@ -218,4 +226,6 @@ def test_the_admin_sets_quotas_through_the_service(client: Client) -> None:
         organization.quota_event_streams,
         organization.quota_runner_polls,
         organization.quota_webhooks_in_flight,
-    ) == (3, None, None, 12, 7, None)
+        organization.quota_artifacts,
+        organization.quota_artifact_bytes,
+    ) == (3, None, None, 12, 7, None, None, 5_000_000_000)

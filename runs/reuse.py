@@ -20,6 +20,7 @@ its output as they would have.
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from django.db import transaction
@@ -27,11 +28,13 @@ from django.utils import timezone
 
 from billing.models import Organization
 from common.digests import keyed_digest
+from common.queries import fetch, named
 from runs.models import Run, Step, StepCacheEntry
 from runs.plan.fields import CACHE_KEY_MAX_LENGTH
 from runs.states import StepStatus
 
 REUSE_CHOICES = ("none", "completed")
+QUERIES = named(Path(__file__).parent / "queries")
 
 
 def step_path(agent: str, task: str, step: str) -> str:
@@ -117,26 +120,21 @@ def cache_add(
 ) -> None:
     """A step that ran its tool and completed answers later steps of its key and inputs,
     in place of the entry that did (one entry per organization, tool, key and inputs:
-    an upsert, so that misses do not pile up rows). Its output is read from the step
-    when it answers, so an entry of a step that did not complete (a charge beyond the
-    reservation) answers nothing."""
+    an upsert, runs/queries/step_cache_put.sql, so that misses do not pile up rows). Its
+    output is read from the step when it answers, so an entry of a step that did not
+    complete (a charge beyond the reservation) answers nothing."""
     if len(key) > CACHE_KEY_MAX_LENGTH:
         return
-    entry = StepCacheEntry(
-        organization_id=organization_id,
-        run_id=run_id,
-        step_id=step_id,
-        tool=tool,
-        key=key,
-        inputs=inputs,
-        created_at=timezone.now(),
-    )
-    StepCacheEntry.objects.bulk_create(
-        [entry],
-        update_conflicts=True,
-        unique_fields=["organization", "key", "tool", "inputs"],
-        update_fields=["run", "step", "created_at"],
-    )
+    entry = {
+        "organization": organization_id,
+        "key": key,
+        "tool": tool,
+        "inputs": inputs,
+        "run": run_id,
+        "step": step_id,
+        "now": timezone.now(),
+    }
+    fetch(QUERIES["step_cache_put"], entry)
 
 
 @transaction.atomic

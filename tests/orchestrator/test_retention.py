@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from billing.models import LedgerEntry
 from orchestrator import retention
-from runs import services
+from runs import reuse, services
 from runs.engine.start import run_start
 from runs.models import Run, RunEvent, Step, StepCacheEntry
 from runs.plan.durations import MAX_DURATION_MS
@@ -141,6 +141,31 @@ def test_a_step_cache_entry_is_kept_as_long_as_the_longest_ttl_may_read_it() -> 
 
     assert retention.prune(now=NOW)["step_cache_entries"] == 1
     assert remaining(StepCacheEntry, [unreadable, readable, month_old]) == {readable, month_old}
+
+
+def test_a_step_cache_entry_written_again_holds_back_no_older_entry() -> None:
+    """An entry written again (its step ran again) is the newest by id too: the sweep,
+    which walks by id and stops at the first recent row, still reaches the old ones."""
+    run = factories.run(factories.org())
+    run_start(run_id=run.pk)
+    services.run_pick_up(run_id=run.pk)
+    step = Step.objects.filter(run=run).first()
+    assert step is not None
+
+    def add(key: str) -> None:
+        reuse.cache_add(
+            organization_id=run.organization_id, run_id=run.pk, step_id=step.pk,
+            tool=step.tool, key=key, inputs="",
+        )  # fmt: skip
+
+    add("first")
+    add("second")
+    year_old = NOW - timedelta(milliseconds=MAX_DURATION_MS) - MINUTE
+    StepCacheEntry.objects.update(created_at=year_old)
+    add("first")  # written again, now
+
+    assert retention.prune(now=NOW, batch=1)["step_cache_entries"] == 1
+    assert list(StepCacheEntry.objects.values_list("key", flat=True)) == ["first"]
 
 
 def test_retention_goes_through_a_backlog_in_batches_and_stops_at_the_recent_rows() -> None:

@@ -97,11 +97,14 @@ def test_a_newer_entry_of_a_key_and_inputs_replaces_the_older(
 ) -> None:
     first = executed(organization, cached_echo("chips"))
     StepCacheEntry.objects.update(created_at=timezone.now() - timedelta(hours=2))  # past ttl
+    first_id = StepCacheEntry.objects.get().pk
     second = executed(organization, cached_echo("chips"))  # a miss: it runs, and is kept
 
     assert second.cached_from is None
     entry = StepCacheEntry.objects.get()
     assert (entry.run_id, entry.step_id) == (second.run_id, second.pk)
+    # A new id too: the retention sweep walks entries by id, oldest first.
+    assert entry.pk > first_id
     assert timezone.now() - entry.created_at < timedelta(minutes=1)
     assert executed(organization, cached_echo("chips")).cached_from == {
         "run": str(second.run_id),

@@ -35,6 +35,7 @@ from billing.selectors import ledger_for, organization_balance
 from common import eventstreams
 from ratelimits.selectors import rate_limit_list
 from runs.fairness import organization_load
+from runs.step_admission import timers_held
 from schedules.services import schedules_held
 from webhooks.services import deliveries_in_flight, endpoints_held
 
@@ -120,6 +121,10 @@ class QuotasOutput(serializers.Serializer[Any]):
         help_text="Bytes of those artifacts; an upload that would exceed it is refused with "
         "409 `quota_exceeded`."
     )
+    parked_waits = QuotaOutput(
+        help_text="`wait` steps parked on their timers at once; one more fails its attempt "
+        "with `quota_exceeded`."
+    )
 
 
 class OrganizationOutput(serializers.Serializer[Any]):
@@ -143,6 +148,7 @@ def quota_use(organization: Organization) -> dict[str, dict[str, int]]:
         quotas.WEBHOOKS_IN_FLIGHT: deliveries_in_flight(organization=organization).count(),
         quotas.ARTIFACTS: quotas.quota_used(quotas.ARTIFACTS, artifacts),
         quotas.ARTIFACT_BYTES: quotas.quota_used(quotas.ARTIFACT_BYTES, artifacts),
+        quotas.PARKED_WAITS: timers_held(organization.pk).count(),
     }
     return {
         name: {"limit": limit, "used": used[name]}

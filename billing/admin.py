@@ -95,6 +95,11 @@ class OrganizationForm(ModelForm[Organization]):
         min_value=0,
         help_text="Bytes of artifacts stored. Empty: QUOTA_ARTIFACT_BYTES.",
     )
+    quota_parked_waits = forms.IntegerField(
+        required=False,
+        min_value=0,
+        help_text="Wait steps parked on their timers at once. Empty: QUOTA_PARKED_WAITS.",
+    )
 
     class Meta:
         model = Organization

@@ -68,6 +68,9 @@ class Organization(models.Model):
     quota_artifact_bytes = models.PositiveBigIntegerField(
         null=True, blank=True, help_text="Bytes of artifacts stored; empty: QUOTA_ARTIFACT_BYTES."
     )
+    quota_parked_waits = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Wait steps parked at once; empty: QUOTA_PARKED_WAITS."
+    )
     # Suspension (docs/tenants.md): while set, its keys are refused, its schedules skip,
     # its webhooks hold their deliveries and its running runs are paused.
     suspended_at = models.DateTimeField(null=True, blank=True, editable=False)

@@ -3,6 +3,7 @@ these by ``runs.reservation``)."""
 
 from __future__ import annotations
 
+import math
 from decimal import Decimal
 
 from django.conf import settings
@@ -21,6 +22,17 @@ def attempt_estimate(tool: str) -> Decimal:
     """What one attempt of a step of ``tool`` is expected to cost, before it runs: its
     price, or for `llm` (priced by tokens afterwards) BILLING_LLM_ESTIMATE."""
     return Decimal(settings.BILLING_LLM_ESTIMATE) if tool == "llm" else tool_price(tool)
+
+
+DAY_MS = 86_400_000
+
+
+def wait_price(length_ms: int) -> Decimal:
+    """What a `wait` step pays for holding its place ``length_ms``: BILLING_WAIT_PRICE_PER_DAY
+    per started day (a wait of 20 minutes pays one day, of 25 hours two); nothing for
+    none. Charged when it parks (``runs.step_admission.timer``)."""
+    days = math.ceil(max(length_ms, 0) / DAY_MS)
+    return Decimal(settings.BILLING_WAIT_PRICE_PER_DAY) * days
 
 
 def minimum_reservation() -> Decimal:

@@ -16,6 +16,9 @@
 - ``artifacts``, ``artifact_bytes``: the artifacts an organization stores, counted, and
   their bytes, summed (``SUMMED``); the upload's reservation checks both, its size the
   bytes it adds (409 `quota_exceeded`).
+- ``parked_waits``: `wait` steps parked on their timers at once
+  (``runs.step_admission.timer`` checks it as it parks one); one more fails its attempt
+  with `quota_exceeded` (not retried) instead of parking.
 
 Each quota is the organization's own (a ``quota_*`` field) or, empty, its setting
 (``QUOTA_*``), read when it is applied: a change takes effect at once. A quota lowered
@@ -46,6 +49,7 @@ RUNNER_POLLS = "runner_polls"
 WEBHOOKS_IN_FLIGHT = "webhooks_in_flight"
 ARTIFACTS = "artifacts"
 ARTIFACT_BYTES = "artifact_bytes"
+PARKED_WAITS = "parked_waits"
 # quota -> (the organization's field, the setting it defaults to, what it counts)
 QUOTAS: dict[str, tuple[str, str, str]] = {
     WEBHOOK_ENDPOINTS: ("quota_webhook_endpoints", "QUOTA_WEBHOOK_ENDPOINTS", "webhook endpoints"),
@@ -60,9 +64,12 @@ QUOTAS: dict[str, tuple[str, str, str]] = {
     ),
     ARTIFACTS: ("quota_artifacts", "QUOTA_ARTIFACTS", "artifacts stored"),
     ARTIFACT_BYTES: ("quota_artifact_bytes", "QUOTA_ARTIFACT_BYTES", "bytes of artifacts stored"),
+    PARKED_WAITS: ("quota_parked_waits", "QUOTA_PARKED_WAITS", "wait steps parked"),
 }
 # Quotas of an amount, not of rows: the field of the held rows that is summed.
 SUMMED: dict[str, str] = {ARTIFACT_BYTES: "size"}
+# What a client can do past a quota, where "delete one" is not it.
+REMEDIES = {PARKED_WAITS: "let one wake or cancel its run"}
 NAMES = tuple(QUOTAS)
 FIELDS = tuple(field for field, _, _ in QUOTAS.values())
 # The advisory lock namespace of quotas (pg_advisory_xact_lock(namespace, key)).
@@ -81,8 +88,9 @@ class QuotaExceeded(Exception):
                 f"its quota of {limit}; delete some, or ask an operator to raise the quota"
             )
         else:
+            remedy = REMEDIES.get(quota, "delete one")
             message = (
-                f"the organization has {limit} {QUOTAS[quota][2]}, its quota; delete one, or "
+                f"the organization has {limit} {QUOTAS[quota][2]}, its quota; {remedy}, or "
                 "ask an operator to raise the quota"
             )
         super().__init__(message)

@@ -126,8 +126,9 @@ def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
         return "not claimed"
     run_id, organization_id, priority, early = found
     if early:
-        # A message sent ahead of a step due later than the longest countdown (a timer
-        # of days): it sends the next, nearer one, and takes no slot.
+        # A message ahead of its step (its reservation moved later, a countdown a moment
+        # early): the step's message again for what is left, or asleep for the wake
+        # sweep; it takes no slot.
         rearm(step_id)
         return "early"
     with logcontext.bound(organization_id=organization_id, run_id=run_id, step_id=step_id):

@@ -24,6 +24,7 @@ from typing import Any
 
 from orchestrator import retention, sweeps
 from runs import callbacks, runners
+from runs.engine import dispatch
 from schedules import selectors as schedule_selectors
 from webhooks import services as webhook_services
 
@@ -34,6 +35,9 @@ PERIODIC_PREFIX = "orchestrator:"
 # How often a sweep that waits for its work is sent although its look finds none.
 BACKSTOP_SECONDS = 300
 RETENTION_BACKSTOP_SECONDS = 3600
+# The wake sweep's: a step it failed to wake is sent again by the lost-message sweep
+# once it is due (late, never early), so its backstop need not be every 5 minutes.
+WAKE_BACKSTOP_SECONDS = 3600
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,16 @@ def periodic_tasks() -> tuple[Periodic, ...]:
             max(sweep, _every("ENGINE_LOST_MESSAGE_AFTER") // 4),
         ),
         _waiting("runner-sweep", "orchestrator.sweeps.runners", runners.next_due, sweep),
+        # Steps parked beyond the step-message horizon have no message (a timer of days):
+        # the wake sweep sends each, with its exact countdown, once its time comes within
+        # the horizon (RATE_LIMIT_MAX_COUNTDOWN_S, 300 s: far more than a look is late).
+        Periodic(
+            name="wake-sweep",
+            task="orchestrator.sweeps.wake",
+            every_seconds=WAKE_BACKSTOP_SECONDS,
+            next_due=dispatch.asleep_next_due,
+            check_seconds=sweep,
+        ),
         Periodic(
             name="artifact-expiry",
             task="orchestrator.sweeps.artifacts",

@@ -47,7 +47,7 @@ def ask(step: Step, attempt: int, span: Span) -> tuple[str, Outcome | None]:
         step_id=step.pk, run_id=step.run_id, attempt=attempt, tool=step.tool, wanted=wanted
     )
     if admission.refused:
-        return RUN, Outcome(error=ToolError("rate_limit_exceeded", admission.refused, False))
+        return RUN, Outcome(error=ToolError(admission.code, admission.refused, False))
     if admission.go:
         metrics.rate_limit_granted(admission.granted, admission.waited_s)
         step_spans.rate_limit_waited(admission.waited_s, admission.granted)
@@ -76,6 +76,8 @@ def _timer(step: Step, attempt: int, span: Span) -> tuple[str, Outcome | None]:
     admission = step_admission.timer(
         step_id=step.pk, run_id=step.run_id, attempt=attempt, until=until, for_ms=for_ms
     )
+    if admission.refused:  # past the quota of parked waits, or beyond the reservation
+        return RUN, Outcome(error=ToolError(admission.code, admission.refused, False))
     if admission.go:
         return RUN, None
     span.set_attribute("orchestrator.outcome", "waiting_timer")

@@ -253,8 +253,10 @@ def redispatch_lost(now: datetime | None = None, older_than: float | None = None
                     pk__in=step_ids, status=StepStatus.PENDING, dispatched_at__lt=threshold
                 )
             )
-            # A fresh dispatch time: the next sweep waits a full threshold again.
-            Step.objects.filter(pk__in=[s.pk for s in steps]).update(dispatched_at=now)
+            # A fresh dispatch time: the next sweep waits a full threshold again. Sent now,
+            # a step asleep (its wake sweep late) is awake: the wake sweep sends it no more.
+            sent = Step.objects.filter(pk__in=[s.pk for s in steps])
+            sent.update(dispatched_at=now, asleep=False)
             for step in steps:
                 outbox.add(StepMessage(step.pk, str(run.pk), run.priority, step_timeout_s(step)))
             if steps:

@@ -21,9 +21,9 @@ from artifacts import services as artifact_services
 from common import metrics
 from common.task_base import RETRY_OPTIONS, TRANSIENT, EngineTask
 from orchestrator import executor, notify, polling, retention, sweeps, webhooks
-from orchestrator.transport import CeleryTransport, serving, wake_step
+from orchestrator.transport import CeleryTransport, serving
 from runs import admission, callbacks, children, planners, replanning, runners, step_admission
-from runs.engine import control
+from runs.engine import control, dispatch
 from runs.engine.outcomes import Outcome, record
 from runs.models import Run
 from schedules import services as schedule_services
@@ -168,11 +168,21 @@ def poll_task(wait_id: str, number: int) -> bool:
     return polling.poll_once(wait_id, number)
 
 
+@shared_task(name="orchestrator.sweeps.wake", **RETRY_OPTIONS)
+def sweep_asleep_task() -> dict[str, int]:
+    """The wake sweep: messages for the steps parked beyond the step-message horizon
+    whose time comes within it (docs/engine.md, "Timers")."""
+    return _swept("wake", {"sent": dispatch.wake_asleep()})
+
+
 @shared_task(name="orchestrator.steps.wake", **RETRY_OPTIONS)
-def wake_step_task(step_id: int, priority: int, timeout_s: float) -> str:
-    """A step due later than a message may wait: its message again, for what is left
-    (``transport.wake_step``; docs/rate-limits.md)."""
-    return wake_step(step_id, priority, timeout_s)
+def wake_step_task(step_id: int, *_: Any) -> str:
+    """A wake-up of the chain an earlier version sent for a step due later than the
+    step-message horizon: the step's message again, or asleep for the wake sweep
+    (``dispatch.rearm``). Nothing sends one any more; the task stays so that those still
+    queued across an upgrade (a rolling one: old workers send them to new ones) wake
+    their steps instead of failing as unregistered."""
+    return "gone" if dispatch.rearm(step_id) is None else "rearmed"
 
 
 @shared_task(name="orchestrator.sweeps.waits", **RETRY_OPTIONS)

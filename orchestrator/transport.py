@@ -16,10 +16,10 @@ messages instead of 2,000, and a sequence is served by one worker without a brok
 per step. How many doorbells a run needs: one per step that became ready, at most
 ``ENGINE_DOORBELLS``, one fewer for a run whose worker goes on serving it (``serving``).
 A step due later (a retry's backoff) keeps a message of its own, with a countdown of at
-most RATE_LIMIT_MAX_COUNTDOWN_S: a longer wait (a rate limit's reservation days ahead) is
-a wake-up message that long, which sends the step's message again for what is left
-(``wake_step``). A message held with a countdown is one a worker holds unacknowledged,
-which Redis delivers again every visibility timeout: days of it would pile up copies.
+most RATE_LIMIT_MAX_COUNTDOWN_S (the step-message horizon): a step due later than that has
+no message at all until the wake sweep sends it (``runs.outbox.asleep``). A message held
+with a countdown is one a worker holds unacknowledged, which Redis delivers again every
+visibility timeout: days of it would pile up copies.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ from common import metrics
 from common.stores import broker_redis
 from config.celery import QUEUE_RUNS_HIGH, QUEUE_RUNS_NORMAL, QUEUE_STEPS, app
 from orchestrator.prometheus import queue_keys
-from runs.engine.dispatch import rearm
 from runs.outbox import RunMessage, StepMessage
 from runs.runners import organization_channel, runner_channel
 
@@ -52,7 +51,6 @@ EXECUTE_STEP_TASK = "orchestrator.steps.execute"
 DOORBELL_TASK = "orchestrator.steps.doorbell"
 CHILD_ENDED_TASK = "orchestrator.runs.child_ended"
 POLL_TASK = "orchestrator.steps.poll"
-WAKE_STEP_TASK = "orchestrator.steps.wake"
 ESCALATED_TASK = "orchestrator.runs.escalated"
 REPLAN_TASK = "orchestrator.runs.replan"
 ADMIT_TASK = "orchestrator.runs.admit"
@@ -323,18 +321,7 @@ class CeleryTransport:
 
     @staticmethod
     def _send_step(message: StepMessage, producer: Any) -> None:
-        longest = float(settings.RATE_LIMIT_MAX_COUNTDOWN_S)
-        if message.countdown_s > longest:
-            app.send_task(
-                WAKE_STEP_TASK,
-                args=(message.step_id, message.priority, message.timeout_s),
-                queue=QUEUE_STEPS,
-                priority=message.priority,
-                countdown=longest,
-                ignore_result=True,
-                producer=producer,
-            )
-            return
+        # Never beyond the step-message horizon: the outbox keeps none (runs.outbox.asleep).
         app.send_task(
             EXECUTE_STEP_TASK,
             args=(message.step_id,),
@@ -360,14 +347,3 @@ class CeleryTransport:
         # run that has ended, cancelled say, is not served: the doorbell claims nothing).
         if settings.ENGINE_DOORBELLS:
             self.ring(runs, "revoke")
-
-
-def wake_step(step_id: int, priority: int, timeout_s: float) -> str:
-    """A wake-up of a step due later than a message may wait (``_send_step``): its
-    message again, for what is left of its wait as its row says now (``dispatch.rearm``):
-    "again" (another wake-up), "sent" (the step's message) or "gone" (no longer
-    pending). ``priority`` and ``timeout_s`` are the message's, read again from the rows."""
-    left = rearm(step_id)
-    if left is None:
-        return "gone"
-    return "again" if left > settings.RATE_LIMIT_MAX_COUNTDOWN_S else "sent"

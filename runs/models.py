@@ -435,6 +435,10 @@ class Step(Timestamps):
     # that ran its tool: started_at and duration_ms are that attempt's alone. Added up by
     # each claim that ends a wait (engine.step_claim), and by a pause.
     waited_ms = models.BigIntegerField(default=0, db_default=0)
+    # Parked beyond the step-message horizon (RATE_LIMIT_MAX_COUNTDOWN_S): no message
+    # carries it; the wake sweep sends its message once next_run_at comes within the
+    # horizon (runs.engine.dispatch.wake_asleep). Set with next_run_at by whoever parks it.
+    asleep = models.BooleanField(default=False, db_default=False)
     # While its attempt waits outside the worker (runs.engine.waiting.park): the attempt's
     # span, the parent of the wait's span and of a runner's job.
     trace_context = models.CharField(max_length=128, blank=True, default="", db_default="")
@@ -501,6 +505,14 @@ class Step(Timestamps):
                 name="step_rate_waiting",
                 condition=~Q(waiting_reason=""),
             ),
+            # What the wake sweep sends next, in wake order.
+            models.Index(
+                fields=["next_run_at"],
+                name="step_asleep",
+                condition=Q(asleep=True, status="pending"),
+            ),
+            # An organization's parked waits (its quota), counted through its runs.
+            models.Index(fields=["run"], name="step_timer", condition=Q(waiting_reason="timer")),
         ]
         constraints = [
             models.UniqueConstraint(fields=["task", "generation", "name"], name="step_unique_name"),

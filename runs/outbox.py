@@ -30,6 +30,7 @@ __all__ = [
     "RunMessage",
     "StepMessage",
     "Transport",
+    "asleep",
     "enqueue_run_message",
     "revoke_running_steps",
     "schedule_poll",
@@ -47,6 +48,17 @@ class RunMessage(enum.StrEnum):
     ESCALATED = "escalated"  # a ticket was opened: on-call is told (runs.escalations)
     REPLAN = "replan"  # a re-plan was asked for: the planner is consulted (runs.replanning)
     ADMIT = "admit"  # a run ended: its organization's waiting runs looked at (runs.admission)
+
+
+def asleep(countdown_s: float) -> bool:
+    """Whether a step due in ``countdown_s`` seconds is beyond the step-message horizon
+    (RATE_LIMIT_MAX_COUNTDOWN_S): it gets no message now. Whoever parks a step that far
+    marks its row ``asleep`` with its ``next_run_at`` (the same write), and the wake sweep
+    sends its message once it comes within the horizon (``runs.engine.dispatch``); the
+    outbox drops such a message. A countdown message held by a worker for longer than the
+    broker's visibility timeout would be delivered again, and a timer of a year would
+    otherwise be a chain of messages for a year."""
+    return countdown_s > settings.RATE_LIMIT_MAX_COUNTDOWN_S
 
 
 @dataclass(frozen=True)
@@ -114,6 +126,8 @@ class Outbox:
     _registered: bool = False
 
     def add(self, message: StepMessage) -> None:
+        if message.countdown_s and asleep(message.countdown_s):
+            return  # its row is marked asleep: the wake sweep sends it (``asleep``)
         self.messages.append(message)
         if not self._registered:
             self._registered = True

@@ -3,11 +3,17 @@ priced by billing (``billing.pricing``)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterable
+from datetime import datetime, timedelta
 from decimal import Decimal
 
-from billing.pricing import attempt_estimate, minimum_reservation
+from django.utils import timezone
+
+from billing.pricing import attempt_estimate, minimum_reservation, wait_price
+from common.tools.base import has_template
 from runs.plan import AgentPlan, Plan, StepPlan
+from runs.plan.durations import WAIT_MAX_MS, parse_duration_ms
 
 # A task or agent whose failure mode is `retry` may run its children 1 + 3 times.
 LEVEL_RUNS = 4
@@ -17,7 +23,27 @@ def _step_estimate(step: StepPlan) -> Decimal:
     handlers = sum(
         (_step_estimate(handler) for handler in (*step.on_error, *step.on_callback)), Decimal(0)
     )
-    return attempt_estimate(step.tool) * step.retry.max_attempts + handlers
+    held = wait_price(wait_estimate_ms(step.params)) if step.tool == "wait" else Decimal(0)
+    return attempt_estimate(step.tool) * step.retry.max_attempts + held + handlers
+
+
+def wait_estimate_ms(params: dict[str, object], now: datetime | None = None) -> int:
+    """The longest a `wait` step with ``params`` may hold, as its run starts (what it
+    reserves; it pays, as it parks, for what is left then, never more): its ``for``; up
+    to its ``until`` from ``now``; the longest wait there is (366 days) for a template,
+    read only when the step starts. A wait parks once, whatever its retry policy."""
+    value = params.get("for", params.get("until"))
+    if has_template(value):
+        return WAIT_MAX_MS
+    if "for" in params:
+        return parse_duration_ms(value) or 0
+    try:
+        until = datetime.fromisoformat(str(value))
+    except ValueError:
+        return WAIT_MAX_MS  # the plan's check refuses it; nothing less is sure
+    if until.tzinfo is None:
+        return WAIT_MAX_MS
+    return max(0, math.ceil((until - (now or timezone.now())) / timedelta(milliseconds=1)))
 
 
 def plan_reservation(plan: Plan, reused: Collection[str] = ()) -> Decimal:

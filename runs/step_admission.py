@@ -38,6 +38,7 @@ runs' steps with SKIP LOCKED: it never waits for a row while holding a bucket.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -45,24 +46,39 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import BigIntegerField, Count, DateTimeField, F, Q, Value
+from django.db.models import BigIntegerField, Count, DateTimeField, F, Q, QuerySet, Value
 from django.db.models.functions import Cast, Extract, Greatest
 
 from billing import quotas
 from billing.models import Organization
+from billing.pricing import wait_price
+from billing.services import BudgetExhausted, credits_charge
 from common.units import duration_text
 from ratelimits import selectors as limits
 from ratelimits import windows
 from ratelimits.models import MAX_PERIOD_MS, RateGrant, RateLimit
 from ratelimits.windows import Ask, Asker, clock, forget, lock, reserve, take
 from runs.models import Run, Step
-from runs.outbox import Outbox, StepMessage
+from runs.outbox import Outbox, StepMessage, asleep
 from runs.plan import Plan, PlanError
 from runs.states import RunStatus, StepStatus
 from runs.transitions import lock_gate, transition_locked
 
 WAITING_PREFIX = "rate_limited:"
 TIMER = "timer"  # the waiting_reason of a wait step parked until its wake time
+# What a wait step's claimed attempt reads of its row to park it.
+TIMER_FIELDS = (
+    "pk", "run_id", "name", "attempt_number", "status", "attempts", "timeout_ms",
+    "waiting_reason", "waited_ms", "cost",
+)  # fmt: skip
+# The states of a run that may hold a parked wait (an end drops its timers).
+TIMED_RUNS = (
+    RunStatus.RUNNING,
+    RunStatus.PAUSED,
+    RunStatus.RESUMING,
+    RunStatus.WAITING_APPROVAL,
+    RunStatus.ESCALATED,
+)
 
 
 @dataclass(frozen=True)
@@ -78,13 +94,16 @@ class Wanted:
 class Admission:
     """What ``admit`` decided: ``go`` (run the tool now), or the step waits ``until``
     for ``reason``; ``dropped``: the attempt is not the step's any more (nothing done);
-    ``refused``: the units can never fit (the attempt fails with it)."""
+    ``refused``: the units can never fit, or a wait may not park (the attempt fails with
+    it, ``code``)."""
 
     go: bool = False
     until: datetime | None = None
     reason: str = ""
     dropped: bool = False
     refused: str = ""
+    # The code of the attempt's failure when refused.
+    code: str = "rate_limit_exceeded"
     # For the metrics: units granted by limit, and how long the step waited in line.
     granted: tuple[tuple[str, int], ...] = ()
     waited_s: float | None = None
@@ -280,13 +299,17 @@ def timer(
 
     A step that has waited (``waited_ms``, added by the claim that woke it) has rung: an
     attempt claimed again after its worker was lost (the lease sweep) does not wait anew.
-    The claim never lets a parked step through before its ``next_run_at``: never early."""
+    The claim never lets a parked step through before its ``next_run_at``: never early.
+
+    Parking holds a place of the organization's quota ``parked_waits`` and buys the wait's
+    time (``_hold``): past the quota, or beyond the run's reservation, the attempt fails
+    instead (``refused``)."""
     with transaction.atomic():
         lock_gate(run_id, shared=True)
         step = (
             Step.objects.select_for_update(no_key=True)
             .filter(pk=step_id, status=StepStatus.RUNNING, attempts=attempt)
-            .only("pk", "run_id", "status", "attempts", "timeout_ms", "waiting_reason", "waited_ms")
+            .only(*TIMER_FIELDS)
             .first()
         )
         if step is None:
@@ -298,8 +321,52 @@ def timer(
         wake = until if until is not None else now + timedelta(milliseconds=for_ms or 0)
         if wake <= now:
             return Admission(go=True)
-        priority = Run.objects.values_list("priority", flat=True).get(pk=run_id)
+        organization_id, priority = Run.objects.values_list("organization_id", "priority").get(
+            pk=run_id
+        )
+        refused = _hold(step, attempt, organization_id, wake - now)
+        if refused is not None:
+            return refused
         return _park(step, attempt, run_id, priority, wake, TIMER, now)
+
+
+def timers_held(organization_id: Any) -> QuerySet[Step]:
+    """The organization's wait steps parked on their timers: what its quota
+    ``parked_waits`` counts. Only runs not ended hold one (an end drops its timers:
+    ``release_run``); through them, each run's timers are one range of ``step_timer``."""
+    open_runs = Run.objects.filter(organization_id=organization_id, status__in=TIMED_RUNS)
+    return Step.objects.filter(waiting_reason=TIMER, run__in=open_runs.values("pk"))
+
+
+def _hold(step: Step, attempt: int, organization_id: Any, length: timedelta) -> Admission | None:
+    """A wait about to park ``length``: one more of its organization's parked waits (its
+    quota, counted under the quota's lock: two parks at once never both take the last
+    place) and its time bought, charged now as the attempt's cost (docs/api.md, "Waits":
+    per started day, ``billing.pricing.wait_price``; keyed by step and attempt, as every
+    charge, so the claim that wakes it, with the same attempt, charges nothing again).
+    None, or the refusal its attempt fails with."""
+    organization = Organization.objects.get(pk=organization_id)
+    try:
+        quotas.check_quota(organization, quotas.PARKED_WAITS, held=timers_held(organization_id))
+    except quotas.QuotaExceeded as exc:
+        return Admission(refused=str(exc), code=exc.code)
+    length_ms = math.ceil(length / timedelta(milliseconds=1))
+    price = wait_price(length_ms)
+    try:
+        credits_charge(
+            organization_id=organization_id,
+            run_id=step.run_id,
+            attempt_number=step.attempt_number,
+            step_id=step.pk,
+            step_attempt=attempt,
+            amount=price,
+            reason=f"step {step.name} attempt {attempt}: a wait of {duration_text(length_ms)}",
+            actor="engine",
+        )
+    except BudgetExhausted as exc:
+        return Admission(refused=str(exc), code="budget_exhausted")
+    step.cost += price
+    return None
 
 
 def _not_waiting(step: Step) -> None:
@@ -317,11 +384,12 @@ def _park(
     now: datetime,
 ) -> Admission:
     """RUNNING -> PENDING until ``until``: the attempt is given back (it never ran), and
-    one message wakes the step then."""
+    one message wakes the step then (beyond the step-message horizon, the wake sweep
+    sends it: ``runs.outbox.asleep``)."""
     wait_s = max(0.0, (until - now).total_seconds())
     if reason == TIMER:
         message = f"waiting {wait_s:.3f} s on a timer, until {until.isoformat()}"
-        payload: dict[str, Any] = {"timer": until.isoformat()}
+        payload: dict[str, Any] = {"timer": until.isoformat(), "cost": str(step.cost)}
     else:
         name = reason.removeprefix(WAITING_PREFIX)
         message = f"waiting {wait_s:.3f} s for rate limit {name}"
@@ -337,6 +405,8 @@ def _park(
             "worker": "",
             "attempts": attempt - 1,
             "waiting_reason": reason,
+            "asleep": asleep(wait_s),
+            "cost": step.cost,
         },
         now=now,
     )
@@ -451,8 +521,8 @@ def _tell_moved(moved: dict[Any, tuple[datetime, Any, int]], now: datetime, outb
     )
     for pk, timeout_ms in rows:
         at, run_id, priority = moved[pk]
-        Step.objects.filter(pk=pk).update(next_run_at=at)
         wait_s = max(0.0, (at - now).total_seconds())
+        Step.objects.filter(pk=pk).update(next_run_at=at, asleep=asleep(wait_s))
         outbox.add(StepMessage(pk, str(run_id), priority, _timeout_s(timeout_ms), wait_s))
 
 
@@ -474,7 +544,7 @@ def release_run(run: Run, *, paused: bool = False) -> None:
         )
     else:
         Step.objects.filter(run=run, waiting_reason=TIMER).update(
-            waiting_reason="", next_run_at=None
+            waiting_reason="", next_run_at=None, asleep=False
         )
     if not run.rate_limited:
         return
@@ -487,7 +557,7 @@ def release_run(run: Run, *, paused: bool = False) -> None:
         RateGrant.objects.filter(run_id=run.pk, used=False).update(used=True)
     Step.objects.filter(run=run, waiting_reason__startswith=WAITING_PREFIX).exclude(
         waiting_reason=""  # the partial index of waiting steps
-    ).update(waiting_reason="", next_run_at=None)
+    ).update(waiting_reason="", next_run_at=None, asleep=False)
     if buckets:
         requeue(buckets, now, Outbox(), most=settings.RATE_LIMIT_REPLAN_MAX)
 

@@ -580,7 +580,7 @@ BILLING_TOOL_PRICES = {
     "noop": "0.01",
     "echo": "0.01",
     "sleep": "0.01",
-    # A durable wait costs nothing, waiting or woken (docs/api.md, "Waits").
+    # A durable wait is priced by the day it holds (BILLING_WAIT_PRICE_PER_DAY), not here.
     "wait": "0.00",
     "fail": "0.01",
     "http": "0.10",
@@ -598,6 +598,11 @@ BILLING_LLM_ESTIMATE = env.string(
     "BILLING_LLM_ESTIMATE", "5", "credits reserved per LLM step when the plan gives no credits"
 )
 BILLING_MIN_RESERVATION = "0.01"
+# A `wait` step's time held: charged when it parks, per started day of its wait
+# (docs/api.md, "Waits"); what a plan reserves for it is that of its longest wait.
+BILLING_WAIT_PRICE_PER_DAY = env.string(
+    "BILLING_WAIT_PRICE_PER_DAY", "0.01", "credits charged per started day a wait step holds"
+)
 
 # --------------------------------------------------------------------------- engine
 # Step leases: a running step's lease is renewed every ENGINE_HEARTBEAT_SECONDS; a sweep
@@ -629,14 +634,15 @@ RATE_LIMIT_LATE_S = env.number(
 RATE_LIMIT_REPLAN_MAX = env.integer(
     "RATE_LIMIT_REPLAN_MAX", 200, "most waiting steps one ask re-plans", minimum=1
 )
-# No step message waits in the broker longer than this: a longer wait (a rate limit's
-# reservation days ahead, a long backoff) is a chain of wake-ups this long each
-# (orchestrator.transport), never one countdown that Redis would deliver again every
-# visibility timeout while a worker holds it.
+# The step-message horizon: no step message waits in the broker longer than this. A step
+# due later (a timer of days, a rate limit's reservation, a long backoff) has no message
+# at all: it is `asleep`, and the wake sweep sends its message, with the exact countdown,
+# once its time comes within this horizon (runs.engine.dispatch.wake_asleep). Never one
+# countdown that Redis would deliver again every visibility timeout while a worker holds it.
 RATE_LIMIT_MAX_COUNTDOWN_S = env.integer(
     "RATE_LIMIT_MAX_COUNTDOWN_S",
     300,
-    "longest countdown (s) of a step message; longer waits are re-armed in steps of it",
+    "longest countdown (s) of a step message; a step due later is woken by the wake sweep",
     minimum=1,
 )
 # A worker holds a step message unacknowledged through its countdown and then its run.
@@ -841,6 +847,11 @@ QUOTA_ARTIFACT_BYTES = env.integer(
     "QUOTA_ARTIFACT_BYTES", 100 * 1024**3, "bytes of artifacts an organization may store",
     minimum=0,
 )  # fmt: skip
+# A parked `wait` step is a row the wake sweep watches until its time (up to 366 days):
+# one more past the quota fails its attempt (quota_exceeded), it does not park.
+QUOTA_PARKED_WAITS = env.integer(
+    "QUOTA_PARKED_WAITS", 10_000, "wait steps an organization may have parked at once", minimum=0
+)
 
 # --------------------------------------------------------------------------- escalation
 # The engine's policy layer (docs/escalation.md): when a failing run goes to people

@@ -135,6 +135,7 @@ def check_consistency(env: Env, settings: dict[str, Any]) -> None:
         "BILLING_LLM_ESTIMATE": settings["BILLING_LLM_ESTIMATE"],
         "BILLING_MIN_RESERVATION": settings["BILLING_MIN_RESERVATION"],
         "BILLING_DEFAULT_TOOL_PRICE": settings["BILLING_DEFAULT_TOOL_PRICE"],
+        "BILLING_WAIT_PRICE_PER_DAY": settings["BILLING_WAIT_PRICE_PER_DAY"],
         **{
             f"BILLING_TOOL_PRICES[{tool}]": price
             for tool, price in settings["BILLING_TOOL_PRICES"].items()

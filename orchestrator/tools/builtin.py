@@ -39,7 +39,7 @@ from common.tools.registry import register
 from orchestrator import outbound
 from orchestrator.netguard import AddressNotAllowed
 from runs.plan import DurationRefused, read_duration_ms
-from runs.plan.durations import not_a_duration, parse_duration_ms
+from runs.plan.durations import WAIT_MAX_MS, not_a_duration, parse_duration_ms
 from runs.plan.errors import listing, show, suggest
 
 Problems = list[tuple[str, str]]
@@ -147,13 +147,10 @@ def validate_sleep(params: dict[str, Any]) -> Problems:
 
 
 # --------------------------------------------------------------------------- wait
-# The longest wait: a year and a day, so that "the same date next year" always fits.
-WAIT_MAX_MS = 366 * 86_400_000
-
-
 def wait(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
     """A wait step's time has come (``runs.step_admission.timer`` parked it until then,
-    holding no worker; the claim that woke it runs this): it completes, at no cost."""
+    holding no worker, and charged its time as it parked; the claim that woke it runs
+    this): it completes, with nothing more to pay."""
     return ToolResult(output={"woke_at": datetime.now(UTC).isoformat()})
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -123,8 +124,12 @@ def redispatch(run: Run, now: datetime) -> None:
         attempt_number=run.attempt_number,
         status=StepStatus.PENDING,
         dispatched_at__isnull=False,
-    ).only("pk", "timeout_ms", "next_run_at")
-    for step in held:
+    )
+    # Those due beyond the step-message horizon get no message: the wake sweep sends each
+    # when its time comes within it (``runs.outbox.asleep``).
+    horizon = now + timedelta(seconds=settings.RATE_LIMIT_MAX_COUNTDOWN_S)
+    held.filter(next_run_at__gt=horizon).update(asleep=True)
+    for step in held.only("pk", "timeout_ms", "next_run_at"):
         wait = (step.next_run_at - now).total_seconds() if step.next_run_at else 0.0
         outbox.add(
             StepMessage(step.pk, str(run.pk), run.priority, step_timeout_s(step), max(wait, 0.0))

@@ -6,7 +6,7 @@ sent to a worker: it waits for a decision (``runs.approvals``)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -16,21 +16,22 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from runs.models import Agent, Run, Step, Task
-from runs.outbox import Outbox, StepMessage
+from runs.outbox import Outbox, StepMessage, asleep
 from runs.states import NodeStatus, RunStatus, StepStatus
 from runs.transitions import transition, transition_many
 
 
 def rearm(step_id: int) -> float | None:
     """A step parked until later (a timer, a rate limit's line, a backoff) whose message
-    came ahead of it (a wake-up of the chain that carries a wait longer than
-    RATE_LIMIT_MAX_COUNTDOWN_S, or a countdown that fired a moment early): its next
-    message, for the time it has left as its row says now. The seconds left, or None for a
-    step no longer pending (a harmless duplicate: another message or a claim got there
-    first)."""
+    came ahead of it (a reservation moved later meanwhile, a countdown that fired a moment
+    early, a wake-up sent by an earlier version): its message again, for the time it has
+    left as its row says now, or, beyond the step-message horizon, asleep for the wake
+    sweep. The seconds left, or None for a step no longer pending (a harmless duplicate:
+    another message or a claim got there first)."""
     with transaction.atomic():
         step = (
-            Step.objects.filter(pk=step_id, status=StepStatus.PENDING, dispatched_at__isnull=False)
+            Step.objects.select_for_update(no_key=True, of=("self",))
+            .filter(pk=step_id, status=StepStatus.PENDING, dispatched_at__isnull=False)
             .annotate(left=F("next_run_at") - Now(), priority=F("run__priority"))
             .only("pk", "run_id", "timeout_ms")
             .first()
@@ -40,9 +41,71 @@ def rearm(step_id: int) -> float | None:
         # A message for now would ring a doorbell: the claim is the step's own.
         left = step.left.total_seconds() if step.left is not None else 0.0
         wait_s = max(left, 0.001)
+        if asleep(wait_s):
+            Step.objects.filter(pk=step.pk).update(asleep=True)
         priority: int = step.priority
         Outbox().add(StepMessage(step.pk, str(step.run_id), priority, step_timeout_s(step), wait_s))
         return wait_s
+
+
+def wake_asleep(now: datetime | None = None) -> int:
+    """The wake sweep: send the messages of the steps asleep (parked beyond the
+    step-message horizon, ``runs.outbox.asleep``) whose time comes within it, each with
+    the countdown to its ``next_run_at`` (due already, a late sweep's: at once), and mark
+    them awake; return how many. Beat sends it when the first comes within the horizon
+    (``asleep_next_due``), so no step's message waits in the broker longer than the
+    horizon, and none is sent before it is needed.
+
+    Idempotent and batched: ENGINE_SWEEP_BATCH steps a transaction, their rows locked
+    and skipped when locked (a claim, a park, another sweep at them): two sweeps at once
+    send each step once, and a step sent is no longer asleep. A step of a run that is not
+    RUNNING (paused, escalated) stays asleep: the run's resume sends it again. A message
+    that still comes early (the sweep's clock ahead of the database's) is re-armed by the
+    executor; the claim lets no step through before its time."""
+    now = now or timezone.now()
+    horizon = now + timedelta(seconds=settings.RATE_LIMIT_MAX_COUNTDOWN_S)
+    sent = 0
+    while True:
+        with transaction.atomic():
+            due = list(
+                Step.objects.select_for_update(no_key=True, skip_locked=True, of=("self",))
+                .filter(
+                    asleep=True,
+                    status=StepStatus.PENDING,
+                    next_run_at__lte=horizon,
+                    run__status=RunStatus.RUNNING,
+                )
+                .annotate(priority=F("run__priority"))
+                .only("pk", "run_id", "timeout_ms", "next_run_at")
+                .order_by("next_run_at")[: settings.ENGINE_SWEEP_BATCH]
+            )
+            Step.objects.filter(pk__in=[step.pk for step in due]).update(asleep=False)
+            outbox = Outbox()
+            for step in due:
+                assert step.next_run_at is not None  # selected by it
+                wait_s = max((step.next_run_at - now).total_seconds(), 0.0)
+                outbox.add(
+                    StepMessage(
+                        step.pk, str(step.run_id), step.priority, step_timeout_s(step), wait_s
+                    )
+                )
+        sent += len(due)
+        if len(due) < settings.ENGINE_SWEEP_BATCH:
+            return sent
+
+
+def asleep_next_due() -> datetime | None:
+    """When the wake sweep next has a step to send: the horizon before the earliest
+    asleep step's time (beat sends the sweep then)."""
+    first = (
+        Step.objects.filter(asleep=True, status=StepStatus.PENDING, run__status=RunStatus.RUNNING)
+        .order_by("next_run_at")
+        .values_list("next_run_at", flat=True)
+        .first()
+    )
+    if first is None:
+        return None
+    return first - timedelta(seconds=settings.RATE_LIMIT_MAX_COUNTDOWN_S)
 
 
 def step_timeout_s(step: Step) -> float:

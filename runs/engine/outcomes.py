@@ -25,7 +25,7 @@ from runs.engine.retry import decide
 from runs.engine.tree import counts_as_success
 from runs.engine.waiting import WaitRefused, park
 from runs.models import EscalationReason, EventKind, Run, Step, Task
-from runs.outbox import Outbox, RunMessage, StepMessage, enqueue_run_message
+from runs.outbox import Outbox, RunMessage, StepMessage, asleep, enqueue_run_message
 from runs.states import RunStatus, StepStatus
 from runs.transitions import record_event, transition_locked
 
@@ -290,7 +290,11 @@ def _record(run: Run, step_id: int, attempt: int, outcome: Outcome, now: datetim
             StepStatus.PENDING,
             message=f"retry in {decision.delay_ms} ms after {error.code}",
             payload={**error.as_dict(), "delay_ms": decision.delay_ms, "attempt": attempt},
-            updates={"next_run_at": due, "lease_expires_at": None},
+            updates={
+                "next_run_at": due,
+                "lease_expires_at": None,
+                "asleep": asleep(decision.delay_ms / 1000),
+            },
             now=now,
         )
         outbox.add(

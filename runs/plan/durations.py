@@ -23,6 +23,8 @@ DURATION_RE = re.compile(r"\s*([0-9]{1,15}(?:\.[0-9]{1,9})?)\s*(ms|s|m|h|d)\s*")
 DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 # No timeout may exceed this: larger values overflow date arithmetic further on.
 MAX_DURATION_MS = 365 * DURATION_UNITS_MS["d"]
+# The longest `wait` step: a year and a day, so that "the same date next year" always fits.
+WAIT_MAX_MS = 366 * DURATION_UNITS_MS["d"]
 # The forms, as refusals quote them and as the OpenAPI schema describes them.
 DURATION_FORMS = "'250ms', '30s', '5m', '1.5h', '7d' or a number of seconds"
 DURATION_HELP = "A duration such as `250ms`, `30s`, `5m`, `1.5h`, `7d`, or seconds."

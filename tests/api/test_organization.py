@@ -47,6 +47,7 @@ def test_the_organization_shows_the_default_limits_and_nothing_in_use(
             "webhooks_in_flight": {"limit": settings.QUOTA_WEBHOOKS_IN_FLIGHT, "used": 0},
             "artifacts": {"limit": settings.QUOTA_ARTIFACTS, "used": 0},
             "artifact_bytes": {"limit": settings.QUOTA_ARTIFACT_BYTES, "used": 0},
+            "parked_waits": {"limit": settings.QUOTA_PARKED_WAITS, "used": 0},
         },
     }
 

@@ -137,6 +137,7 @@ def test_the_organization_shows_each_quota_in_force_and_its_use(live: Live, sett
         "webhooks_in_flight": {"limit": settings.QUOTA_WEBHOOKS_IN_FLIGHT, "used": 0},
         "artifacts": {"limit": settings.QUOTA_ARTIFACTS, "used": 0},
         "artifact_bytes": {"limit": settings.QUOTA_ARTIFACT_BYTES, "used": 0},
+        "parked_waits": {"limit": settings.QUOTA_PARKED_WAITS, "used": 0},
     }
     wait_until(lambda: streams_open(live.organization.pk) == 0, what="the stream's release")
 

@@ -41,6 +41,7 @@ def test_a_quota_is_the_setting_until_the_organization_has_its_own(settings: Any
         "webhooks_in_flight": settings.QUOTA_WEBHOOKS_IN_FLIGHT,
         "artifacts": settings.QUOTA_ARTIFACTS,
         "artifact_bytes": settings.QUOTA_ARTIFACT_BYTES,
+        "parked_waits": settings.QUOTA_PARKED_WAITS,
     }
     assert quotas.quotas_set(organization.pk, actor="test", schedules=None)["schedules"] == 7
 
@@ -160,6 +161,7 @@ def test_set_limits_sets_quotas_through_the_service_and_prints_them(settings: An
         "webhooks_in_flight": settings.QUOTA_WEBHOOKS_IN_FLIGHT,
         "artifacts": settings.QUOTA_ARTIFACTS,
         "artifact_bytes": 1000,
+        "parked_waits": settings.QUOTA_PARKED_WAITS,
     }
     organization.refresh_from_db()
     assert (organization.quota_webhook_endpoints, organization.quota_event_streams) == (5, 0)

@@ -1,11 +1,13 @@
-"""A durable wait outlives its worker: a `wait` step parked on its timer is woken by a
-worker started after the one that parked it was stopped, at its time and never before.
+"""A durable wait holds no message and outlives its worker: a `wait` step parked beyond
+the step-message horizon has no message in the broker (neither queued nor held by a
+worker with a countdown), and the wake sweep wakes it at its time and never before, by a
+worker started after the one that parked it was stopped.
 
 The worker here is this module's own (the session's would answer for it), started with
-`RATE_LIMIT_MAX_COUNTDOWN_S=2`: the wait of 8 s is carried by wake-ups of at most 2 s,
-each sending the next (docs/engine.md, "Timers"; the chain itself:
-tests/runs/test_step_admission.py), as a wait of days is carried by wake-ups of at most
-five minutes."""
+`RATE_LIMIT_MAX_COUNTDOWN_S=2`, as the test drives the wake sweep: the wait of 8 s is
+beyond that horizon, as a wait of days is beyond the 300 s of a deployment (docs/engine.md,
+"Timers"). The sweep is the test's to send (as beat would, once the step's time is within
+the horizon), not beat's."""
 
 from __future__ import annotations
 
@@ -15,13 +17,15 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 from pytest_django.fixtures import Settings
 
 from config.celery import WORKER_QUEUES, app
+from runs.engine import dispatch
 from runs.models import Step
 from runs.states import RunStatus
 from tests.integration.engine_support import assert_books_balanced, submit, wait_for
-from tests.integration.timer_support import parked, waits_plan, wake_of
+from tests.integration.timer_support import parked, step_messages, waits_plan, wake_of
 from tests.support import Child, child_env, wait_until, worker_cmd
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -75,20 +79,31 @@ def worker(tmp_path: Path, settings: Settings) -> Iterator[Worker]:
         workers.stop()
 
 
-def test_a_wait_survives_a_restart_of_its_worker_and_wakes_at_its_time(worker: Worker) -> None:
+def test_a_wait_beyond_the_horizon_has_no_message_and_the_sweep_wakes_it_on_time_after_a_restart(
+    worker: Worker, settings: Settings
+) -> None:
+    settings.RATE_LIMIT_MAX_COUNTDOWN_S = 2  # the worker's horizon, for the test's sweep
     run = submit(waits_plan(1, WAIT_S, then=1))
     (step,) = parked(run, 1)
     wake = wake_of(step)
 
+    assert Step.objects.get(pk=step.pk).asleep
+    assert step_messages(step) == []  # nothing queued, nothing held with a countdown
     worker.stop()
     assert Step.objects.get(pk=step.pk).waiting_reason == "timer"  # parked in PostgreSQL
     worker.start()
+    assert step_messages(step) == []
 
+    # As beat would: the sweep sends the step's message once its time is within the
+    # horizon, and only then.
+    assert wait_until(dispatch.wake_asleep, timeout=WAIT_S + 30, what="the wake sweep") == 1
+    assert wake - timezone.now() <= timedelta(seconds=2)
+    assert dispatch.wake_asleep() == 0  # sent once
     done = wait_for(run, timeout=WAIT_S + 60)
     assert done.status == RunStatus.COMPLETED
     woken = Step.objects.get(pk=step.pk)
     assert woken.started_at is not None
     assert woken.started_at >= wake  # never early
     assert woken.started_at - wake < timedelta(seconds=LATE_S)
-    assert woken.attempts == 1
+    assert (woken.attempts, woken.asleep) == (1, False)
     assert_books_balanced(done)

@@ -1,7 +1,7 @@
 """Durable waits on a real worker (two prefork processes): a `wait` step parks in
 PostgreSQL with its wake time, holding no worker slot, wakes at its time and never
-before, costs nothing, and is cancelled, paused and resumed with its run (docs/api.md,
-"Waits"; docs/engine.md, "Timers")."""
+before, is charged its day once, as it parks, and is cancelled, paused and resumed with
+its run (docs/api.md, "Waits"; docs/engine.md, "Timers")."""
 
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ WAIT_S = float(os.environ.get("TIMER_TEST_WAIT_S", "5"))
 # A woken step starts within this of its wake time (a message's countdown, then a claim;
 # on two busy cores).
 LATE_S = 3.0
+# What a wait of less than a day is charged (BILLING_WAIT_PRICE_PER_DAY, one started day).
+DAY = Decimal("0.01")
 
 
 def echoes(count: int) -> dict[str, object]:
@@ -61,10 +63,14 @@ def test_four_waits_on_a_two_slot_worker_do_not_delay_another_runs_steps() -> No
         assert step.waited_ms >= WAIT_S * 1000 - 1
         assert step.duration_ms is not None
         assert step.duration_ms < step.waited_ms
-        assert (step.waiting_reason, step.cost, step.attempts) == ("", Decimal(0), 1)
+        assert (step.waiting_reason, step.cost, step.attempts) == ("", DAY, 1)
         assert isinstance(step.output, dict)
         assert set(step.output) == {"woke_at"}
-    assert not LedgerEntry.objects.filter(run=waiting, type="charge").exists()
+    # One charge per wait, a started day each, taken as it parked; none as it woke.
+    charges = LedgerEntry.objects.filter(run=waiting, type="charge")
+    assert sorted(charges.values_list("step_id", "amount")) == sorted(
+        (step.pk, DAY) for step in parked_steps
+    )
     assert_books_balanced(done)
 
 
@@ -83,7 +89,7 @@ def test_a_waiting_step_shows_the_timer_and_its_wake_time_in_the_api() -> None:
     services.run_cancel(run_id=run.pk, reason="done looking")
 
 
-def test_a_waiting_run_cancelled_ends_its_wait_and_charges_nothing_for_it() -> None:
+def test_a_waiting_run_cancelled_ends_its_wait_and_keeps_only_the_time_it_bought() -> None:
     run = submit(waits_plan(1, 60, then=1))
     parked(run, 1)
 
@@ -98,7 +104,9 @@ def test_a_waiting_run_cancelled_ends_its_wait_and_charges_nothing_for_it() -> N
         None,
     )
     assert (steps["e0"].status, steps["e0"].attempts) == ("cancelled", 0)
-    assert not LedgerEntry.objects.filter(run=run, type="charge").exists()
+    # The wait's day was charged as it parked; the rest of the reservation is refunded.
+    charges = LedgerEntry.objects.filter(run=run, type="charge")
+    assert list(charges.values_list("step_id", "amount")) == [(steps["w0"].pk, DAY)]
     assert_books_balanced(done)
 
 

@@ -1,11 +1,14 @@
-"""Helpers for the tests of durable waits (the `wait` tool): plans of waits, and when a
-parked wait step is due to wake."""
+"""Helpers for the tests of durable waits (the `wait` tool): plans of waits, when a
+parked wait step is due to wake, and the step messages the broker holds."""
 
 from __future__ import annotations
 
+import base64
+import json
 from datetime import datetime
 from typing import Any
 
+from common.stores import broker_redis
 from runs.models import Run, RunEvent, Step
 from runs.step_admission import TIMER
 from tests.support import wait_until
@@ -54,3 +57,25 @@ def wake_of(step: Step) -> datetime:
     )
     assert payload is not None, f"step {step.pk} was never parked on a timer"
     return datetime.fromisoformat(payload["until"])
+
+
+def step_messages(step: Step) -> list[str]:
+    """The names of the tasks of every message the broker holds for ``step`` (its id the
+    task's first argument): those queued (every list in the broker's Redis: its queues
+    by priority) and those delivered to a worker and not yet acknowledged (the
+    ``unacked`` hash, where a message with a countdown waits for its time)."""
+    client = broker_redis(socket_timeout=5, socket_connect_timeout=5)
+    payloads: list[bytes] = []
+    for key in client.scan_iter(count=1000):
+        if client.type(key) == b"list":
+            payloads += client.lrange(key, 0, -1)
+    payloads += [json.dumps(json.loads(value)[0]).encode() for value in client.hvals("unacked")]
+    names = []
+    for payload in payloads:
+        message = json.loads(payload)
+        if not isinstance(message, dict) or "body" not in message:
+            continue  # not a Celery message
+        args = json.loads(base64.b64decode(message["body"]))[0]
+        if args and args[0] == step.pk:
+            names.append(message["headers"]["task"])
+    return names

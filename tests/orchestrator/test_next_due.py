@@ -47,7 +47,7 @@ def test_nothing_is_due_on_an_idle_fleet() -> None:
     looks = {p.name: p.next_due() for p in periodic_tasks() if p.next_due is not None}
 
     assert looks == dict.fromkeys(looks, None)
-    assert len(looks) == 8
+    assert len(looks) == 9
 
 
 def test_a_lease_is_looked_for_when_it_expires() -> None:

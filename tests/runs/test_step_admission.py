@@ -1,8 +1,8 @@
 """The line of a shared bucket (runs.step_admission), in process against PostgreSQL:
 organizations take turns by share (one organization's priority-0 stream never pushes
 another's steps back for ever), priority orders each organization's own steps, a
-re-planning moves a bounded number of steps, and a wait of days is never one long
-countdown in the broker (orchestrator.transport)."""
+re-planning moves a bounded number of steps, and a wait of days has no message in the
+broker until the wake sweep sends it, on time (runs.engine.dispatch.wake_asleep)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from django.utils import timezone
 
 from billing.models import Organization
 from config.celery import app
-from orchestrator.transport import EXECUTE_STEP_TASK, WAKE_STEP_TASK, CeleryTransport, wake_step
+from orchestrator.transport import EXECUTE_STEP_TASK, CeleryTransport
 from ratelimits import selectors as limits
 from ratelimits.models import RateGrant, RateLimit
 from runs import step_admission
+from runs.engine import dispatch
 from runs.models import Step
 from runs.outbox import use_transport
 from tests import factories
@@ -170,7 +170,7 @@ def test_a_step_jumps_the_line_by_at_most_the_replanning_bound(
     assert newcomer == 16
 
 
-def test_a_wait_of_days_is_never_one_long_countdown(
+def test_a_wait_of_days_has_no_message_until_the_wake_sweep_sends_it_on_time(
     shared_tool: RateLimit,
     fan: Callable[..., EngineRun],
     settings: Any,
@@ -191,22 +191,22 @@ def test_a_wait_of_days_is_never_one_long_countdown(
     ask(run, "s1")
     ask(run, "s2")  # two days ahead
 
-    waits = [(name, countdown) for name, _, countdown in sent]
-    assert waits == [(WAKE_STEP_TASK, settings.RATE_LIMIT_MAX_COUNTDOWN_S)] * 2
+    # Nothing in the broker for a wait beyond the horizon: the rows hold it.
+    assert sent == []
+    asleep = Step.objects.filter(run=run.run, asleep=True).order_by("next_run_at")
+    assert [step.name for step in asleep] == ["s1", "s2"]
     assert settings.RATE_LIMIT_MAX_COUNTDOWN_S == 300
+    first = asleep[0]
+    assert first.next_run_at is not None
+    assert dispatch.asleep_next_due() == first.next_run_at - timedelta(seconds=300)
 
-    # Each wake-up sends the next, for what is left, until the wait is short enough.
-    step = run.step("s2")
-    sent.clear()
-    with django_capture_on_commit_callbacks(execute=True):  # sent once its reading commits
-        assert wake_step(step.pk, 5, 30.0) == "again"
-    assert [(name, countdown) for name, _, countdown in sent] == [(WAKE_STEP_TASK, 300)]
-    Step.objects.filter(pk=step.pk).update(next_run_at=timezone.now() + timedelta(seconds=100))
-    sent.clear()
+    # The wake sweep sends nothing before it is needed...
     with django_capture_on_commit_callbacks(execute=True):
-        assert wake_step(step.pk, 5, 30.0) == "sent"
-    ((name, args, countdown),) = sent
-    assert (name, args[0]) == (EXECUTE_STEP_TASK, step.pk)
-    assert 90 < countdown <= 100
-    Step.objects.filter(pk=step.pk).update(status="cancelled")
-    assert wake_step(step.pk, 5, 30.0) == "gone"
+        assert dispatch.wake_asleep(now=first.next_run_at - timedelta(seconds=301)) == 0
+    assert sent == []
+    # ... then the step's own message, with the countdown to its moment, once.
+    with django_capture_on_commit_callbacks(execute=True):
+        assert dispatch.wake_asleep(now=first.next_run_at - timedelta(seconds=100)) == 1
+        assert dispatch.wake_asleep(now=first.next_run_at - timedelta(seconds=99)) == 0
+    assert sent == [(EXECUTE_STEP_TASK, (first.pk,), 100.0)]
+    assert list(Step.objects.filter(run=run.run, asleep=True)) == [run.step("s2")]

@@ -1,8 +1,8 @@
 """`python manage.py set_limits ORGANIZATION [--max-running-runs N] [--max-running-steps N]
 [--max-pending-runs N] [--share N] [--quota-webhook-endpoints N] [--quota-schedules N]
 [--quota-rate-limits N] [--quota-event-streams N] [--quota-runner-polls N]
-[--quota-webhooks-in-flight N] [--quota-artifacts N] [--quota-artifact-bytes N]`: an
-organization's limits
+[--quota-webhooks-in-flight N] [--quota-artifacts N] [--quota-artifact-bytes N]
+[--quota-parked-waits N]`: an organization's limits
 (docs/fairness.md) through ``runs.admission.limits_set`` and its quotas (docs/tenants.md)
 through ``billing.quotas.quotas_set``, as the admin sets them; `default` puts one back to
 its setting. Prints the limits in force as JSON, the quotas under `quotas`."""

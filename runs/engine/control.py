@@ -129,6 +129,7 @@ def redispatch(run: Run, now: datetime) -> None:
     # when its time comes within it (``runs.outbox.asleep``).
     horizon = now + timedelta(seconds=settings.RATE_LIMIT_MAX_COUNTDOWN_S)
     held.filter(next_run_at__gt=horizon).update(asleep=True)
+    held.filter(asleep=True).exclude(next_run_at__gt=horizon).update(asleep=False)
     for step in held.only("pk", "timeout_ms", "next_run_at"):
         wait = (step.next_run_at - now).total_seconds() if step.next_run_at else 0.0
         outbox.add(

@@ -17,7 +17,7 @@ from typing import Any
 
 from billing.models import Organization
 from common.tools.base import ToolError
-from runs import services
+from runs import services, step_admission
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record
 from runs.engine.start import run_start
@@ -55,6 +55,14 @@ class RecordingTransport:
 
     def schedule_poll(self, wait_id: str, number: int, countdown_s: float) -> None:
         self.polls.append((wait_id, number, countdown_s))
+
+
+def waits(*params: dict[str, Any], credits: str | None = None) -> dict[str, Any]:
+    """A plan of side-by-side `wait` steps w0, w1, ... with these params."""
+    steps = [{"name": f"w{n}", "tool": "wait", "params": p} for n, p in enumerate(params)]
+    task = {"name": "t", "mode": "parallel", "max_concurrent_steps": len(steps), "steps": steps}
+    plan: dict[str, Any] = {"name": "waits", "agents": [{"name": "a", "tasks": [task]}]}
+    return plan | ({"credits": credits} if credits is not None else {})
 
 
 class EngineRun:
@@ -145,6 +153,19 @@ class EngineRun:
         )
         assert claimed is not None, f"step {name!r} could not be claimed ({step.status})"
         return int(claimed["attempts"])
+
+    def park(self, name: str, for_ms: int) -> step_admission.Admission:
+        """Claim the wait step ``name`` as a worker would and ask its timer for ``for_ms``,
+        as the executor does (it parks, or is refused)."""
+        attempt = self.claim(name)
+        with self._committed():
+            return step_admission.timer(
+                step_id=self.step(name).pk,
+                run_id=self.run.pk,
+                attempt=attempt,
+                until=None,
+                for_ms=for_ms,
+            )
 
     def record(self, name: str, attempt: int, outcome: Outcome | None = None) -> Step:
         """Record the outcome of an attempt ``claim`` made."""

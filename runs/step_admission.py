@@ -58,7 +58,7 @@ from ratelimits import selectors as limits
 from ratelimits import windows
 from ratelimits.models import MAX_PERIOD_MS, RateGrant, RateLimit
 from ratelimits.windows import Ask, Asker, clock, forget, lock, reserve, take
-from runs.models import Run, Step
+from runs.models import Run, Step, Task
 from runs.outbox import Outbox, StepMessage, asleep
 from runs.plan import Plan, PlanError
 from runs.states import RunStatus, StepStatus
@@ -68,7 +68,7 @@ WAITING_PREFIX = "rate_limited:"
 TIMER = "timer"  # the waiting_reason of a wait step parked until its wake time
 # What a wait step's claimed attempt reads of its row to park it.
 TIMER_FIELDS = (
-    "pk", "run_id", "name", "attempt_number", "status", "attempts", "timeout_ms",
+    "pk", "run_id", "task_id", "name", "attempt_number", "status", "attempts", "timeout_ms",
     "waiting_reason", "waited_ms", "cost",
 )  # fmt: skip
 # The states of a run that may hold a parked wait (an end drops its timers).
@@ -324,7 +324,10 @@ def timer(
         organization_id, priority = Run.objects.values_list("organization_id", "priority").get(
             pk=run_id
         )
-        refused = _hold(step, attempt, organization_id, wake - now)
+        # It pays for what it can hold: up to its wake time, or the first timeout (its
+        # task's, agent's or run's) that would end it sooner.
+        held_until = min(wake, _deadline(step) or wake)
+        refused = _hold(step, attempt, organization_id, max(held_until - now, timedelta(0)))
         if refused is not None:
             return refused
         return _park(step, attempt, run_id, priority, wake, TIMER, now)
@@ -336,6 +339,31 @@ def timers_held(organization_id: Any) -> QuerySet[Step]:
     ``release_run``); through them, each run's timers are one range of ``step_timer``."""
     open_runs = Run.objects.filter(organization_id=organization_id, status__in=TIMED_RUNS)
     return Step.objects.filter(waiting_reason=TIMER, run__in=open_runs.values("pk"))
+
+
+def _deadline(step: Step) -> datetime | None:
+    """When the first timeout that applies to the step would end its wait: its task's, its
+    agent's or its run's (``orchestrator.sweeps.sweep_timeouts``, from when each started)."""
+    clocks = ("started_at", "timeout_ms", "agent__started_at", "agent__timeout_ms")
+    found = (
+        Task.objects.filter(pk=step.task_id)
+        .values_list(*clocks, "run__picked_up_at", "run__timeouts")
+        .first()
+    )
+    if found is None:
+        return None
+    task_at, task_ms, agent_at, agent_ms, run_at, timeouts = found
+    defaults = settings.RUN_TIMEOUT_DEFAULTS
+    ends = [
+        at + timedelta(milliseconds=int(ms) if ms else int(defaults[key]) * 1000)
+        for at, ms, key in (
+            (task_at, task_ms, "task"),
+            (agent_at, agent_ms, "agent"),
+            (run_at, (timeouts or {}).get("run"), "run"),
+        )
+        if at is not None
+    ]
+    return min(ends, default=None)
 
 
 def _hold(step: Step, attempt: int, organization_id: Any, length: timedelta) -> Admission | None:

@@ -57,12 +57,12 @@ class RecordingTransport:
         self.polls.append((wait_id, number, countdown_s))
 
 
-def waits(*params: dict[str, Any], credits: str | None = None) -> dict[str, Any]:
-    """A plan of side-by-side `wait` steps w0, w1, ... with these params."""
+def waits(*params: dict[str, Any], **plan: Any) -> dict[str, Any]:
+    """A plan of side-by-side `wait` steps w0, w1, ... with these params (and ``plan``'s
+    fields: `credits`, `timeouts`)."""
     steps = [{"name": f"w{n}", "tool": "wait", "params": p} for n, p in enumerate(params)]
     task = {"name": "t", "mode": "parallel", "max_concurrent_steps": len(steps), "steps": steps}
-    plan: dict[str, Any] = {"name": "waits", "agents": [{"name": "a", "tasks": [task]}]}
-    return plan | ({"credits": credits} if credits is not None else {})
+    return {"name": "waits", "agents": [{"name": "a", "tasks": [task]}], **plan}
 
 
 class EngineRun:

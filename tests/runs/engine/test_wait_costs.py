@@ -30,6 +30,8 @@ from tests.support import wait_until
 
 DAY = Decimal("0.01")  # BILLING_WAIT_PRICE_PER_DAY
 HOUR_MS = 3_600_000
+# Timeouts longer than the waits here (a task's is an hour by default).
+LONG = {"run": "7d", "agent": "7d", "task": "7d"}
 
 
 # --------------------------------------------------------------------------- price
@@ -50,7 +52,7 @@ def test_a_plan_reserves_the_days_its_waits_may_hold() -> None:
 def test_a_wait_is_charged_its_started_days_once_as_it_parks_and_nothing_as_it_wakes(
     engine_run: Any,
 ) -> None:
-    run = engine_run(waits({"for": "25h"}))
+    run = engine_run(waits({"for": "25h"}, timeouts=LONG))
 
     admission = run.park("w0", 25 * HOUR_MS)
 
@@ -76,10 +78,21 @@ def test_a_wait_is_charged_its_started_days_once_as_it_parks_and_nothing_as_it_w
 
 
 @pytest.mark.django_db
+def test_a_wait_pays_only_up_to_the_timeout_that_would_end_it(engine_run: Any) -> None:
+    run = engine_run(waits({"for": "30d"}, timeouts={"run": "2d", "agent": "7d", "task": "7d"}))
+
+    run.park("w0", 30 * 24 * HOUR_MS)
+
+    # Two days at most, whatever it asked: the run's timeout ends it then.
+    assert run.step("w0").cost == 2 * DAY
+    assert run.step("w0").next_run_at is not None  # its wake time is what it asked
+
+
+@pytest.mark.django_db
 def test_a_wait_beyond_its_runs_reservation_fails_with_budget_exhausted_and_holds_nothing(
     engine_run: Any,
 ) -> None:
-    run = engine_run(waits({"for": "3d"}, credits="0.02"))
+    run = engine_run(waits({"for": "3d"}, credits="0.02", timeouts=LONG))
 
     admission = run.park("w0", 3 * 24 * HOUR_MS)
 

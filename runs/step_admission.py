@@ -415,9 +415,12 @@ def _park(
     one message wakes the step then (beyond the step-message horizon, the wake sweep
     sends it: ``runs.outbox.asleep``)."""
     wait_s = max(0.0, (until - now).total_seconds())
+    # A timer's cost, charged as it parks (``_hold``); a rate limit's line costs nothing.
+    charged: dict[str, Any] = {}
     if reason == TIMER:
         message = f"waiting {wait_s:.3f} s on a timer, until {until.isoformat()}"
         payload: dict[str, Any] = {"timer": until.isoformat(), "cost": str(step.cost)}
+        charged = {"cost": step.cost}
     else:
         name = reason.removeprefix(WAITING_PREFIX)
         message = f"waiting {wait_s:.3f} s for rate limit {name}"
@@ -434,7 +437,7 @@ def _park(
             "attempts": attempt - 1,
             "waiting_reason": reason,
             "asleep": asleep(wait_s),
-            "cost": step.cost,
+            **charged,
         },
         now=now,
     )

@@ -277,6 +277,9 @@ class Quotas(TypedDict):
     event_streams: Quota
     runner_polls: Quota
     webhooks_in_flight: Quota
+    artifacts: Quota
+    artifact_bytes: Quota
+    parked_waits: Quota
 
 
 class Organization(TypedDict):

@@ -33,7 +33,6 @@ This module is the shared leaf's: both ``runs`` (transitions, the engine) and
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -42,11 +41,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from django.conf import settings
 from django.db import connection, transaction
 
 from common import leases
-from common.stores import broker_redis
 
 logger = logging.getLogger(__name__)
 
@@ -57,24 +54,11 @@ WATCHED = PREFIX + "watched"
 REFRESH_S = 1.0
 # After Redis failed to answer, how long a writer goes on with the copy it has.
 RETRY_AFTER_FAILURE_S = 5.0
-# A wake-up is never worth a wait: a Redis that does not answer at once is down.
-REDIS_TIMEOUT_S = 1.0
 
 
 def channel(run_id: object) -> str:
     """The Redis channel a run's streams listen on."""
     return f"{PREFIX}run:{run_id}"
-
-
-@functools.lru_cache(maxsize=2)
-def _redis(url: str) -> redis.Redis[bytes]:
-    return broker_redis(
-        url=url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
-    )
-
-
-def _client() -> redis.Redis[bytes]:
-    return _redis(settings.CELERY_BROKER_URL)
 
 
 # --------------------------------------------------------------------------- streams
@@ -88,7 +72,7 @@ def watch(run_id: object, ttl_s: float) -> None:
     """Register ``run_id`` as watched for ``ttl_s`` seconds (a stream renews it at each
     heartbeat), and drop the registrations that lapsed. Raises ``redis.RedisError``."""
     now = time.time()
-    with _client().pipeline(transaction=False) as pipe:
+    with leases.quick_client().pipeline(transaction=False) as pipe:
         pipe.zadd(WATCHED, {str(run_id): now + ttl_s})
         pipe.zremrangebyscore(WATCHED, "-inf", now)
         pipe.execute()
@@ -115,7 +99,7 @@ def _watched() -> frozenset[str]:
         return _copy.runs
     _copy.refresh_at = now + REFRESH_S
     try:
-        members = _client().zrangebyscore(WATCHED, time.time(), "+inf")
+        members = leases.quick_client().zrangebyscore(WATCHED, time.time(), "+inf")
     except (redis.RedisError, OSError) as exc:
         if not _copy.failing:
             logger.warning("live event streams get no wake-ups: Redis: %s", exc)
@@ -177,7 +161,7 @@ def publish(run_ids: Iterable[str]) -> None:
     if not channels:
         return
     try:
-        with _client().pipeline(transaction=False) as pipe:
+        with leases.quick_client().pipeline(transaction=False) as pipe:
             for name in channels:
                 pipe.publish(name, b"1")
             pipe.execute()

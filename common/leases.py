@@ -55,7 +55,9 @@ def _redis(url: str) -> redis.Redis[bytes]:
     )
 
 
-def _client() -> redis.Redis[bytes]:
+def quick_client() -> redis.Redis[bytes]:
+    """The broker's Redis, for what is never worth a wait (leases, wake-ups): a Redis that
+    does not answer within REDIS_TIMEOUT_S is taken as down."""
     return _redis(settings.CELERY_BROKER_URL)
 
 
@@ -91,7 +93,7 @@ class Lease:
         """The lease extended (taken again if it lapsed, or was never counted for want of
         Redis: the holder is there, it counts)."""
         try:
-            with _client().pipeline(transaction=False) as pipe:
+            with quick_client().pipeline(transaction=False) as pipe:
                 pipe.zadd(self.key, {self.holder_id: time.time() + self.ttl_s})
                 pipe.expire(self.key, int(self.ttl_s) + 1)
                 pipe.execute()
@@ -102,7 +104,7 @@ class Lease:
     def release(self) -> None:
         """The holder ended: its place is free at once."""
         try:
-            _client().zrem(self.key, self.holder_id)
+            quick_client().zrem(self.key, self.holder_id)
         except (redis.RedisError, OSError) as exc:
             logger.warning("%s's lease not released, it lapses (Redis: %s)", self.what, exc)
 
@@ -110,7 +112,7 @@ class Lease:
 def held(key: str) -> int:
     """How many live leases the set ``key`` has; 0 when Redis does not answer."""
     try:
-        return int(_client().zcount(key, time.time(), "+inf"))
+        return int(quick_client().zcount(key, time.time(), "+inf"))
     except (redis.RedisError, OSError) as exc:
         logger.warning("%s not counted (Redis: %s)", key, exc)
         return 0

@@ -7,8 +7,10 @@ the step, without holding this worker, until its time or its units come."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
+from django.db import transaction
 from django.utils import timezone
 from opentelemetry.trace import Span
 
@@ -21,8 +23,10 @@ from orchestrator.context import StepContext
 from orchestrator.tools import builtin
 from ratelimits.models import KEY_MAX_LENGTH
 from runs import step_admission
+from runs.engine import dispatch
 from runs.engine.outcomes import Outcome
 from runs.models import Step
+from runs.step_admission import Admission
 
 RUN = "run"  # the units are granted: run the tool
 WAIT = "wait"  # the step waits for its units (or its attempt is not its own any more)
@@ -43,9 +47,11 @@ def ask(step: Step, attempt: int, span: Span) -> tuple[str, Outcome | None]:
         wanted = _wanted(step, StepContext(step, step.run_id, attempt))
     except (TemplateError, UnresolvedReference, ValueError) as exc:
         return RUN, Outcome(error=ToolError("template_error", f"rate_limits: {exc}", False))
-    admission = step_admission.admit(
-        step_id=step.pk, run_id=step.run_id, attempt=attempt, tool=step.tool, wanted=wanted
-    )
+    with transaction.atomic():
+        admission = step_admission.admit(
+            step_id=step.pk, run_id=step.run_id, attempt=attempt, tool=step.tool, wanted=wanted
+        )
+        _fill_freed_place(step, admission)
     if admission.refused:
         return RUN, Outcome(error=ToolError(admission.code, admission.refused, False))
     if admission.go:
@@ -73,15 +79,31 @@ def _timer(step: Step, attempt: int, span: Span) -> tuple[str, Outcome | None]:
         return RUN, Outcome(error=ToolError("template_error", f"params: {exc}", False))
     except ToolError as exc:
         return RUN, Outcome(error=exc)
-    admission = step_admission.timer(
-        step_id=step.pk, run_id=step.run_id, attempt=attempt, until=until, for_ms=for_ms
-    )
+    admission = timer(step, attempt, until, for_ms)
     if admission.refused:  # past the quota of parked waits, or beyond the reservation
         return RUN, Outcome(error=ToolError(admission.code, admission.refused, False))
     if admission.go:
         return RUN, None
     span.set_attribute("orchestrator.outcome", "waiting_timer")
     return WAIT, None
+
+
+def timer(step: Step, attempt: int, until: datetime | None, for_ms: int | None) -> Admission:
+    """The wait step's timer (``step_admission.timer``); parked, the place it gave back
+    taken in the same transaction."""
+    with transaction.atomic():
+        admission = step_admission.timer(
+            step_id=step.pk, run_id=step.run_id, attempt=attempt, until=until, for_ms=for_ms
+        )
+        _fill_freed_place(step, admission)
+    return admission
+
+
+def _fill_freed_place(step: Step, admission: Admission) -> None:
+    # A parked step holds no place of its task (runs.step_admission): the task's next
+    # ready step takes the one it gave back.
+    if admission.freed:
+        dispatch.place_freed(step.run_id, step.task_id)
 
 
 def _without_secrets(context: StepContext) -> Callable[[Reference], Any]:

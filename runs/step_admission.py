@@ -24,6 +24,17 @@ back of the line: a step never jumps further, and an ask never costs more.
 A ``wait`` step parks the same way, on a timer (``timer``): PENDING until its wake
 time, ``waiting_reason`` ``timer``, no worker held; the claim that wakes it completes it.
 
+A parked step holds no place of its task's ``max_concurrent_steps`` either: parking
+gives its place back (``_park``, the task's ``active_children`` less one, and
+``Admission.freed`` says so: the caller's transaction dispatches the task's next ready
+steps into it, ``runs.engine.dispatch.place_freed``), and the end of its wait takes one
+again (``_not_waiting``, when the claim that woke it is let through), even beyond the
+limit: a woken step goes on at its moment (a rate limit's units are reserved for it, a
+timer's attempt only completes), and the task dispatches nothing more until it is under
+its limit again. So a step holds a place while it is dispatched, open and not waiting
+(``waiting_reason`` empty); a step waiting for a runner, a callback or a child run
+(``runs.engine.waiting``) is running its attempt and keeps its place.
+
 What moves reservations: a run that ends or pauses gives its back (``release_run``), and
 the others of those buckets move up (the back of the line, RATE_LIMIT_REPLAN_MAX
 steps); a limit changed or deleted re-plans all its waiting steps. A step whose
@@ -32,8 +43,10 @@ one whose row is locked just then is being claimed, and its claim reads the rese
 as it is now.
 
 Lock order: the run's gate (shared, as a recording) and the step's row, then the buckets'
-advisory locks (sorted), then the grants. A requeue holds bucket locks and updates other
-runs' steps with SKIP LOCKED: it never waits for a row while holding a bucket.
+advisory locks (sorted), then the grants, then the step's task's row (its place). A
+wait's timer takes its task's row before it charges the wait, the order a recording
+takes (the task's row, then the reservation). A requeue holds bucket locks and updates
+other runs' steps with SKIP LOCKED: it never waits for a row while holding a bucket.
 """
 
 from __future__ import annotations
@@ -61,7 +74,7 @@ from ratelimits.windows import Ask, Asker, clock, forget, lock, reserve, take
 from runs.models import Run, Step, Task
 from runs.outbox import Outbox, StepMessage, asleep
 from runs.plan import Plan, PlanError
-from runs.states import RunStatus, StepStatus
+from runs.states import STEP_OPEN, RunStatus, StepStatus
 from runs.transitions import lock_gate, transition_locked
 
 WAITING_PREFIX = "rate_limited:"
@@ -107,6 +120,9 @@ class Admission:
     # For the metrics: units granted by limit, and how long the step waited in line.
     granted: tuple[tuple[str, int], ...] = ()
     waited_s: float | None = None
+    # The step parked and gave its task's place back: the caller's transaction fills it
+    # (runs.engine.dispatch.place_freed).
+    freed: bool = False
 
 
 def bucket_of(organization_id: Any, name: str, key: str) -> str:
@@ -170,7 +186,7 @@ def admit(
         step = (
             Step.objects.select_for_update(no_key=True)
             .filter(pk=step_id, status=StepStatus.RUNNING, attempts=attempt)
-            .only("pk", "run_id", "status", "attempts", "timeout_ms", "waiting_reason")
+            .only("pk", "run_id", "task_id", "status", "attempts", "timeout_ms", "waiting_reason")
             .first()
         )
         if step is None:
@@ -324,6 +340,7 @@ def timer(
         organization_id, priority = Run.objects.values_list("organization_id", "priority").get(
             pk=run_id
         )
+        _lock_task(step)
         # It pays for what it can hold: up to its wake time, or the first timeout (its
         # task's, agent's or run's) that would end it sooner.
         held_until = min(wake, _deadline(step) or wake)
@@ -397,9 +414,18 @@ def _hold(step: Step, attempt: int, organization_id: Any, length: timedelta) -> 
     return None
 
 
+def _lock_task(step: Step) -> None:
+    """The step's task's row, locked before the park charges or writes anything: the
+    order a recording takes (the task's row, then the reservation)."""
+    list(Task.objects.select_for_update(no_key=True).filter(pk=step.task_id).values_list("pk"))
+
+
 def _not_waiting(step: Step) -> None:
+    """The step's wait is over and its attempt goes on: it takes a place of its task
+    again (the module's doc: even beyond the task's limit)."""
     if step.waiting_reason:
         Step.objects.filter(pk=step.pk).update(waiting_reason="")
+        Task.objects.filter(pk=step.task_id).update(active_children=F("active_children") + 1)
 
 
 def _park(
@@ -411,10 +437,14 @@ def _park(
     reason: str,
     now: datetime,
 ) -> Admission:
-    """RUNNING -> PENDING until ``until``: the attempt is given back (it never ran), and
+    """RUNNING -> PENDING until ``until``: the attempt is given back (it never ran), so is
+    its task's place (when it held one: a step woken early parks again without one), and
     one message wakes the step then (beyond the step-message horizon, the wake sweep
     sends it: ``runs.outbox.asleep``)."""
     wait_s = max(0.0, (until - now).total_seconds())
+    freed = not step.waiting_reason
+    if freed:
+        Task.objects.filter(pk=step.task_id).update(active_children=F("active_children") - 1)
     # A timer's cost, charged as it parks (``_hold``); a rate limit's line costs nothing.
     charged: dict[str, Any] = {}
     if reason == TIMER:
@@ -442,7 +472,7 @@ def _park(
         now=now,
     )
     Outbox().add(StepMessage(step.pk, str(run_id), priority, _timeout_s(step.timeout_ms), wait_s))
-    return Admission(until=until, reason=reason)
+    return Admission(until=until, reason=reason, freed=freed)
 
 
 def _timeout_s(timeout_ms: int | None) -> float:
@@ -580,17 +610,35 @@ def release_run(run: Run, *, paused: bool = False) -> None:
     if not run.rate_limited:
         return
     now = clock()
+    lines = Step.objects.filter(run=run, waiting_reason__startswith=WAITING_PREFIX).exclude(
+        waiting_reason=""  # the partial index of waiting steps
+    )
+    if paused:
+        # They ask again when the run resumes, as steps dispatched: each with its place.
+        # (An end closed the run's steps before: they hold none.)
+        _take_places(lines)
     ahead = RateGrant.objects.filter(run_id=run.pk, used=False)
     buckets = set(ahead.values_list("bucket", flat=True))
     if buckets:
         lock(buckets)
         RateGrant.objects.filter(run_id=run.pk, used=False, granted_at__gt=now).delete()
         RateGrant.objects.filter(run_id=run.pk, used=False).update(used=True)
-    Step.objects.filter(run=run, waiting_reason__startswith=WAITING_PREFIX).exclude(
-        waiting_reason=""  # the partial index of waiting steps
-    ).update(waiting_reason="", next_run_at=None, asleep=False)
+    lines.update(waiting_reason="", next_run_at=None, asleep=False)
     if buckets:
         requeue(buckets, now, Outbox(), most=settings.RATE_LIMIT_REPLAN_MAX)
+
+
+def _take_places(waiting: QuerySet[Step]) -> None:
+    """Open steps whose wait ends without the claim that woke them: each takes a place
+    of its task again (as ``_not_waiting``)."""
+    taken = (
+        waiting.filter(status__in=STEP_OPEN)
+        .order_by()
+        .values_list("task_id")
+        .annotate(steps=Count("pk"))
+    )
+    for task_id, steps in taken:
+        Task.objects.filter(pk=task_id).update(active_children=F("active_children") + steps)
 
 
 def timers_resumed(run: Run, paused_for: timedelta) -> None:

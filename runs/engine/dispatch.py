@@ -216,6 +216,16 @@ def dispatch_steps(run: Run, task: Task, outbox: Outbox) -> None:
     announce(run, ready, now, outbox)
 
 
+def place_freed(run_id: Any, task_id: int) -> None:
+    """A step of the task parked (on a timer, in a rate limit's line) and gave its place
+    back (``runs.step_admission``): the task's next ready steps take it, in the park's
+    transaction (which holds the run's gate shared and the task's row)."""
+    run = Run.objects.only("pk", "status", "priority", "waiting_approvals").get(pk=run_id)
+    fields = ("pk", "status", "max_concurrent_steps", "active_children", "retry_count")
+    task = Task.objects.only(*fields).get(pk=task_id)
+    dispatch_steps(run, task, Outbox())
+
+
 def announce(run: Run, ready: list[Step], now: datetime, outbox: Outbox) -> None:
     """Steps just marked dispatched (and counted in their task): an approval step waits
     for a decision, every other step gets its message."""

@@ -74,6 +74,22 @@ def test_four_waits_on_a_two_slot_worker_do_not_delay_another_runs_steps() -> No
     assert_books_balanced(done)
 
 
+def test_four_waits_of_20_s_in_a_task_of_three_places_all_park_at_once() -> None:
+    plan = waits_plan(4, 20)
+    del plan["agents"][0]["tasks"][0]["max_concurrent_steps"]  # the default: 3
+    run = submit(plan)
+
+    # A parked wait holds no place of its task: the fourth is sent as the first parks,
+    # long before any wakes (it used to start only as the first three woke, at 20 s).
+    parked_steps = parked(run, 4, timeout=15)
+
+    assert max(wake_of(step) for step in parked_steps) - min(
+        wake_of(step) for step in parked_steps
+    ) < timedelta(seconds=15)
+    services.run_cancel(run_id=run.pk, reason="seen them all parked")
+    assert wait_for(run).status == RunStatus.CANCELLED
+
+
 def test_a_waiting_step_shows_the_timer_and_its_wake_time_in_the_api() -> None:
     run = submit(waits_plan(1, 60))
     (step,) = parked(run, 1)

@@ -17,6 +17,7 @@ from typing import Any
 
 from billing.models import Organization
 from common.tools.base import ToolError
+from orchestrator import rate_limit_asks
 from runs import services, step_admission
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record
@@ -156,16 +157,11 @@ class EngineRun:
 
     def park(self, name: str, for_ms: int) -> step_admission.Admission:
         """Claim the wait step ``name`` as a worker would and ask its timer for ``for_ms``,
-        as the executor does (it parks, or is refused)."""
+        as the executor does (it parks, giving its task's place to the next ready step,
+        or is refused)."""
         attempt = self.claim(name)
         with self._committed():
-            return step_admission.timer(
-                step_id=self.step(name).pk,
-                run_id=self.run.pk,
-                attempt=attempt,
-                until=None,
-                for_ms=for_ms,
-            )
+            return rate_limit_asks.timer(self.step(name), attempt, None, for_ms)
 
     def record(self, name: str, attempt: int, outcome: Outcome | None = None) -> Step:
         """Record the outcome of an attempt ``claim`` made."""

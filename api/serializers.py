@@ -503,7 +503,13 @@ class LedgerEntryOutput(serializers.Serializer[Any]):
     type = serializers.ChoiceField(choices=EntryType.choices)
     amount = credits_field("Always positive; the type says which way it moves.")
     run = serializers.UUIDField(source="run_id", allow_null=True)
-    step = serializers.IntegerField(source="step_id", allow_null=True)
+    step = serializers.IntegerField(
+        source="step_id",
+        allow_null=True,
+        help_text="Null: a charge is a run attempt's, its steps' costs are on the steps. Set "
+        "only on a charge of one step attempt, from an attempt that began before charges "
+        "were kept per attempt.",
+    )
     reason = serializers.CharField()
     actor = serializers.CharField()
     created_at = serializers.DateTimeField()

@@ -147,7 +147,9 @@ class LedgerEntry(models.Model):
 
     - grant: credits added to the organization (available +)
     - reserve: held for a run attempt (available -, reserved +)
-    - charge: a step attempt's cost, taken from the attempt's reservation (reserved -)
+    - charge: what a settled attempt's steps cost, taken from its reservation (reserved -):
+      one entry per attempt, written when it settles; its steps' costs are on their rows
+      (an attempt opened before that has an entry per step attempt too, ``step`` set)
     - refund: what a settled attempt did not use, back to available (reserved -)
     """
 
@@ -202,15 +204,11 @@ class LedgerEntry(models.Model):
             models.CheckConstraint(
                 condition=models.Q(type__in=EntryType.values), name="ledger_type_valid"
             ),
-            # Everything but a grant belongs to a run attempt; a charge to a step too.
+            # Everything but a grant belongs to a run attempt.
             models.CheckConstraint(
                 condition=models.Q(type="grant")
                 | models.Q(run__isnull=False, attempt__isnull=False),
                 name="ledger_run_entries_have_attempt",
-            ),
-            models.CheckConstraint(
-                condition=~models.Q(type="charge") | models.Q(step__isnull=False),
-                name="ledger_charge_has_step",
             ),
         ]
 
@@ -229,10 +227,13 @@ class LedgerEntry(models.Model):
 class Reservation(models.Model):
     """The credits held for one run attempt, and what became of them: billing's own row.
 
-    Written only by ``billing.services`` (reserve when the attempt opens, charge per step
-    attempt, settle when it ends). Found by the run's id and the attempt's number, which
-    is what the engine knows when it charges a step; billing never reads the run's rows.
-    reserved = charged + refunded + what is still held; nothing is held once settled.
+    Written only by ``billing.services`` and the credits' functions (reserve when the
+    attempt opens; each step attempt's charge drawn on ``charged``, the counter the
+    budget is checked against, with no ledger entry; settle when it ends, which enters
+    ``charged`` in the ledger as one charge and refunds the rest). Found by the run's id
+    and the attempt's number, which is what the engine knows when it charges a step;
+    billing never reads the run's rows. reserved = charged + refunded + what is still
+    held; nothing is held once settled.
     """
 
     id = models.BigAutoField(primary_key=True)

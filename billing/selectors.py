@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -12,7 +11,7 @@ from django.db.models import F, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 
 from billing.filters import LedgerFilter
-from billing.models import ApiKey, EntryType, LedgerEntry, Organization, Reservation
+from billing.models import ApiKey, LedgerEntry, Organization, Reservation
 from common.filters import QueryData
 
 ZERO = Decimal(0)
@@ -44,7 +43,8 @@ def organization_named(wanted: str) -> Organization | None:
 
 def organization_balance(organization: Organization) -> Balance:
     """Available is cached on the row; reserved and spent are summed over its
-    reservations (one per run attempt)."""
+    reservations (one per run attempt): spent counts a running attempt's charges as its
+    steps draw them, before its settlement enters them in the ledger."""
     held = Reservation.objects.filter(organization=organization).aggregate(
         reserved=Coalesce(
             Sum(F("reserved") - F("charged") - F("refunded"), filter=Q(settled_at__isnull=True)),
@@ -54,24 +54,6 @@ def organization_balance(organization: Organization) -> Balance:
     )
     return Balance(
         available=organization.credits_available, reserved=held["reserved"], spent=held["spent"]
-    )
-
-
-def _sum(entry_type: str) -> Coalesce:
-    return Coalesce(Sum("amount", filter=Q(type=entry_type)), ZERO)
-
-
-def ledger_totals(entries: QuerySet[LedgerEntry]) -> dict[str, Decimal]:
-    """Sum of each entry type over ``entries``."""
-    return entries.aggregate(**{entry_type: _sum(entry_type) for entry_type in EntryType.values})
-
-
-def balance_from_totals(totals: Mapping[str, Decimal]) -> Balance:
-    """What the ledger's totals per entry type say the balances are."""
-    return Balance(
-        available=totals["grant"] - totals["reserve"] + totals["refund"],
-        reserved=totals["reserve"] - totals["charge"] - totals["refund"],
-        spent=totals["charge"],
     )
 
 

@@ -250,74 +250,40 @@ def reserve_reason(run_id: UUID, attempt_number: int) -> str:
     return f"run {run_id} attempt {attempt_number}"
 
 
-def charge_key(step_id: int, step_attempt: int) -> str:
-    """The idempotency key of a step attempt's charge: one charge per attempt, ever
-    (engine.credits_charge keys it so)."""
-    return f"charge:{step_id}:{step_attempt}"
+def credits_charge(*, run_id: UUID, attempt_number: int, amount: Decimal | int | str) -> Decimal:
+    """Draw one step attempt's cost on the run attempt's reservation
+    (``engine.credits_charge``): its counter, not the ledger, which receives the attempt's
+    charges as one entry when it settles. Returns the amount drawn; a zero cost draws
+    nothing. Beyond the reservation (or after settlement): BudgetExhausted, nothing drawn.
 
-
-def credits_charge(
-    *,
-    organization_id: UUID,
-    run_id: UUID,
-    attempt_number: int,
-    step_id: int,
-    step_attempt: int,
-    amount: Decimal | int | str,
-    reason: str = "",
-    actor: str = "system",
-) -> LedgerEntry | None:
-    """Charge one step attempt against the run attempt's reservation.
-
-    Keyed by step and step attempt, so a duplicate delivery charges nothing more. A zero
-    cost writes nothing. Beyond the reservation (or after settlement): BudgetExhausted,
-    nothing written.
-    """
+    Not keyed: the caller charges a step attempt once, in the transaction that moves it
+    out of RUNNING, holding the step's row found by its status and attempt number (a
+    duplicate finds it recorded and charges nothing; docs/engine.md, "Billing")."""
     amount = to_credits(amount)
     if amount < 0:
         raise ValueError("a charge cannot be negative")
     if amount == 0:
-        return None
+        return amount
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT engine.credits_charge(%s, %s, %s::smallint, %s, %s, %s, %s, %s)",
-            [
-                organization_id,
-                run_id,
-                attempt_number,
-                step_id,
-                step_attempt,
-                amount,
-                reason or f"step {step_id} attempt {step_attempt}",
-                actor,
-            ],
+            "SELECT engine.credits_charge(%s, %s::smallint, %s)", [run_id, attempt_number, amount]
         )
-        entry_id = cursor.fetchone()[0]
-    key = charge_key(step_id, step_attempt)
-    if entry_id is not None:
-        return LedgerEntry(
-            id=entry_id,
-            organization_id=organization_id,
-            run_id=run_id,
-            step_id=step_id,
-            type=EntryType.CHARGE,
-            amount=amount,
-            idempotency_key=key,
-            actor=actor,
-        )
-    existing = _existing(organization_id, key)
-    if existing:
-        return existing
-    reservation = Reservation.objects.filter(run_id=run_id, attempt_number=attempt_number).first()
-    raise BudgetExhausted(amount, Decimal(0) if reservation is None else reservation.held)
+        drawn = cursor.fetchone()[0]
+    if not drawn:
+        reservation = Reservation.objects.filter(
+            run_id=run_id, attempt_number=attempt_number
+        ).first()
+        raise BudgetExhausted(amount, Decimal(0) if reservation is None else reservation.held)
+    return amount
 
 
 def credits_settle(
     *, run_id: UUID, attempt_number: int, actor: str = "system"
 ) -> LedgerEntry | None:
-    """On a terminal state: refund whatever is reserved and not charged
-    (``engine.credits_settle``); the refund's entry, or None when nothing remained.
-    Idempotent: settled already, the first refund's entry."""
+    """On a terminal state (``engine.credits_settle``): the attempt's charges entered in the
+    ledger as one entry, and whatever is reserved and not charged refunded; the refund's
+    entry, or None when nothing remained. Idempotent: settled already, the first refund's
+    entry."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT engine.credits_settle(%s, %s::smallint, %s)", [run_id, attempt_number, actor]

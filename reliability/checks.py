@@ -72,10 +72,11 @@ def non_terminal(run_ids: list[str]) -> list[str]:
 
 def check_runs(run_ids: list[str]) -> Consistency:
     """Every check, over the runs in ``run_ids`` (and the invariants over everything)."""
-    from django.db.models import Count, F
+    from django.db.models import F
 
-    from billing.models import LedgerEntry, Reservation
+    from billing.models import Reservation
     from common.invariants import check_all
+    from runs.invariants import charged_unlike_costs
     from runs.models import Run
 
     result = Consistency()
@@ -95,17 +96,13 @@ def check_runs(run_ids: list[str]) -> Consistency:
             reserved=F("charged") + F("refunded"), settled_at__isnull=False
         )
     ]
-    # A charge is keyed by (step, attempt): more charges than attempts means one was
-    # charged twice (the unique key makes that impossible; this proves it held).
-    twice = (
-        LedgerEntry.objects.filter(run__in=runs, type="charge")
-        .values("step_id", "step__attempts")
-        .annotate(n=Count("id"))
-        .filter(n__gt=F("step__attempts"))
-    )
+    # A step attempt's charge is drawn on its run attempt's reservation in the recording
+    # that adds its cost to the step's row, fenced by the step's status and attempt: a
+    # reservation that charged other than its steps cost drew a charge twice (or without
+    # its recording).
     result.charged_twice = [
-        f"step {row['step_id']}: {row['n']} charges for {row['step__attempts']} attempts"
-        for row in twice
+        f"run {run_id} attempt {number}: charged {charged}, its steps cost {costs}"
+        for run_id, number, charged, costs in charged_unlike_costs(reservations)
     ]
     result.invariants = check_all()
     return result

@@ -387,9 +387,10 @@ def _hold(step: Step, attempt: int, organization_id: Any, length: timedelta) -> 
     """A wait about to park ``length``: one more of its organization's parked waits (its
     quota, counted under the quota's lock: two parks at once never both take the last
     place) and its time bought, charged now as the attempt's cost (docs/api.md, "Waits":
-    per started day, ``billing.pricing.wait_price``; keyed by step and attempt, as every
-    charge, so the claim that wakes it, with the same attempt, charges nothing again).
-    None, or the refusal its attempt fails with."""
+    per started day, ``billing.pricing.wait_price``). Once: the caller holds the step's
+    row, found RUNNING this attempt, and parks it in the same transaction; the claim that
+    wakes it, with the same attempt, finds it parked on its timer and charges nothing
+    again (``timer``). None, or the refusal its attempt fails with."""
     organization = Organization.objects.get(pk=organization_id)
     try:
         quotas.check_quota(organization, quotas.PARKED_WAITS, held=timers_held(organization_id))
@@ -398,16 +399,7 @@ def _hold(step: Step, attempt: int, organization_id: Any, length: timedelta) -> 
     length_ms = math.ceil(length / timedelta(milliseconds=1))
     price = wait_price(length_ms)
     try:
-        credits_charge(
-            organization_id=organization_id,
-            run_id=step.run_id,
-            attempt_number=step.attempt_number,
-            step_id=step.pk,
-            step_attempt=attempt,
-            amount=price,
-            reason=f"step {step.name} attempt {attempt}: a wait of {duration_text(length_ms)}",
-            actor="engine",
-        )
+        credits_charge(run_id=step.run_id, attempt_number=step.attempt_number, amount=price)
     except BudgetExhausted as exc:
         return Admission(refused=str(exc), code="budget_exhausted")
     step.cost += price

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import itertools
+from decimal import Decimal
 from typing import Any
 
+from django.db import transaction
+from django.db.models import F
+
 from billing.models import Organization
-from billing.services import api_key_create, credits_grant, organization_create
+from billing.services import api_key_create, credits_charge, credits_grant, organization_create
 from runs.models import Agent, Run, RunAttempt, Step, Task
 from runs.services import run_create
 
@@ -122,6 +126,18 @@ def hierarchy(status: dict[str, str] | None = None) -> tuple[Run, Agent, Task, S
         status=status.get("step", "pending"),
     )
     return the_run, agent, task, the_step
+
+
+def charge(step: Step, amount: Decimal | int | str) -> Decimal:
+    """Stand in for the engine's recording of one of ``step``'s attempts that cost
+    ``amount``: drawn on its run attempt's reservation and added to the step's cost, in one
+    transaction (BudgetExhausted: neither). Returns the amount drawn."""
+    with transaction.atomic():
+        drawn = credits_charge(
+            run_id=step.run_id, attempt_number=step.attempt_number, amount=amount
+        )
+        Step.objects.filter(pk=step.pk).update(cost=F("cost") + drawn)
+    return drawn
 
 
 def finish_all_work(run: Run, status: str = "completed") -> None:

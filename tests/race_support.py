@@ -337,6 +337,24 @@ def _record_and_claim_batch(step_name: str) -> Any:
     return record
 
 
+def _record_failure(step_name: str) -> Any:
+    """Record the claimed step ``step_name`` of the run as failed, retryable and charged
+    its price, as its worker does (the general path's)."""
+
+    def record(run_id: str) -> bool:
+        from decimal import Decimal
+
+        from common.tools.base import ToolError
+        from runs.engine.outcomes import Outcome, record
+        from runs.models import Step
+
+        step = Step.objects.get(run_id=run_id, name=step_name)
+        error = ToolError("timeout", "slow", True)
+        return record(step.pk, run_id, step.attempts, Outcome(error=error, cost=Decimal("0.01")))
+
+    return record
+
+
 def _hand_back(run_id: str) -> bool:
     """Hand back the steps the worker "held" claimed and did not start (as a server
     that stops with a batch in hand): whether any became claimable."""
@@ -357,6 +375,8 @@ def _pause(run_id: str) -> None:
 OPERATIONS = {
     "record_a": _record("a"),
     "record_b": _record("b"),
+    "record_a_again": _record("a"),  # the same attempt, delivered twice
+    "record_a_failed": _record_failure("a"),
     "record_a_claiming": _record_and_claim("a"),
     "record_b_claiming": _record_and_claim("b"),
     "record_a_batch": _record_and_claim_batch("a"),

@@ -82,19 +82,12 @@ def step_finished(run: Run, step: Step, outbox: Outbox) -> None:
 
 
 def charge_step(run: Run, step: Step, cost: Decimal) -> Failure | None:
-    """Charge a finished step attempt; a charge beyond the reservation is a failure."""
+    """Charge a finished step attempt on its run attempt's reservation; a charge beyond
+    it is a failure. Once: the caller holds the step's row, found RUNNING this attempt,
+    and moves it out of RUNNING in the same transaction."""
     try:
-        credits_charge(
-            # Identified by run and number: no need to read the attempt row first.
-            organization_id=run.organization_id,
-            run_id=run.pk,
-            attempt_number=step.attempt_number,
-            step_id=step.pk,
-            step_attempt=step.attempts,
-            amount=cost,
-            reason=f"step {step.name} attempt {step.attempts}",
-            actor="engine",
-        )
+        # Identified by run and number: no need to read the attempt row first.
+        credits_charge(run_id=run.pk, attempt_number=step.attempt_number, amount=cost)
     except BudgetExhausted as exc:
         return Failure("budget_exhausted", str(exc))
     return None

@@ -76,6 +76,9 @@ def test_a_run_created_and_started_over_http_completes_and_its_books_balance(
     for entry in ledger:
         totals[entry["type"]] += Decimal(entry["amount"])
     assert totals["charge"] == sum(Decimal(step["cost"]) for step in steps)
+    # The attempt's charges as one entry, written when it settled; each step's on its row.
+    (charge,) = (entry for entry in ledger if entry["type"] == "charge")
+    assert charge["step"] is None
     assert totals["charge"] + totals["refund"] == totals["reserve"]
     credits = {name: Decimal(value) for name, value in done["credits"].items()}
     assert credits["charged"] + credits["refunded"] == credits["reserved"] == totals["reserve"]

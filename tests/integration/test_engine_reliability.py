@@ -8,6 +8,7 @@ import signal
 import pytest
 
 from billing.models import LedgerEntry
+from billing.pricing import tool_price
 from config.celery import QUEUE_STEPS, QUEUE_SWEEPS, app
 from orchestrator.transport import EXECUTE_STEP_TASK
 from runs import approvals
@@ -56,7 +57,9 @@ def test_the_same_step_message_delivered_twice_runs_and_charges_once(celery_work
     assert slow.attempts == 1
     claims = RunEvent.objects.filter(entity="step", entity_id=str(slow.pk), to_status="running")
     assert claims.count() == 1
-    assert LedgerEntry.objects.filter(step=slow, type="charge").count() == 1
+    assert slow.cost == tool_price("sleep")  # its one attempt's price, charged once
+    charges = LedgerEntry.objects.filter(run=run, type="charge")
+    assert list(charges.values_list("amount", flat=True)) == [slow.cost]
     assert_books_balanced(run)
 
 

@@ -101,10 +101,9 @@ def test_a_retry_with_reuse_runs_only_what_did_not_complete(
     assert second["four"].output == {"first": 1}
     assert second["five"].status == "completed"
     assert second["five"].output == {"second": 2}
-    # Charged once per executed attempt: nothing for the reused steps.
-    charged = set(
-        LedgerEntry.objects.filter(run=run, type="charge").values_list("step_id", flat=True)
-    )
+    # Charged once per executed attempt (its cost on its row): nothing for the reused
+    # steps.
+    charged = set(Step.objects.filter(run=run, cost__gt=0).values_list("pk", flat=True))
     assert charged == {
         first["one"].pk,
         first["two"].pk,
@@ -228,9 +227,7 @@ def test_a_fork_with_an_edited_plan_runs_only_from_its_step_on(
     assert after["two"].reused_from == {"attempt": 1, "step": before["two"].pk}
     assert after["four"].output == {"first": 1, "edited": True}
     assert after["six"].output == {"three": 3}
-    charged = set(
-        LedgerEntry.objects.filter(run=forked, type="charge").values_list("step_id", flat=True)
-    )
+    charged = set(Step.objects.filter(run=forked, cost__gt=0).values_list("pk", flat=True))
     assert charged == {after[name].pk for name in ("three", "four", "five", "six")}
     listed = client.get(f"/api/v1/runs/{source.pk}").json()
     assert listed["forks"] == [fork["id"]]
@@ -267,6 +264,7 @@ def test_a_cache_hit_does_not_call_the_tool_and_is_charged_nothing(
     hit, source = steps_of(second)["fetch"], steps_of(first)["fetch"]
     assert hit.cached_from == {"run": str(first.pk), "step": source.pk}
     assert hit.output == source.output
+    assert hit.cost == 0
     assert not LedgerEntry.objects.filter(run=second, type="charge").exists()
     assert RunEvent.objects.filter(run=second, kind="reuse", entity_id=str(hit.pk)).exists()
 

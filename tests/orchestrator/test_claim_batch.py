@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from billing.models import LedgerEntry
+from billing.pricing import tool_price
 from common.invariants import violations
 from orchestrator import executor, sweeps
 from orchestrator.heartbeat import Held, lease_keeper
@@ -124,11 +124,13 @@ def allow(settings: SettingsWrapper, name: str) -> str:
 
 
 def assert_ran_once(run: Run) -> None:
-    """Completed, every step charged once, the books and the invariants whole."""
+    """Completed, every step charged once (its price on its row, whatever attempt
+    recorded it; the same drawn on the reservation: runs.attempt_charges), the books and
+    the invariants whole."""
     run.refresh_from_db()
     assert run.status == "completed", run.last_error
-    charges = LedgerEntry.objects.filter(run=run, type="charge")
-    assert sorted(charges.values_list("step__name", flat=True)) == sorted(steps_of(run))
+    costs = {name: s.cost for name, s in steps_of(run).items()}
+    assert costs == {name: tool_price(s.tool) for name, s in steps_of(run).items()}
     assert violations() == {}
 
 

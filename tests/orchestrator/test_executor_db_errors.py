@@ -24,7 +24,7 @@ from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
 from psycopg.pq import TransactionStatus
 
-from billing.models import LedgerEntry
+from billing.models import Reservation
 from common.tools.base import ToolError
 from orchestrator import executor
 from orchestrator.sweeps import reclaim_expired_leases
@@ -87,7 +87,7 @@ def test_a_database_error_under_the_tool_abandons_the_attempt_to_the_sweep(
 ) -> None:
     _raised[:] = [error()]
     step_id = started_step(allowed)
-    charges_before = LedgerEntry.objects.filter(type="charge").count()
+    reservation = Reservation.objects.get(run_id=Step.objects.get(pk=step_id).run_id)
 
     with pytest.raises((OperationalError, InterfaceError)):
         executor.execute_step(step_id, worker="worker:test")
@@ -97,7 +97,7 @@ def test_a_database_error_under_the_tool_abandons_the_attempt_to_the_sweep(
     assert step.error is None
     assert step.failures == 0
     assert step.lease_expires_at is not None
-    assert LedgerEntry.objects.filter(type="charge").count() == charges_before
+    assert Reservation.objects.get(pk=reservation.pk).charged == reservation.charged
 
     # Its worker stops renewing the lease; the sweep hands the step out again.
     Step.objects.filter(pk=step_id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))

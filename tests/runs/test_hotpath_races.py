@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from django.db import connection, connections, transaction
 
+from billing.models import Reservation
 from common.invariants import violations
 from runs import services
 from runs.engine import control, hotpath
@@ -205,6 +206,32 @@ def test_a_cancel_racing_a_recording_finds_it_done_or_not_begun() -> None:
         assert a.status in ("completed", "cancelled"), run_id
         assert (a.output is not None) == (a.status == "completed"), run_id
     # Credit conservation: nothing charged after the run's reservation was settled.
+    assert_consistent()
+
+
+@pytest.mark.parametrize("other", ["record_a_again", "record_a_failed"])
+def test_two_recordings_of_one_attempt_at_once_record_and_charge_it_once(other: str) -> None:
+    """A duplicate delivery (or a second worker's report of the same claim) meets the
+    first: the step's row, found running this attempt, admits one of them; the other
+    finds it recorded and charges nothing (the charge is drawn on the reservation in the
+    recording's transaction: no ledger key stands behind it)."""
+    spec = one_task(step("a"), step("b"), step("c"), mode="parallel")
+    run_ids = running(spec, "a")
+
+    outcomes = race("record_a", other, run_ids)
+
+    for index, run_id in enumerate(run_ids):
+        sides = [outcomes["record_a"][index], outcomes[other][index]]
+        assert sorted(sides) == ["refused", "won"], run_id
+        won = "record_a" if sides[0] == "won" else other
+        a = Step.objects.get(run_id=run_id, name="a")
+        assert a.status == ("pending" if won == "record_a_failed" else "completed"), run_id
+        assert a.cost == Decimal("0.01"), run_id
+        assert Reservation.objects.get(run_id=run_id).charged == Decimal("0.01"), run_id
+        finished = RunEvent.objects.filter(
+            run_id=run_id, entity="step", entity_id=str(a.pk), from_status="running"
+        )
+        assert finished.count() == 1, run_id
     assert_consistent()
 
 

@@ -3,7 +3,7 @@
 -- `p_at`: when it was written (clock_timestamp(), not the transaction's start: a ledger
 -- lists its entries in the order they were written, as the ORM's grants are).
 -- The callers keep the balances that go with it (engine.credits_reserve,
--- engine.credits_charge, engine.credits_settle; billing.services for grants).
+-- engine.credits_settle; billing.services for grants).
 CREATE FUNCTION engine.ledger_entry(
     p_organization uuid, p_run uuid, p_attempt_id bigint, p_step bigint, p_type text,
     p_amount numeric, p_key text, p_reason text, p_actor text, p_at timestamptz

@@ -11,7 +11,7 @@
 -- the step with budget_exhausted).
 CREATE FUNCTION engine.record_in_task(
     p_step bigint, p_attempt integer, p_task bigint, p_output text, p_cost numeric,
-    p_cost_text text, p_amount numeric, p_organization uuid, p_now timestamptz
+    p_cost_text text, p_amount numeric, p_now timestamptz
 ) RETURNS TABLE (
     id bigint, tool varchar, timeout_ms bigint, run_id uuid, attempt_number smallint,
     status varchar
@@ -26,7 +26,6 @@ DECLARE
     v_generation smallint;
     v_free integer;
     v_dependents jsonb;
-    v_step_name varchar;
     v_run uuid;
     v_attempt_number smallint;
     v_released bigint[];
@@ -35,8 +34,8 @@ DECLARE
 BEGIN
     -- Read before anything is written: the task, with the slots the step frees...
     SELECT t.retry_count, GREATEST(t.max_concurrent_steps - (t.active_children - 1), 0),
-           s.dependents, s.name, s.run_id, s.attempt_number
-      INTO v_generation, v_free, v_dependents, v_step_name, v_run, v_attempt_number
+           s.dependents, s.run_id, s.attempt_number
+      INTO v_generation, v_free, v_dependents, v_run, v_attempt_number
       FROM runs_task AS t JOIN runs_step AS s ON s.task_id = t.id
      WHERE s.id = p_step AND t.id = p_task AND t.status = 'running';
     IF NOT FOUND THEN
@@ -77,9 +76,7 @@ BEGIN
     IF v_approval THEN
         RETURN;
     END IF;
-    IF p_amount > 0 AND engine.credits_charge(
-        p_organization, v_run, v_attempt_number, p_step, p_attempt, p_amount,
-        'step ' || v_step_name || ' attempt ' || p_attempt, 'engine') IS NULL THEN
+    IF p_amount > 0 AND NOT engine.credits_charge(v_run, v_attempt_number, p_amount) THEN
         RETURN;
     END IF;
     PERFORM engine.step_finish(p_step, p_attempt, p_output, p_cost, p_cost_text, p_now);

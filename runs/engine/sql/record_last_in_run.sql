@@ -6,16 +6,16 @@
 -- skipped, the run RUNNING with no approval waiting. The step completes
 -- (engine.step_finish), its task (engine.task_finish), its agent, the run, and the
 -- attempt closes with its reservation settled (engine.attempt_close: the step's charge
--- drawn first, the rest refunded), as runs.services.run_complete would after the general
--- path's propagation. The dependents each level releases are all finished already (they
--- would be open otherwise), but their counts are released as the general path releases
--- them. Events in the general path's order: step, task, agent, run, then the refund.
--- Returns one row of NULLs when it recorded; no row when it declined, having written
--- nothing (a level not in that state, or a charge the reservation cannot pay).
+-- drawn first, then the attempt's charges entered and the rest refunded), as
+-- runs.services.run_complete would after the general path's propagation. The dependents
+-- each level releases are all finished already (they would be open otherwise), but their
+-- counts are released as the general path releases them. Events in the general path's
+-- order: step, task, agent, run, then the refund. Returns one row of NULLs when it
+-- recorded; no row when it declined, having written nothing (a level not in that state,
+-- or a charge the reservation cannot pay).
 CREATE FUNCTION engine.record_last_in_run(
     p_step bigint, p_attempt integer, p_task bigint, p_agent bigint, p_run uuid,
-    p_output text, p_cost numeric, p_cost_text text, p_amount numeric,
-    p_organization uuid, p_now timestamptz
+    p_output text, p_cost numeric, p_cost_text text, p_amount numeric, p_now timestamptz
 ) RETURNS TABLE (
     id bigint, tool varchar, timeout_ms bigint, run_id uuid, attempt_number smallint,
     status varchar
@@ -30,15 +30,13 @@ DECLARE
     v_task_generation smallint;
     v_task_dependents jsonb;
     v_step_dependents jsonb;
-    v_step_name varchar;
     v_attempt_number smallint;
     v_agent_generation integer;
     v_agent_dependents jsonb;
     v_last_heartbeat timestamptz;
 BEGIN
-    SELECT t.retry_count, t.dependents, s.dependents, s.name, s.attempt_number
-      INTO v_task_generation, v_task_dependents, v_step_dependents, v_step_name,
-           v_attempt_number
+    SELECT t.retry_count, t.dependents, s.dependents, s.attempt_number
+      INTO v_task_generation, v_task_dependents, v_step_dependents, v_attempt_number
       FROM runs_task AS t JOIN runs_step AS s ON s.task_id = t.id
      WHERE s.id = p_step AND t.id = p_task AND t.status = 'running' AND t.open_children = 1;
     IF NOT FOUND THEN
@@ -61,9 +59,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    IF p_amount > 0 AND engine.credits_charge(
-        p_organization, p_run, v_attempt_number, p_step, p_attempt, p_amount,
-        'step ' || v_step_name || ' attempt ' || p_attempt, 'engine') IS NULL THEN
+    IF p_amount > 0 AND NOT engine.credits_charge(p_run, v_attempt_number, p_amount) THEN
         RETURN;
     END IF;
     PERFORM engine.step_finish(p_step, p_attempt, p_output, p_cost, p_cost_text, p_now);

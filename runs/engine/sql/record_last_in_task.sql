@@ -14,8 +14,7 @@
 -- cannot pay the step's charge.
 CREATE FUNCTION engine.record_last_in_task(
     p_step bigint, p_attempt integer, p_task bigint, p_agent bigint, p_output text,
-    p_cost numeric, p_cost_text text, p_amount numeric, p_organization uuid,
-    p_now timestamptz
+    p_cost numeric, p_cost_text text, p_amount numeric, p_now timestamptz
 ) RETURNS TABLE (
     id bigint, tool varchar, timeout_ms bigint, run_id uuid, attempt_number smallint,
     status varchar
@@ -30,7 +29,6 @@ DECLARE
     v_task_generation smallint;
     v_task_dependents jsonb;
     v_step_dependents jsonb;
-    v_step_name varchar;
     v_run uuid;
     v_attempt_number smallint;
     v_agent_generation integer;
@@ -42,9 +40,8 @@ DECLARE
 BEGIN
     -- Read before anything is written: the task and its agent, with the slots the task
     -- frees...
-    SELECT t.retry_count, t.dependents, s.dependents, s.name, s.run_id, s.attempt_number
-      INTO v_task_generation, v_task_dependents, v_step_dependents, v_step_name, v_run,
-           v_attempt_number
+    SELECT t.retry_count, t.dependents, s.dependents, s.run_id, s.attempt_number
+      INTO v_task_generation, v_task_dependents, v_step_dependents, v_run, v_attempt_number
       FROM runs_task AS t JOIN runs_step AS s ON s.task_id = t.id
      WHERE s.id = p_step AND t.id = p_task AND t.status = 'running' AND t.open_children = 1;
     IF NOT FOUND THEN
@@ -100,9 +97,7 @@ BEGIN
     IF v_approval THEN
         RETURN;
     END IF;
-    IF p_amount > 0 AND engine.credits_charge(
-        p_organization, v_run, v_attempt_number, p_step, p_attempt, p_amount,
-        'step ' || v_step_name || ' attempt ' || p_attempt, 'engine') IS NULL THEN
+    IF p_amount > 0 AND NOT engine.credits_charge(v_run, v_attempt_number, p_amount) THEN
         RETURN;
     END IF;
     PERFORM engine.step_finish(p_step, p_attempt, p_output, p_cost, p_cost_text, p_now);

@@ -46,12 +46,10 @@ CREATE FUNCTION engine.step_completed(
 DECLARE
     v_status text;
     v_waiting integer;
-    v_organization uuid;
     v_priority smallint;
     v_heartbeat timestamptz;
     v_task bigint;
     v_agent bigint;
-    v_step_name varchar;
     v_attempt_number smallint;
     v_leaf boolean;
     v_open integer;
@@ -64,8 +62,8 @@ DECLARE
     v_claimed jsonb;
 BEGIN
     PERFORM engine.run_gate(a_run, p_shared => true);
-    SELECT r.status, r.waiting_approvals, r.organization_id, r.last_heartbeat, r.priority
-      INTO v_status, v_waiting, v_organization, v_heartbeat, v_priority
+    SELECT r.status, r.waiting_approvals, r.last_heartbeat, r.priority
+      INTO v_status, v_waiting, v_heartbeat, v_priority
       FROM runs_run AS r WHERE r.id = a_run;
     IF NOT FOUND OR v_status <> 'running' OR v_waiting > 0 THEN
         RETURN;
@@ -75,10 +73,10 @@ BEGIN
     -- before any other: a claim may hold it (a lock that outlived the claim's recheck),
     -- and such a claim may be waiting for a task's row; so no recording waits for its
     -- own step while it holds one. And whether it is a leaf (below).
-    SELECT s.task_id, t.agent_id, s.name, s.attempt_number,
+    SELECT s.task_id, t.agent_id, s.attempt_number,
            s.dependents = '[]'::jsonb AND t.max_concurrent_steps >= t.step_count
            AND t.open_children > 1 AND t.status = 'running'
-      INTO v_task, v_agent, v_step_name, v_attempt_number, v_leaf
+      INTO v_task, v_agent, v_attempt_number, v_leaf
       FROM runs_step AS s JOIN runs_task AS t ON t.id = s.task_id
      WHERE s.id = a_step AND s.run_id = a_run AND s.status = 'running'
        AND s.attempts = a_attempt AND s.handler_for_id IS NULL
@@ -133,9 +131,8 @@ BEGIN
                 RAISE EXCEPTION USING ERRCODE = 'OEL01';
             END IF;
             v_locked := clock_timestamp();
-            IF a_amount > 0 AND engine.credits_charge(
-                v_organization, a_run, v_attempt_number, a_step, a_attempt, a_amount,
-                'step ' || v_step_name || ' attempt ' || a_attempt, 'engine') IS NULL THEN
+            IF a_amount > 0
+               AND NOT engine.credits_charge(a_run, v_attempt_number, a_amount) THEN
                 RAISE EXCEPTION USING ERRCODE = 'OEL01';
             END IF;
             v_shape := 'leaf';
@@ -155,7 +152,7 @@ BEGIN
             v_now := clock_timestamp();  -- as the general path's, once its locks are held
             RETURN QUERY SELECT v_shape, v_priority, a_step, d.*, NULL::jsonb
                 FROM engine.record_in_task(a_step, a_attempt, v_task, a_output, a_cost,
-                                           a_cost_text, a_amount, v_organization, v_now) AS d;
+                                           a_cost_text, a_amount, v_now) AS d;
         ELSE
             SELECT open_children INTO v_open FROM runs_agent WHERE id = v_agent
                FOR NO KEY UPDATE;
@@ -165,7 +162,7 @@ BEGIN
                 RETURN QUERY SELECT v_shape, v_priority, a_step, d.*, NULL::jsonb
                     FROM engine.record_last_in_task(a_step, a_attempt, v_task, v_agent,
                                                     a_output, a_cost, a_cost_text, a_amount,
-                                                    v_organization, v_now) AS d;
+                                                    v_now) AS d;
             ELSE
                 SELECT open_children INTO v_open FROM runs_run WHERE id = a_run
                    FOR NO KEY UPDATE;
@@ -178,7 +175,7 @@ BEGIN
                 RETURN QUERY SELECT 'last_in_run'::text, v_priority, a_step, d.*, NULL::jsonb
                     FROM engine.record_last_in_run(a_step, a_attempt, v_task, v_agent, a_run,
                                                    a_output, a_cost, a_cost_text, a_amount,
-                                                   v_organization, v_now) AS d;
+                                                   v_now) AS d;
                 RETURN;
             END IF;
         END IF;

@@ -335,10 +335,9 @@ def test_the_runs_last_step_completes_task_agent_run_and_settles_on_the_hot_path
     assert (attempt.outcome, attempt.finished_at) == ("completed", finished.completed_at)
     reservation = Reservation.objects.get(run_id=run.run.pk)
     refund = LedgerEntry.objects.get(run_id=run.run.pk, type="refund")
-    charged = sum(
-        (e.amount for e in LedgerEntry.objects.filter(run_id=run.run.pk, type="charge")),
-        Decimal(0),
-    )
+    charge = LedgerEntry.objects.get(run_id=run.run.pk, type="charge")  # the attempt's one
+    charged = Decimal("0.002")
+    assert (charge.amount, charge.idempotency_key) == (charged, f"charge:{attempt.pk}")
     assert reservation.settled_at is not None
     assert (reservation.charged, reservation.refunded) == (charged, reserved - charged)
     assert refund.amount == reserved - charged
@@ -417,6 +416,7 @@ def test_a_charge_beyond_the_reservation_on_the_hot_path_fails_the_step_and_keep
     assert one.output is None
     assert run.step("two").dispatched_at is None
     assert run.sent() == ["one"]
+    assert Reservation.objects.get(run_id=run.run.pk).charged == Decimal(0)
     assert not LedgerEntry.objects.filter(run_id=run.run.pk, type="charge").exists()
     assert not RunEvent.objects.filter(run=run.run, to_status="completed", entity="step").exists()
     assert run.refresh().status == "failed"
@@ -428,11 +428,14 @@ def test_a_late_result_is_dropped_by_the_hot_path_too(start: Start) -> None:
     run.finish_step(one, Outcome(output={"first": True}))
     events = RunEvent.objects.filter(run=run.run).count()
 
+    charged = Reservation.objects.get(run_id=run.run.pk).charged
+
     # The same attempt reported again (a redelivered recording): nothing changes.
     record(one.pk, run.run.pk, 1, Outcome(output={"second": True}, cost=Decimal(1)))
 
     assert run.step("one").output == {"first": True}
     assert RunEvent.objects.filter(run=run.run).count() == events
+    assert Reservation.objects.get(run_id=run.run.pk).charged == charged
     assert run.sent() == ["one", "two"]
 
 

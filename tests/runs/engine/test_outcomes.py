@@ -79,21 +79,61 @@ def test_a_parallel_task_sends_up_to_its_limit_and_refills_as_steps_finish(start
     assert_invariants_hold()
 
 
-def test_each_attempt_is_charged_once_and_the_attempt_settles_at_the_end(start: Start) -> None:
+def test_each_attempt_is_charged_on_the_reservation_and_the_ledger_gets_one_charge_at_the_end(
+    start: Start,
+) -> None:
     run = start(plan(step("one"), step("two")))
     reserved = Reservation.objects.get(run_id=run.run.pk).reserved
     first, second = (reserved / 4).quantize(Decimal("0.000001")), Decimal("0.000001")
+    charges = LedgerEntry.objects.filter(type="charge", run_id=run.run.pk)
+
     run.finish("one", Outcome(output={}, cost=first))
+
+    # The run's spend shows while it runs: on its reservation, the step's on its row.
+    assert Reservation.objects.get(run_id=run.run.pk).charged == first
+    assert run.step("one").cost == first
+    assert not charges.exists()
+    assert_invariants_hold()
+
     run.finish("two", Outcome(output={}, cost=second))
 
-    charges = LedgerEntry.objects.filter(type="charge", run_id=run.run.pk)
-    assert sorted(entry.amount for entry in charges) == sorted([first, second])
+    attempt = RunAttempt.objects.get(run=run.run)
+    assert list(charges.values_list("amount", "idempotency_key")) == [
+        (first + second, f"charge:{attempt.pk}")
+    ]
+    assert not charges.filter(step__isnull=False).exists()
     reservation = Reservation.objects.get(run_id=run.run.pk)
     assert (reservation.charged, reservation.refunded) == (
         first + second,
         reserved - first - second,
     )
     assert reservation.settled_at is not None
+    assert_invariants_hold()
+
+
+def test_a_duplicate_recording_of_an_attempt_charges_nothing_more(start: Start) -> None:
+    run = start(plan(step("flaky", retry={"max_attempts": 3, "base_delay_ms": 0})))
+    flaky = run.step("flaky")
+    failed = run.failure("timeout", retryable=True)
+    run.finish("flaky", failed)  # attempt 1: charged, retried (the general path)
+
+    record(flaky.pk, run.run.pk, 1, failed)  # attempt 1 again, its step pending
+    attempt = run.claim("flaky")
+    record(flaky.pk, run.run.pk, 1, failed)  # attempt 1 again, attempt 2 running
+    run.record("flaky", attempt, Outcome(output={}, cost=Decimal("0.01")))
+    record(flaky.pk, run.run.pk, attempt, Outcome(output={}, cost=Decimal(1)))  # 2 again
+
+    done = run.step("flaky")
+    assert (done.status, done.attempts, done.failures, done.cost) == (
+        "completed",
+        2,
+        1,
+        Decimal("0.02"),
+    )
+    # One charge per attempt: on the reservation, then in the ledger's one entry.
+    assert Reservation.objects.get(run_id=run.run.pk).charged == Decimal("0.02")
+    charges = LedgerEntry.objects.filter(type="charge", run_id=run.run.pk)
+    assert [entry.amount for entry in charges] == [Decimal("0.02")]
     assert_invariants_hold()
 
 
@@ -158,6 +198,8 @@ def test_a_charge_beyond_the_reservation_fails_the_step_with_budget_exhausted(
 
     assert failed.status == "failed"
     assert failed.error["code"] == "budget_exhausted"
+    assert failed.cost == Decimal(0)
+    assert Reservation.objects.get(run_id=run.run.pk).charged == Decimal(0)
     assert not LedgerEntry.objects.filter(type="charge", run_id=run.run.pk).exists()
     assert run.refresh().status == "failed"
     assert_invariants_hold()
@@ -298,7 +340,8 @@ def test_a_result_for_a_step_no_longer_running_is_dropped(start: Start) -> None:
     record(slow.pk, run.run.pk, claimed["attempts"], Outcome(output={"late": True}))
 
     dropped = Step.objects.get(pk=slow.pk)
-    assert (dropped.status, dropped.output) == ("cancelled", None)
+    assert (dropped.status, dropped.output, dropped.cost) == ("cancelled", None, Decimal(0))
+    assert Reservation.objects.get(run_id=run.run.pk).charged == Decimal(0)
     assert not LedgerEntry.objects.filter(type="charge", run_id=run.run.pk).exists()
 
 

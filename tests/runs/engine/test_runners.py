@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from billing.models import LedgerEntry, Organization
+from billing.models import Organization, Reservation
 from orchestrator.tools.builtin import runner as runner_tool
 from orchestrator.tools.builtin import validate_runner
 from runs import runners, services
@@ -124,14 +124,14 @@ def test_a_claimed_job_completes_its_step_with_the_result_and_is_charged_once(
     assert claim(engine, runner).empty  # claimed once, by one runner
     send(engine, runner, job, "started")
     send(engine, runner, job, "completed", result={"answer": 42})
-    charges = LedgerEntry.objects.filter(run=engine.run, type="charge").count()
+    charged = Reservation.objects.get(run_id=engine.run.pk).charged
     # A repeated identical report changes nothing: no second charge.
     send(engine, runner, job, "completed", result={"answer": 42})
 
     step = engine.step("job")
     assert (step.status, step.output) == ("completed", {"answer": 42})
     assert step.cost == Decimal("0.50")
-    assert LedgerEntry.objects.filter(run=engine.run, type="charge").count() == charges
+    assert Reservation.objects.get(run_id=engine.run.pk).charged == charged
     assert engine.statuses()["after"] == "pending"
     assert engine.sent()[-1] == "after"
     with pytest.raises(InvalidTransition):

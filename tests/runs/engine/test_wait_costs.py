@@ -59,10 +59,10 @@ def test_a_wait_is_charged_its_started_days_once_as_it_parks_and_nothing_as_it_w
     assert admission.reason == step_admission.TIMER
     step = run.step("w0")
     assert (step.status, step.cost) == ("pending", 2 * DAY)
+    reservation = RunAttempt.objects.get(run=run.run).reservation
+    assert reservation.charged == 2 * DAY  # its spend shows while it waits
     charges = LedgerEntry.objects.filter(run=run.run, type="charge")
-    assert list(charges.values_list("step_id", "amount", "idempotency_key")) == [
-        (step.pk, 2 * DAY, f"charge:{step.pk}:1")
-    ]
+    assert not charges.exists()  # entered when the attempt settles
     # Its time comes (the database's clock reads the test transaction's start): the
     # claim that wakes it runs the tool and records the attempt.
     Step.objects.filter(pk=step.pk).update(next_run_at=timezone.now() - timedelta(hours=1))
@@ -71,10 +71,33 @@ def test_a_wait_is_charged_its_started_days_once_as_it_parks_and_nothing_as_it_w
 
     woken = run.step("w0")
     assert (woken.status, woken.attempts, woken.cost) == ("completed", 1, 2 * DAY)
-    assert charges.count() == 1
     assert run.refresh().status == "completed"
     reservation = RunAttempt.objects.get(run=run.run).reservation
     assert (reservation.reserved, reservation.charged) == (2 * DAY, 2 * DAY)
+    assert list(charges.values_list("amount", "idempotency_key")) == [
+        (2 * DAY, f"charge:{reservation.attempt_id}")
+    ]
+
+
+@pytest.mark.django_db
+def test_a_timer_asked_again_for_the_attempt_it_parked_charges_nothing_more(
+    engine_run: Any,
+) -> None:
+    run = engine_run(waits({"for": "25h"}, timeouts=LONG))
+    step = run.step("w0")
+    attempt = run.claim("w0")
+
+    def ask() -> step_admission.Admission:
+        return step_admission.timer(
+            step_id=step.pk, run_id=run.run.pk, attempt=attempt, until=None, for_ms=25 * HOUR_MS
+        )
+
+    with run.committed():
+        parked, again = ask(), ask()  # a redelivered message of the same claim
+
+    assert (parked.reason, again.dropped) == (step_admission.TIMER, True)
+    assert run.step("w0").cost == 2 * DAY
+    assert RunAttempt.objects.get(run=run.run).reservation.charged == 2 * DAY
 
 
 @pytest.mark.django_db
@@ -105,7 +128,7 @@ def test_a_wait_beyond_its_runs_reservation_fails_with_budget_exhausted_and_hold
         None,
         Decimal(0),
     )
-    assert not LedgerEntry.objects.filter(run=run.run, type="charge").exists()
+    assert RunAttempt.objects.get(run=run.run).reservation.charged == Decimal(0)
 
 
 # --------------------------------------------------------------------------- quota
@@ -128,7 +151,7 @@ def test_a_wait_past_the_quota_of_parked_waits_fails_with_quota_exceeded(
         "or ask an operator to raise the quota"
     )
     assert second.step("w0").waiting_reason == ""
-    assert not LedgerEntry.objects.filter(run=second.run, type="charge").exists()
+    assert RunAttempt.objects.get(run=second.run).reservation.charged == Decimal(0)
     # GET /organization shows the quota and its use; a run that ends frees its places.
     _, key = api_key_create(organization=organization)
     client = APIClient()

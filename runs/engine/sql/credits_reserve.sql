@@ -27,7 +27,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
-    v_entry := engine.ledger_entry(p_organization, p_run, p_attempt_id, NULL, 'reserve',
+    v_entry := engine.ledger_entry(p_organization, p_run, p_attempt_id, 'reserve',
                                    p_amount, v_key, 'run ' || p_run || ' attempt '
                                    || p_attempt_number, p_actor, p_now);
     INSERT INTO billing_reservation

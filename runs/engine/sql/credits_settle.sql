@@ -31,7 +31,7 @@ BEGIN
         WHERE attempt_id = v_reservation.attempt_id AND type = 'charge');
     IF v_charge > 0 THEN
         PERFORM engine.ledger_entry(
-            v_reservation.organization_id, p_run, v_reservation.attempt_id, NULL, 'charge',
+            v_reservation.organization_id, p_run, v_reservation.attempt_id, 'charge',
             v_charge, 'charge:' || v_reservation.attempt_id,
             'charged run ' || p_run || ' attempt ' || p_attempt_number, 'engine',
             clock_timestamp());
@@ -39,7 +39,7 @@ BEGIN
     v_refund := v_reservation.reserved - v_reservation.charged - v_reservation.refunded;
     IF v_refund > 0 THEN
         PERFORM engine.ledger_entry(
-            v_reservation.organization_id, p_run, v_reservation.attempt_id, NULL, 'refund',
+            v_reservation.organization_id, p_run, v_reservation.attempt_id, 'refund',
             v_refund, 'refund:' || v_reservation.attempt_id,
             'settled run ' || p_run || ' attempt ' || p_attempt_number, p_actor,
             clock_timestamp());

@@ -3,10 +3,11 @@
 -- `p_at`: when it was written (clock_timestamp(), not the transaction's start: a ledger
 -- lists its entries in the order they were written, as the ORM's grants are).
 -- The callers keep the balances that go with it (engine.credits_reserve,
--- engine.credits_settle; billing.services for grants).
+-- engine.credits_settle; billing.services for grants). It names no step: a step's charge
+-- is on its row, and its attempt's in the attempt's charge entry.
 CREATE FUNCTION engine.ledger_entry(
-    p_organization uuid, p_run uuid, p_attempt_id bigint, p_step bigint, p_type text,
-    p_amount numeric, p_key text, p_reason text, p_actor text, p_at timestamptz
+    p_organization uuid, p_run uuid, p_attempt_id bigint, p_type text, p_amount numeric,
+    p_key text, p_reason text, p_actor text, p_at timestamptz
 ) RETURNS uuid LANGUAGE plpgsql AS $$
 DECLARE
     v_entry uuid;
@@ -14,7 +15,7 @@ BEGIN
     INSERT INTO billing_ledgerentry
         (id, organization_id, run_id, attempt_id, step_id, type, amount, idempotency_key,
          reason, actor, created_at)
-    VALUES (gen_random_uuid(), p_organization, p_run, p_attempt_id, p_step, p_type, p_amount,
+    VALUES (gen_random_uuid(), p_organization, p_run, p_attempt_id, NULL, p_type, p_amount,
             p_key, left(p_reason, 500), p_actor, p_at)
     RETURNING id INTO v_entry;
     RETURN v_entry;

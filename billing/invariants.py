@@ -1,4 +1,5 @@
-"""Billing invariants (seed 000 invariants 1 and 6): conservation and an honest cache.
+"""Billing invariants (seed 000 invariants 1 and 6): conservation, an honest cache, and no
+entry or reservation that names a row gone.
 
 A step attempt's charge draws on its run attempt's reservation (``charged``) and reaches
 the ledger only when the attempt settles, as one charge entry: so the ledger and the
@@ -15,7 +16,7 @@ from django.db.models.functions import Coalesce
 
 from billing.models import EntryType, LedgerEntry, Organization, Reservation
 from billing.selectors import ZERO
-from common.invariants import LIMIT, invariant
+from common.invariants import LIMIT, invariant, orphans
 
 
 @invariant("billing.cached_balances", "cached balances equal the ledger")
@@ -114,3 +115,13 @@ def reservations_balanced() -> list[str]:
         f"{(r['reserve_in'], r['charge_in'], r['refund_in'])}"
         for r in off.values("run_id", "attempt_number", "settled_at", *columns)[:LIMIT]
     ]
+
+
+@invariant(
+    "billing.orphans",
+    "every ledger entry's and reservation's organization, run, attempt and step exists",
+)
+def billing_orphans() -> list[str]:
+    """Links the database does not check (billing.models.LedgerEntry): each is written
+    from the rows it names, which are never deleted; none should be missing."""
+    return orphans("billing")

@@ -159,8 +159,16 @@ class LedgerEntry(models.Model):
     # charge per step): before the table's first ANALYZE, PostgreSQL picked the
     # organization's own index for the charge's idempotency check and filtered every
     # entry of the organization by key, a cost growing with its ledger.
+    # Links the database does not check (db_constraint=False): every entry is written
+    # from its organization's, run's, attempt's and step's rows in the transaction that
+    # holds them, and none of those is ever deleted (docs/engine.md, "Links the database
+    # does not check"); check_invariants finds an orphan (billing.orphans).
     organization = models.ForeignKey(
-        Organization, on_delete=models.PROTECT, related_name="ledger_entries", db_index=False
+        Organization,
+        on_delete=models.PROTECT,
+        related_name="ledger_entries",
+        db_index=False,
+        db_constraint=False,
     )
     run = models.ForeignKey(
         "runs.Run",
@@ -169,6 +177,7 @@ class LedgerEntry(models.Model):
         on_delete=models.PROTECT,
         related_name="ledger_entries",
         db_index=False,
+        db_constraint=False,
     )
     attempt = models.ForeignKey(
         "runs.RunAttempt",
@@ -177,9 +186,15 @@ class LedgerEntry(models.Model):
         db_index=False,
         on_delete=models.PROTECT,
         related_name="ledger_entries",
+        db_constraint=False,
     )
     step = models.ForeignKey(
-        "runs.Step", null=True, blank=True, on_delete=models.PROTECT, related_name="ledger_entries"
+        "runs.Step",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="ledger_entries",
+        db_constraint=False,
     )
     type = models.CharField(max_length=10, choices=EntryType.choices)
     amount = models.DecimalField(max_digits=18, decimal_places=6)
@@ -237,14 +252,15 @@ class Reservation(models.Model):
     """
 
     id = models.BigAutoField(primary_key=True)
+    # Links the database does not check, as the ledger's (LedgerEntry.organization).
     organization = models.ForeignKey(
-        Organization, on_delete=models.PROTECT, related_name="reservations"
+        Organization, on_delete=models.PROTECT, related_name="reservations", db_constraint=False
     )
     run_id = models.UUIDField()
     attempt_number = models.PositiveSmallIntegerField()
     # The same attempt as a relation, for the ledger's entries and the admin.
     attempt = models.OneToOneField(
-        "runs.RunAttempt", on_delete=models.PROTECT, related_name="reservation"
+        "runs.RunAttempt", on_delete=models.PROTECT, related_name="reservation", db_constraint=False
     )
     reserved = models.DecimalField(max_digits=18, decimal_places=6, default=Decimal(0))
     charged = models.DecimalField(max_digits=18, decimal_places=6, default=Decimal(0))

@@ -23,7 +23,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from billing.models import EntryType, LedgerEntry, Reservation
-from common.invariants import LIMIT, invariant
+from common.invariants import LIMIT, invariant, orphans
 from runs.models import (
     Agent,
     EscalationStatus,
@@ -83,6 +83,19 @@ def hierarchy_counts() -> list[str]:
         f"task {t.pk}: step_count {t.step_count} but {t.actual} steps" for t in tasks[:LIMIT]
     ]
     return problems
+
+
+@invariant(
+    "runs.orphans",
+    "every link of a run's rows that the database does not check (a run's organization; an "
+    "attempt's, agent's, task's, step's, event's and wait's parents) names a row that exists",
+)
+def run_orphans() -> list[str]:
+    """The foreign keys PostgreSQL checked at every commit until the rows each step writes
+    stopped paying for it (runs.models): each link is written from its parent's row and
+    no parent is deleted, so none should be missing (docs/engine.md, "Links the database
+    does not check")."""
+    return orphans("runs")
 
 
 @invariant("hierarchy.links", "denormalised run and attempt links agree with the parents")

@@ -1,9 +1,15 @@
 """The run hierarchy: Run -> RunAttempt -> Agent -> Task -> Step, and RunEvent.
 
-Non-null foreign keys make an orphan impossible (seed 000 invariant 2). Counters carry
-check constraints so that they cannot go negative, and statuses are constrained to their
-tables' states. Rows are never changed except through ``runs.transitions`` and the
-services; nothing here has behaviour beyond small derived properties.
+The links of the rows every run and step writes (a run to its organization; an attempt,
+agent, task, step, event and wait to its parents) are foreign keys the database does not
+check (``db_constraint=False``): each is written from its parent's row in the same
+transaction, and no such parent is ever deleted, so PostgreSQL's check at commit (a query
+and a key-share lock on the parent's row per link) guarded nothing.
+``manage.py check_invariants`` finds an orphan instead (``runs.orphans``; docs/engine.md,
+"Links the database does not check"). Counters carry check constraints so that they
+cannot go negative, and statuses are constrained to their tables' states. Rows are never
+changed except through ``runs.transitions`` and the services; nothing here has behaviour
+beyond small derived properties.
 """
 
 from __future__ import annotations
@@ -65,7 +71,11 @@ class Run(Timestamps):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     # Found by the indexes that begin with it (run_org_created and the others).
     organization = models.ForeignKey(
-        Organization, on_delete=models.PROTECT, related_name="runs", db_index=False
+        Organization,
+        on_delete=models.PROTECT,
+        related_name="runs",
+        db_index=False,
+        db_constraint=False,
     )
     name = models.CharField(max_length=200)
     status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.CREATED)
@@ -237,7 +247,9 @@ class RunAttempt(models.Model):
     """One try of a run. Every earlier attempt keeps its agents, tasks and steps."""
 
     # No index of its own: attempt_unique_number leads with it.
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempts", db_index=False)
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="attempts", db_index=False, db_constraint=False
+    )
     attempt_number = models.PositiveSmallIntegerField()
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -258,9 +270,15 @@ class RunAttempt(models.Model):
 class Agent(Timestamps):
     # No single-column indexes on these two: agent_run_status and agent_unique_name lead
     # with them (see Step.task for why a redundant one costs more than its writes).
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="agents", db_index=False)
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="agents", db_index=False, db_constraint=False
+    )
     attempt = models.ForeignKey(
-        RunAttempt, on_delete=models.CASCADE, related_name="agents", db_index=False
+        RunAttempt,
+        on_delete=models.CASCADE,
+        related_name="agents",
+        db_index=False,
+        db_constraint=False,
     )
     # Copied from the attempt so events and filters need no join.
     attempt_number = models.PositiveSmallIntegerField()
@@ -309,8 +327,12 @@ class Agent(Timestamps):
 class Task(Timestamps):
     # No single-column indexes: task_run_status and task_unique_name lead with these (see
     # Step.task).
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tasks", db_index=False)
-    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="tasks", db_index=False)
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="tasks", db_index=False, db_constraint=False
+    )
+    agent = models.ForeignKey(
+        Agent, on_delete=models.CASCADE, related_name="tasks", db_index=False, db_constraint=False
+    )
     # Copied from the attempt so events and filters need no join.
     attempt_number = models.PositiveSmallIntegerField()
     name = models.CharField(max_length=100)
@@ -373,11 +395,15 @@ class Task(Timestamps):
 
 class Step(Timestamps):
     # No index of its own: step_run_status leads with it.
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False)
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="steps", db_index=False, db_constraint=False
+    )
     # No index of its own: the unique (task, generation, name) index leads with it, and a
     # second one on task alone tempted the planner into walking a wide task's rows (with
     # a generic plan made while the table was small, whatever its size since).
-    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="steps", db_index=False)
+    task = models.ForeignKey(
+        Task, on_delete=models.CASCADE, related_name="steps", db_index=False, db_constraint=False
+    )
     # Copied from the attempt so events and filters need no join.
     attempt_number = models.PositiveSmallIntegerField()
     # A handler's name is its step's joined to its own ("fetch.on_error.notify"): room
@@ -398,6 +424,7 @@ class Step(Timestamps):
         on_delete=models.CASCADE,
         related_name="handlers",
         db_index=False,
+        db_constraint=False,
     )
     # A `run` step in async_callback mode keeps its on_callback handlers here until it
     # runs; each handler step created from them points back at it (``callback_for``).
@@ -411,6 +438,7 @@ class Step(Timestamps):
         on_delete=models.CASCADE,
         related_name="callback_handlers",
         db_index=False,
+        db_constraint=False,
     )
     retry = models.JSONField(default=dict, blank=True)
     timeout_ms = models.BigIntegerField(null=True, blank=True)
@@ -580,7 +608,9 @@ class RunEvent(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     # No index of its own: event_run_order leads with it, and every step writes events.
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events", db_index=False)
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="events", db_index=False, db_constraint=False
+    )
     attempt_number = models.PositiveSmallIntegerField(default=0)
     entity = models.CharField(max_length=10)
     entity_id = models.CharField(max_length=40)
@@ -738,9 +768,17 @@ class StepWaitStatus(models.TextChoices):
 
 class StepWait(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="waits")
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="waits", db_constraint=False
+    )
     # No index of its own: stepwait_one_per_attempt leads with it.
-    step = models.ForeignKey("Step", on_delete=models.CASCADE, related_name="waits", db_index=False)
+    step = models.ForeignKey(
+        "Step",
+        on_delete=models.CASCADE,
+        related_name="waits",
+        db_index=False,
+        db_constraint=False,
+    )
     attempt = models.PositiveIntegerField()
     kind = models.CharField(max_length=10, choices=StepWaitKind.choices)
     status = models.CharField(

@@ -98,7 +98,11 @@ def run_orphans() -> list[str]:
     return orphans("runs")
 
 
-@invariant("hierarchy.links", "denormalised run and attempt links agree with the parents")
+@invariant(
+    "hierarchy.links",
+    "denormalised run and attempt links agree with the parents, the ledger's and "
+    "reservations' with the attempt, step and run they name",
+)
 def hierarchy_links() -> list[str]:
     problems: list[str] = []
     for agent in Agent.objects.exclude(run_id=F("attempt__run_id"))[:LIMIT]:
@@ -113,6 +117,27 @@ def hierarchy_links() -> list[str]:
         problems.append(f"step {step.pk}: run differs from its task's run")
     for step in Step.objects.exclude(attempt_number=F("task__attempt_number"))[:LIMIT]:
         problems.append(f"step {step.pk}: attempt_number differs from its task")
+    # The ledger's links, written from the rows they name (runs/engine/sql/credits_*.sql).
+    # A grant names no run, a reserve or refund no step: only the links an entry has.
+    entries = LedgerEntry.objects.order_by("pk")
+    for link, differs, what in (
+        ("attempt", ~Q(run_id=F("attempt__run_id")), "its run is not its attempt's"),
+        ("step", ~Q(run_id=F("step__run_id")), "its run is not its step's"),
+        ("run", ~Q(organization_id=F("run__organization_id")), "its organization is not its run's"),
+    ):
+        unlike = entries.filter(differs, **{f"{link}__isnull": False})
+        problems += [
+            f"ledger entry {pk}: {what}" for pk in unlike.values_list("pk", flat=True)[:LIMIT]
+        ]
+    reservations = Reservation.objects.order_by("pk").exclude(
+        run_id=F("attempt__run_id"),
+        attempt_number=F("attempt__attempt_number"),
+        organization_id=F("attempt__run__organization_id"),
+    )
+    problems += [
+        f"reservation {pk}: run, attempt number or organization differs from its attempt's"
+        for pk in reservations.values_list("pk", flat=True)[:LIMIT]
+    ]
     return problems
 
 

@@ -4,7 +4,9 @@ The rows every run and step writes link to their parents by foreign keys Postgre
 longer checks at commit (``db_constraint=False``; docs/engine.md, "Links the database
 does not check"). ``runs.orphans`` and ``billing.orphans`` look for what such a check
 would have refused: here each link's parent row is deleted in SQL, as nothing in the
-product does, and the invariant must name the child left behind.
+product does, and the invariant must name the child left behind. ``hierarchy.links``
+checks what no foreign key ever did: that a ledger entry's or reservation's run,
+attempt and organization agree.
 """
 
 from __future__ import annotations
@@ -104,3 +106,69 @@ def test_a_row_whose_parent_was_deleted_in_sql_is_reported(
     found = check_all(f"{app}.orphans")[f"{app}.orphans"]
 
     assert f"{model._meta.verbose_name} {child}: its {field.name} {parent} does not exist" in found
+
+
+# Links that exist but name the wrong row: the ledger's and reservations' run,
+# organization and attempt agree with the rows they name (``hierarchy.links``).
+ENTRY_SQL = """
+INSERT INTO billing_ledgerentry (id, organization_id, run_id, attempt_id, step_id, type,
+                                 amount, idempotency_key, reason, actor, created_at)
+SELECT gen_random_uuid(), %(organization)s, %(run)s, a.id, %(step)s, 'charge', 1, 'misfiled',
+       '', '', now()
+FROM runs_runattempt AS a WHERE a.run_id = %(attempt_of)s
+RETURNING id
+"""
+
+
+@pytest.mark.parametrize(
+    ("misfiled", "said"),
+    [
+        ({"attempt_of": "other"}, "its run is not its attempt's"),
+        ({"step": "other's step"}, "its run is not its step's"),
+        ({"organization": "other's organization"}, "its organization is not its run's"),
+    ],
+    ids=["attempt", "step", "organization"],
+)
+def test_a_ledger_entry_naming_another_runs_row_is_reported(
+    every_link: EngineRun,
+    engine_run: Callable[..., EngineRun],
+    misfiled: dict[str, str],
+    said: str,
+) -> None:
+    other = engine_run(
+        {"name": "other", "agents": [{"name": "g", "tasks": [{"name": "t", "steps": [step("x")]}]}]}
+    )
+    run = every_link.run
+    names: dict[str, Any] = {
+        "other": other.run.pk,
+        "other's step": other.step("x").pk,
+        "other's organization": other.run.organization_id,
+    }
+    values: dict[str, Any] = {
+        "organization": run.organization_id,
+        "run": run.pk,
+        "attempt_of": run.pk,
+        "step": every_link.step("a").pk,
+    } | {key: names[name] for key, name in misfiled.items()}
+    with connection.cursor() as cursor:
+        cursor.execute(ENTRY_SQL, values)
+        (entry,) = cursor.fetchone()
+
+    found = check_all("hierarchy.links")["hierarchy.links"]
+
+    assert found == [f"ledger entry {entry}: {said}"]
+
+
+def test_a_reservation_naming_another_attempt_number_is_reported(every_link: EngineRun) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE billing_reservation SET attempt_number = 7 WHERE run_id = %s RETURNING id",
+            [every_link.run.pk],
+        )
+        (reservation,) = cursor.fetchone()
+
+    found = check_all("hierarchy.links")["hierarchy.links"]
+
+    assert found == [
+        f"reservation {reservation}: run, attempt number or organization differs from its attempt's"
+    ]

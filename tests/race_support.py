@@ -198,6 +198,7 @@ def contender(
 
 
 def _contend(do: Any, run_ids: list[str], barrier: Any) -> list[str]:
+    from runs.services import RunDeleted
     from runs.states import InvalidTransition
 
     outcomes = []
@@ -209,7 +210,7 @@ def _contend(do: Any, run_ids: list[str], barrier: Any) -> list[str]:
             if not isinstance(said, str):
                 said = "refused" if said is False else "won"
             outcomes.append(said)
-        except InvalidTransition:
+        except (InvalidTransition, RunDeleted):
             outcomes.append("refused")
     return outcomes
 
@@ -310,7 +311,8 @@ def _record_and_claim(step_name: str) -> Any:
         from runs.engine.outcomes import Outcome, record_and_claim
         from runs.models import Step
 
-        step = Step.objects.get(run_id=run_id, name=step_name)
+        # The first attempt's: a retry racing it may have made the next attempt's.
+        step = Step.objects.get(run_id=run_id, name=step_name, attempt_number=1)
         claim = hotpath.Claim(worker=f"w-{step_name}", task_id=step_name, lease_seconds=600)
         outcome = Outcome({"by": step_name}, Decimal("0.01"))
         return record_and_claim(step.pk, run_id, step.attempts, outcome, claim)[0]
@@ -372,6 +374,32 @@ def _pause(run_id: str) -> None:
     services.run_pause(run_id=run_id, actor="race")
 
 
+def _fail_and_retry(run_id: str) -> None:
+    """Fail the run, retry it and pick its next attempt up: three transactions, as an
+    operator's two requests and the worker's pick-up are."""
+    from runs import services
+    from runs.engine import control
+
+    services.run_fail(run_id=run_id, code="tool_error", message="retried in the race")
+    services.run_retry(run_id=run_id, actor="race")
+    control.pick_up(run_id)
+
+
+def _resume(run_id: str) -> None:
+    """Resume a paused run, and the worker's resume after it."""
+    from runs import services
+    from runs.engine import control
+
+    services.run_resume(run_id=run_id, actor="race")
+    control.resume(run_id)
+
+
+def _delete(run_id: str) -> None:
+    from runs import services
+
+    services.run_delete(run_id=run_id, actor="race")
+
+
 OPERATIONS = {
     "record_a": _record("a"),
     "record_b": _record("b"),
@@ -387,6 +415,9 @@ OPERATIONS = {
     "fail": _fail,
     "start": _start,
     "cancel": _cancel,
+    "fail_and_retry": _fail_and_retry,
+    "resume": _resume,
+    "delete": _delete,
     "start_left": lambda pair: _start_admitted(pair, 0),
     "start_right": lambda pair: _start_admitted(pair, 1),
     "start_outcome": _start_outcome,

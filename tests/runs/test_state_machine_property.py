@@ -1,12 +1,15 @@
 """Random sequences of run operations never break an invariant (hypothesis, stateful).
 
-Operations are applied through the real services; ones the state machine refuses must
-leave the run exactly as it was. After every step, every invariant of runs and their
+Operations are applied through the real services, and steps claimed and recorded as a
+worker's are among them (the links of the rows they write are checked by no foreign
+key: ``runs.orphans`` and ``billing.orphans`` must find none); ones the state machine
+refuses must leave the run exactly as it was. After every step, every invariant of runs and their
 books holds; the artifacts' (which no operation here touches) at each example's end.
 """
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -22,11 +25,14 @@ from hypothesis.stateful import (
 )
 
 from common.invariants import violations
+from common.tools.base import ToolError
 from runs import approvals, services
+from runs.engine import control
+from runs.engine.outcomes import Outcome, record
 from runs.engine.start import run_start
 from runs.models import Run, RunEvent, Step
 from runs.states import InvalidTransition
-from runs.transitions import transition
+from runs.transitions import claim_next_step, transition
 from tests import factories
 
 REFUSALS = (InvalidTransition, services.AttemptsExhausted, services.RunDeleted)
@@ -71,6 +77,14 @@ class RunOperations(RuleBasedStateMachine):
             self.organization, agents=agents, steps=steps, max_attempts=max_attempts
         )
 
+    @rule(target=runs, steps=st.integers(1, 3), max_attempts=st.integers(1, 3))
+    def create_running(self, steps: int, max_attempts: int) -> Run:
+        """A run started and picked up, its first steps dispatched: a worker's to claim."""
+        run = factories.run(self.organization, agents=1, steps=steps, max_attempts=max_attempts)
+        run_start(run_id=run.pk)
+        assert control.pick_up(run.pk)
+        return run
+
     @rule(run=runs)
     def start(self, run: Run) -> None:
         self._apply(run, lambda: run_start(run_id=run.pk))
@@ -78,6 +92,24 @@ class RunOperations(RuleBasedStateMachine):
     @rule(run=runs)
     def pick_up(self, run: Run) -> None:
         self._apply(run, lambda: services.run_pick_up(run_id=run.pk))
+
+    @rule(run=runs, failed=st.booleans())
+    def work(self, run: Run, failed: bool) -> None:
+        """A worker serves the run: picks it up when it waits for that (its attempt
+        materialised, its ready steps dispatched), claims its next step and records the
+        outcome: the hot path's function, or the general path where it declines."""
+
+        def operation() -> None:
+            if Run.objects.get(pk=run.pk).status in ("pending", "retrying"):
+                control.pick_up(run.pk)
+            claimed = claim_next_step(run.pk, worker="w", task_id="t", lease_seconds=600)
+            if claimed is None:
+                raise InvalidTransition("step", "pending", "running", "nothing claimable")
+            error = ToolError("tool_error", "random", retryable=False) if failed else None
+            outcome = Outcome(output={}, cost=Decimal("0.01"), error=error)
+            record(claimed["id"], run.pk, claimed["attempts"], outcome)
+
+        self._apply(run, operation)
 
     @rule(run=runs, reason=st.text(max_size=20))
     def cancel(self, run: Run, reason: str) -> None:

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('billing', '0016_ledger_links_unchecked'),
+        ('billing', '0017_ledger_links_unchecked'),
         ('runs', '0027_step_asleep'),
     ]
 

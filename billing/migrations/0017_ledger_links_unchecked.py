@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('billing', '0015_quota_parked_waits'),
+        ('billing', '0016_charge_per_attempt'),
         ('runs', '0027_step_asleep'),
     ]
 

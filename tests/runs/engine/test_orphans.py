@@ -20,9 +20,10 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from billing.models import LedgerEntry
 from common.invariants import check_all, unchecked_links
 from runs.engine.outcomes import Outcome
-from runs.models import Step, StepWait, StepWaitKind
+from runs.models import RunAttempt, Step, StepWait, StepWaitKind
 from tests.factories import step
 from tests.runs.engine.harness import EngineRun
 
@@ -59,9 +60,10 @@ def test_the_unchecked_links_are_those_of_the_rows_each_run_and_step_writes() ->
 @pytest.fixture
 def every_link(engine_run: Callable[..., EngineRun]) -> EngineRun:
     """A run with a row behind every unchecked link: step a completed and charged (its
-    events, the attempt's reserve and charge), step b waiting on a callback, and b made a
-    handler of a and one of its callback's handlers (links the engine sets on handler
-    steps it creates; set directly here)."""
+    events, the attempt's reserve), step b waiting on a callback, and b made a handler of a
+    and one of its callback's handlers (links the engine sets on handler steps it creates;
+    set directly here); and a's charge as the ledger kept it per step before charges went
+    per attempt (the entries that still name a step)."""
     run = engine_run({"name": "links", "agents": [{"name": "g", "tasks": [
         {"name": "t", "steps": [step("a"), step("b")]}
     ]}]})  # fmt: skip
@@ -76,6 +78,17 @@ def every_link(engine_run: Callable[..., EngineRun]) -> EngineRun:
         expires_at=timezone.now() + timedelta(hours=1),
     )
     Step.objects.filter(pk=b.pk).update(handler_for=a, callback_for=a)
+    attempt = RunAttempt.objects.get(run_id=a.run_id, attempt_number=a.attempt_number)
+    LedgerEntry.objects.create(
+        organization_id=run.run.organization_id,
+        run_id=a.run_id,
+        attempt=attempt,
+        step=a,
+        type="charge",
+        amount=Decimal("0.01"),
+        idempotency_key=f"charge:{a.pk}:1",
+        actor="engine",
+    )
     return run
 
 

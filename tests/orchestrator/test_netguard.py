@@ -274,20 +274,27 @@ def test_address_not_allowed_is_never_retried() -> None:
 
 # --------------------------------------------------------------------------- a deadline
 def test_a_deadline_bounds_a_look_up_that_does_not_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked = threading.Event()
     released = threading.Event()
 
     def stuck(host: str, port: int) -> list[netguard.IPAddress]:
+        asked.set()
         released.wait(30)  # a resolver that does not answer, until the test is over
         return []
 
     monkeypatch.setattr(netguard, "resolve", stuck)
     try:
-        # Given up at the deadline (unbounded, it would end "resolved to no address").
+        # Given up at the deadline (unbounded, it would end "resolved to no address"). The
+        # deadline leaves the client time to reach the look-up on a loaded machine: with
+        # 0.3 s it sometimes passed before, and the look-up was never asked.
+        began = time.monotonic()
         with (
-            netguard.guarded_client([], deadline=time.monotonic() + 0.3) as client,
+            netguard.guarded_client([], deadline=began + 2.0) as client,
             pytest.raises(httpx.ConnectTimeout, match=r"resolving hooks\.example\.com"),
         ):
             client.get("http://hooks.example.com/")
+        assert asked.is_set()
+        assert time.monotonic() - began < 10  # the resolver would have held it 30 s
     finally:
         released.set()
 

@@ -9,12 +9,17 @@
 -- RUNNING, an approval would be dispatched (the general path's: there the run may stop to
 -- wait for it), or the reservation cannot pay the step's charge (the general path fails
 -- the step with budget_exhausted).
+--
+-- With `p_claim` (the worker's claim of the run's next step follows in this transaction),
+-- the first step it makes ready is left undispatched when that claim would take it
+-- (engine.step_claimed_next), and returned `held`: the claim releases, dispatches and
+-- claims it in one row version (engine.step_claim's `p_held`).
 CREATE FUNCTION engine.record_in_task(
     p_step bigint, p_attempt integer, p_task bigint, p_output text, p_cost numeric,
-    p_cost_text text, p_amount numeric, p_now timestamptz
+    p_cost_text text, p_amount numeric, p_now timestamptz, p_claim boolean DEFAULT false
 ) RETURNS TABLE (
     id bigint, tool varchar, timeout_ms bigint, run_id uuid, attempt_number smallint,
-    status varchar
+    status varchar, held boolean
 ) LANGUAGE plpgsql
 -- One plan per statement, made once per session for any step: their conditions are keys
 -- and ids, and PostgreSQL would otherwise plan a statement given a list of ids anew on
@@ -31,6 +36,7 @@ DECLARE
     v_released bigint[];
     v_ready bigint[];
     v_approval boolean;
+    v_held bigint;
 BEGIN
     -- Read before anything is written: the task, with the slots the step frees...
     SELECT t.retry_count, GREATEST(t.max_concurrent_steps - (t.active_children - 1), 0),
@@ -84,20 +90,35 @@ BEGIN
     SET open_children = open_children - 1,
         active_children = active_children - 1 + cardinality(v_ready)
     WHERE id = p_task;
+    IF p_claim AND v_ready <> '{}' THEN
+        v_held := (SELECT min(ready.id) FROM unnest(v_ready) AS ready (id));  -- claim order
+        IF NOT engine.step_claimed_next(v_run, v_held, p_now) THEN
+            v_held := NULL;
+        END IF;
+    END IF;
     -- The successors released and the ready steps dispatched, each row updated once (a
-    -- step both released and dispatched is one new row version, not two).
+    -- step both released and dispatched is one new row version, not two), the held one
+    -- by its claim.
     RETURN QUERY
     WITH moved AS (
         UPDATE runs_step AS st
         SET pending_dependencies = st.pending_dependencies - (st.id = ANY (v_released))::int,
             dispatched_at = CASE WHEN st.id = ANY (v_ready) THEN p_now ELSE st.dispatched_at END
-        WHERE st.id = ANY (v_released || v_ready)
+        WHERE st.id = ANY (v_released || v_ready) AND st.id IS DISTINCT FROM v_held
         RETURNING st.id, st.tool, st.timeout_ms, st.run_id, st.attempt_number, st.status,
                   st.position, st.id = ANY (v_ready) AS dispatched
+    ), listed AS (
+        SELECT moved.id, moved.tool, moved.timeout_ms, moved.run_id, moved.attempt_number,
+               moved.status, moved.position, false AS held
+        FROM moved WHERE moved.dispatched
+        UNION ALL
+        SELECT h.id, h.tool, h.timeout_ms, h.run_id, h.attempt_number, h.status, h.position,
+               true
+        FROM runs_step AS h WHERE h.id = v_held
     )
-    SELECT moved.id, moved.tool, moved.timeout_ms, moved.run_id, moved.attempt_number,
-           moved.status
-    FROM (VALUES (1)) AS recorded LEFT JOIN moved ON moved.dispatched
-    ORDER BY moved.position;
+    SELECT listed.id, listed.tool, listed.timeout_ms, listed.run_id, listed.attempt_number,
+           listed.status, listed.held
+    FROM (VALUES (1)) AS recorded LEFT JOIN listed ON true
+    ORDER BY listed.position;
 END
 $$;

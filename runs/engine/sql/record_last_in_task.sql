@@ -11,13 +11,15 @@
 -- dispatched none; no row when it declined, having written nothing: the task or the
 -- agent is not RUNNING, an approval would be dispatched (the general path's: there the
 -- run may stop to wait for it before the next task dispatches), or the reservation
--- cannot pay the step's charge.
+-- cannot pay the step's charge. With `p_claim`, the first step it dispatches may be
+-- left to the claim that follows, as engine.record_in_task leaves it (`held`).
 CREATE FUNCTION engine.record_last_in_task(
     p_step bigint, p_attempt integer, p_task bigint, p_agent bigint, p_output text,
-    p_cost numeric, p_cost_text text, p_amount numeric, p_now timestamptz
+    p_cost numeric, p_cost_text text, p_amount numeric, p_now timestamptz,
+    p_claim boolean DEFAULT false
 ) RETURNS TABLE (
     id bigint, tool varchar, timeout_ms bigint, run_id uuid, attempt_number smallint,
-    status varchar
+    status varchar, held boolean
 ) LANGUAGE plpgsql
 -- One plan per statement, made once per session for any step: their conditions are keys
 -- and ids, and PostgreSQL would otherwise plan a statement given a list of ids anew on
@@ -37,6 +39,7 @@ DECLARE
     v_ready bigint[];
     v_steps bigint[];
     v_approval boolean;
+    v_held bigint;
 BEGIN
     -- Read before anything is written: the task and its agent, with the slots the task
     -- frees...
@@ -129,17 +132,29 @@ BEGIN
     SET open_children = open_children - 1,
         active_children = active_children - 1 + cardinality(v_ready)
     WHERE id = p_agent;
+    IF p_claim AND v_steps <> '{}' THEN
+        v_held := (SELECT min(ready.id) FROM unnest(v_steps) AS ready (id));  -- claim order
+        IF NOT engine.step_claimed_next(v_run, v_held, p_now) THEN
+            v_held := NULL;
+        END IF;
+    END IF;
     RETURN QUERY
     WITH moved AS (
         UPDATE runs_step AS st SET dispatched_at = p_now
-        WHERE st.id = ANY (v_steps)
+        WHERE st.id = ANY (v_steps) AND st.id IS DISTINCT FROM v_held
         RETURNING st.id, st.tool, st.timeout_ms, st.run_id, st.attempt_number, st.status,
-                  st.task_id, st.position
+                  st.task_id, st.position, false AS held
+    ), listed AS (
+        SELECT * FROM moved
+        UNION ALL
+        SELECT h.id, h.tool, h.timeout_ms, h.run_id, h.attempt_number, h.status, h.task_id,
+               h.position, true
+        FROM runs_step AS h WHERE h.id = v_held
     )
-    SELECT moved.id, moved.tool, moved.timeout_ms, moved.run_id, moved.attempt_number,
-           moved.status
+    SELECT listed.id, listed.tool, listed.timeout_ms, listed.run_id, listed.attempt_number,
+           listed.status, listed.held
     FROM (VALUES (1)) AS recorded
-    LEFT JOIN (moved JOIN runs_task AS tk ON tk.id = moved.task_id) ON true
-    ORDER BY tk.position, moved.position;
+    LEFT JOIN (listed JOIN runs_task AS tk ON tk.id = listed.task_id) ON true
+    ORDER BY tk.position, listed.position;
 END
 $$;

@@ -18,9 +18,14 @@
 -- Returns what each attempt needs (runs.transitions._CLAIMED_FIELDS), in plan order, and
 -- `more`: whether the run has another claimable step now, so that the server that
 -- claimed these may call for help (orchestrator.executor).
+--
+-- `p_held`: a step of `p_run` that the caller's recording has just made ready and left
+-- undispatched, because this claim takes it first (engine.step_claimed_next said so):
+-- it is released, dispatched and claimed by one UPDATE, one row version where a
+-- dispatch and then a claim wrote two (docs/engine.md, "The path of one step").
 CREATE FUNCTION engine.step_claim(
     p_step bigint, p_run uuid, p_worker text, p_task_id text, p_lease float8,
-    p_now timestamptz DEFAULT now(), p_batch integer DEFAULT 1
+    p_now timestamptz DEFAULT now(), p_batch integer DEFAULT 1, p_held bigint DEFAULT NULL
 ) RETURNS TABLE (
     id bigint, run_id uuid, attempt_number smallint, attempts integer, task_id bigint,
     generation smallint, name varchar, tool varchar, params jsonb, "when" text,
@@ -36,6 +41,8 @@ DECLARE
 BEGIN
     IF p_step IS NOT NULL THEN
         v_steps := ARRAY[p_step];
+    ELSIF p_held IS NOT NULL AND p_batch <= 1 THEN
+        v_steps := ARRAY[p_held];  -- the run's first claimable, were it dispatched
     ELSIF p_batch <= 1 THEN
         SELECT ARRAY[s.id] INTO v_steps FROM runs_step AS s
         -- The run as a range of one, in the order of step_claimable (run, id), the one
@@ -64,18 +71,25 @@ BEGIN
             ORDER BY s.run_id, s.id
             LIMIT 2 * p_batch
         ) AS ready;
+        IF p_held IS NOT NULL THEN
+            v_ready := LEAST(v_ready + 1, 2 * p_batch);  -- the held step is one, the first
+        END IF;
         IF v_ready = 0 THEN
             RETURN;
         END IF;
-        WITH picked AS MATERIALIZED (
+        WITH others AS MATERIALIZED (
             SELECT s.id, s.task_id FROM runs_step AS s
             WHERE s.run_id >= p_run AND s.run_id <= p_run
               AND s.status = 'pending'
               AND s.dispatched_at IS NOT NULL
               AND (s.next_run_at IS NULL OR s.next_run_at <= p_now)
             ORDER BY s.run_id, s.id
-            LIMIT GREATEST(1, LEAST(p_batch, v_ready / 2))
+            LIMIT GREATEST(1, LEAST(p_batch, v_ready / 2)) - (p_held IS NOT NULL)::int
             FOR NO KEY UPDATE SKIP LOCKED
+        ), picked AS (
+            SELECT held.id, held.task_id FROM runs_step AS held WHERE held.id = p_held
+            UNION ALL
+            SELECT others.id, others.task_id FROM others
         )
         SELECT array_agg(p.id ORDER BY p.id) INTO v_steps FROM picked AS p
         WHERE p.task_id = (SELECT first.task_id FROM picked AS first ORDER BY first.id LIMIT 1);
@@ -105,6 +119,11 @@ BEGIN
         WITH claimed AS (
             UPDATE runs_step AS s
             SET status = 'running',
+                -- The held step's release and dispatch (a ready step has no dependency
+                -- left), in the claim's row version.
+                pending_dependencies = CASE WHEN s.id = p_held THEN 0
+                                            ELSE s.pending_dependencies END,
+                dispatched_at = CASE WHEN s.id = p_held THEN p_now ELSE s.dispatched_at END,
                 attempts = s.attempts + 1,
                 -- A step that was parked (waiting_reason: a rate limit's line, a timer)
                 -- starts now: started_at is the attempt's that runs the tool, and the
@@ -122,7 +141,7 @@ BEGIN
                 celery_task_id = p_task_id
             WHERE s.id = v_step
               AND s.status = 'pending'
-              AND s.dispatched_at IS NOT NULL
+              AND (s.dispatched_at IS NOT NULL OR s.id = p_held)
               AND (s.next_run_at IS NULL OR s.next_run_at <= p_now)
               -- The run by its key: as a join, a generic plan made while few runs were
               -- running scanned every running run for it.
@@ -158,5 +177,25 @@ BEGIN
         END IF;
         RETURN NEXT;
     END LOOP;
+END
+$$;
+
+-- engine.step_claimed_next: whether the next claim of the run `p_run` (engine.step_claim,
+-- at `p_now`) would take `p_step`, a step the caller has just made ready, were it
+-- dispatched: no claimable step of the run comes before it. The claim's own pick, but
+-- rows being claimed by others at this moment count (where one is, the caller
+-- dispatches the step as any other, and the claim picks as it does).
+CREATE FUNCTION engine.step_claimed_next(p_run uuid, p_step bigint, p_now timestamptz)
+RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN COALESCE((
+        SELECT s.id FROM runs_step AS s
+        WHERE s.run_id >= p_run AND s.run_id <= p_run
+          AND s.status = 'pending'
+          AND s.dispatched_at IS NOT NULL
+          AND (s.next_run_at IS NULL OR s.next_run_at <= p_now)
+        ORDER BY s.run_id, s.id
+        LIMIT 1
+    ) > p_step, true);
 END
 $$;

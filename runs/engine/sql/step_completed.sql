@@ -60,6 +60,8 @@ DECLARE
     v_locking timestamptz;
     v_locked timestamptz;
     v_claimed jsonb;
+    v_row record;
+    v_held bigint;
 BEGIN
     PERFORM engine.run_gate(a_run, p_shared => true);
     SELECT r.status, r.waiting_approvals, r.last_heartbeat, r.priority
@@ -147,22 +149,33 @@ BEGIN
     IF v_shape IS NULL THEN
         v_locking := clock_timestamp();  -- the wait for the locks goes back to the worker
         SELECT open_children INTO v_open FROM runs_task WHERE id = v_task FOR NO KEY UPDATE;
+        -- The two shapes that dispatch: the first step made ready may be held for the
+        -- worker's claim below, which dispatches and claims it in one row version.
         IF v_open > 1 THEN
             v_shape := 'in_task';
             v_now := clock_timestamp();  -- as the general path's, once its locks are held
-            RETURN QUERY SELECT v_shape, v_priority, a_step, d.*, NULL::jsonb
-                FROM engine.record_in_task(a_step, a_attempt, v_task, a_output, a_cost,
-                                           a_cost_text, a_amount, v_now) AS d;
+            FOR v_row IN SELECT * FROM engine.record_in_task(
+                a_step, a_attempt, v_task, a_output, a_cost, a_cost_text, a_amount, v_now,
+                v_claim_run IS NOT DISTINCT FROM a_run) LOOP
+                v_held := CASE WHEN v_row.held THEN v_row.id ELSE v_held END;
+                RETURN QUERY SELECT v_shape, v_priority, a_step, v_row.id, v_row.tool,
+                    v_row.timeout_ms, v_row.run_id, v_row.attempt_number, v_row.status,
+                    NULL::jsonb;
+            END LOOP;
         ELSE
             SELECT open_children INTO v_open FROM runs_agent WHERE id = v_agent
                FOR NO KEY UPDATE;
             IF v_open > 1 THEN
                 v_shape := 'last_in_task';
                 v_now := clock_timestamp();
-                RETURN QUERY SELECT v_shape, v_priority, a_step, d.*, NULL::jsonb
-                    FROM engine.record_last_in_task(a_step, a_attempt, v_task, v_agent,
-                                                    a_output, a_cost, a_cost_text, a_amount,
-                                                    v_now) AS d;
+                FOR v_row IN SELECT * FROM engine.record_last_in_task(
+                    a_step, a_attempt, v_task, v_agent, a_output, a_cost, a_cost_text,
+                    a_amount, v_now, v_claim_run IS NOT DISTINCT FROM a_run) LOOP
+                    v_held := CASE WHEN v_row.held THEN v_row.id ELSE v_held END;
+                    RETURN QUERY SELECT v_shape, v_priority, a_step, v_row.id, v_row.tool,
+                        v_row.timeout_ms, v_row.run_id, v_row.attempt_number, v_row.status,
+                        NULL::jsonb;
+                END LOOP;
             ELSE
                 SELECT open_children INTO v_open FROM runs_run WHERE id = a_run
                    FOR NO KEY UPDATE;
@@ -191,7 +204,12 @@ BEGIN
         -- that lock: a deadlock.
         IF v_claim_run IS NOT NULL THEN
             v_claimed := (SELECT jsonb_agg(to_jsonb(c)) FROM engine.step_claim(
-                NULL, v_claim_run, a_worker, a_task_id, a_lease, v_now, a_batch) AS c);
+                NULL, v_claim_run, a_worker, a_task_id, a_lease, v_now, a_batch, v_held) AS c);
+            IF v_held IS NOT NULL AND (v_claimed -> 0 ->> 'id')::bigint IS DISTINCT FROM v_held
+            THEN
+                -- Left undispatched for this claim alone: nothing else may take it.
+                RAISE EXCEPTION 'step % was held for its claim and not claimed', v_held;
+            END IF;
         END IF;
     ELSE
         RETURN QUERY SELECT v_shape, v_priority, a_step, NULL::bigint, NULL::varchar,

@@ -77,11 +77,20 @@ def dag() -> dict[str, Any]:
     }
 
 
-# A shape of engine.step_completed, the step recorded, and the shape's name in its rows.
+# A shape of engine.step_completed, the step recorded, the shape's name in its rows, and
+# whether the recording claims the worker's next step (the step it makes ready, held for
+# that claim: engine.step_claimed_next, engine.step_claim's `p_held`).
 SHAPES = {
-    "a step among others": (parallel, "p0", "in_task"),
-    "a task's last step": (dag, "r", "last_in_task"),
-    "the run's last step": (lambda: factories.plan(steps=1), "step-0", "last_in_run"),
+    "a step among others": (parallel, "p0", "in_task", False),
+    "a task's last step": (dag, "r", "last_in_task", False),
+    "the run's last step": (lambda: factories.plan(steps=1), "step-0", "last_in_run", False),
+    "a sequence's step, claiming the next": (
+        lambda: factories.plan(steps=3),
+        "step-0",
+        "in_task",
+        True,
+    ),
+    "a task's last step, claiming the next task's first": (dag, "r", "last_in_task", True),
 }
 
 
@@ -100,7 +109,7 @@ def touched(node: dict[str, Any], path: str = "") -> list[tuple[int, str]]:
 
 
 def plans_of_recording(
-    organization: Organization, plan: dict[str, Any], name: str, shape: str
+    organization: Organization, plan: dict[str, Any], name: str, shape: str, claim: bool
 ) -> list[dict[str, Any]]:
     run = services.run_create(organization=organization, plan=plan)
     run_start(run_id=run.pk)
@@ -110,11 +119,13 @@ def plans_of_recording(
     claimed = claim_step(target.pk, worker="test", task_id="t", lease_seconds=60)
     assert claimed is not None
     rows, plans = explained(
-        "SELECT * FROM engine.step_completed(%s, %s, %s, %s, 0.001, '0.001', 0.001, false, "
-        "'', '', 0, false, '', '{}', '{}', NULL)",
-        [target.pk, claimed["attempts"], run.pk, json.dumps({"n": 1})],
+        "SELECT * FROM engine.step_completed(%s, %s, %s, %s, 0.001, '0.001', 0.001, %s, "
+        "'test', 't', 60, false, '', '{}', '{}', NULL)",
+        [target.pk, claimed["attempts"], run.pk, json.dumps({"n": 1}), claim],
     )
     assert [row[0] for row in rows][:1] == [shape], "the shape did not apply: it measures nothing"
+    if claim:
+        assert rows[-1][0] == "claimed", "nothing was claimed: the claim measures nothing"
     return plans
 
 
@@ -281,11 +292,11 @@ def test_no_part_of_a_batch_claims_plan_grows_with_the_tables(
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_no_part_of_a_shapes_plan_grows_with_the_tables(shape: str) -> None:
-    plan, name, applied = SHAPES[shape]
+    plan, name, applied, claim = SHAPES[shape]
     organization = factories.org(credits=1000)
     grow(organization)
 
-    plans = plans_of_recording(organization, plan(), name, applied)
+    plans = plans_of_recording(organization, plan(), name, applied, claim)
 
     wide = wide_parts(plans)
     assert wide == [], f"parts of the plans that read more than {MOST} rows: {wide}"

@@ -71,23 +71,27 @@ BEGIN
         RETURN;
     END IF;
     -- The step, running this attempt (only an exclusive holder of the gate changes a
-    -- running step, and none is in), and no on_error handler. Its row is locked first,
-    -- before any other: a claim may hold it (a lock that outlived the claim's recheck),
-    -- and such a claim may be waiting for a task's row; so no recording waits for its
-    -- own step while it holds one. And whether it is a leaf (below).
+    -- running step, and none is in), and no on_error handler; and whether it is a leaf
+    -- (below). Its row is locked before any other row (the first statement of the leaf's
+    -- block, or before the shapes'): a claim may hold it (a lock that outlived the
+    -- claim's recheck), and such a claim may be waiting for a task's row; so no
+    -- recording waits for its own step while it holds one. Not here: a row locked
+    -- before the leaf's block and updated inside it takes a MultiXact (to PostgreSQL the
+    -- block is a transaction of its own, and the row must keep both).
     SELECT s.task_id, t.agent_id, s.attempt_number,
            s.dependents = '[]'::jsonb AND t.max_concurrent_steps >= t.step_count
            AND t.open_children > 1 AND t.status = 'running'
       INTO v_task, v_agent, v_attempt_number, v_leaf
       FROM runs_step AS s JOIN runs_task AS t ON t.id = s.task_id
      WHERE s.id = a_step AND s.run_id = a_run AND s.status = 'running'
-       AND s.attempts = a_attempt AND s.handler_for_id IS NULL
-       FOR NO KEY UPDATE OF s;
+       AND s.attempts = a_attempt AND s.handler_for_id IS NULL;
     IF NOT FOUND THEN
         RETURN;
     END IF;
     -- The worker's fair choice, when its slice is over (runs.fairness), made before any
-    -- other row lock is taken and returned whatever it is. The step claimed below is of
+    -- row lock is taken (it takes none) and returned whatever it is (with nothing
+    -- recorded, when a duplicate of this recording recorded the step meanwhile: the
+    -- worker then drops its result and the choice). The step claimed below is of
     -- the chosen run when that run is of the worker's slot's organization and running;
     -- none when it is another organization's or a pick-up (the worker goes there); of
     -- this run when nothing was ready (what this recording makes ready may be).
@@ -120,6 +124,12 @@ BEGIN
     IF v_leaf THEN
         v_now := clock_timestamp();
         BEGIN
+            PERFORM 1 FROM runs_step
+             WHERE id = a_step AND status = 'running' AND attempts = a_attempt
+               FOR NO KEY UPDATE;
+            IF NOT FOUND THEN  -- recorded meanwhile: the lock below finds it so too
+                RAISE EXCEPTION USING ERRCODE = 'OEL01';
+            END IF;
             PERFORM engine.step_finish(a_step, a_attempt, a_output, a_cost, a_cost_text, v_now);
             IF v_claim_run IS NOT NULL THEN
                 v_claimed := (SELECT jsonb_agg(to_jsonb(c)) FROM engine.step_claim(
@@ -148,6 +158,12 @@ BEGIN
     -- ends. A shape that declines writes nothing and the call returns nothing more.
     IF v_shape IS NULL THEN
         v_locking := clock_timestamp();  -- the wait for the locks goes back to the worker
+        PERFORM 1 FROM runs_step
+         WHERE id = a_step AND status = 'running' AND attempts = a_attempt
+           FOR NO KEY UPDATE;
+        IF NOT FOUND THEN
+            RETURN;  -- recorded by another call meanwhile (a duplicate of the recording)
+        END IF;
         SELECT open_children INTO v_open FROM runs_task WHERE id = v_task FOR NO KEY UPDATE;
         -- The two shapes that dispatch: the first step made ready may be held for the
         -- worker's claim below, which dispatches and claims it in one row version.

@@ -16,6 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.db import connection
 
 from billing.models import LedgerEntry, Organization, Reservation
 from common.invariants import violations
@@ -474,3 +475,38 @@ def test_a_picked_up_run_starts_in_one_statement_unless_an_approval_is_ready(
     assert plain.refresh().active_children == 2
     assert plain.sent() == ["one", "three"]  # agents in order, each task's first step
     assert gated.refresh().status == "waiting_approval"  # the general path made it wait
+
+
+HEAP_XMAX_IS_MULTI = 0x1000  # a tuple header's infomask bit (PostgreSQL's htup_details.h)
+
+
+def xmax_is_a_multixact(ctid: str) -> bool:
+    """Whether the step row version at ``ctid`` was locked or updated under a MultiXact
+    (its page read as it is in shared buffers, this transaction's changes included)."""
+    block, line = (int(part) for part in ctid.strip("()").split(","))
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE EXTENSION IF NOT EXISTS pageinspect")
+        cursor.execute(
+            "SELECT t_infomask FROM heap_page_items(get_raw_page('runs_step', %s)) WHERE lp = %s",
+            [block, line],
+        )
+        return bool(cursor.fetchone()[0] & HEAP_XMAX_IS_MULTI)
+
+
+def test_a_leafs_recording_takes_no_multixact_on_its_steps_row(
+    start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The leaf's writes are in a block that may roll back (a subtransaction): a row
+    # locked before it and updated inside it took a MultiXact, one per fan-out step.
+    calls = hot_path_calls(monkeypatch)
+    run = start(one_agent({"name": "t", "mode": "parallel", "steps": [step("a"), step("b")]}))
+    attempt = run.claim("a")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT ctid::text FROM runs_step WHERE id = %s", [run.step("a").pk])
+        claimed_version = cursor.fetchone()[0]
+
+    run.record("a", attempt)
+
+    assert calls == [True]
+    assert run.step("a").status == "completed"
+    assert not xmax_is_a_multixact(claimed_version)

@@ -29,7 +29,8 @@ as a runner's held poll does: hundreds of open streams pin neither workers nor
 PostgreSQL connections.
 
 Why not simply "the events with an id above the last one sent". Ids come from a
-sequence when a row is inserted, but transactions commit in their own order: a
+sequence when an event is written (a row inserted, or a step's claim or completion kept
+on its row: ``runs.selectors.run_history``), but transactions commit in their own order: a
 recording that drew id 100 may commit after a claim that drew 101. A reader that sent
 101 and moved its cursor past it would never send 100, and a client resuming after 101
 would miss it too. So the stream sends an event only once no transaction can still
@@ -138,16 +139,18 @@ class Horizon:
 # One statement per look: the snapshot first (the statement's own), then the sequence's
 # last value (read as the statement runs, so after the snapshot was taken), the run's
 # status as of that snapshot (every event committed before the run was seen ended has an
-# id at most that value) and whether the run has events after the last one sent. Most
-# looks (a heartbeat, a wake-up for events still beyond the horizon) end there: one probe
-# of the (run, id) index, no rows read, nothing built in Python.
+# id at most that value) and whether the run has events after the last one sent (its
+# history: the event rows and the events kept on its steps' rows, whose ids come from the
+# same sequence, drawn by the transaction that writes the step's row). Most looks (a
+# heartbeat, a wake-up for events still beyond the horizon) end there: one probe of each
+# of the history's (run, id) indexes, no rows read, nothing built in Python.
 LOOK_SQL = """
 SELECT pg_snapshot_xmin(s)::text::bigint,
        pg_snapshot_xmax(s)::text::bigint,
        COALESCE(pg_sequence_last_value(
            pg_get_serial_sequence('runs_runevent', 'id')::regclass), 0),
        (SELECT status FROM runs_run WHERE id = %(run)s),
-       EXISTS (SELECT 1 FROM runs_runevent WHERE run_id = %(run)s AND id > %(after)s)
+       EXISTS (SELECT 1 FROM engine.run_history WHERE run_id = %(run)s AND id > %(after)s)
 FROM pg_current_snapshot() AS s
 """
 

@@ -70,10 +70,12 @@ Link = tuple[type[models.Model], "models.ForeignKey[Any, Any]"]
 
 def unchecked_links(app_label: str) -> list[Link]:
     """The app's foreign keys that the database does not check (``db_constraint=False``),
-    as (model, field), in model and field order."""
+    as (model, field), in model and field order; a view's (an unmanaged model) are its
+    tables' links, checked there."""
     return [
         (model, field)
         for model in apps.get_app_config(app_label).get_models()
+        if model._meta.managed
         for field in model._meta.concrete_fields
         # django-stubs leave the attribute out.
         if isinstance(field, models.ForeignKey) and not field.db_constraint  # type: ignore[attr-defined]

@@ -477,10 +477,10 @@ def sweep_recoveries(book: RunBook) -> dict[str, int]:
     from django.db.models import Sum
     from django.db.models.functions import Coalesce
 
-    from runs.models import Run, RunEvent, Step
+    from runs.models import HistoryEvent, Run, Step
 
     runs = book.ids()
-    resent = RunEvent.objects.filter(
+    resent = HistoryEvent.objects.filter(
         run_id__in=runs, actor="sweep", message__startswith="re-sent"
     ).values_list("payload", flat=True)
     return {
@@ -537,7 +537,7 @@ def limit_problems(book: RunBook) -> dict[str, Any]:
     """Runs that waited for a place (with a `queue` event), and any moment when more runs
     than their concurrency key allows, or than the organization allows, ran at once
     (from each run's pick-up to its end)."""
-    from runs.models import EventKind, Run, RunEvent
+    from runs.models import EventKind, HistoryEvent, Run
 
     runs = list(
         Run.objects.filter(
@@ -545,7 +545,7 @@ def limit_problems(book: RunBook) -> dict[str, Any]:
         ).values_list("pk", "concurrency_key", "picked_up_at", "status_changed_at", "status")
     )
     waited = (
-        RunEvent.objects.filter(run_id__in=book.ids(), kind=EventKind.QUEUE)
+        HistoryEvent.objects.filter(run_id__in=book.ids(), kind=EventKind.QUEUE)
         .exclude(message="admitted")
         .values("run_id")
         .distinct()

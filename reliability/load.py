@@ -239,12 +239,12 @@ def cross_tenant_events() -> list[str]:
     """Run events written by a key of another organization than the run's (must be none:
     every cross-tenant request must have answered 404 and changed nothing)."""
     from billing.models import ApiKey
-    from runs.models import RunEvent
+    from runs.models import HistoryEvent
 
     owner = {f"api:{prefix}": org for prefix, org in ApiKey.objects.values_list(
         "prefix", "organization_id")}  # fmt: skip
     rows = (
-        RunEvent.objects.filter(actor__startswith="api:")
+        HistoryEvent.objects.filter(actor__startswith="api:")
         .values_list("run_id", "actor", "run__organization_id", "message")
         .distinct()
     )

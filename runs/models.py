@@ -491,6 +491,18 @@ class Step(Timestamps):
     cached_from = models.JSONField(null=True, blank=True)
     # The plan's `cache` (`{"key": template, "ttl_ms": N}`), or null.
     cache = models.JSONField(null=True, blank=True)
+    # Its attempt's claim (pending -> running) and plain completion (running -> completed)
+    # are events of the run's history kept on this row, not rows of runs_runevent: each
+    # its id, drawn from the events' sequence by the statement that claims or completes,
+    # and what it shows that the row does not keep otherwise (the claim's time, the cost
+    # the completion shows). engine.run_history lists them among the event rows; a change
+    # of the row that would alter one writes it as a row first, with its id
+    # (runs/engine/sql/run_history.sql; docs/engine.md, "A step's history"). Written by
+    # the database's code alone.
+    claim_event = models.BigIntegerField(null=True, blank=True, editable=False)
+    claimed_at = models.DateTimeField(null=True, blank=True, editable=False)
+    completion_event = models.BigIntegerField(null=True, blank=True, editable=False)
+    completion_cost = models.TextField(blank=True, default="", db_default="", editable=False)
 
     class Meta:
         ordering = ["task", "generation", "position"]
@@ -541,6 +553,19 @@ class Step(Timestamps):
             ),
             # An organization's parked waits (its quota), counted through its runs.
             models.Index(fields=["run"], name="step_timer", condition=Q(waiting_reason="timer")),
+            # A run's events kept on its steps' rows, in id order (engine.run_history): a
+            # page of its history is cut on these as on event_run_order. Only the
+            # versions that hold such an event take an entry.
+            models.Index(
+                fields=["run", "claim_event"],
+                name="step_claim_event",
+                condition=Q(claim_event__isnull=False),
+            ),
+            models.Index(
+                fields=["run", "completion_event"],
+                name="step_completion_event",
+                condition=Q(completion_event__isnull=False),
+            ),
         ]
         constraints = [
             models.UniqueConstraint(fields=["task", "generation", "name"], name="step_unique_name"),
@@ -603,14 +628,9 @@ class StepCacheEntry(models.Model):
         return f"{self.tool} {self.key}"
 
 
-class RunEvent(models.Model):
-    """Append-only history of a run: the audit trail and the source of its timeline."""
+class Event(models.Model):
+    """What an event of a run shows: the fields of an event row and of a listed event."""
 
-    id = models.BigAutoField(primary_key=True)
-    # No index of its own: event_run_order leads with it, and every step writes events.
-    run = models.ForeignKey(
-        Run, on_delete=models.CASCADE, related_name="events", db_index=False, db_constraint=False
-    )
     attempt_number = models.PositiveSmallIntegerField(default=0)
     entity = models.CharField(max_length=10)
     entity_id = models.CharField(max_length=40)
@@ -620,14 +640,31 @@ class RunEvent(models.Model):
     actor = models.CharField(max_length=200, blank=True)
     message = models.TextField(blank=True)
     payload = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"{self.entity} {self.entity_id}: {self.kind} {self.from_status}->{self.to_status}"
+
+
+class RunEvent(Event):
+    """Append-only history of a run: the audit trail and the source of its timeline.
+
+    The rows of it that are written as rows: a step's claim and plain completion are kept
+    on the step's row instead (``Step.claim_event``). Read a run's history, both, as
+    ``HistoryEvent`` (``runs.selectors.run_history``)."""
+
+    id = models.BigAutoField(primary_key=True)
+    # No index of its own: event_run_order leads with it, and every step writes events.
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="events", db_index=False, db_constraint=False
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["run", "id"]
         indexes = [models.Index(fields=["run", "id"], name="event_run_order")]
-
-    def __str__(self) -> str:
-        return f"{self.entity} {self.entity_id}: {self.kind} {self.from_status}->{self.to_status}"
 
     def save(self, *args: object, **kwargs: object) -> None:
         if not self._state.adding:
@@ -636,6 +673,38 @@ class RunEvent(models.Model):
 
     def delete(self, *args: object, **kwargs: object) -> tuple[int, dict[str, int]]:
         raise ValueError("run events are append-only")
+
+
+class HistoryManager(models.Manager["HistoryEvent"]):
+    """The view's rows that are events: a step's row is in its parts whether or not it
+    keeps such an event, without an id where it keeps none (run_history.sql says why)."""
+
+    def get_queryset(self) -> models.QuerySet[HistoryEvent]:
+        return super().get_queryset().filter(id__isnull=False)
+
+
+class HistoryEvent(Event):
+    """A run's history as its readers list it (the API's events and their stream, the
+    run page, the admin, the checks and tools that read events): the event rows and the
+    events kept on its steps' rows, each as its row would be, in id order. The
+    database's view engine.run_history (runs/engine/sql/run_history.sql); read-only."""
+
+    id = models.BigIntegerField(primary_key=True)
+    run = models.ForeignKey(
+        Run,
+        on_delete=models.DO_NOTHING,
+        related_name="+",
+        db_index=False,
+        db_constraint=False,
+    )
+    created_at = models.DateTimeField()
+
+    objects = HistoryManager()
+
+    class Meta:
+        managed = False
+        db_table = '"engine"."run_history"'
+        ordering = ["run", "id"]
 
 
 # --------------------------------------------------------------------------- runners

@@ -21,8 +21,15 @@ from typing import Any
 from django.db.models import Count
 from django.utils import timezone
 
-from runs.models import Agent, Run, RunEvent, Step, Task
-from runs.selectors import RunSummary, attach_credits, run_summary, with_paths, with_work
+from runs.models import Agent, HistoryEvent, Run, Step, Task
+from runs.selectors import (
+    RunSummary,
+    attach_credits,
+    run_history,
+    run_summary,
+    with_paths,
+    with_work,
+)
 from runs.states import RUN_TERMINAL, StepStatus
 
 # Past this many steps in the current attempt the graph draws agents and tasks with their
@@ -382,11 +389,13 @@ def run_gantt(run: Run, now: datetime | None = None) -> Gantt:
             run=run, attempt_number=attempt
         ).values_list("id", "task__agent__name", "task__name", "name", "dispatched_at")
     }
-    events = RunEvent.objects.filter(
-        run=run, attempt_number=attempt, entity="step", kind__in=("transition", "retry")
-    ).values_list("entity_id", "from_status", "to_status", "payload", "created_at")
+    events = (
+        run_history(run)
+        .filter(attempt_number=attempt, entity="step", kind__in=("transition", "retry"))
+        .values_list("entity_id", "from_status", "to_status", "payload", "created_at")
+    )
     per_step: dict[int, list[tuple[str, str, Any, datetime]]] = defaultdict(list)
-    for entity_id, source, target, payload, at in events.order_by("id"):
+    for entity_id, source, target, payload, at in events:
         per_step[int(entity_id)].append((source, target, payload, at))
     started = sorted(
         (next(at for _, target, _, at in history if target in _BEGINS), pk)
@@ -584,11 +593,12 @@ def run_live(run: Run) -> dict[str, Any]:
     }
 
 
-def event_page(run: Run, before: int | None) -> tuple[list[RunEvent], int | None]:
-    """One page of the run's events, newest first, before the event id ``before`` (the
-    newest page when None), and the id to ask for the next (older) page, None at the
-    end. Keyset paging on the (run, id) index: any page costs the same."""
-    events = with_paths(RunEvent.objects.filter(run=run))
+def event_page(run: Run, before: int | None) -> tuple[list[HistoryEvent], int | None]:
+    """One page of the run's events (its history), newest first, before the event id
+    ``before`` (the newest page when None), and the id to ask for the next (older) page,
+    None at the end. Keyset paging on the history's (run, id) indexes: any page costs the
+    same."""
+    events = with_paths(run_history(run))
     if before is not None:
         events = events.filter(id__lt=before)
     page = list(events.order_by("-id")[: EVENTS_PER_PAGE + 1])

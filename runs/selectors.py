@@ -38,7 +38,7 @@ from runs.filters import (
     RunnerJobFilter,
     TaskFilter,
 )
-from runs.models import Agent, Run, RunEvent, RunnerJob, Step, Task
+from runs.models import Agent, HistoryEvent, Run, RunnerJob, Step, Task
 from runs.services import RunNotFound
 from runs.states import STEP_TERMINAL, RunStatus
 
@@ -215,14 +215,24 @@ def runner_job_list(
     return RunnerJobFilter(query or {}, queryset=jobs).filtered().order_by("-created_at", "-id")
 
 
+def run_history(run: Run | UUID | str) -> QuerySet[HistoryEvent]:
+    """The run's history in id order, as every reader lists it: its event rows and the
+    events kept on its steps' rows (a claim, a plain completion), each as its row would
+    be (engine.run_history; docs/engine.md, "A step's history"). Read a run's events
+    here, never from ``RunEvent``, which holds the rows alone."""
+    run_id = run.pk if isinstance(run, Run) else run
+    return HistoryEvent.objects.filter(run_id=run_id).order_by("id")
+
+
 def events_page(
     *, run: Run, query: QueryData, after: int = 0, before: int | None = None, limit: int
 ) -> list[dict[str, Any]]:
-    """The run's events in ascending id, as ``query`` (the cleaned values of
-    ``EventFilter``: attempt, kind, after) selects them, each with its ``path``
-    (engine.event_path): the ``limit`` first after ``after`` or, with ``before``, the
-    ``limit`` last before it, a dict an event. One statement (runs/queries/events_page.sql)
-    on the (run, id) index, to keyset pages and to follow a run as it grows."""
+    """The run's events (its history, ``run_history``) in ascending id, as ``query`` (the
+    cleaned values of ``EventFilter``: attempt, kind, after) selects them, each with its
+    ``path`` (engine.event_path): the ``limit`` first after ``after`` or, with ``before``,
+    the ``limit`` last before it, a dict an event. One statement
+    (runs/queries/events_page.sql) on the history's (run, id) indexes, to keyset pages and
+    to follow a run as it grows."""
     params = {
         "run": run.pk,
         "attempt": query.get("attempt"),
@@ -233,10 +243,10 @@ def events_page(
         "limit": limit,
     }
     names, rows = fetch(QUERIES["events_page"], params)
-    return dicts(RunEvent, names, rows)
+    return dicts(HistoryEvent, names, rows)
 
 
-def with_paths(events: QuerySet[RunEvent]) -> QuerySet[RunEvent]:
+def with_paths(events: QuerySet[HistoryEvent]) -> QuerySet[HistoryEvent]:
     """Events annotated with ``path``: where in the plan the entity they name is,
     ``agent.task.step`` (``agent.task``, ``agent``; "" for the run itself), as people
     read it, rather than a database id (engine.event_path)."""
@@ -249,7 +259,7 @@ def with_paths(events: QuerySet[RunEvent]) -> QuerySet[RunEvent]:
     return events.annotate(path=path)
 
 
-def event_label(event: RunEvent) -> str:
+def event_label(event: HistoryEvent) -> str:
     """What an event is about, for people: its ``path`` (``with_paths``) and, for a step,
     the attempt its payload names; "run" for the run itself."""
     path = getattr(event, "path", "") or ""

@@ -39,7 +39,7 @@ from django.utils import timezone
 
 from billing.models import Organization
 from runs import admission, services
-from runs.models import Run, RunEvent
+from runs.models import HistoryEvent, Run
 from runs.outbox import wake_runners
 from runs.states import InvalidTransition, RunStatus
 
@@ -124,7 +124,7 @@ def paused_by_suspension(organization: Organization) -> QuerySet[Run]:
     """The organization's paused runs whose last pause was a suspension's, oldest first
     (read from each run's events, newest first by the index on (run, id))."""
     last_pause = (
-        RunEvent.objects.filter(run=OuterRef("pk"), entity="run", to_status=RunStatus.PAUSED)
+        HistoryEvent.objects.filter(run=OuterRef("pk"), entity="run", to_status=RunStatus.PAUSED)
         .order_by("-id")
         .values("actor")[:1]
     )

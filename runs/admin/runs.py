@@ -7,10 +7,11 @@ import json
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from typing import Any
+from uuid import UUID
 
 from django.contrib import admin, messages
 from django.db.models import Count, QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, QueryDict
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
@@ -20,8 +21,18 @@ from common.units import duration_text
 from runs import escalations
 from runs.admin.run_page import CONTROLS, REFUSALS, RunPageAdmin
 from runs.engine.start import run_start
-from runs.models import Agent, EscalationTicket, Resolution, Run, RunAttempt, RunEvent, Step, Task
-from runs.selectors import event_label, with_paths
+from runs.models import (
+    Agent,
+    EscalationTicket,
+    HistoryEvent,
+    Resolution,
+    Run,
+    RunAttempt,
+    RunEvent,
+    Step,
+    Task,
+)
+from runs.selectors import event_label, run_history, with_paths
 
 PLAN_SHOWN_BYTES = 100_000
 
@@ -325,6 +336,11 @@ class RunAdmin(RunPageAdmin):
 
 @admin.register(RunEvent)
 class RunEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[RunEvent]):
+    """A run's events as every reader lists them: its history (``selectors.run_history``),
+    the event rows and the events kept on its steps' rows, under the events' own address.
+    One run at a time (its page links here; or search by its id): a step's kept events
+    are found by run, and a list of every run's would read every step."""
+
     list_display = (
         "created_at",
         "run",
@@ -341,14 +357,40 @@ class RunEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[RunEvent]):
     show_full_result_count = False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[RunEvent]:
-        return with_paths(super().get_queryset(request))
+        run_id = _chosen_run(request)
+        history = with_paths(run_history(run_id)) if run_id else HistoryEvent.objects.none()
+        # The history's rows are shown as the events' (their fields are the same).
+        return history  # type: ignore[return-value]
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        if _chosen_run(request) is None:
+            messages.info(
+                request,
+                "Choose a run: its page links to its events, or search here by its id.",
+            )
+        return super().changelist_view(request, extra_context)
 
     @admin.display(description="what")
-    def what(self, event: RunEvent) -> str:
+    def what(self, event: HistoryEvent) -> str:
         """The entity by its path in the plan (``agent.task.step``, and a step's
         attempt), not its database id."""
         return event_label(event)
 
     @admin.display(description="transition")
-    def transition(self, event: RunEvent) -> str:
+    def transition(self, event: HistoryEvent) -> str:
         return f"{event.from_status} \u2192 {event.to_status}" if event.to_status else ""
+
+
+def _chosen_run(request: HttpRequest) -> UUID | None:
+    """The run whose events are asked for: the list's filter by run (its page's link) or
+    a search by its id; for an event's own page, the list's it was opened from."""
+    kept = QueryDict(request.GET.get("_changelist_filters", ""))
+    for params in (request.GET, kept):
+        for value in (params.get("run__id__exact"), params.get("q")):
+            try:
+                return UUID(str(value).strip())
+            except ValueError:
+                continue
+    return None

@@ -26,9 +26,11 @@ from billing.services import api_key_create
 from common import eventstreams
 from runs import services
 from runs.engine.start import run_start
-from runs.models import Run, RunEvent
+from runs.models import Run, Step
+from runs.selectors import run_history
 from runs.transitions import record_event
 from tests import factories
+from tests.api import states
 from tests.api.sse import Block, blocks, open_stream, read_all, stream_url, subscribers
 from tests.support import free_port, wait_until
 
@@ -104,7 +106,7 @@ def events_of(received: Iterator[Block], count: int) -> list[dict[str, Any]]:
 
 def last_id(run: Run) -> str:
     """The id of the run's latest event (its creation's, for a run just created)."""
-    return str(RunEvent.objects.filter(run=run).latest("id").pk)
+    return str(run_history(run).latest("id").pk)
 
 
 def finished_run(organization: Organization) -> Run:
@@ -440,7 +442,7 @@ def test_an_event_committed_out_of_id_order_waits_for_the_one_before_it(
             earlier = row[0]
         later = record_event(run, "operator", message="drawn second, committed first").pk
         assert later > earlier
-        seen = set(RunEvent.objects.filter(run=run).values_list("pk", flat=True))
+        seen = set(run_history(run).values_list("pk", flat=True))
         assert later in seen
         assert earlier not in seen
         created = set(seen) - {later}  # the run's own creation event(s)
@@ -457,6 +459,45 @@ def test_an_event_committed_out_of_id_order_waits_for_the_one_before_it(
     # horizon had not passed the open transaction), then everything, in id order.
     assert while_open == [[], [], []]
     assert sent == sorted(created | {earlier, later})
+
+
+def test_a_claim_kept_on_its_steps_row_committed_out_of_id_order_waits_for_it_too(
+    live: Live,
+) -> None:
+    # A claim draws its event's id and keeps it on the step's row (no event row), in a
+    # transaction that stays open; an event drawn after it commits first. The stream
+    # sends neither until the claim commits, then both, in id order, the claim as the
+    # events list shows it.
+    run = states.running(live.organization)
+    stream = EventStream(run=run, after=int(last_id(run)), heartbeat_s=15)
+    settings_dict = connection.settings_dict
+    with psycopg.connect(
+        host=settings_dict["HOST"],
+        port=settings_dict["PORT"],
+        dbname=settings_dict["NAME"],
+        user=settings_dict["USER"],
+        password=settings_dict["PASSWORD"] or None,
+    ) as other:
+        with other.cursor() as cursor:
+            cursor.execute(
+                "SELECT id FROM engine.step_claim(NULL, %s, 'worker:other', 'task', 60)",
+                [run.pk],
+            )
+            assert cursor.fetchone() is not None
+        later = record_event(run, "operator", message="drawn after the claim, committed first").pk
+        claims = Step.objects.filter(run=run, claim_event__isnull=False)
+        assert not claims.exists()  # not committed yet
+
+        while_open = [look(stream) for _ in range(3)]
+        other.commit()
+
+    claim = claims.get().claim_event
+    assert claim is not None
+    assert claim < later
+    sent = wait_until(lambda: look(stream) or None, what="the horizon to pass both events")
+    assert while_open == [[], [], []]
+    assert sent == [claim, later]
+    assert [event["id"] for event in listed(live, run.pk)][-2:] == sent
 
 
 def look(stream: EventStream) -> list[int]:

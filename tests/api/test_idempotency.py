@@ -33,7 +33,7 @@ from common.digests import canonical_json
 from runs import services
 from runs.engine import control
 from runs.engine.start import run_start
-from runs.models import Run, RunEvent
+from runs.models import HistoryEvent, Run
 from tests import factories
 from tests.api import states
 from tests.api.conftest import Tenant, make_tenant
@@ -57,7 +57,7 @@ def test_a_retried_create_replays_the_first_response_with_200_and_no_side_effect
     tenant: Tenant,
 ) -> None:
     first = post(tenant, RUNS, create_body())
-    events = RunEvent.objects.count()
+    events = HistoryEvent.objects.count()
     ledger = LedgerEntry.objects.count()
 
     again = post(tenant, RUNS, create_body())
@@ -68,7 +68,7 @@ def test_a_retried_create_replays_the_first_response_with_200_and_no_side_effect
     assert again.headers["Idempotent-Replayed"] == "true"
     assert again.json() == first.json()
     assert Run.objects.filter(organization=tenant.organization).count() == 1
-    assert (RunEvent.objects.count(), LedgerEntry.objects.count()) == (events, ledger)
+    assert (HistoryEvent.objects.count(), LedgerEntry.objects.count()) == (events, ledger)
 
 
 @pytest.mark.django_db
@@ -126,7 +126,7 @@ def test_every_post_route_replays_a_success_without_doing_it_again(
 ) -> None:
     path, body = _prepare(route, tenant)
     first = post(tenant, path, body)
-    events = RunEvent.objects.count()
+    events = HistoryEvent.objects.count()
     ledger = LedgerEntry.objects.count()
 
     again = post(tenant, path, body)
@@ -135,7 +135,7 @@ def test_every_post_route_replays_a_success_without_doing_it_again(
     assert again.status_code == (200 if first.status_code == 201 else first.status_code)
     assert again.headers["Idempotent-Replayed"] == "true"
     assert again.json() == first.json()
-    assert (RunEvent.objects.count(), LedgerEntry.objects.count()) == (events, ledger)
+    assert (HistoryEvent.objects.count(), LedgerEntry.objects.count()) == (events, ledger)
 
 
 # --------------------------------------------------------------------------- different body

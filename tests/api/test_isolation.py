@@ -10,7 +10,8 @@ import pytest
 from billing.models import LedgerEntry, Secret
 from billing.secrets import decrypt_value, secret_put
 from ratelimits.models import RateLimit
-from runs.models import Run, RunEvent
+from runs.models import Run
+from runs.selectors import run_history
 from runs.step_admission import rate_limit_put
 from schedules.models import Schedule, ScheduleFire
 from tests.api import states
@@ -47,7 +48,7 @@ def snapshot(run: Run) -> tuple[object, ...]:
         current.status,
         current.deleted_at,
         current.updated_at,
-        RunEvent.objects.filter(run=run).count(),
+        run_history(run).count(),
         LedgerEntry.objects.filter(run=run).count(),
     )
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from billing.models import LedgerEntry
-from runs.models import Run, RunEvent
+from runs.models import HistoryEvent, Run
 from tests import factories
 from tests.api import states
 from tests.api.conftest import Tenant
@@ -36,7 +36,7 @@ def forbidden_values(other: Tenant) -> dict[str, Any]:
 def world() -> tuple[Any, ...]:
     return (
         sorted(Run.objects.values_list("id", "organization_id", "status", "updated_at")),
-        RunEvent.objects.count(),
+        HistoryEvent.objects.count(),
         LedgerEntry.objects.count(),
     )
 

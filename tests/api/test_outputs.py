@@ -29,8 +29,8 @@ from api.serializers import (
 from billing.models import Organization, Reservation
 from runs import services
 from runs.engine.outcomes import Outcome, record
-from runs.models import Agent, Run, RunEvent, Step, Task
-from runs.selectors import OUTPUTS_INLINE
+from runs.models import Agent, HistoryEvent, Run, Step, Task
+from runs.selectors import OUTPUTS_INLINE, run_history
 from runs.states import STEP_TERMINAL
 from runs.transitions import claim_step
 from tests import factories
@@ -199,7 +199,7 @@ def reference_steps(run: Run, **filters: Any) -> list[dict[str, Any]]:
     return answer
 
 
-def path(event: RunEvent) -> str:
+def path(event: HistoryEvent) -> str:
     if event.entity == "step":
         step = Step.objects.select_related("task__agent").get(pk=int(event.entity_id))
         return f"{step.task.agent.name}.{step.task.name}.{step.name}"
@@ -213,7 +213,7 @@ def path(event: RunEvent) -> str:
 
 def reference_events(run: Run) -> list[dict[str, Any]]:
     events = []
-    for event in RunEvent.objects.filter(run=run).order_by("id"):
+    for event in run_history(run).order_by("id"):
         event.path = path(event)  # type: ignore[attr-defined]
         events.append(general(EventOutput(), event))
     answer: list[dict[str, Any]] = rendered(events)
@@ -379,7 +379,7 @@ def test_rows_written_the_short_way_are_drfs_in_any_time_zone(tenant: Tenant, zo
     assert step is not None
     step.task_name, step.agent_name = "t", "a"  # type: ignore[attr-defined]
     step.job = step.child_run = None  # type: ignore[attr-defined]
-    event = RunEvent.objects.filter(run=run).first()
+    event = run_history(run).first()
 
     with timezone.override(ZoneInfo(zone)):
         for output, row in ((RunOutput, run), (StepOutput, step), (EventOutput, event)):

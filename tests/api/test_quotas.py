@@ -19,7 +19,8 @@ from billing import quotas
 from billing.models import ApiKey, Organization
 from billing.services import api_key_revoke
 from common.eventstreams import streams_open
-from runs.models import Run, RunEvent
+from runs.models import Run
+from runs.selectors import run_history
 from schedules.models import Schedule
 from tests import factories
 from tests.api.sse import Block, blocks, open_stream, stream_url
@@ -146,7 +147,7 @@ def test_the_organization_shows_each_quota_in_force_and_its_use(live: Live, sett
 def quiet(run: Run) -> dict[str, str]:
     """Resume after the run's last event: the stream of a run nothing happens to sends
     only keep-alives."""
-    return {"Last-Event-ID": str(RunEvent.objects.filter(run=run).latest("id").pk)}
+    return {"Last-Event-ID": str(run_history(run).latest("id").pk)}
 
 
 def _keepalives_until_the_end(received: Iterator[Block], most: int) -> int:

@@ -15,7 +15,8 @@ from billing.models import LedgerEntry
 from runs import services
 from runs.engine import control
 from runs.engine.start import run_start
-from runs.models import Run, RunEvent, Step
+from runs.models import Run, Step
+from runs.selectors import run_history
 from tests import factories
 from tests.api import states
 from tests.api.conftest import Tenant
@@ -320,12 +321,12 @@ def test_a_start_that_begins_the_run_answers_running_and_a_second_changes_nothin
     run = states.created(tenant.organization)
 
     first = tenant.post(f"{RUNS}/{run.pk}/start")
-    events = RunEvent.objects.filter(run=run).count()
+    events = run_history(run).count()
     second = tenant.post(f"{RUNS}/{run.pk}/start")
 
     assert (first.status_code, second.status_code) == (200, 200)
     assert first.json()["status"] == second.json()["status"] == "running"
-    assert RunEvent.objects.filter(run=run).count() == events
+    assert run_history(run).count() == events
     assert LedgerEntry.objects.filter(run=run, type="reserve").count() == 1
 
 

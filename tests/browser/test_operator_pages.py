@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
-from runs.models import Run, RunEvent, Step
+from runs.models import Run, Step
+from runs.selectors import run_history
 from tests.factories import step
 from tests.integration.engine_support import submit
 
@@ -124,9 +125,11 @@ def test_an_operator_watches_a_live_run_and_approves_its_gate_from_the_page(
         lambda driver: driver.find_elements(By.CSS_SELECTOR, "#run-status.st-completed"),
     )
     assert Run.objects.get(pk=run.pk).status == "completed"
-    assert RunEvent.objects.filter(
-        run=run, kind="approval", actor="admin:ops", message="numbers checked"
-    ).exists()
+    assert (
+        run_history(run)
+        .filter(kind="approval", actor="admin:ops", message="numbers checked")
+        .exists()
+    )
     assert status_of(browser, f"n-s{gate.pk}") == "completed"
     assert browser.find_elements(By.CSS_SELECTOR, "#run-gantt rect.seg.run")
     browser.save_screenshot(str(screenshots / "run-page.png"))

@@ -15,7 +15,8 @@ from config.celery import QUEUE_STEPS, app
 from orchestrator import sweeps
 from runs import approvals, services
 from runs.engine.start import run_start
-from runs.models import Run, RunAttempt, RunEvent, Step
+from runs.models import Run, RunAttempt, Step
+from runs.selectors import run_history
 from runs.states import InvalidTransition
 from tests import factories
 from tests.factories import step
@@ -107,8 +108,8 @@ def test_cancel_racing_completion_ends_each_run_in_exactly_one_terminal_state(
     for run in runs:
         done = wait_for(run)
         outcomes.add(done.status)
-        terminal = RunEvent.objects.filter(
-            run=run, entity="run", to_status__in=["completed", "cancelled", "failed"]
+        terminal = run_history(run).filter(
+            entity="run", to_status__in=["completed", "cancelled", "failed"]
         )
         assert terminal.count() == 1
         assert done.status in ("completed", "cancelled")
@@ -141,9 +142,7 @@ def test_pause_during_a_fan_out_starts_nothing_new_and_resume_finishes(celery_wo
     assert done.status == "completed", done.last_error
     assert set(Step.objects.filter(run=run).values_list("status", flat=True)) == {"completed"}
     events = list(
-        RunEvent.objects.filter(run=run, entity="run", kind="transition").values_list(
-            "to_status", flat=True
-        )
+        run_history(run).filter(entity="run", kind="transition").values_list("to_status", flat=True)
     )
     assert events[-4:] == ["paused", "resuming", "running", "completed"]
     assert_books_balanced(run)

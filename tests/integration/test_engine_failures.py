@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from runs.models import Agent, RunAttempt, RunEvent, Step, Task
+from runs.models import Agent, HistoryEvent, RunAttempt, Step, Task
+from runs.selectors import run_history
 from tests.factories import step
 from tests.integration.engine_support import assert_books_balanced, steps_of, submit, wait_for
 
@@ -34,12 +35,12 @@ def test_a_retryable_failure_is_retried_with_backoff_until_it_succeeds(celery_wo
     flaky = steps_of(run)["flaky"]
     assert (flaky.attempts, flaky.failures) == (3, 2)
     retries = list(
-        RunEvent.objects.filter(entity="step", entity_id=str(flaky.pk), to_status="pending")
+        HistoryEvent.objects.filter(entity="step", entity_id=str(flaky.pk), to_status="pending")
         .order_by("id")
         .values_list("payload", "created_at")
     )
     claims = list(
-        RunEvent.objects.filter(entity="step", entity_id=str(flaky.pk), to_status="running")
+        HistoryEvent.objects.filter(entity="step", entity_id=str(flaky.pk), to_status="running")
         .order_by("id")
         .values_list("created_at", flat=True)
     )
@@ -155,7 +156,7 @@ def test_task_retry_runs_the_task_again_at_most_three_times(celery_worker: str) 
     generations = sorted(set(Step.objects.filter(task=task).values_list("generation", flat=True)))
     assert generations == [0, 1, 2, 3]
     assert Step.objects.filter(task=task, name="ok", status="completed").count() == 4
-    assert RunEvent.objects.filter(run=run, kind="retry", entity="task").count() == 3
+    assert run_history(run).filter(kind="retry", entity="task").count() == 3
     assert_books_balanced(run)
 
 

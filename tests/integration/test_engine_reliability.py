@@ -12,7 +12,7 @@ from billing.pricing import tool_price
 from config.celery import QUEUE_STEPS, QUEUE_SWEEPS, app
 from orchestrator.transport import EXECUTE_STEP_TASK
 from runs import approvals
-from runs.models import Run, RunEvent, Step
+from runs.models import HistoryEvent, Run, Step
 from tests.factories import plan, step
 from tests.integration.engine_support import assert_books_balanced, steps_of, submit, wait_for
 from tests.support import wait_until
@@ -55,7 +55,7 @@ def test_the_same_step_message_delivered_twice_runs_and_charges_once(celery_work
     assert done.status == "completed", done.last_error
     slow = Step.objects.get(pk=slow.pk)
     assert slow.attempts == 1
-    claims = RunEvent.objects.filter(entity="step", entity_id=str(slow.pk), to_status="running")
+    claims = HistoryEvent.objects.filter(entity="step", entity_id=str(slow.pk), to_status="running")
     assert claims.count() == 1
     assert slow.cost == tool_price("sleep")  # its one attempt's price, charged once
     charges = LedgerEntry.objects.filter(run=run, type="charge")
@@ -101,7 +101,9 @@ def test_a_worker_killed_mid_step_is_recovered_by_the_lease_sweep(celery_worker:
     assert victim.status == "completed"
     assert victim.reclaims == 1
     assert victim.attempts == 2
-    assert RunEvent.objects.filter(entity_id=str(victim.pk), message__contains="reclaimed").exists()
+    assert HistoryEvent.objects.filter(
+        entity_id=str(victim.pk), message__contains="reclaimed"
+    ).exists()
     assert_books_balanced(run)
 
 

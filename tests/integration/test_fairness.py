@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from runs import admission, approvals
-from runs.models import EventKind, Run, RunEvent, Step
+from runs.models import EventKind, Run, Step
+from runs.selectors import run_history
 from tests import factories
 from tests.api.conftest import make_tenant
 from tests.integration.engine_support import assert_books_balanced, submit, wait_for
@@ -101,7 +102,8 @@ def test_runs_beyond_the_limit_wait_and_start_by_priority_then_fifo(celery_worke
         assert approve(run).status == "completed"
         assert_books_balanced(run, check_invariants=False)
     messages = list(
-        RunEvent.objects.filter(run=newer, kind=EventKind.QUEUE)
+        run_history(newer)
+        .filter(kind=EventKind.QUEUE)
         .order_by("id")
         .values_list("message", flat=True)
     )
@@ -284,4 +286,4 @@ def test_child_runs_are_their_parents_work_and_never_wait_for_a_place(
     child = Run.objects.get(parent_run=parent)
     assert child.status == "completed"
     assert child.queued_reason == ""
-    assert not RunEvent.objects.filter(run=child, kind=EventKind.QUEUE).exists()
+    assert not run_history(child).filter(kind=EventKind.QUEUE).exists()

@@ -13,8 +13,9 @@ from rest_framework.test import APIClient
 from billing.models import LedgerEntry, Organization
 from billing.services import api_key_create
 from runs import approvals, services
-from runs.models import Run, RunAttempt, RunEvent, Step
+from runs.models import Run, RunAttempt, Step
 from runs.runpage import run_graph
+from runs.selectors import run_history
 from runs.svg import graph_svg
 from tests import factories
 from tests.http_fixture import HttpServer
@@ -120,7 +121,7 @@ def test_a_retry_with_reuse_runs_only_what_did_not_complete(
         for a in RunAttempt.objects.filter(run=run).order_by("attempt_number")
     ]
     assert reservations[0] - reservations[1] == Decimal("0.60")
-    events = RunEvent.objects.filter(run=run, kind="reuse", attempt_number=2)
+    events = run_history(run).filter(kind="reuse", attempt_number=2)
     assert sorted(int(e.entity_id) for e in events) == [second["one"].pk, second["two"].pk]
     steps = client.get(f"/api/v1/runs/{run.pk}/steps").json()["results"]
     shown = {row["name"]: row["reused_from"] for row in steps}
@@ -266,7 +267,7 @@ def test_a_cache_hit_does_not_call_the_tool_and_is_charged_nothing(
     assert hit.output == source.output
     assert hit.cost == 0
     assert not LedgerEntry.objects.filter(run=second, type="charge").exists()
-    assert RunEvent.objects.filter(run=second, kind="reuse", entity_id=str(hit.pk)).exists()
+    assert run_history(second).filter(kind="reuse", entity_id=str(hit.pk)).exists()
 
     # Never across organizations: another one's identical step calls the tool.
     other = submit(cached_plan(http_server.url), organization=factories.org(credits=100))
@@ -323,7 +324,5 @@ def test_a_retry_with_reuse_does_not_ask_again_for_an_approval_given(
     second = steps_of(run)
     assert second["sign"].reused_from == {"attempt": 1, "step": first["sign"].pk}
     assert second["sign"].output == first["sign"].output
-    assert not RunEvent.objects.filter(
-        run=run, attempt_number=2, to_status="waiting_approval"
-    ).exists()
+    assert not run_history(run).filter(attempt_number=2, to_status="waiting_approval").exists()
     assert_books_balanced(run)

@@ -22,7 +22,8 @@ from artifacts.models import Artifact
 from billing import quotas
 from billing.services import api_key_create
 from runs import runners, services
-from runs.models import RunEvent, Runner, RunnerJob
+from runs.models import Runner, RunnerJob
+from runs.selectors import run_history
 from tests import factories
 from tests.integration.engine_support import assert_books_balanced, steps_of, submit, wait_for
 from tests.integration.web_support import gunicorn
@@ -355,7 +356,7 @@ def test_two_runners_share_two_hundred_jobs_each_claimed_once(start_runner: Any)
     jobs = RunnerJob.objects.filter(run=run)
     assert jobs.count() == 200
     assert set(jobs.values_list("status", flat=True)) == {"completed"}
-    claims = RunEvent.objects.filter(run=run, kind="runner", message__contains="claimed by")
+    claims = run_history(run).filter(kind="runner", message__contains="claimed by")
     assert claims.count() == 200  # once each
     by_runner = Counter(jobs.values_list("runner__hostname", flat=True))
     print(f"jobs per runner: {dict(by_runner)}")

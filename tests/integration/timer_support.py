@@ -9,7 +9,8 @@ from datetime import datetime
 from typing import Any
 
 from common.stores import broker_redis
-from runs.models import Run, RunEvent, Step
+from runs.models import Run, Step
+from runs.selectors import run_history
 from runs.step_admission import TIMER
 from tests.support import wait_until
 
@@ -48,9 +49,8 @@ def parked(run: Run, count: int, timeout: float = 30) -> list[Step]:
 def wake_of(step: Step) -> datetime:
     """When the step's timer was set for, from its last park's event."""
     payload = (
-        RunEvent.objects.filter(
-            run_id=step.run_id, entity="step", entity_id=str(step.pk), payload__has_key="timer"
-        )
+        run_history(step.run_id)
+        .filter(entity="step", entity_id=str(step.pk), payload__has_key="timer")
         .order_by("-id")
         .values_list("payload", flat=True)
         .first()

@@ -27,7 +27,8 @@ from orchestrator.transport import CeleryTransport
 from runs import services
 from runs.engine import control
 from runs.engine.start import run_start
-from runs.models import Run, RunEvent, Step
+from runs.models import Run, Step
+from runs.selectors import run_history
 from tests import factories
 from tests.factories import step
 from tests.support import ROOT, child_env, wait_until
@@ -111,8 +112,10 @@ def steps_of(run: Run) -> dict[str, Step]:
 
 
 def handed_back(run: Run) -> set[str]:
-    ids = RunEvent.objects.filter(run=run, entity="step", message=HANDED_BACK).values_list(
-        "entity_id", flat=True
+    ids = (
+        run_history(run)
+        .filter(entity="step", message=HANDED_BACK)
+        .values_list("entity_id", flat=True)
     )
     return set(Step.objects.filter(pk__in=[int(i) for i in ids]).values_list("name", flat=True))
 

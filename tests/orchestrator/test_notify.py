@@ -14,7 +14,8 @@ from django.core import mail
 
 from billing.secrets import oncall_set, secrets_rotate, webhook_secret
 from orchestrator import notify
-from runs.models import EscalationTicket, Notification, RunEvent
+from runs.models import EscalationTicket, Notification
+from runs.selectors import run_history
 from tests import factories
 from tests.api import states
 from tests.http_fixture import DrippingReceiver, HttpServer
@@ -86,10 +87,7 @@ def test_the_webhook_is_signed_retried_after_a_500_and_recorded(
     )
     assert attempts == [(1, False, 500), (2, True, 204)]
     assert (
-        RunEvent.objects.filter(
-            run=ticket.run, kind="escalation", payload__channel="webhook"
-        ).count()
-        == 2
+        run_history(ticket.run).filter(kind="escalation", payload__channel="webhook").count() == 2
     )
 
 

@@ -15,7 +15,7 @@ from billing.models import LedgerEntry
 from orchestrator import retention
 from runs import reuse, services
 from runs.engine.start import run_start
-from runs.models import Run, RunEvent, Step, StepCacheEntry
+from runs.models import HistoryEvent, Run, Step, StepCacheEntry
 from runs.plan.durations import MAX_DURATION_MS
 from schedules.models import FireKind, FireStatus, ScheduleFire, SkipReason
 from tests import factories
@@ -86,7 +86,7 @@ def test_retention_deletes_only_what_is_older_than_the_window() -> None:
     rows = Rows()
     run = factories.run(rows.organization)
     run_start(run_id=run.pk)
-    kept_runs = (Run.objects.count(), RunEvent.objects.count(), LedgerEntry.objects.count())
+    kept_runs = (Run.objects.count(), HistoryEvent.objects.count(), LedgerEntry.objects.count())
     old_delivered = rows.delivery(OLD)
     old_failed = rows.delivery(OLD, DeliveryStatus.FAILED)
     old_pending = rows.delivery(OLD, DeliveryStatus.PENDING)  # held, still to be sent
@@ -113,7 +113,7 @@ def test_retention_deletes_only_what_is_older_than_the_window() -> None:
     assert remaining(WebhookAttempt, attempts) == {recent_attempt}
     fires = [old_fire, recent_fire, old_fire_run_going, old_fire_run_ended]
     assert remaining(ScheduleFire, fires) == {recent_fire, old_fire_run_going}
-    assert (Run.objects.count(), RunEvent.objects.count(), LedgerEntry.objects.count()) == (
+    assert (Run.objects.count(), HistoryEvent.objects.count(), LedgerEntry.objects.count()) == (
         kept_runs
     )
     assert retention.prune(now=NOW) == dict.fromkeys(counts, 0)

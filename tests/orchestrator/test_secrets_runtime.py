@@ -21,8 +21,9 @@ from orchestrator.context import StepContext
 from runs import services
 from runs.engine import control
 from runs.engine.start import run_start
-from runs.models import Run, RunEvent, Step
+from runs.models import Run, Step
 from runs.plan import PlanInvalid
+from runs.selectors import run_history
 from tests import factories
 from tests.api.conftest import Tenant, make_tenant
 from tests.integration.engine_support import wait_for
@@ -154,7 +155,7 @@ def test_an_error_message_holding_the_value_is_redacted(tenant: Tenant) -> None:
     step = Step.objects.get(pk=step_id)
     assert step.error["message"].endswith(f"server_error: upstream said: {REDACTED}")
     assert REDACTED in Run.objects.get(pk=run.pk).last_error["message"]
-    assert RunEvent.objects.filter(run=run).exists()
+    assert run_history(run).exists()
     assert VALUE.encode() not in api_answers(tenant, run)
     assert VALUE not in stored_text()
 
@@ -168,7 +169,7 @@ def test_a_retried_error_keeps_the_value_out_of_every_event(tenant: Tenant) -> N
     Step.objects.filter(pk=step_id).update(next_run_at=None)
     assert executor.execute_step(step_id, worker="worker:test") == "completed"
 
-    retry_event = RunEvent.objects.get(run=run, to_status="pending", entity="step")
+    retry_event = run_history(run).get(to_status="pending", entity="step")
     assert retry_event.payload["message"] == REDACTED
     assert VALUE.encode() not in api_answers(tenant, run)
     assert VALUE not in stored_text()

@@ -19,6 +19,7 @@ from runs.engine import control
 from runs.engine.start import run_start
 from runs.models import Agent, Run, RunAttempt, Task
 from runs.plan import PlanInvalid
+from runs.selectors import run_history
 from tests import factories
 
 pytestmark = pytest.mark.django_db
@@ -251,7 +252,7 @@ def test_lost_step_messages_are_sent_again_once_overdue() -> None:
         "notices": 0,
         "admissions": 0,
     }  # the first step of the sequence
-    assert run.events.filter(message__contains="presumed lost").count() == 1
+    assert run_history(run).filter(message__contains="presumed lost").count() == 1
 
 
 def test_a_pending_run_whose_pick_up_was_lost_is_sent_again_once_per_threshold() -> None:

@@ -12,7 +12,8 @@ from django.test import Client
 
 from billing.models import Organization
 from billing.secrets import webhook_secret
-from runs.models import EscalationTicket, Run, RunEvent
+from runs.models import EscalationTicket, Run
+from runs.selectors import run_history
 from tests import factories
 from tests.api import states
 
@@ -62,9 +63,7 @@ def test_a_ticket_is_acknowledged_then_resolved_from_its_list(operator: Client) 
     assert (ticket.acknowledged_by, ticket.resolution) == ("admin:ops", "cancel")
     assert Run.objects.get(pk=ticket.run_id).status == "cancelled"
     actors = set(
-        RunEvent.objects.filter(run_id=ticket.run_id, kind="escalation").values_list(
-            "actor", flat=True
-        )
+        run_history(ticket.run_id).filter(kind="escalation").values_list("actor", flat=True)
     )
     assert "admin:ops" in actors
 

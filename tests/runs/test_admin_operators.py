@@ -9,7 +9,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from runs.models import Run, RunEvent, Step
+from runs.models import Run, Step
+from runs.selectors import run_history
 from runs.transitions import claim_next_step
 from tests import factories
 from tests.api import states
@@ -43,7 +44,7 @@ def test_approve_completes_the_waiting_step_and_names_the_operator(operator: Cli
     step = Step.objects.get(run=waiting, tool="approval")
     assert step.status == "completed"
     assert step.output["comment"] == "by admin:ops in the admin"
-    assert RunEvent.objects.filter(run=waiting, entity="step", actor="admin:ops").exists()
+    assert run_history(waiting).filter(entity="step", actor="admin:ops").exists()
     assert Run.objects.get(pk=waiting.pk).status != "waiting_approval"
 
 
@@ -56,7 +57,7 @@ def test_reject_fails_the_waiting_step_with_approval_rejected(operator: Client) 
     step = Step.objects.get(run=waiting, tool="approval")
     assert step.status == "failed"
     assert step.error["code"] == "approval_rejected"
-    assert RunEvent.objects.filter(run=waiting, actor="admin:ops").exists()
+    assert run_history(waiting).filter(actor="admin:ops").exists()
 
 
 def test_events_are_named_by_their_path_in_the_plan_and_attempt(operator: Client) -> None:

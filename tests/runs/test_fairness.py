@@ -16,8 +16,9 @@ from billing.models import Organization
 from runs import admission, fairness, services
 from runs.engine import control
 from runs.engine.start import run_start
-from runs.models import EventKind, Run, RunEvent, StepSlot
+from runs.models import EventKind, Run, StepSlot
 from runs.plan import PlanInvalid
+from runs.selectors import run_history
 from runs.states import RUN_STARTED
 from tests import factories
 
@@ -59,12 +60,12 @@ def test_runs_beyond_the_limit_wait_with_a_reason_and_an_event() -> None:
     assert waiting.queued_reason == (
         "the organization has 2 runs running, its limit (max_running_runs 2)"
     )
-    event = RunEvent.objects.get(run=waiting, kind=EventKind.QUEUE)
+    event = run_history(waiting).get(kind=EventKind.QUEUE)
     assert event.message == f"waiting to start: {waiting.queued_reason}"
     assert event.payload == {"queued_reason": waiting.queued_reason}
     # Asked again with nothing changed: no second event.
     assert not control.pick_up(waiting.pk)
-    assert RunEvent.objects.filter(run=waiting, kind=EventKind.QUEUE).count() == 1
+    assert run_history(waiting).filter(kind=EventKind.QUEUE).count() == 1
 
 
 def test_a_run_is_admitted_at_its_start_only_with_a_place_free_and_nobody_waiting() -> None:
@@ -129,7 +130,7 @@ def test_waiting_runs_are_admitted_by_priority_then_fifo_as_places_free() -> Non
         "waiting behind 1 earlier runs of the organization"
     )
     assert control.pick_up(older.pk)
-    event = RunEvent.objects.filter(run=older, kind=EventKind.QUEUE).order_by("-id").first()
+    event = run_history(older).filter(kind=EventKind.QUEUE).order_by("-id").first()
     assert event is not None
     assert event.message == "admitted"
 

@@ -27,7 +27,8 @@ from runs import services
 from runs.engine import control, hotpath
 from runs.engine.outcomes import Outcome, record_and_claim
 from runs.engine.start import run_start
-from runs.models import Run, RunEvent, Step, Task
+from runs.models import Run, Step, Task
+from runs.selectors import run_history
 from runs.transitions import claim_step, hand_back_steps
 from tests import factories
 from tests.factories import step
@@ -228,8 +229,8 @@ def test_two_recordings_of_one_attempt_at_once_record_and_charge_it_once(other: 
         assert a.status == ("pending" if won == "record_a_failed" else "completed"), run_id
         assert a.cost == Decimal("0.01"), run_id
         assert Reservation.objects.get(run_id=run_id).charged == Decimal("0.01"), run_id
-        finished = RunEvent.objects.filter(
-            run_id=run_id, entity="step", entity_id=str(a.pk), from_status="running"
+        finished = run_history(run_id).filter(
+            entity="step", entity_id=str(a.pk), from_status="running"
         )
         assert finished.count() == 1, run_id
     assert_consistent()
@@ -290,7 +291,7 @@ def test_two_batches_claimed_at_once_never_share_a_step() -> None:
         assert all(s.attempts == (s.status == "running") for s in steps), run_id
         assert {"w-a", "w-b"} == set(claimed.values()), (run_id, claimed)
         assert 2 <= len(claimed) <= 8, (run_id, claimed)
-        claims = RunEvent.objects.filter(run_id=run_id, entity="step", to_status="running")
+        claims = run_history(run_id).filter(entity="step", to_status="running")
         assert claims.count() == len(claimed) + 2, run_id  # and a's and b's own
     assert_consistent()
 

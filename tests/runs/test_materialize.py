@@ -10,7 +10,8 @@ from django.forms.models import model_to_dict
 
 from runs import materialize, services
 from runs.engine.start import run_start
-from runs.models import Agent, Run, RunEvent, Step, Task
+from runs.models import Agent, Run, Step, Task
+from runs.selectors import run_history
 from tests import factories
 
 pytestmark = pytest.mark.django_db
@@ -171,5 +172,5 @@ def test_a_pick_up_moves_the_run_with_its_rows_and_its_copy_is_the_stored_row() 
     assert {c: getattr(picked, c) for c in columns} == {c: getattr(stored, c) for c in columns}
     assert (stored.status, stored.agent_count, stored.open_children) == ("running", 2, 2)
     assert stored.picked_up_at == stored.status_changed_at == stored.last_heartbeat
-    moves = RunEvent.objects.filter(run=run, entity="run", to_status="running")
+    moves = run_history(run).filter(entity="run", to_status="running")
     assert [(e.from_status, e.actor, e.attempt_number) for e in moves] == [("pending", "worker", 1)]

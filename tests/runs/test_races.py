@@ -14,7 +14,8 @@ import pytest
 from common.invariants import violations
 from runs import admission, fairness, services
 from runs.engine.start import run_start
-from runs.models import Run, RunEvent
+from runs.models import Run
+from runs.selectors import run_history
 from tests import factories, race_support
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -47,8 +48,8 @@ def test_complete_racing_fail_has_exactly_one_winner_per_run() -> None:
 
     for index, run_id in enumerate(run_ids):
         assert sorted([a[index], b[index]]) == ["refused", "won"], run_id
-        terminal_events = RunEvent.objects.filter(
-            run_id=run_id, entity="run", to_status__in=["completed", "failed"]
+        terminal_events = run_history(run_id).filter(
+            entity="run", to_status__in=["completed", "failed"]
         )
         assert terminal_events.count() == 1
         run = Run.objects.get(pk=run_id)
@@ -65,7 +66,8 @@ def test_cancel_racing_start_is_consistent_per_run() -> None:
     for run_id in run_ids:
         run = Run.objects.get(pk=run_id)
         transitions = list(
-            RunEvent.objects.filter(run_id=run_id, entity="run", kind="transition")
+            run_history(run_id)
+            .filter(entity="run", kind="transition")
             .order_by("id")
             .values_list("from_status", "to_status")
         )

@@ -22,9 +22,10 @@ from common.invariants import violations
 from runs import services
 from runs.engine import control
 from runs.engine.start import run_start, stored_plan
-from runs.models import Agent, Run, RunAttempt, RunEvent
+from runs.models import Agent, Run, RunAttempt
 from runs.outbox import RunMessage
 from runs.reservation import plan_reservation
+from runs.selectors import run_history
 from tests import factories
 from tests.runs.engine.harness import RecordingTransport
 
@@ -48,7 +49,7 @@ def left_behind(run: Run, returned: Run) -> dict[str, Any]:
     attempt = RunAttempt.objects.get(run=run)
     reservation = Reservation.objects.get(run_id=run.pk)
     entry = LedgerEntry.objects.get(run_id=run.pk)
-    events = list(RunEvent.objects.filter(run=run).order_by("id"))
+    events = list(run_history(run).order_by("id"))
     # The timestamps agree with each other within each start.
     assert stored.started_at == stored.status_changed_at
     assert stored.started_at <= attempt.created_at <= reservation.created_at
@@ -164,7 +165,7 @@ def test_too_few_credits_writes_nothing_and_refuses(
 ) -> None:
     organization = factories.org(credits=1)
     run = factories.run(organization, credits=5)
-    events = RunEvent.objects.filter(run=run).count()
+    events = run_history(run).count()
 
     with pytest.raises(InsufficientCredits):
         at_once(run)
@@ -173,7 +174,7 @@ def test_too_few_credits_writes_nothing_and_refuses(
     assert not RunAttempt.objects.filter(run=run).exists()
     assert not Reservation.objects.filter(run_id=run.pk).exists()
     assert not LedgerEntry.objects.filter(run_id=run.pk).exists()
-    assert RunEvent.objects.filter(run=run).count() == events
+    assert run_history(run).count() == events
     assert Organization.objects.get(pk=organization.pk).credits_available == Decimal(1)
     assert transport.runs == []
 
@@ -238,10 +239,10 @@ def test_a_duplicate_pick_up_changes_nothing(
     at_once(run)
     with django_capture_on_commit_callbacks(execute=True):
         assert control.pick_up(run.pk) is True
-    events = RunEvent.objects.filter(run=run).count()
+    events = run_history(run).count()
 
     with django_capture_on_commit_callbacks(execute=True):
         assert control.pick_up(run.pk) is False
 
-    assert RunEvent.objects.filter(run=run).count() == events
+    assert run_history(run).count() == events
     assert Agent.objects.filter(run=run).count() == 1

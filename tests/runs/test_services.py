@@ -7,7 +7,8 @@ import pytest
 from common.invariants import violations
 from runs import approvals, services
 from runs.engine.start import run_start
-from runs.models import Agent, Run, RunAttempt, RunEvent, Step, Task
+from runs.models import Agent, HistoryEvent, Run, RunAttempt, Step, Task
+from runs.selectors import run_history
 from runs.states import InvalidTransition
 from runs.transitions import transition
 from tests import factories
@@ -37,7 +38,7 @@ def test_create_stores_the_spec_as_submitted_and_no_agents() -> None:
     assert (run.status, run.priority, run.attempt_number, run.agent_count) == ("created", 2, 0, 0)
     assert Run.objects.get(pk=run.pk).plan == spec
     assert not Agent.objects.filter(run=run).exists()
-    assert list(RunEvent.objects.filter(run=run).values_list("kind", flat=True)) == ["created"]
+    assert list(run_history(run).values_list("kind", flat=True)) == ["created"]
     assert_invariants_hold()
 
 
@@ -50,7 +51,7 @@ def test_start_opens_attempt_one_and_is_idempotent() -> None:
     assert first.status == again.status == "pending"
     assert first.started_at is not None
     assert RunAttempt.objects.filter(run=run).count() == 1
-    assert RunEvent.objects.filter(run=run, to_status="pending").count() == 1
+    assert run_history(run).filter(to_status="pending").count() == 1
     assert not Agent.objects.filter(run=run).exists()  # seed 000: none before pick-up
     assert_invariants_hold()
 
@@ -100,7 +101,7 @@ def test_cancel_ends_open_work_cancelled_keeps_completed_and_records_the_reason(
     assert Step.objects.get(pk=done.pk).status == "completed"
     assert set(Step.objects.exclude(pk=done.pk).values_list("status", flat=True)) == {"cancelled"}
     assert set(Agent.objects.filter(run=run).values_list("status", flat=True)) == {"cancelled"}
-    assert RunEvent.objects.filter(run=run, to_status="cancelled", entity="run").count() == 1
+    assert run_history(run).filter(to_status="cancelled", entity="run").count() == 1
     assert RunAttempt.objects.get(run=run).outcome == "cancelled"
     assert_invariants_hold()
 
@@ -109,13 +110,13 @@ def test_cancel_of_a_finished_run_is_refused_and_changes_nothing() -> None:
     run = started()
     finish_all_work(run)
     services.run_complete(run_id=run.pk)
-    events = RunEvent.objects.count()
+    events = HistoryEvent.objects.count()
 
     with pytest.raises(InvalidTransition):
         services.run_cancel(run_id=run.pk)
 
     assert Run.objects.get(pk=run.pk).status == "completed"
-    assert RunEvent.objects.count() == events
+    assert HistoryEvent.objects.count() == events
 
 
 def test_complete_is_refused_while_agents_are_unfinished() -> None:
@@ -217,17 +218,17 @@ def test_approve_completes_the_waiting_step_once() -> None:
     assert approved.status == "completed"
     assert approved.output == {"approved": True, "comment": "ship it", "by": "admin:ops"}
     assert Run.objects.get(pk=run.pk).status == "running"
-    assert RunEvent.objects.filter(run=run, kind="approval").count() == 1
+    assert run_history(run).filter(kind="approval").count() == 1
 
 
 def test_approve_when_nothing_waits_changes_nothing() -> None:
     run = started()
-    events = RunEvent.objects.count()
+    events = HistoryEvent.objects.count()
 
     result = approvals.run_approve(run_id=run.pk)
 
     assert result.changed is False
-    assert RunEvent.objects.count() == events
+    assert HistoryEvent.objects.count() == events
     assert Run.objects.get(pk=run.pk).status == "running"
 
 
@@ -319,7 +320,7 @@ def test_a_cancel_reason_with_unstorable_characters_is_stored_readable() -> None
     cancelled = services.run_cancel(run_id=run.pk, reason=UNSTORABLE)
 
     assert Run.objects.get(pk=cancelled.pk).cancel_reason == STORED
-    event = RunEvent.objects.get(run=run, entity="run", to_status="cancelled")
+    event = run_history(run).get(entity="run", to_status="cancelled")
     assert (event.message, event.payload) == (STORED, {"reason": STORED})
     assert_invariants_hold()
 
@@ -341,7 +342,7 @@ def test_an_approval_comment_with_unstorable_characters_is_stored_readable(appro
 
     decide(run_id=run.pk, comment=UNSTORABLE)
 
-    event = RunEvent.objects.get(run=run, kind="approval")
+    event = run_history(run).get(kind="approval")
     assert (event.message, event.payload["comment"]) == (STORED, STORED)
     decided = Step.objects.get(pk=step.pk)
     if approve:

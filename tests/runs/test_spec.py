@@ -17,7 +17,7 @@ from django.conf import settings as django_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runs.models import Run, RunEvent
+from runs.models import HistoryEvent, Run
 from runs.plan import (
     Limits,
     Plan,
@@ -1473,18 +1473,18 @@ def test_the_factory_plan_is_valid() -> None:
 )
 def test_run_create_stores_nothing_for_an_invalid_plan(bad: Any) -> None:
     organization = factories.org()
-    runs, events = Run.objects.count(), RunEvent.objects.count()
+    runs, events = Run.objects.count(), HistoryEvent.objects.count()
     with pytest.raises(PlanInvalid):
         run_create(organization=organization, plan=bad)
-    assert (Run.objects.count(), RunEvent.objects.count()) == (runs, events)
+    assert (Run.objects.count(), HistoryEvent.objects.count()) == (runs, events)
 
 
 @pytest.mark.django_db
 def test_run_create_stores_a_valid_plan_as_submitted() -> None:
     organization = factories.org()
-    runs, events = Run.objects.count(), RunEvent.objects.count()
+    runs, events = Run.objects.count(), HistoryEvent.objects.count()
     run = run_create(organization=organization, plan=spec_example())
-    assert (Run.objects.count(), RunEvent.objects.count()) == (runs + 1, events + 1)
+    assert (Run.objects.count(), HistoryEvent.objects.count()) == (runs + 1, events + 1)
     run.refresh_from_db()
     assert (run.name, run.priority, run.plan) == ("market-research", 5, spec_example())
 

@@ -17,8 +17,9 @@ import pytest
 from runs import admission, services
 from runs.engine import control
 from runs.engine.start import run_start
-from runs.models import Run, RunEvent, Step
+from runs.models import Run, Step
 from runs.outbox import RunMessage
+from runs.selectors import run_history
 from runs.states import InvalidTransition
 from tests import factories
 from tests.runs.engine.harness import RecordingTransport
@@ -61,7 +62,7 @@ def test_a_small_run_admitted_at_its_start_is_running_when_the_start_returns(
     assert first.status == "pending"  # claimable at commit
     assert [message.step_id for message in at_once.steps] == [first.pk]
     assert at_once.runs == []  # no pick-up message: nothing left for a worker to pick up
-    kinds = list(RunEvent.objects.filter(run=run, entity="run").values_list("to_status", flat=True))
+    kinds = list(run_history(run).filter(entity="run").values_list("to_status", flat=True))
     assert kinds[:2] == ["", "pending"]  # created, then started...
     assert "running" in kinds  # ...and begun by the same call
 
@@ -137,12 +138,12 @@ def test_starting_a_started_run_again_answers_it_as_it_is(
 ) -> None:
     run = factories.run(steps=2)
     start(run, django_capture_on_commit_callbacks)
-    events = RunEvent.objects.filter(run=run).count()
+    events = run_history(run).count()
 
     again = start(run, django_capture_on_commit_callbacks)
 
     assert again.status == "running"
-    assert RunEvent.objects.filter(run=run).count() == events  # nothing changed
+    assert run_history(run).count() == events  # nothing changed
     services.run_cancel(run_id=run.pk, reason="done with it")
     with pytest.raises(InvalidTransition):  # a terminal run is not started again
         start(run, django_capture_on_commit_callbacks)

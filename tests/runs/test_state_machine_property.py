@@ -30,7 +30,8 @@ from runs import approvals, services
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record
 from runs.engine.start import run_start
-from runs.models import Run, RunEvent, Step
+from runs.models import Run, Step
+from runs.selectors import run_history
 from runs.states import InvalidTransition
 from runs.transitions import claim_next_step, transition
 from tests import factories
@@ -57,14 +58,14 @@ class RunOperations(RuleBasedStateMachine):
 
     def _apply(self, run: Run, operation: Any) -> None:
         before = Run.objects.get(pk=run.pk)
-        events_before = RunEvent.objects.filter(run=run).count()
+        events_before = run_history(run).count()
         try:
             with transaction.atomic():
                 operation()
         except REFUSALS:
             after = Run.objects.get(pk=run.pk)
             assert (after.status, after.attempt_number) == (before.status, before.attempt_number)
-            assert RunEvent.objects.filter(run=run).count() == events_before
+            assert run_history(run).count() == events_before
 
     @rule(
         target=runs,

@@ -20,7 +20,8 @@ from billing.services import api_key_create
 from runs import admission, services, suspension
 from runs.engine import control
 from runs.engine.start import run_start
-from runs.models import Run, RunEvent
+from runs.models import Run
+from runs.selectors import run_history
 from schedules import services as schedule_services
 from schedules.models import ScheduleFire
 from tests import factories
@@ -101,7 +102,7 @@ def test_suspension_end_to_end() -> None:
     # Its running runs are paused by the suspension; the rest as they were.
     assert [status(run) for run in (first, second, paused_by_a_person)] == ["paused"] * 3
     assert status(elsewhere) == "running"
-    pause = RunEvent.objects.filter(run=first, entity="run", to_status="paused").get()
+    pause = run_history(first).filter(entity="run", to_status="paused").get()
     assert pause.actor == suspension.SUSPENSION_ACTOR
 
     unsuspended = command("unsuspend_org", str(organization.pk))
@@ -216,7 +217,7 @@ def test_the_admin_suspends_with_a_reason_and_unsuspends(client: Client) -> None
 
 
 def last_pause_by(run: Run) -> str:
-    pauses = RunEvent.objects.filter(run=run, entity="run", to_status="paused")
+    pauses = run_history(run).filter(entity="run", to_status="paused")
     return str(pauses.latest("id").actor)
 
 

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from runs.models import Agent, Run, RunEvent, Step, Task
+from runs.models import Agent, HistoryEvent, Run, Step, Task
+from runs.selectors import run_history
 from runs.states import TABLES, InvalidTransition, NodeStatus, RunStatus, StepStatus
 from runs.transitions import transition, transition_many
 from tests.factories import hierarchy
@@ -30,21 +31,21 @@ def test_transition_pair(entity: str, source: str, target: str) -> None:
     rows = dict(zip(("run", "agent", "task", "step"), hierarchy({entity: source}), strict=True))
     row = rows[entity]
     model = MODELS[entity]
-    events_before = RunEvent.objects.count()
+    events_before = HistoryEvent.objects.count()
 
     if source == target:
         result = transition(model, row.pk, target)
         assert result.changed is False
-        assert RunEvent.objects.count() == events_before
+        assert HistoryEvent.objects.count() == events_before
     elif target in TABLES[entity][source]:
         result = transition(model, row.pk, target, actor="test", message="because")
         assert result.changed is True
         assert model.objects.get(pk=row.pk).status == target
-        events = list(RunEvent.objects.filter(entity_id=str(row.pk), entity=entity))
+        events = list(HistoryEvent.objects.filter(entity_id=str(row.pk), entity=entity))
         assert len(events) == 1
         event = events[0]
         assert (event.from_status, event.to_status, event.actor) == (source, target, "test")
-        assert RunEvent.objects.count() == events_before + 1
+        assert HistoryEvent.objects.count() == events_before + 1
     else:
         with pytest.raises(InvalidTransition) as raised:
             transition(model, row.pk, target)
@@ -54,7 +55,7 @@ def test_transition_pair(entity: str, source: str, target: str) -> None:
             target,
         )
         assert model.objects.get(pk=row.pk).status == source
-        assert RunEvent.objects.count() == events_before
+        assert HistoryEvent.objects.count() == events_before
 
 
 def test_terminal_states_have_no_exit_but_failed_run_to_retrying() -> None:
@@ -124,7 +125,7 @@ def test_many_rows_move_in_one_update_each_with_its_own_start_and_duration() -> 
         assert rows[step.pk][2] is None  # never started: its duration runs from creation
         assert rows[step.pk][4] == (now - step.created_at) // timedelta(milliseconds=1)
     assert rows[done.pk][0] == "completed"  # not in a source state: left alone
-    events = RunEvent.objects.filter(run=run, entity="step", to_status="cancelled")
+    events = run_history(run).filter(entity="step", to_status="cancelled")
     assert sorted(events.values_list("entity_id", "from_status")) == sorted(
         [(str(running.pk), "running"), *((str(s.pk), "pending") for s in pending)]
     )

@@ -15,7 +15,7 @@ from django.utils import timezone
 from billing import quotas
 from billing.models import Organization
 from common import metrics
-from runs.models import RunEvent
+from runs.selectors import run_history
 from runs.services import run_cancel
 from tests import factories
 from tests.webhooks.support import endpoint
@@ -182,7 +182,7 @@ def test_an_endpoint_with_more_pending_than_the_backlog_bound_is_disabled_at_its
     later = factories.run(hook.organization)
     run_cancel(run_id=later.pk, reason="done")
     assert WebhookDelivery.objects.filter(endpoint=hook).count() == 4
-    told = RunEvent.objects.filter(run=later, entity="webhook").get()
+    told = run_history(later).filter(entity="webhook").get()
     assert "is disabled (more than 3 deliveries pending" in told.message
 
 

@@ -13,7 +13,8 @@ from django.conf import settings as django_settings
 
 from common import metrics
 from orchestrator import webhooks as sender
-from runs.models import Run, RunEvent
+from runs.models import Run
+from runs.selectors import run_history
 from runs.services import run_cancel
 from tests import factories
 from tests.http_fixture import MEMORY_BOUND, DrippingReceiver, HttpServer, gzip_bomb, peak_memory
@@ -174,7 +175,7 @@ def test_410_gone_fails_the_delivery_and_disables_the_endpoint_at_once(
     assert (hook.enabled, hook.disabled_reason) == (False, "the endpoint answered 410 Gone")
     # The organization's next run says so in its timeline; nothing more is sent.
     run = ended_run(hook)
-    assert "410 Gone" in RunEvent.objects.get(run=run, entity="webhook").message
+    assert "410 Gone" in run_history(run).get(entity="webhook").message
     assert WebhookDelivery.objects.count() == 1
 
 

@@ -8,7 +8,8 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from runs.models import EscalationTicket, Run, RunEvent
+from runs.models import EscalationTicket, Run
+from runs.selectors import run_history
 from runs.services import run_cancel
 from tests import factories
 from tests.webhooks.support import endpoint
@@ -106,7 +107,7 @@ def test_a_disabled_endpoint_gets_nothing_and_the_run_says_why() -> None:
     run_cancel(run_id=run.pk, reason="test")
 
     assert WebhookDelivery.objects.count() == 0
-    told = RunEvent.objects.get(run=run, entity="webhook")
+    told = run_history(run).get(entity="webhook")
     assert told.entity_id == str(gone.pk)
     assert "is disabled (disabled by its organization)" in told.message
     assert told.payload["event"] == "run.cancelled"

@@ -13,7 +13,9 @@
 -- running too, and the revoke that comes with it stops nothing else.
 --
 -- Claimed only if the step is pending, dispatched and due, and its run RUNNING: then it runs
--- attempt `attempts + 1` under a lease, with its event; otherwise nothing is written and
+-- attempt `attempts + 1` under a lease, with its event (kept on the step's row: its id
+-- drawn from the events' sequence, claim_event, and its time, claimed_at; listed by
+-- engine.run_history as the row it replaces would be); otherwise nothing is written and
 -- no row returned (a duplicate or late message, a paused or cancelled run: a no-op).
 -- Returns what each attempt needs (runs.transitions._CLAIMED_FIELDS), in plan order, and
 -- `more`: whether the run has another claimable step now, so that the server that
@@ -111,10 +113,9 @@ BEGIN
             LIMIT 1
         ) IS NOT NULL;
     END IF;
-    -- Each step and its event in one statement (engine.run_event's insert, here inline:
-    -- this runs for every step, and a statement and a call less are a tenth of it), by
-    -- its key: as `s.id = ANY (v_steps)`, a generic plan made where the statistics said
-    -- few steps were pending read every pending step through a partial index.
+    -- Each step by its key: as `s.id = ANY (v_steps)`, a generic plan made where the
+    -- statistics said few steps were pending read every pending step through a partial
+    -- index.
     FOREACH v_step IN ARRAY v_steps LOOP
         WITH claimed AS (
             UPDATE runs_step AS s
@@ -138,7 +139,10 @@ BEGIN
                 lease_expires_at = p_now + make_interval(secs => p_lease),
                 next_run_at = NULL,
                 worker = p_worker,
-                celery_task_id = p_task_id
+                celery_task_id = p_task_id,
+                -- Its event, on its row (engine.run_history): no event row written.
+                claim_event = nextval('runs_runevent_id_seq'),
+                claimed_at = p_now
             WHERE s.id = v_step
               AND s.status = 'pending'
               AND (s.dispatched_at IS NOT NULL OR s.id = p_held)
@@ -147,13 +151,6 @@ BEGIN
               -- running scanned every running run for it.
               AND (SELECT r.status FROM runs_run AS r WHERE r.id = s.run_id) = 'running'
             RETURNING s.*
-        ), event AS (
-            INSERT INTO runs_runevent
-                (run_id, attempt_number, entity, entity_id, kind, from_status, to_status,
-                 actor, message, payload, created_at)
-            SELECT c.run_id, c.attempt_number, 'step', c.id::text, 'transition', 'pending',
-                   'running', p_worker, '', jsonb_build_object('attempt', c.attempts), p_now
-            FROM claimed AS c
         )
         SELECT c.id, c.run_id, c.attempt_number, c.attempts, c.task_id, c.generation,
                c.name, c.tool, c.params, c."when", c.timeout_ms, c.handler_for_id,

@@ -6,6 +6,11 @@ draw alone, and the attempt's settlement enters what it charged as one entry. An
 attempt opened before the upgrade and settled after it has entries for some of its
 steps already: its settlement enters only what they leave unentered, so the ledger's
 charges of every attempt still add up to what its reservation charged, once.
+
+The run's first steps are served by today's engine (whose code needs the step's columns
+of runs.0029, later than the schema of then); the schema is then taken back to
+billing.0015, where those steps' entries are written as the engine wrote them then, and
+brought up to date again, as an upgrade finds them.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from django.db.migrations.executor import MigrationExecutor
 
 from billing.models import LedgerEntry, Reservation
 from common.invariants import violations
+from runs.engine import sql
 from runs.engine.outcomes import Outcome
 from runs.models import RunAttempt, Step
 from tests.runs.engine.harness import EngineRun
@@ -38,42 +44,51 @@ PLAN = {
 }
 
 
+def latest(executor: MigrationExecutor) -> None:
+    """The latest schema, and its code installed after it, as `migrate` does."""
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes())
+    sql.install(connection)
+
+
 @pytest.fixture
-def at_the_old_schema() -> Iterator[MigrationExecutor]:
+def executor() -> Iterator[MigrationExecutor]:
     executor = MigrationExecutor(connection)
-    executor.migrate(BEFORE)
-    executor.loader.build_graph()
     yield executor
-    executor.loader.build_graph()
-    executor.migrate(executor.loader.graph.leaf_nodes())  # the latest schema again
+    latest(executor)
 
 
-def charged_before_the_upgrade(step: Step) -> LedgerEntry:
-    """The entry the engine's recording wrote of a step attempt's charge before the
-    upgrade, beside its draw on the reservation (which it still makes)."""
-    attempt = RunAttempt.objects.get(run_id=step.run_id, attempt_number=step.attempt_number)
-    return LedgerEntry.objects.create(
-        organization_id=attempt.run.organization_id,
-        run_id=step.run_id,
-        attempt=attempt,
-        step=step,
-        type="charge",
-        amount=step.cost,
-        idempotency_key=f"charge:{step.pk}:{step.attempts}",
-        reason=f"step {step.name} attempt {step.attempts}",
-        actor="engine",
-    )
+def charged_before_the_upgrade(executor: MigrationExecutor, *steps: Step) -> list[LedgerEntry]:
+    """The entries the engine's recording wrote of these step attempts' charges before the
+    upgrade, beside their draws on the reservation (which it still makes), written at the
+    schema of then; the schema then brought up to date."""
+    executor.migrate(BEFORE)
+    entries = []
+    for step in steps:
+        attempt = RunAttempt.objects.get(run_id=step.run_id, attempt_number=step.attempt_number)
+        entries.append(
+            LedgerEntry.objects.create(
+                organization_id=attempt.run.organization_id,
+                run_id=step.run_id,
+                attempt=attempt,
+                step=step,
+                type="charge",
+                amount=step.cost,
+                idempotency_key=f"charge:{step.pk}:{step.attempts}",
+                reason=f"step {step.name} attempt {step.attempts}",
+                actor="engine",
+            )
+        )
+    latest(executor)
+    return entries
 
 
 def test_an_attempt_charged_per_step_before_the_upgrade_settles_what_is_left_once(
-    at_the_old_schema: MigrationExecutor, engine_run: Callable[..., EngineRun]
+    executor: MigrationExecutor, engine_run: Callable[..., EngineRun]
 ) -> None:
     run = engine_run(PLAN)
     x = run.finish("x", Outcome(output={}, cost=Decimal("0.01")))
-    old = charged_before_the_upgrade(x)
-
-    at_the_old_schema.loader.build_graph()
-    at_the_old_schema.migrate(at_the_old_schema.loader.graph.leaf_nodes())
+    [old] = charged_before_the_upgrade(executor, x)
 
     # Open across the upgrade: its step's entry is no more than it charged.
     assert violations() == {}
@@ -95,14 +110,11 @@ def test_an_attempt_charged_per_step_before_the_upgrade_settles_what_is_left_onc
 
 
 def test_an_attempt_whose_every_charge_was_entered_before_the_upgrade_adds_no_charge(
-    at_the_old_schema: MigrationExecutor, engine_run: Callable[..., EngineRun]
+    executor: MigrationExecutor, engine_run: Callable[..., EngineRun]
 ) -> None:
     run = engine_run(PLAN)
-    for name in "xy":
-        charged_before_the_upgrade(run.finish(name, Outcome(output={}, cost=Decimal("0.01"))))
-
-    at_the_old_schema.loader.build_graph()
-    at_the_old_schema.migrate(at_the_old_schema.loader.graph.leaf_nodes())
+    served = [run.finish(name, Outcome(output={}, cost=Decimal("0.01"))) for name in "xy"]
+    charged_before_the_upgrade(executor, *served)
     run.finish("z")  # costs nothing
 
     charges = LedgerEntry.objects.filter(run=run.run, type="charge")

@@ -24,7 +24,8 @@ from common.tools.base import ToolError
 from runs import approvals
 from runs.engine import hotpath
 from runs.engine.outcomes import Outcome, record
-from runs.models import Agent, Run, RunAttempt, RunEvent, Step, Task
+from runs.models import Agent, Run, RunAttempt, Step, Task
+from runs.selectors import run_history
 from runs.states import StepStatus
 from tests.runs.engine.harness import EngineRun
 
@@ -240,7 +241,7 @@ def snapshot(run: Run) -> dict[str, Any]:
                 e.message,
                 _named(e.payload, labels["step"]),
             )
-            for e in RunEvent.objects.filter(run=run).order_by("id")
+            for e in run_history(run).order_by("id")
         ],
         "attempts": [
             (a.attempt_number, a.outcome, a.finished_at is not None)
@@ -344,7 +345,7 @@ def test_the_runs_last_step_completes_task_agent_run_and_settles_on_the_hot_path
     assert refund.amount == reserved - charged
     assert refund.idempotency_key == f"refund:{attempt.pk}"
     assert Organization.objects.get(pk=organization.pk).credits_available == before + refund.amount
-    last = list(RunEvent.objects.filter(run=run.run).order_by("id"))[-5:]
+    last = list(run_history(run.run).order_by("id"))[-5:]
     assert [(e.entity, e.kind, e.to_status, e.actor) for e in last] == [
         ("step", "transition", "completed", "system"),
         ("task", "transition", "completed", "system"),
@@ -419,7 +420,7 @@ def test_a_charge_beyond_the_reservation_on_the_hot_path_fails_the_step_and_keep
     assert run.sent() == ["one"]
     assert Reservation.objects.get(run_id=run.run.pk).charged == Decimal(0)
     assert not LedgerEntry.objects.filter(run_id=run.run.pk, type="charge").exists()
-    assert not RunEvent.objects.filter(run=run.run, to_status="completed", entity="step").exists()
+    assert not run_history(run.run).filter(to_status="completed", entity="step").exists()
     assert run.refresh().status == "failed"
 
 
@@ -427,7 +428,7 @@ def test_a_late_result_is_dropped_by_the_hot_path_too(start: Start) -> None:
     run = start(one_agent({"name": "t", "steps": [step("one"), step("two")]}))
     one = run.step("one")
     run.finish_step(one, Outcome(output={"first": True}))
-    events = RunEvent.objects.filter(run=run.run).count()
+    events = run_history(run.run).count()
 
     charged = Reservation.objects.get(run_id=run.run.pk).charged
 
@@ -435,7 +436,7 @@ def test_a_late_result_is_dropped_by_the_hot_path_too(start: Start) -> None:
     record(one.pk, run.run.pk, 1, Outcome(output={"second": True}, cost=Decimal(1)))
 
     assert run.step("one").output == {"first": True}
-    assert RunEvent.objects.filter(run=run.run).count() == events
+    assert run_history(run.run).count() == events
     assert Reservation.objects.get(run_id=run.run.pk).charged == charged
     assert run.sent() == ["one", "two"]
 

@@ -19,8 +19,9 @@ from common.invariants import violations
 from common.tools.base import ToolError
 from runs import services
 from runs.engine.outcomes import Outcome, record
-from runs.models import Agent, RunAttempt, RunEvent, Step, Task
+from runs.models import Agent, RunAttempt, Step, Task
 from runs.outbox import RunMessage
+from runs.selectors import run_history
 from runs.transitions import claim_step
 from tests.runs.engine.harness import EngineRun
 
@@ -238,7 +239,7 @@ def test_a_task_that_retries_starts_a_new_generation_of_its_steps(start: Start) 
     task = Task.objects.get(run=run.run)
     assert (task.status, task.retry_count) == ("running", 1)
     assert Step.objects.filter(run=run.run, name="ok").count() == 2
-    assert RunEvent.objects.filter(run=run.run, kind="retry", entity="task").count() == 1
+    assert run_history(run.run).filter(kind="retry", entity="task").count() == 1
     run.finish("ok")
     run.finish("boom")
     assert run.refresh().status == "completed"

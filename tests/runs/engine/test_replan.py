@@ -14,9 +14,10 @@ import pytest
 from billing.models import LedgerEntry, Reservation
 from common.invariants import violations
 from runs import escalations, replanning
-from runs.models import Agent, EscalationTicket, Replan, RunEvent
+from runs.models import Agent, EscalationTicket, Replan
 from runs.outbox import RunMessage
 from runs.planners import PlanningRequest, planner_named, rule_planner
+from runs.selectors import run_history
 from tests import factories
 from tests.http_fixture import HttpServer
 from tests.runs.engine.harness import EngineRun
@@ -150,7 +151,7 @@ def test_the_rule_planner_reruns_failed_agents_widened_and_continuing(start: Sta
     extra = LedgerEntry.objects.get(idempotency_key__endswith=":replan:1")
     assert (extra.type, extra.amount) == ("reserve", replan.cost)
     assert Reservation.objects.get(run_id=run.run.pk).reserved == before + replan.cost
-    event = RunEvent.objects.get(run=run.run, kind="replan", payload__status="spawned")
+    event = run_history(run.run).get(kind="replan", payload__status="spawned")
     assert event.payload["fragment"] == replan.fragment
     # It runs and the run completes, its books settled.
     run.finish_step(run.step_in("b", "s"))
@@ -255,7 +256,7 @@ def test_an_answer_that_is_not_json_is_a_recorded_planning_failure(
     # The hold released, the run went on: its only agent was skipped, it completes.
     assert run.refresh().status == "completed"
     assert run.run.replan_pending_since is None
-    assert RunEvent.objects.filter(run=run.run, kind="replan", payload__status="failed").exists()
+    assert run_history(run.run).filter(kind="replan", payload__status="failed").exists()
     assert_invariants_hold()
 
 

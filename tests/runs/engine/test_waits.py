@@ -26,11 +26,11 @@ from runs import callbacks, children, services
 from runs.callbacks import CallbackNotFound, CallbackRefused, Reading
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record
-from runs.models import Run, RunEvent, Step, StepWait
+from runs.models import Run, Step, StepWait
 from runs.outbox import RunMessage
 from runs.plan import parse_plan
 from runs.reservation import plan_reservation
-from runs.selectors import RunOutputs, run_outputs
+from runs.selectors import RunOutputs, run_history, run_outputs
 from runs.states import RunStatus
 from runs.transitions import claim_next_step, claim_step
 from tests.integration.engine_support import assert_books_balanced
@@ -388,10 +388,10 @@ def test_the_callbacks_event_shows_its_id_never_its_token(engine_run: Start) -> 
     _, token = open_and_park(engine)
     head, _, secret = token.partition(".")
 
-    (event,) = RunEvent.objects.filter(run=engine.run, kind="wait")
+    (event,) = run_history(engine.run).filter(kind="wait")
     assert event.payload == {"wait": str(uuid.UUID(hex=head)), "request": None}
     assert event.message == f"waiting for callback {uuid.UUID(hex=head)}"
-    assert secret not in str(RunEvent.objects.filter(run=engine.run).values())
+    assert secret not in str(run_history(engine.run).values())
 
 
 def test_the_runs_organization_ends_a_callback_by_its_id_once(engine_run: Start) -> None:
@@ -413,7 +413,7 @@ def test_the_runs_organization_ends_a_callback_by_its_id_once(engine_run: Start)
     with pytest.raises(CallbackRefused) as again:
         callbacks.receive_callback(token, status="completed", result=8)
     assert (again.value.status, again.value.code) == (409, "callback_used")
-    received = RunEvent.objects.filter(run=run, message="callback received: completed").get()
+    received = run_history(run).filter(message="callback received: completed").get()
     assert received.actor == "key x"
 
 

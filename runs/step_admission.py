@@ -457,6 +457,10 @@ def _park(
             "lease_expires_at": None,
             "worker": "",
             "attempts": attempt - 1,
+            # The claim, kept on the row, forgotten with its worker and attempt: written
+            # as its event row by the update (engine.run_history).
+            "claim_event": None,
+            "claimed_at": None,
             "waiting_reason": reason,
             "asleep": asleep(wait_s),
             **charged,

@@ -88,8 +88,15 @@ def park(run: Run, step: Step, wait: dict[str, Any], now: datetime) -> dict[str,
         _start_poll(run, step, wait, now)
     else:
         raise ValueError(f"unknown wait {kind!r}")
+    # The worker forgotten, so is the claim it made (kept on the row): the update writes
+    # it as its event row (engine.run_history).
     Step.objects.filter(pk=step.pk).update(
-        lease_expires_at=None, celery_task_id="", worker="", trace_context=step.trace_context
+        lease_expires_at=None,
+        celery_task_id="",
+        worker="",
+        trace_context=step.trace_context,
+        claim_event=None,
+        claimed_at=None,
     )
     return None
 

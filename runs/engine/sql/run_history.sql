@@ -38,14 +38,22 @@ SELECT s.completion_event, s.run_id, s.attempt_number, 'step'::varchar, s.id::va
        ''::text, jsonb_build_object('cost', s.completion_cost), s.completed_at
 FROM runs_step AS s;
 
--- An event kept on a step's row lasts as long as the row shows it as it was: an update
--- that would change it (the attempt leaving RUNNING other than by the plain completion,
--- its worker or attempt count changed, the next claim) writes it first as an event row
--- with its id, exactly as the view shows it, and the row forgets it (unless the update
--- keeps a new one there). A reader that saw it at that id sees the same event at the
--- same id after, in the same place among the others. The conditions are the triggers'
--- WHEN, evaluated before any function is called: the claim, the plain completion and the
--- lease's renewals call none.
+-- An event kept on a step's row is listed from it for as long as the row keeps it: an
+-- attempt that fails, is retried, parked or handed back leaves its claim there, listed
+-- as before. An update that would change it (the next attempt's claim, which keeps its
+-- own; a park or a hand-back, which clear the worker and forget it) writes it first as
+-- an event row with its id, exactly as the view showed it, so that a reader who saw it
+-- at that id sees the same event at the same id after, in the same place among the
+-- others. Such an update forgets it itself (claim_event NULL, or a new one) and the
+-- trigger writes the row from the old version; one that changes what it shows and keeps
+-- it (no such update is known: a safety net) has it written and then forgotten by a
+-- second update, whose own firing finds the row written and adds nothing.
+--
+-- AFTER triggers: a BEFORE trigger locks the row before its condition is read, a WAL
+-- record on every update of a step (and inside the recording's block, a MultiXact); an
+-- AFTER trigger's condition is read against the old and new versions as the update
+-- writes them, and the claim, the plain completion, a dispatch and the lease's renewals
+-- fire neither.
 CREATE FUNCTION engine.step_claim_written() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO runs_runevent
@@ -53,12 +61,12 @@ BEGIN
          message, payload, created_at)
     VALUES (OLD.claim_event, OLD.run_id, OLD.attempt_number, 'step', OLD.id::text,
             'transition', 'pending', 'running', OLD.worker, '',
-            jsonb_build_object('attempt', OLD.attempts), OLD.claimed_at);
+            jsonb_build_object('attempt', OLD.attempts), OLD.claimed_at)
+    ON CONFLICT (id) DO NOTHING;
     IF NEW.claim_event = OLD.claim_event THEN
-        NEW.claim_event := NULL;
-        NEW.claimed_at := NULL;
+        UPDATE runs_step SET claim_event = NULL, claimed_at = NULL WHERE id = NEW.id;
     END IF;
-    RETURN NEW;
+    RETURN NULL;
 END
 $$;
 
@@ -69,17 +77,17 @@ BEGIN
          message, payload, created_at)
     VALUES (OLD.completion_event, OLD.run_id, OLD.attempt_number, 'step', OLD.id::text,
             'transition', 'running', 'completed', 'system', '',
-            jsonb_build_object('cost', OLD.completion_cost), OLD.completed_at);
+            jsonb_build_object('cost', OLD.completion_cost), OLD.completed_at)
+    ON CONFLICT (id) DO NOTHING;
     IF NEW.completion_event = OLD.completion_event THEN
-        NEW.completion_event := NULL;
-        NEW.completion_cost := '';
+        UPDATE runs_step SET completion_event = NULL, completion_cost = '' WHERE id = NEW.id;
     END IF;
-    RETURN NEW;
+    RETURN NULL;
 END
 $$;
 
 CREATE TRIGGER runs_step_claim_written
-BEFORE UPDATE ON runs_step
+AFTER UPDATE ON runs_step
 FOR EACH ROW
 WHEN (OLD.claim_event IS NOT NULL AND (
     NEW.claim_event IS DISTINCT FROM OLD.claim_event
@@ -88,14 +96,12 @@ WHEN (OLD.claim_event IS NOT NULL AND (
     OR NEW.attempts IS DISTINCT FROM OLD.attempts
     OR NEW.attempt_number IS DISTINCT FROM OLD.attempt_number
     OR NEW.run_id IS DISTINCT FROM OLD.run_id
-    -- A change of state, but for the plain completion, which keeps its own event here.
-    OR (NEW.status IS DISTINCT FROM OLD.status
-        AND NEW.completion_event IS NOT DISTINCT FROM OLD.completion_event)
 ))
 EXECUTE FUNCTION engine.step_claim_written();
 
+-- A completed step is final: only a safety net, as the claim's second case.
 CREATE TRIGGER runs_step_completion_written
-BEFORE UPDATE ON runs_step
+AFTER UPDATE ON runs_step
 FOR EACH ROW
 WHEN (OLD.completion_event IS NOT NULL AND (
     NEW.completion_event IS DISTINCT FROM OLD.completion_event

@@ -37,7 +37,11 @@ BEGIN
             status_changed_at = p_now,
             lease_expires_at = NULL,
             worker = '',
-            celery_task_id = ''
+            celery_task_id = '',
+            -- Its claim forgotten with its worker and attempt: written as its event row
+            -- by the update (engine.run_history).
+            claim_event = NULL,
+            claimed_at = NULL
         WHERE s.id = p_steps[i] AND s.run_id = p_run
           AND s.status = 'running' AND s.attempts = p_attempts[i]
         RETURNING s.attempt_number INTO v_attempt_number;

@@ -23,7 +23,7 @@ from django.db import connection
 
 from runs.engine import hotpath
 from runs.engine.outcomes import Outcome, record_and_claim
-from runs.models import RunEvent
+from runs.selectors import run_history
 from runs.transitions import claim_step
 from tests.runs.engine.harness import EngineRun
 
@@ -102,7 +102,7 @@ def test_a_sequences_next_step_is_dispatched_and_claimed_in_one_row_version(
     assert two.lease_expires_at is not None
     assert two.started_at == two.dispatched_at
     assert run.step("three").dispatched_at is None
-    last = list(RunEvent.objects.filter(run=run.run).order_by("id"))[-2:]
+    last = list(run_history(run.run))[-2:]
     assert [(e.entity_id, e.from_status, e.to_status, e.actor) for e in last] == [
         (str(run.step("one").pk), "running", "completed", "system"),
         (str(two.pk), "pending", "running", "worker-b"),

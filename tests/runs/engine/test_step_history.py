@@ -19,12 +19,13 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from runs import services
+from orchestrator.executor import execute_step
+from runs import callbacks, services
 from runs.engine import sql
-from runs.engine.outcomes import Outcome
+from runs.engine.outcomes import Outcome, record
 from runs.models import RunEvent, Step
 from runs.selectors import run_history
-from runs.transitions import hand_back_steps
+from runs.transitions import claim_step, hand_back_steps
 from tests.runs.engine.harness import EngineRun
 
 Start = Callable[..., EngineRun]
@@ -117,9 +118,8 @@ def leaves_by_retry(run: EngineRun, step: Step, attempt: int) -> None:
     run.record(step.name, attempt, run.failure("flaky", retryable=True))
 
 
-def leaves_by_hand_back(run: EngineRun, step: Step, attempt: int) -> None:
-    with run.committed():
-        assert hand_back_steps(run.run.pk, [(step.pk, attempt)], actor="server") == 1
+def leaves_by_failure(run: EngineRun, step: Step, attempt: int) -> None:
+    run.record(step.name, attempt, run.failure("broken"))
 
 
 def leaves_by_cancel(run: EngineRun, step: Step, attempt: int) -> None:
@@ -129,26 +129,90 @@ def leaves_by_cancel(run: EngineRun, step: Step, attempt: int) -> None:
 
 @pytest.mark.django_db
 @pytest.mark.parametrize(
-    "leave", [leaves_by_retry, leaves_by_hand_back, leaves_by_cancel], ids=lambda f: f.__name__
+    "leave", [leaves_by_retry, leaves_by_failure, leaves_by_cancel], ids=lambda f: f.__name__
 )
-def test_a_claim_the_attempt_leaves_otherwise_is_written_as_a_row_at_its_id_unchanged(
+def test_a_claim_stays_on_its_row_and_listed_unchanged_when_its_attempt_leaves_otherwise(
     engine_run: Start, leave: Callable[[EngineRun, Step, int], None]
 ) -> None:
     run = engine_run(plan("flaky", retry={"max_attempts": 3, "backoff": "fixed", "jitter": 0}))
     attempt = run.claim("flaky")
     step = run.step("flaky")
     (claimed,) = step_events(run.run, step)
-    assert step_rows(step) == []
 
     leave(run, step, attempt)
 
     after = run.step("flaky")
-    assert (after.claim_event, after.claimed_at) == (None, None)
-    assert step_rows(after)[0] == claimed  # the same event, now a row, at the same id
+    assert after.claim_event == claimed[0]  # still kept on the row, not written
+    listed = step_events(run.run, after)
+    assert listed[0] == claimed  # the same event at the same id, the way it left after it
+    assert len(listed) > 1
+    assert step_rows(after) == listed[1:]
+    assert [event[0] for event in listed] == sorted({event[0] for event in listed})
+
+
+def forgotten_claim(run: EngineRun, step: Step, claimed: tuple[Any, ...]) -> None:
+    """The step's claim, forgotten with its worker: written as a row at its id, unchanged,
+    and listed once, first, before the way its attempt left."""
+    after = run.step(step.name)
+    assert (after.claim_event, after.claimed_at, after.worker) == (None, None, "")
+    assert step_rows(after)[0] == claimed
     listed = step_events(run.run, after)
     assert listed[0] == claimed
+    assert len(listed) > 1
     assert [event[0] for event in listed] == sorted({event[0] for event in listed})
-    assert len(listed) > 1  # the way it left, after it
+
+
+@pytest.mark.django_db
+def test_a_claim_handed_back_is_written_as_a_row_at_its_id_unchanged(engine_run: Start) -> None:
+    run = engine_run(plan("one"))
+    attempt = run.claim("one")
+    step = run.step("one")
+    (claimed,) = step_events(run.run, step)
+
+    with run.committed():
+        assert hand_back_steps(run.run.pk, [(step.pk, attempt)], actor="server") == 1
+
+    forgotten_claim(run, step, claimed)
+
+
+@pytest.mark.django_db
+def test_a_claim_parked_on_a_callback_is_written_as_a_row_at_its_id_unchanged(
+    engine_run: Start,
+) -> None:
+    run = engine_run(plan("hook", tool="callback", params={"timeout": 60}))
+    step = run.step("hook")
+    claimed_step = claim_step(step.pk, worker="test", task_id="hook", lease_seconds=60)
+    assert claimed_step is not None
+    (claimed,) = step_events(run.run, step)
+    opening = callbacks.new_callback()
+    opened = callbacks.open_callback(
+        opening, step_id=step.pk, attempt=claimed_step["attempts"], expires_in=60
+    )
+
+    with run.committed():
+        wait = {"kind": "callback", **opened, "request": None}
+        record(step.pk, run.run.pk, claimed_step["attempts"], Outcome(wait=wait))
+
+    forgotten_claim(run, step, claimed)
+
+
+@pytest.mark.django_db
+def test_a_claim_given_back_to_a_timer_is_written_as_a_row_before_the_park(
+    engine_run: Start,
+) -> None:
+    run = engine_run(plan("pause", tool="wait", params={"for": "20s"}))
+    step = run.step("pause")
+
+    with run.committed():
+        assert execute_step(step.pk, worker="w", task_id="t") == "waiting"
+
+    after = run.step("pause")
+    assert (after.claim_event, after.claimed_at, after.worker) == (None, None, "")
+    claim, park = step_events(run.run, after)
+    assert step_rows(after) == [claim, park]
+    assert (claim[5:7], claim[8:10]) == (("pending", "running"), ("", {"attempt": 1}))
+    assert claim[7].startswith("w:")  # the worker that claimed, with its process id
+    assert park[5:7] == ("running", "pending")
 
 
 @pytest.mark.django_db
@@ -166,10 +230,30 @@ def test_a_retried_steps_attempts_each_keep_their_claim_and_the_last_its_complet
         ("pending", "running", 2),
         ("running", "completed", None),
     ]
-    # The first claim was written when its attempt failed; the second, and the
-    # completion, are kept on the row.
+    # The first claim was written when the second took its place on the row; the
+    # second, and the completion, are kept there.
     assert [event[0] for event in step_rows(step)] == [listed[0][0], listed[1][0]]
+    assert step_rows(step)[0] == listed[0]
     assert (step.claim_event, step.completion_event) == (listed[2][0], listed[3][0])
+
+
+@pytest.mark.django_db
+def test_an_update_that_changes_a_kept_claim_in_place_has_it_written_and_forgotten(
+    engine_run: Start,
+) -> None:
+    # No engine path does this (each forgets the claim as it clears the worker): the
+    # database's safety net, for one that would.
+    run = engine_run(plan("one"))
+    run.claim("one")
+    step = run.step("one")
+    (claimed,) = step_events(run.run, step)
+
+    Step.objects.filter(pk=step.pk).update(worker="someone else")
+
+    after = run.step("one")
+    assert (after.claim_event, after.claimed_at) == (None, None)
+    assert step_rows(after) == [claimed]
+    assert step_events(run.run, after) == [claimed]
 
 
 # --------------------------------------------------------------------------- upgrade

@@ -86,8 +86,11 @@ BEGIN
 END
 $$;
 
+-- Fired only by an update that sets one of the columns the kept claim shows: a plain
+-- completion, a dispatch or a lease's renewal does not even read the condition.
 CREATE TRIGGER runs_step_claim_written
-AFTER UPDATE ON runs_step
+AFTER UPDATE OF claim_event, claimed_at, worker, attempts, attempt_number, run_id
+ON runs_step
 FOR EACH ROW
 WHEN (OLD.claim_event IS NOT NULL AND (
     NEW.claim_event IS DISTINCT FROM OLD.claim_event
@@ -99,9 +102,10 @@ WHEN (OLD.claim_event IS NOT NULL AND (
 ))
 EXECUTE FUNCTION engine.step_claim_written();
 
--- A completed step is final: only a safety net, as the claim's second case.
+-- A completed step is final (runs.states): only a safety net, as the claim's second case.
 CREATE TRIGGER runs_step_completion_written
-AFTER UPDATE ON runs_step
+AFTER UPDATE OF completion_event, completion_cost, completed_at, attempt_number, run_id
+ON runs_step
 FOR EACH ROW
 WHEN (OLD.completion_event IS NOT NULL AND (
     NEW.completion_event IS DISTINCT FROM OLD.completion_event
@@ -109,6 +113,5 @@ WHEN (OLD.completion_event IS NOT NULL AND (
     OR NEW.completed_at IS DISTINCT FROM OLD.completed_at
     OR NEW.attempt_number IS DISTINCT FROM OLD.attempt_number
     OR NEW.run_id IS DISTINCT FROM OLD.run_id
-    OR NEW.status IS DISTINCT FROM OLD.status
 ))
 EXECUTE FUNCTION engine.step_completion_written();

@@ -31,6 +31,7 @@ PLURALS = {
     "runs.Run": "runs",
     "runs.RunAttempt": "run attempts",
     "runs.RunEvent": "run events",
+    "runs.HistoryEvent": "history events",
     "runs.Runner": "runners",
     "runs.RunnerJob": "runner jobs",
     "runs.Step": "steps",

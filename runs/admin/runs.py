@@ -362,6 +362,22 @@ class RunEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[RunEvent]):
         # The history's rows are shown as the events' (their fields are the same).
         return history  # type: ignore[return-value]
 
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> RunEvent | None:
+        """An event's own page: found in its run's history, the run being the list's it
+        was opened from, or, opened by its address alone, the event row's."""
+        try:
+            pk = int(object_id)
+        except (TypeError, ValueError):
+            return None
+        run_id = _chosen_run(request) or (
+            RunEvent.objects.filter(pk=pk).values_list("run_id", flat=True).first()
+        )
+        if run_id is None:
+            return None
+        return with_paths(run_history(run_id)).filter(id=pk).first()  # type: ignore[return-value]
+
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:

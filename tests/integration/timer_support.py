@@ -75,7 +75,10 @@ def step_messages(step: Step) -> list[str]:
         message = json.loads(payload)
         if not isinstance(message, dict) or "body" not in message:
             continue  # not a Celery message
-        args = json.loads(base64.b64decode(message["body"]))[0]
+        body = json.loads(base64.b64decode(message["body"]))
+        if not isinstance(body, list):
+            continue  # a control message (a broadcast, its reply): a dict, no task's args
+        args = body[0]
         if args and args[0] == step.pk:
             names.append(message["headers"]["task"])
     return names

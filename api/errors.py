@@ -52,6 +52,12 @@ from billing.services import InsufficientCredits
 from common.filters import Problems, QueryInvalid
 from runs.admission import TooManyPendingRuns
 from runs.callbacks import CallbackNotFound
+from runs.catalogue import (
+    InvalidToolDefinition,
+    ToolNameTaken,
+    ToolNotFound,
+    ToolVersionConflict,
+)
 from runs.escalations import EscalationNotFound, EscalationResolved, ReplanLimitReached
 from runs.forks import InvalidFork
 from runs.plan import PlanInvalid, errors_as_dicts
@@ -132,6 +138,10 @@ DOMAIN_ERRORS: dict[type[Exception], tuple[int, Callable[[Any], Any], Callable[[
     RunnerJobNotFound: (404, lambda exc: None, lambda exc: "not found"),
     DuplicateRunner: (409, lambda exc: exc.details, str),
     NotJobOwner: (409, lambda exc: None, str),
+    InvalidToolDefinition: (400, lambda exc: None, str),
+    ToolNotFound: (404, lambda exc: None, lambda exc: "not found"),
+    ToolVersionConflict: (409, lambda exc: exc.details, str),
+    ToolNameTaken: (409, lambda exc: exc.details, str),
     CallbackNotFound: (404, lambda exc: None, lambda exc: "not found"),
     ArtifactNotFound: (404, lambda exc: None, lambda exc: "not found"),
     ArtifactExists: (409, lambda exc: None, str),
@@ -344,8 +354,10 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     404: "`not_found`: no such object in your organization (or no such page)",
     409: "`invalid_transition` (`details`: entity, from, to), `attempts_exhausted`, "
     "`run_deleted`, `idempotency_key_in_use` (the first request with this key is still "
-    "being processed), or `quota_exceeded` (creating one more webhook endpoint, schedule "
-    "or rate limit than the organization's quota; `details`: quota, limit)",
+    "being processed), `quota_exceeded` (creating one more webhook endpoint, schedule "
+    "or rate limit than the organization's quota; `details`: quota, limit), or, from a "
+    "worker's registration, `tool_version_conflict` (a tool version published before with "
+    "another schema) or `tool_name_taken` (a tool of the fleet; `details`: name, version)",
     413: "`payload_too_large`: the body or the plan is over its size limit",
     406: "`not_acceptable`: the response is JSON; accept `application/json`",
     415: "`unsupported_media_type`: send `application/json` (or `application/yaml` to "

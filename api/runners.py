@@ -28,11 +28,12 @@ from api.authentication import OrganizationSuspended, client_of, organization_of
 from api.errors import LIST_ERRORS, WRITE_ERRORS, error_responses
 from api.idempotency import idempotent
 from api.pagination import PageQuery, paginated
-from api.serializers import EmptyInput, InputSerializer, StrictCharField
+from api.serializers import EmptyInput, InputSerializer, StrictBooleanField, StrictCharField
 from api.views import ApiView, list_schema, page_response, validated
 from billing import quotas
 from billing.selectors import ORGANIZATION_SUSPENDED
 from common import leases
+from common.errors import ERROR_CODES
 from common.stores import broker_redis
 from runs import runners, selectors
 from runs.filters import RunnerJobFilter
@@ -50,6 +51,17 @@ class RegisterInput(InputSerializer):
     tags = serializers.ListField(
         child=StrictCharField(max_length=100), required=False, max_length=50
     )
+    tools = serializers.ListField(
+        child=serializers.DictField(),
+        required=False,
+        max_length=200,
+        help_text="An `orch worker`'s published tools (docs/tools.md), each `{name, "
+        "version, description, params_schema, output_schema, cost}`: kept in the "
+        "organization's catalogue (`GET /tools`); the runner then claims the jobs of "
+        "those tools at those versions, and no `runner` step's. 409 "
+        "`tool_version_conflict` for a version published before with another schema, "
+        "`tool_name_taken` for a tool of the fleet.",
+    )
 
 
 class RegisterOutput(serializers.Serializer[Any]):
@@ -59,8 +71,32 @@ class RegisterOutput(serializers.Serializer[Any]):
     heartbeat_interval_seconds = serializers.IntegerField()
 
 
+# The most jobs a runner claims in one poll, and reports the progress of at once (as
+# many as its slots).
+MAX_HELD_JOBS = 100
+
+
 class RunnerIdInput(InputSerializer):
     runner_id = StrictCharField(max_length=40)
+
+
+class HeartbeatInput(RunnerIdInput):
+    progress = serializers.DictField(
+        child=serializers.JSONField(allow_null=True),
+        required=False,
+        help_text="By job id, what the tool of each job the runner holds last said of its "
+        "progress (any JSON), shown at `GET /runner-jobs/{id}`.",
+    )
+
+    def validate_progress(self, value: dict[str, Any]) -> dict[str, Any]:
+        if len(value) > MAX_HELD_JOBS:
+            raise serializers.ValidationError(f"at most {MAX_HELD_JOBS} jobs")
+        for job_id in value:
+            try:
+                UUID(job_id)
+            except ValueError:
+                raise serializers.ValidationError(f"{job_id!r} is not a job id") from None
+        return value
 
 
 class OkOutput(serializers.Serializer[Any]):
@@ -73,6 +109,14 @@ class PollQuery(serializers.Serializer[Any]):
     runner_id = serializers.CharField(max_length=40, help_text="The runner's id.")
     wait = serializers.IntegerField(
         required=False, min_value=0, max_value=30, help_text="Seconds to hold: 0 to 30."
+    )
+    max_jobs = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        max_value=MAX_HELD_JOBS,
+        help_text="Claim up to this many jobs at once (a runner's free slots), answered "
+        "as `jobs`; 0 claims none and waits for stop commands only. Without it, one job, "
+        "answered as `job`.",
     )
 
 
@@ -106,6 +150,20 @@ class JobOutput(serializers.Serializer[Any]):
         help_text="The W3C traceparent of the step attempt the job belongs to (empty when "
         "the run is not traced): a runner continues the run's trace from it.",
     )
+    tool = serializers.CharField(
+        help_text="A worker tool's job: the tool to call (docs/tools.md); empty for a "
+        "`runner` step's job."
+    )
+    tool_version = serializers.CharField(help_text="The tool's version the job was made for.")
+    params = serializers.JSONField(
+        allow_null=True, help_text="A worker tool's job: the step's rendered params."
+    )
+    progress = serializers.JSONField(
+        allow_null=True, help_text="What the tool last said of its progress."
+    )
+    error_code = serializers.CharField(
+        help_text="A failed worker tool's job: the error code it failed with."
+    )
 
 
 class RunnerOutput(serializers.Serializer[Any]):
@@ -115,6 +173,10 @@ class RunnerOutput(serializers.Serializer[Any]):
     project_dir = serializers.CharField()
     executor_type = serializers.CharField()
     tags = serializers.ListField(child=serializers.CharField())
+    tools = serializers.DictField(
+        child=serializers.CharField(),
+        help_text="The published tools it offers, by name: their versions (an `orch worker`).",
+    )
     registered_at = serializers.DateTimeField()
     last_heartbeat = serializers.DateTimeField()
 
@@ -123,10 +185,12 @@ class RunnerOutput(serializers.Serializer[Any]):
 
 
 class PollOutput(serializers.Serializer[Any]):
-    """One of: ``stop_jobs``, ``job``, ``deregistered``."""
+    """One of: ``stop_jobs``, ``job`` (``jobs`` when the poll gave ``max_jobs``),
+    ``deregistered``."""
 
     stop_jobs = serializers.ListField(child=serializers.UUIDField(), required=False)
     job = JobOutput(required=False)
+    jobs = JobOutput(many=True, required=False)
     deregistered = serializers.BooleanField(required=False)
 
 
@@ -136,6 +200,17 @@ class CompletedInput(RunnerIdInput):
 
 class FailedInput(RunnerIdInput):
     error = StrictCharField(max_length=10_000, allow_blank=True)
+    code = serializers.ChoiceField(
+        choices=sorted(ERROR_CODES),
+        required=False,
+        help_text="A worker tool's failure as it classified it: the step's attempt fails "
+        "with this code (docs/api.md, step errors) instead of `runner_failed`.",
+    )
+    retryable = StrictBooleanField(
+        required=False,
+        help_text="With `code`: whether the step's retry policy may try again (the code's "
+        "own default when omitted).",
+    )
 
 
 class StoppedInput(RunnerIdInput):
@@ -197,7 +272,11 @@ class PollApi(RunnerApi):
         client = client_of(request)
         wait = query.get("wait", settings.RUNNER_POLL_TIMEOUT)
         result = held_poll(
-            client.organization, query["runner_id"], float(wait), api_key_id=client.api_key.pk
+            client.organization,
+            query["runner_id"],
+            float(wait),
+            api_key_id=client.api_key.pk,
+            limit=query.get("max_jobs", 1),
         )
         if result.refused == ORGANIZATION_SUSPENDED:
             raise OrganizationSuspended
@@ -205,14 +284,16 @@ class PollApi(RunnerApi):
             raise AuthenticationFailed("unknown or revoked API key")
         if result.empty:
             return Response(status=204)
-        return Response(poll_body(result))
+        return Response(poll_body(result, many="max_jobs" in query))
 
 
-def poll_body(result: runners.Poll) -> dict[str, Any]:
+def poll_body(result: runners.Poll, *, many: bool = False) -> dict[str, Any]:
     if result.deregistered:
         return {"deregistered": True}
     if result.stop_jobs:
         return {"stop_jobs": result.stop_jobs}
+    if many:
+        return {"jobs": JobOutput(result.jobs, many=True).data}
     return {"job": JobOutput(result.job).data}
 
 
@@ -235,7 +316,7 @@ def polls_held(organization_id: Any) -> int:
 
 
 def held_poll(
-    organization: Any, runner_id: str, wait: float, *, api_key_id: Any = None
+    organization: Any, runner_id: str, wait: float, *, api_key_id: Any = None, limit: int = 1
 ) -> runners.Poll:
     """Poll, and while there is nothing, hold up to ``wait`` seconds listening on the
     runner's and the organization's Redis channels (subscribed before the next look, so
@@ -248,7 +329,9 @@ def held_poll(
     at every wake-up and every ``RECHECK_S``: the hold of a revoked key, or a suspended
     organization's (the suspension wakes its polls), ends ``refused``."""
     deadline = time.monotonic() + wait
-    first = runners.poll(organization=organization, runner_id=runner_id, api_key_id=api_key_id)
+    first = runners.poll(
+        organization=organization, runner_id=runner_id, api_key_id=api_key_id, limit=limit
+    )
     if not first.empty or wait <= 0:
         return first
     lease = leases.Lease(
@@ -270,6 +353,7 @@ def held_poll(
                 runner_id=runner_id,
                 registered_at=first.registered_at,
                 api_key_id=api_key_id,
+                limit=limit,
             )
             left = deadline - time.monotonic()
             if not result.empty or left <= 0:
@@ -309,16 +393,21 @@ class HeartbeatApi(RunnerApi):
         tags=[TAG_RUNNERS],
         summary="A runner's heartbeat",
         operation_id="runner_heartbeat",
-        request=RunnerIdInput,
+        request=HeartbeatInput,
         responses={200: OkOutput, **error_responses(*WRITE_ERRORS, 404)},
     )
     @idempotent
     def post(self, request: Request) -> Response:
-        """The runner is alive (a poll counts as one too). A runner silent for longer
-        than the stale time (120 s unless the server says otherwise) loses its jobs, which
-        fail with `runner_lost`; a deregistered runner stays deregistered."""
-        data = validated(RunnerIdInput, request.data)
-        runners.heartbeat(organization=organization_of(request), runner_id=data["runner_id"])
+        """The runner is alive (a poll counts as one too), and, with `progress`, how far
+        the tools of its jobs got. A runner silent for longer than the stale time (120 s
+        unless the server says otherwise) loses its jobs, which fail with `runner_lost`;
+        a deregistered runner stays deregistered."""
+        data = validated(HeartbeatInput, request.data)
+        runners.heartbeat(
+            organization=organization_of(request),
+            runner_id=data["runner_id"],
+            progress=data.get("progress"),
+        )
         return Response({"ok": True})
 
 
@@ -356,6 +445,8 @@ class ReportApi(RunnerApi):
                 result=data.get("result"),
                 error=data.get("error", ""),
                 signal=data.get("signal", ""),
+                code=data.get("code", ""),
+                retryable=data.get("retryable"),
             ),
         )
         return Response({"ok": True})
@@ -367,8 +458,9 @@ _REPORTED = {
     "to the job, the stop stands and this changes nothing.",
     "completed": "The job finished: its step completes with `result` (any JSON) as its "
     "output, and the `runner` tool's price is charged.",
-    "failed": "The job failed: its step's attempt fails with `runner_failed` and `error` "
-    "as the message; the step's retry policy may make a new attempt, with a new job.",
+    "failed": "The job failed: its step's attempt fails with `runner_failed` (or a worker "
+    "tool's `code`) and `error` as the message; the step's retry policy may make a new "
+    "attempt, with a new job.",
     "stopped": "The job ended on a stop command, by `signal` (`SIGTERM`, or `SIGKILL` "
     "5 s later): its step's attempt fails with `runner_stopped`, not retried.",
 }

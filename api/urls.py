@@ -12,6 +12,7 @@ from api import ratelimits as rate_limit_api
 from api import reuse as reuse_api
 from api import runners as runner_api
 from api import schedules as schedule_api
+from api import tools as tool_api
 from api import webhooks as webhook_api
 from api.billing import BalanceApi, LedgerApi, OrganizationApi, SecretApi, SecretsApi
 
@@ -71,6 +72,8 @@ urlpatterns = [
     path("secrets/<str:name>", SecretApi.as_view(), name="secret"),
     path("rate-limits", rate_limit_api.RateLimitsApi.as_view(), name="rate-limits"),
     path("rate-limits/<str:name>", rate_limit_api.RateLimitApi.as_view(), name="rate-limit"),
+    path("tools", tool_api.ToolsApi.as_view(), name="tools"),
+    path("tools/<str:name>", tool_api.ToolApi.as_view(), name="tool"),
     # The runner protocol (docs/runners.md)
     path("runner/register", runner_api.RegisterApi.as_view(), name="runner-register"),
     path("runner/jobs", runner_api.PollApi.as_view(), name="runner-poll"),

@@ -45,6 +45,7 @@ from common import metrics
 from config.celery import app
 from orchestrator import prometheus
 from runs.models import (
+    NO_WORKER_OFFERS_TOOL,
     EscalationStatus,
     EscalationTicket,
     Run,
@@ -484,6 +485,24 @@ class RateWait:
     next_at: datetime | None  # the soonest of their reserved moments
 
 
+@dataclass(frozen=True)
+class ToolWait:
+    tool: str
+    steps: int
+
+
+def worker_tool_waits() -> list[ToolWait]:
+    """Steps of worker tools that no online worker offers (docs/tools.md, "Waiting for
+    a worker"), by tool: parked RUNNING with waiting_reason no_worker_offers_tool."""
+    rows = (
+        Step.objects.filter(status=StepStatus.RUNNING, waiting_reason=NO_WORKER_OFFERS_TOOL)
+        .values("tool")
+        .annotate(steps=Count("pk"))
+        .order_by("-steps", "tool")
+    )
+    return [ToolWait(row["tool"], row["steps"]) for row in rows]
+
+
 def rate_limit_waits() -> list[RateWait]:
     """Steps waiting for rate limits' units now, by limit (docs/rate-limits.md): the
     partial index step_rate_waiting holds exactly these rows."""
@@ -661,6 +680,7 @@ class Dashboard:
     pending: Pending
     escalations: Escalations
     rate_waits: list[RateWait]
+    tool_waits: list[ToolWait]
 
 
 def dashboard(now: datetime | None = None) -> Dashboard:
@@ -678,6 +698,7 @@ def dashboard(now: datetime | None = None) -> Dashboard:
         pending=oldest_pending_run(now),
         escalations=open_escalations(now),
         rate_waits=rate_limit_waits(),
+        tool_waits=worker_tool_waits(),
     )
 
 

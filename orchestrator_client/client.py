@@ -62,6 +62,7 @@ from orchestrator_client.types import (
     LedgerEntry,
     Organization,
     Page,
+    PublishedTool,
     RateLimit,
     RunDetail,
     Runner,
@@ -840,6 +841,16 @@ class Client:
             "page_size": page_size,
         }
         return cast(Paginator[RunnerJob], self._pages("runner-jobs", params, limit))
+
+    def tools(
+        self, *, page_size: int | None = None, limit: int | None = None
+    ) -> Paginator[PublishedTool]:
+        """The published tools your plans may name: the fleet's and your workers', each
+        with its schemas, versions and who offers it now (docs/tools.md)."""
+        return cast(Paginator[PublishedTool], self._pages("tools", {"page_size": page_size}, limit))
+
+    def get_tool(self, name: str) -> PublishedTool:
+        return cast(PublishedTool, self._get(f"tools/{quote(name, safe='')}"))
 
     def get_runner_job(self, job_id: str) -> RunnerJob:
         return cast(RunnerJob, self._get(f"runner-jobs/{_id(job_id)}"))

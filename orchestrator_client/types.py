@@ -316,6 +316,8 @@ class Runner(TypedDict):
     project_dir: str
     executor_type: str
     tags: list[str]
+    # The published tools an `orch worker` offers: their versions by name.
+    tools: dict[str, str]
     registered_at: str
     last_heartbeat: str
 
@@ -345,6 +347,44 @@ class RunnerJob(TypedDict):
     # The W3C traceparent of the step attempt that asked for the job, when the run is
     # traced (docs/observability.md): a runner continues the trace from it.
     traceparent: NotRequired[str]
+    # A worker tool's job (docs/tools.md): its tool and version, the step's rendered
+    # params, the tool's last progress and, failed, its error code; "" / None otherwise.
+    tool: str
+    tool_version: str
+    params: Any
+    progress: Any
+    error_code: str
+
+
+class ToolVersion(TypedDict):
+    version: str
+    published_at: str
+    last_published_at: str
+
+
+class ToolOffer(TypedDict):
+    """Who offers a published tool now: a fleet worker, or an `orch worker` (a runner)."""
+
+    placement: Literal["fleet", "worker"]
+    version: str
+    worker: str
+    hostname: str
+    tags: list[str]
+    since: str
+
+
+class PublishedTool(TypedDict):
+    """A tool written with ``@tool`` that plans may name (docs/tools.md)."""
+
+    name: str
+    version: str
+    placement: Literal["fleet", "worker"]
+    description: str
+    params_schema: dict[str, Any]
+    output_schema: dict[str, Any]
+    cost: dict[str, Any]
+    versions: list[ToolVersion]
+    offered_by: list[ToolOffer]
 
 
 class Artifact(TypedDict):

@@ -713,6 +713,12 @@ class HistoryEvent(Event):
 # step stays RUNNING, with no worker and no lease, until the job's runner reports.
 
 
+# The waiting_reason of a step parked on a worker tool's job that no online worker of
+# its organization offers (docs/tools.md); cleared when a worker claims the job, or when
+# the job ends unclaimed.
+NO_WORKER_OFFERS_TOOL = "no_worker_offers_tool"
+
+
 class RunnerJobStatus(models.TextChoices):
     PENDING = "pending"  # waiting for a runner that matches its demands
     CLAIMED = "claimed"  # a runner has it, and has not said it started
@@ -733,6 +739,9 @@ class Runner(models.Model):
     project_dir = models.CharField(max_length=1000)
     executor_type = models.CharField(max_length=100)
     tags = models.JSONField(default=list, blank=True)
+    # The published tools an `orch worker` offers, {name: version} (docs/tools.md): it
+    # claims the jobs of those tools and no other; a runner offering none, `runner` jobs.
+    tools = models.JSONField(default=dict, blank=True)
     registered_at = models.DateTimeField()
     last_heartbeat = models.DateTimeField()
     deregistered_at = models.DateTimeField(null=True, blank=True)
@@ -746,7 +755,8 @@ class Runner(models.Model):
 
 
 class RunnerJob(models.Model):
-    """One attempt of a `runner` step, as a runner receives it."""
+    """One attempt of a `runner` step, or of a step of a published tool that runs on an
+    `orch worker` (``tool`` set: docs/tools.md), as a runner receives it."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     organization = models.ForeignKey(
@@ -790,6 +800,18 @@ class RunnerJob(models.Model):
     timeout_at = models.DateTimeField()
     # Its step attempt's traceparent, handed to the runner (which continues the trace).
     trace_context = models.CharField(max_length=128, blank=True, default="", db_default="")
+    # A worker tool's job: the tool, its version when the job was made, and the step's
+    # rendered params; "" for a `runner` step's job (its prompt says what to do).
+    tool = models.CharField(max_length=64, blank=True, default="", db_default="")
+    tool_version = models.CharField(max_length=40, blank=True, default="", db_default="")
+    params = models.JSONField(null=True, blank=True)
+    # What the tool last said of its progress (``Context.heartbeat``), sent with the
+    # worker's heartbeats.
+    progress = models.JSONField(null=True, blank=True)
+    # A worker tool's failure as the tool classified it (an engine error code, and
+    # whether the step's retry policy may try again); "" for a `runner_failed`.
+    error_code = models.CharField(max_length=40, blank=True, default="", db_default="")
+    retryable = models.BooleanField(null=True, blank=True)
 
     class Meta:
         ordering = ["created_at"]
@@ -815,6 +837,62 @@ class RunnerJob(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.id} ({self.status})"
+
+
+# --------------------------------------------------------------------------- published tools
+# Tools written with the client's ``@tool`` (docs/tools.md): each version a package of the
+# fleet or an organization's ``orch worker`` published, with the JSON Schema a plan's
+# steps are checked against at submission (``runs.catalogue``).
+
+
+class ToolPlacement(models.TextChoices):
+    FLEET = "fleet"  # installed on the Celery workers: every organization's
+    WORKER = "worker"  # offered by an organization's own workers (runners)
+
+
+class PublishedTool(models.Model):
+    """One version of a published tool. A version's schema never changes once published
+    (``digest``): a change is a new version, and the newest first published is the
+    current one, that plans are checked against and jobs are made for."""
+
+    # None: the fleet's, every organization's.
+    organization = models.ForeignKey(
+        Organization,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="published_tools",
+    )
+    name = models.CharField(max_length=64)
+    version = models.CharField(max_length=40)
+    placement = models.CharField(max_length=10, choices=ToolPlacement.choices)
+    description = models.TextField(blank=True)
+    params_schema = models.JSONField(default=dict)
+    output_schema = models.JSONField(default=dict)
+    # The cost rule as the tool declares it: {"credits": "0.02"}, {"computed": true}, {}.
+    cost = models.JSONField(default=dict, blank=True)
+    digest = models.CharField(max_length=64)
+    published_at = models.DateTimeField()
+    last_published_at = models.DateTimeField()
+    # The fleet workers that published it at their start: {hostname: when}.
+    published_by = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["name", "-published_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["organization", "name", "version"],
+                name="publishedtool_one_per_version",
+                nulls_distinct=False,
+            ),
+            models.CheckConstraint(
+                condition=Q(placement__in=ToolPlacement.values),
+                name="publishedtool_placement_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.version} ({self.placement})"
 
 
 # --------------------------------------------------------------------------- waits

@@ -21,9 +21,17 @@ from typing import Any, Protocol
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
-from runs.models import RunnerJob, RunnerJobStatus, StepWait, StepWaitStatus
+from runs.models import (
+    NO_WORKER_OFFERS_TOOL,
+    RunnerJob,
+    RunnerJobStatus,
+    Step,
+    StepWait,
+    StepWaitStatus,
+)
 
 __all__ = [
     "Outbox",
@@ -184,27 +192,39 @@ def _close_waits(running_steps: Any) -> None:
 
 
 def _stop_runner_jobs(running_steps: Any) -> None:
-    # Only `runner` steps have jobs: most calls cost this one query and find none. The
-    # rows are locked as read, so a poll (SKIP LOCKED) cannot claim one in between.
+    # Only `runner` steps and those of worker tools (a dotted name: docs/tools.md) have
+    # jobs: most calls cost this one query and find none. The rows are locked as read, so
+    # a poll (SKIP LOCKED) cannot claim one in between.
     live = (RunnerJobStatus.PENDING, RunnerJobStatus.CLAIMED, RunnerJobStatus.RUNNING)
+    with_jobs = running_steps.filter(Q(tool="runner") | Q(tool__contains="."))
     found = list(
         RunnerJob.objects.select_for_update()
-        .filter(step__in=running_steps.filter(tool="runner").values("pk"), status__in=live)
-        .values_list("pk", "status", "runner_id")
+        .filter(step__in=with_jobs.values("pk"), status__in=live)
+        .values_list("pk", "status", "runner_id", "step_id")
     )
     if not found:
         return
     now = timezone.now()
-    pending = [pk for pk, status, _ in found if status == RunnerJobStatus.PENDING]
-    held = [pk for pk, status, _ in found if status != RunnerJobStatus.PENDING]
+    pending = [pk for pk, status, _, _ in found if status == RunnerJobStatus.PENDING]
+    held = [pk for pk, status, _, _ in found if status != RunnerJobStatus.PENDING]
     RunnerJob.objects.filter(pk__in=pending).update(
         status=RunnerJobStatus.STOPPED, stop_requested_at=now, completed_at=now
     )
+    unclaimed = [step for _, status, _, step in found if status == RunnerJobStatus.PENDING]
+    if unclaimed:
+        # A reason left on a step would read as a rate limit's park at its next claim.
+        Step.objects.filter(pk__in=unclaimed, waiting_reason=NO_WORKER_OFFERS_TOOL).update(
+            waiting_reason=""
+        )
     RunnerJob.objects.filter(pk__in=held).update(
         status=RunnerJobStatus.STOPPING, stop_requested_at=now
     )
     runner_ids = sorted(
-        {str(runner) for _, status, runner in found if runner and status != RunnerJobStatus.PENDING}
+        {
+            str(runner)
+            for _, status, runner, _ in found
+            if runner and status != RunnerJobStatus.PENDING
+        }
     )
     if runner_ids:
         after_commit(lambda: wake_runners(None, runner_ids))

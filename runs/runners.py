@@ -36,9 +36,17 @@ from billing.pricing import tool_price
 from billing.selectors import key_refused
 from common import tracing
 from common.tools.base import ToolError
+from runs import catalogue
 from runs.engine.outcomes import Outcome, record
 from runs.engine.waiting import Parked
-from runs.models import EventKind, Runner, RunnerJob, RunnerJobStatus
+from runs.models import (
+    NO_WORKER_OFFERS_TOOL,
+    EventKind,
+    Runner,
+    RunnerJob,
+    RunnerJobStatus,
+    Step,
+)
 from runs.outbox import after_commit, wake_runners
 from runs.services import lock_run
 from runs.states import InvalidTransition
@@ -126,13 +134,25 @@ def register(
     project_dir: str,
     executor_type: str,
     tags: list[str] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> Registration:
     """Register a runner, or reconnect one whose earlier registration went stale or was
     deregistered (its jobs were, or are now, recovered). ``DuplicateRunner`` while the
-    identity is online."""
+    identity is online.
+
+    ``tools``: the definitions of the published tools an ``orch worker`` offers
+    (docs/tools.md), kept in the organization's catalogue (``catalogue.publish``: a
+    version published before with another schema is refused, and nothing is registered);
+    the runner then claims the jobs of those tools, at those versions, and no other."""
     now = timezone.now()
     runner_id = runner_id_for(organization.pk, hostname, project_dir, executor_type)
     tags = sorted(set(tags or []))
+    definitions = [catalogue.definition_from(tool) for tool in tools or []]
+    offered = {definition.name: definition.version for definition in definitions}
+    if len(offered) < len(definitions):
+        raise catalogue.InvalidToolDefinition("tools: each tool is offered once")
+    if definitions:
+        catalogue.publish(organization=organization, definitions=definitions, by=runner_id)
     # Two registrations of one identity at once: the row lock orders them.
     existing = Runner.objects.select_for_update().filter(pk=runner_id).first()
     if existing is None:
@@ -143,6 +163,7 @@ def register(
             project_dir=project_dir,
             executor_type=executor_type,
             tags=tags,
+            tools=offered,
             registered_at=now,
             last_heartbeat=now,
         )
@@ -150,9 +171,11 @@ def register(
     if is_online(existing, now):
         raise DuplicateRunner(existing)
     _recover_jobs(existing, now, "the runner registered again: its earlier jobs were lost")
-    existing.tags, existing.registered_at = tags, now
+    existing.tags, existing.tools, existing.registered_at = tags, offered, now
     existing.last_heartbeat, existing.deregistered_at = now, None
-    existing.save(update_fields=["tags", "registered_at", "last_heartbeat", "deregistered_at"])
+    existing.save(
+        update_fields=["tags", "tools", "registered_at", "last_heartbeat", "deregistered_at"]
+    )
     return Registration(existing, reconnected=True)
 
 
@@ -164,12 +187,18 @@ def _runner(organization: Organization, runner_id: str, *, lock: bool = False) -
     return runner
 
 
-def heartbeat(*, organization: Organization, runner_id: str) -> Runner:
-    """A runner is alive. A deregistered runner stays deregistered (its poll says so)."""
+def heartbeat(
+    *, organization: Organization, runner_id: str, progress: dict[str, Any] | None = None
+) -> Runner:
+    """A runner is alive. A deregistered runner stays deregistered (its poll says so).
+    ``progress``: what the tools of the jobs it holds last said of their progress, by job
+    id (``Context.heartbeat``), kept on each job it still holds (another's is ignored)."""
     runner = _runner(organization, runner_id)
     now = timezone.now()
     Runner.objects.filter(pk=runner.pk, deregistered_at__isnull=True).update(last_heartbeat=now)
     runner.last_heartbeat = now
+    for job_id, value in sorted((progress or {}).items()):
+        RunnerJob.objects.filter(pk=job_id, runner=runner, status__in=HELD).update(progress=value)
     return runner
 
 
@@ -188,25 +217,32 @@ def deregister(*, organization: Organization, runner_id: str) -> Runner:
 # --------------------------------------------------------------------------- polls
 @dataclass(frozen=True)
 class Poll:
-    """What a poll hands a runner: stop commands first, else one job, else nothing."""
+    """What a poll hands a runner: stop commands first, else jobs (one, or up to the
+    free slots it asked for), else nothing."""
 
     deregistered: bool = False
     stop_jobs: list[str] = field(default_factory=list)
-    job: RunnerJob | None = None
+    jobs: list[RunnerJob] = field(default_factory=list)
     # The registration this look was made for: a held poll passes it to its next looks.
     registered_at: datetime | None = None
     # Why the poll's key may no longer be used (``billing.selectors.key_refused``), or "".
     refused: str = ""
 
     @property
+    def job(self) -> RunnerJob | None:
+        return self.jobs[0] if self.jobs else None
+
+    @property
     def empty(self) -> bool:
-        return not (self.refused or self.deregistered or self.stop_jobs or self.job)
+        return not (self.refused or self.deregistered or self.stop_jobs or self.jobs)
 
 
+# A worker tool's job (``tool`` set) goes to a runner offering that tool at the job's
+# version; a `runner` step's job to a runner offering no tool (the reference runner).
 _CLAIM_SQL = """
 UPDATE runs_runnerjob AS j
 SET status = 'claimed', runner_id = %(runner)s, claimed_at = %(now)s
-WHERE j.id = (
+WHERE j.id IN (
     SELECT c.id FROM runs_runnerjob AS c
     WHERE c.organization_id = %(organization)s AND c.status = 'pending'
       AND c.timeout_at > %(now)s
@@ -215,8 +251,10 @@ WHERE j.id = (
       AND coalesce(c.demands ->> 'project_dir', %(project_dir)s) = %(project_dir)s
       AND coalesce(c.demands ->> 'executor_type', %(executor_type)s) = %(executor_type)s
       AND %(tags)s::jsonb @> coalesce(c.demands -> 'tags', '[]'::jsonb)
+      AND CASE WHEN c.tool = '' THEN %(tools)s::jsonb = '{}'::jsonb
+               ELSE (%(tools)s::jsonb ->> c.tool) = c.tool_version END
     ORDER BY c.priority, c.created_at
-    LIMIT 1
+    LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
 RETURNING j.id
@@ -230,13 +268,15 @@ def poll(
     runner_id: str,
     registered_at: datetime | None = None,
     api_key_id: Any = None,
+    limit: int = 1,
 ) -> Poll:
     """One look for the runner (the API holds the request and looks again when woken):
-    its stop commands not yet handed over, else the first pending job it matches
-    (priority, then age; claimed atomically: ``SKIP LOCKED`` lets concurrent polls take
-    different jobs), else nothing. A poll's first look counts as a heartbeat (the runner
-    was there to send it); the later looks of a held poll do not, and claim nothing once
-    the runner has gone stale.
+    its stop commands not yet handed over, else the first ``limit`` pending jobs it
+    matches (priority, then age; claimed atomically: ``SKIP LOCKED`` lets concurrent
+    polls take different jobs; ``limit`` 0 claims none, for a runner whose slots are all
+    busy and who waits for stop commands only), else nothing. A poll's first look counts
+    as a heartbeat (the runner was there to send it); the later looks of a held poll do
+    not, and claim nothing once the runner has gone stale.
 
     ``registered_at``: the registration a held poll began under. If the runner has
     registered again since (its process restarted while this poll was held, and the
@@ -273,6 +313,8 @@ def poll(
     if stop_ids:
         RunnerJob.objects.filter(pk__in=stop_ids).update(stop_delivered_at=now)
         return Poll(stop_jobs=stop_ids, registered_at=runner.registered_at)
+    if limit <= 0:
+        return Poll(registered_at=runner.registered_at)
     with connection.cursor() as cursor:
         cursor.execute(
             _CLAIM_SQL,
@@ -284,14 +326,26 @@ def poll(
                 "project_dir": runner.project_dir,
                 "executor_type": runner.executor_type,
                 "tags": _json_list(runner.tags),
+                "tools": json.dumps(runner.tools),
+                "limit": limit,
             },
         )
-        row = cursor.fetchone()
-    if row is None:
+        claimed = [row[0] for row in cursor.fetchall()]
+    if not claimed:
         return Poll(registered_at=runner.registered_at)
-    job = RunnerJob.objects.select_related("step").get(pk=row[0])
-    _event(job, f"claimed by runner {runner.pk}")
-    return Poll(job=job, registered_at=runner.registered_at)
+    jobs = list(
+        RunnerJob.objects.select_related("run")
+        .filter(pk__in=claimed)
+        .order_by("priority", "created_at", "id")
+    )
+    waited = [job.step_id for job in jobs if job.tool]
+    if waited:
+        Step.objects.filter(pk__in=waited, waiting_reason=NO_WORKER_OFFERS_TOOL).update(
+            waiting_reason=""
+        )
+    for job in jobs:
+        _event(job, f"claimed by runner {runner.pk}")
+    return Poll(jobs=jobs, registered_at=runner.registered_at)
 
 
 def _json_list(values: list[str]) -> str:
@@ -305,6 +359,10 @@ class Report:
     result: Any = None
     error: str = ""
     signal: str = ""
+    # A worker tool's failure as it classified it (an engine error code and whether it
+    # may be retried); "" for `runner_failed`, retried by the step's policy.
+    code: str = ""
+    retryable: bool | None = None
 
 
 _FROM: dict[str, tuple[str, ...]] = {
@@ -341,7 +399,9 @@ def report(*, organization: Organization, runner_id: str, job_id: Any, report: R
         job.result = report.result if report.kind == "completed" else None
         job.error = report.error if report.kind == "failed" else ""
         job.signal = report.signal if report.kind == "stopped" else ""
-        fields += ["completed_at", "result", "error", "signal"]
+        job.error_code = report.code if report.kind == "failed" else ""
+        job.retryable = report.retryable if report.kind == "failed" and report.code else None
+        fields += ["completed_at", "result", "error", "signal", "error_code", "retryable"]
     job.save(update_fields=fields)
     _event(job, f"{report.kind}, reported by runner {runner.pk}")
     if report.kind != "started":
@@ -382,20 +442,21 @@ def _repeats(job: RunnerJob, report: Report, target: str) -> bool:
     if report.kind == "completed":
         return bool(job.result == report.result)
     if report.kind == "failed":
-        return job.error == report.error
+        return job.error == report.error and job.error_code == report.code
     if report.kind == "stopped":
         return job.signal == report.signal
     return True
 
 
 def _outcome(job: RunnerJob) -> Outcome:
-    price = tool_price("runner")
+    # A worker tool's job is priced as its tool (BILLING_TOOL_PRICES, by its name).
+    price = tool_price(job.tool or "runner")
     if job.status == J.COMPLETED:
         return Outcome(output=job.result, cost=price)
     if job.status == J.FAILED:
-        return Outcome(
-            error=ToolError("runner_failed", job.error or "the runner failed"), cost=price
-        )
+        code = job.error_code or "runner_failed"
+        error = ToolError(code, job.error or "the runner failed", job.retryable)
+        return Outcome(error=error, cost=price)
     return Outcome(
         error=ToolError("runner_stopped", f"the runner stopped the job ({job.signal})", False),
         cost=price,
@@ -472,13 +533,15 @@ def sweep(now: datetime | None = None) -> dict[str, int]:
 
 
 # A parked step has no worker to enforce its timeout: its job's age does, from the
-# attempt's job (a retry's new job starts the clock again), with the step's own limit.
+# attempt's job (a retry's new job starts the clock again), with the step's own limit. A
+# worker tool's step waits for a worker as long as its run does: its clock starts when a
+# worker claims the job (NULL until then: never overdue).
 _PARKED_JOBS = Parked(
     id="j.id",
     rows="""FROM runs_runnerjob AS j JOIN runs_step AS s ON s.id = j.step_id
 WHERE j.status IN ('pending', 'claimed', 'running')
   AND s.status = 'running' AND s.attempts = j.attempt""",
-    clock="j.created_at",
+    clock="(CASE WHEN j.tool = '' THEN j.created_at ELSE j.claimed_at END)",
 )
 
 

@@ -26,7 +26,7 @@ from billing.services import (
 from common import eventstreams, tracing
 from common.templates import Reference, UnresolvedReference, render_value, resolve_in
 from common.text import storable_text
-from runs import admission, step_admission
+from runs import admission, catalogue, step_admission
 from runs.materialize import materialize
 from runs.models import (
     Agent,
@@ -216,7 +216,9 @@ def run_create(
     The run keeps ``plan`` exactly as submitted; its parsed form (defaults filled in) is
     derived from it again when a worker materialises the run.
     """
-    parsed = parse_plan(plan, size_hint=size_hint)
+    parsed = parse_plan(
+        plan, size_hint=size_hint, tools=catalogue.OrganizationCatalogue(organization.pk)
+    )
     problems = step_admission.plan_problems(organization.pk, parsed)
     if problems:
         raise PlanInvalid(problems)

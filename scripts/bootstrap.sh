@@ -55,11 +55,15 @@ fi
 # The client's console script, $VENV/bin/orch (docs/cli.md): the checkout installed in
 # editable mode, so `orch` runs the code as it is; again whenever pyproject.toml changes.
 project_stamp="$VENV/.project.sha"
-want_project=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want_project=$(cat pyproject.toml examples/acme_tools/pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ ! -x "$VENV/bin/orch" ] || [ "$(cat "$project_stamp" 2>/dev/null)" != "$want_project" ]; then
   echo "==> installing the client and its CLI (orch)"
   # PYTHONWARNINGS: setuptools warns at length about every editable install.
   PYTHONWARNINGS=ignore "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
     --no-deps --no-build-isolation -e . 2>&1 | { grep -v "^WARNING: Location" || true; }
+  # The example package of tools (docs/tools.md): the fleet loads `acme.word_stats` from
+  # its entry point, and `orch worker acme_tools.worker` serves `acme.summarize`.
+  PYTHONWARNINGS=ignore "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+    --no-deps --no-build-isolation -e examples/acme_tools 2>&1 | { grep -v "^WARNING: Location" || true; }
   echo "$want_project" > "$project_stamp"
 fi

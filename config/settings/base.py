@@ -725,6 +725,14 @@ PYTHON_TOOL_ALLOWLIST = env.strings(
     ["orchestrator.tools.examples.add", "orchestrator.tools.examples.word_count"],
     "dotted paths the python tool may call",
 )
+# Published tools on the fleet (docs/tools.md): the packages whose tools the workers load
+# at start, by entry-point or distribution name under the group `orchestrator.tools`;
+# `*` for every one installed, empty for none.
+ORCHESTRATOR_TOOL_PACKAGES = env.strings(
+    "ORCHESTRATOR_TOOL_PACKAGES",
+    ["*"],
+    "packages whose @tool functions the workers load (entry points orchestrator.tools; * all)",
+)
 LLM_BASE_URL = env.string("LLM_BASE_URL", "", "OpenAI-compatible API base URL (…/v1)")
 LLM_API_KEY = env.string("LLM_API_KEY", "", "bearer key for the LLM API")
 LLM_MODEL = env.string("LLM_MODEL", "gpt-4o-mini", "default model of the llm tool")

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from decimal import Decimal, InvalidOperation
@@ -52,11 +53,13 @@ from orchestrator_client.tools import schema
 from orchestrator_client.tools.context import Context
 from orchestrator_client.tools.failures import ERROR_CODES, Cancelled, ToolFailure, classify
 
+logger = logging.getLogger("orchestrator_client.tools")
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
-NAME_MAX_LENGTH = 100
+NAME_MAX_LENGTH = 64  # what a step row keeps of its tool's name
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,39}$")
 # A step of a tool that runs on an `orch worker` may say which workers may take it:
 # ``params.demands`` (docs/tools.md), so no tool may have a parameter of that name.
@@ -210,15 +213,25 @@ class Tool(Generic[P]):
             return self.function(context, **kwargs)
         return self.function(**kwargs)
 
-    def run(self, params: Mapping[str, Any], context: Context) -> Outcome:
+    def run(
+        self,
+        params: Mapping[str, Any],
+        context: Context,
+        *,
+        passing: tuple[type[BaseException], ...] = (),
+    ) -> Outcome:
         """Call the tool with a step's params, in this thread (an ``async`` tool in an
-        event loop of its own); what it raises classified (``failures.classify``)."""
+        event loop of its own); what it raises classified (``failures.classify``) but
+        ``passing``, raised on (what the caller's machinery raises through the tool: a
+        time limit's exception)."""
         try:
             value = self._call(params, context)
             if inspect.isawaitable(value):
                 value = asyncio.run(_awaited(value))
+        except passing:
+            raise
         except Exception as exc:  # noqa: BLE001 (whatever the tool raises is its outcome)
-            return Outcome(failure=classify(exc, self.errors))
+            return Outcome(failure=self._failure(exc))
         if context.stop_event.is_set() and self.takes_context:
             # It returned after a stop was asked for: not recorded (the step is over).
             return Outcome(failure=classify(_cancelled(), self.errors))
@@ -237,8 +250,15 @@ class Tool(Generic[P]):
         except asyncio.CancelledError:
             return Outcome(failure=classify(_cancelled(), self.errors))
         except Exception as exc:  # noqa: BLE001 (whatever the tool raises is its outcome)
-            return Outcome(failure=classify(exc, self.errors))
+            return Outcome(failure=self._failure(exc))
         return self.result(value)
+
+    def _failure(self, exc: Exception) -> ToolFailure:
+        failure = classify(exc, self.errors)
+        if failure is not exc and not isinstance(exc, Cancelled):
+            # Not a failure the tool meant: its traceback is the author's to read.
+            logger.warning("tool %s raised %s", self.name, failure.message, exc_info=exc)
+        return failure
 
 
 def _with_defs(build: Callable[[dict[str, schema.JsonSchema]], schema.JsonSchema]) -> Any:

@@ -24,6 +24,7 @@ from runs import admission, escalations, fairness, runners, services, step_admis
 from runs.models import (
     EscalationTicket,
     Notification,
+    PublishedTool,
     Replan,
     Resolution,
     Runner,
@@ -57,6 +58,18 @@ class RunnerAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[Runner]):
         return runners.runner_status(runner)
 
 
+@admin.register(PublishedTool)
+class PublishedToolAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[PublishedTool]):
+    """The catalogue (docs/tools.md): each version of a tool the fleet or an
+    organization's workers published, with its schemas; read only (published by them)."""
+
+    list_display = ("name", "version", "placement", "organization", "published_at")
+    list_filter = ("placement",)
+    search_fields = ("name",)
+    list_select_related = ("organization",)
+    ordering = ("name", "-published_at")
+
+
 @admin.register(RunnerJob)
 class RunnerJobAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[RunnerJob]):
     """Runner jobs, one per attempt of a `runner` step; stopping one goes through the
@@ -67,12 +80,13 @@ class RunnerJobAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[RunnerJob]):
         "run",
         "step",
         "attempt",
+        "tool",
         "status",
         "runner_where",
         "created_at",
         "completed_at",
     )
-    list_filter = ("status", "created_at")
+    list_filter = ("status", "tool", "created_at")
     list_select_related = ("run", "step", "runner")
     search_fields = ("=id", "=run__id", "=session_id")
     ordering = ("-created_at",)

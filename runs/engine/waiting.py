@@ -31,10 +31,11 @@ from django.db import connection, transaction
 
 from billing.services import InsufficientCredits
 from common import tracing
-from runs import services
+from runs import catalogue, services
 from runs.engine.start import run_start
 from runs.materialize import add_handler_rows
 from runs.models import (
+    NO_WORKER_OFFERS_TOOL,
     EventKind,
     Run,
     RunnerJob,
@@ -50,6 +51,9 @@ from runs.plan import PlanInvalid
 from runs.transitions import record_event
 
 RUNNER_WAIT = "runner_job"
+# A worker tool's job waits for a worker as long as its run does (its step's timeout
+# counts from the claim): a horizon, not a limit anyone meets.
+TOOL_JOB_MATCH_HORIZON = timedelta(days=366)
 
 
 class WaitRefused(Exception):
@@ -103,11 +107,25 @@ def park(run: Run, step: Step, wait: dict[str, Any], now: datetime) -> dict[str,
 
 def _park_on_job(run: Run, step: Step, wait: dict[str, Any], now: datetime) -> None:
     job = _runner_job(run, step, wait, now)
+    payload: dict[str, Any] = {"job": str(job.pk), "demands": job.demands}
+    if job.tool:
+        offered = catalogue.offering(run.organization_id, job.tool, now).filter(
+            tools__contains={job.tool: job.tool_version}
+        )
+        if not offered.exists():
+            # Shown where waits are (the step, the dashboard, `orch steps`); a worker
+            # that comes online claims the job, which clears it (runs.runners.poll).
+            Step.objects.filter(pk=step.pk).update(waiting_reason=NO_WORKER_OFFERS_TOOL)
+        what = f"a worker offering {job.tool} {job.tool_version}"
+        payload |= {"tool": job.tool, "version": job.tool_version}
+    else:
+        what = "a runner"
+        payload["session_id"] = job.session_id
     record_event(
         run,
         EventKind.RUNNER,
-        message=f"waiting for a runner: job {job.pk}",
-        payload={"job": str(job.pk), "demands": job.demands, "session_id": job.session_id},
+        message=f"waiting for {what}: job {job.pk}",
+        payload=payload,
         entity="step",
         entity_id=str(step.pk),
     )
@@ -264,6 +282,9 @@ def _start_poll(run: Run, step: Step, wait: dict[str, Any], now: datetime) -> No
 
 # --------------------------------------------------------------------------- runner jobs
 def _runner_job(run: Run, step: Step, wait: dict[str, Any], now: datetime) -> RunnerJob:
+    tool = wait.get("tool") or ""
+    if tool:
+        return _tool_job(run, step, tool, wait, now)
     session_id = wait.get("session_id") or ""
     required_runner = None
     if wait.get("type") == "resume_session":
@@ -299,4 +320,31 @@ def _runner_job(run: Run, step: Step, wait: dict[str, Any], now: datetime) -> Ru
         status=RunnerJobStatus.PENDING,
         timeout_at=now + timedelta(seconds=float(match_timeout)),
         trace_context=step.trace_context,
+    )
+
+
+def _tool_job(run: Run, step: Step, tool: str, wait: dict[str, Any], now: datetime) -> RunnerJob:
+    """A worker tool's job (docs/tools.md): for its current version, which a worker must
+    offer to claim it, with the step's rendered params."""
+    current = catalogue.current_version(run.organization_id, tool)
+    if current is None or current.placement != "worker":
+        raise WaitRefused(
+            "tool_error", f"no worker of this organization has published the tool {tool}"
+        )
+    return RunnerJob.objects.create(
+        organization_id=run.organization_id,
+        run=run,
+        step=step,
+        attempt=step.attempts,
+        priority=run.priority,
+        type="tool",
+        prompt="",
+        session_id="",
+        demands=wait.get("demands") or {},
+        status=RunnerJobStatus.PENDING,
+        timeout_at=now + TOOL_JOB_MATCH_HORIZON,
+        trace_context=step.trace_context,
+        tool=tool,
+        tool_version=current.version,
+        params=wait.get("params") or {},
     )

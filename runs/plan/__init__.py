@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from common.tools.published import Catalogue
 from runs.plan.checks import check_plan
 from runs.plan.durations import (
     DurationRefused,
@@ -87,18 +88,26 @@ __all__ = [
 ]
 
 
-def parse_plan(data: Any, *, limits: Limits | None = None, size_hint: int | None = None) -> Plan:
+def parse_plan(
+    data: Any,
+    *,
+    limits: Limits | None = None,
+    size_hint: int | None = None,
+    tools: Catalogue | None = None,
+) -> Plan:
     """Validate a submitted plan; return the typed plan or raise ``PlanInvalid``.
 
     ``size_hint`` is the request body's size when known, to refuse oversized plans
-    before walking them.
+    before walking them. ``tools``: the published tools the plan may name, with their
+    schemas (``runs.catalogue``); without, their names pass unchecked (a plan read
+    again after it was checked).
     """
     limits = limits or Limits.from_settings()
     refused = refused_whole(data, limits, size_hint)
     if refused:
         raise PlanInvalid(refused)
     plan, problems = read_plan(data, limits)
-    problems += check_plan(data, limits)
+    problems += check_plan(data, limits, tools)
     if problems or plan is None:
         raise PlanInvalid(problems)
     return plan

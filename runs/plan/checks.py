@@ -27,6 +27,7 @@ from common.templates import (
     secret_references,
 )
 from common.tools import registry
+from common.tools.published import WORKER, Catalogue, is_published_name, params_problems
 from common.tools.registry import WAITING_TOOLS, tool_names
 from runs.plan.errors import PlanError, join, listing, show, suggest
 from runs.plan.graph import Finished, find_cycles, finished_before
@@ -48,6 +49,11 @@ KEPT_KEYS = "{} stored and shown as rendered, which would hold the value in clea
 
 def _kept_by(tool: str) -> str:
     """Why a tool's parameter may not read a secret (``ToolSpec.stored``)."""
+    if is_published_name(tool):
+        return (
+            f"{tool} runs on your workers: its parameters are kept with its job as rendered, "
+            "which would hold the value in clear; let the worker read the secret itself"
+        )
     if tool == "run":
         return (
             "a child run keeps its variables (and a plan rendered from a template) as "
@@ -57,9 +63,13 @@ def _kept_by(tool: str) -> str:
     return f"the {tool} tool keeps this parameter as rendered, which would hold the value in clear"
 
 
-def check_plan(data: Any, limits: Limits) -> list[PlanError]:
-    """Every whole-plan problem of ``data``, in the order the plan is walked."""
-    checker = _Checker(limits)
+def check_plan(data: Any, limits: Limits, catalogue: Catalogue | None = None) -> list[PlanError]:
+    """Every whole-plan problem of ``data``, in the order the plan is walked.
+
+    ``catalogue``: the published tools the plan's organization may name, and their
+    schemas (``runs.catalogue``). Without one (a plan read again, already checked), a
+    published tool's name passes as it is."""
+    checker = _Checker(limits, catalogue=catalogue)
     if isinstance(data, dict):
         checker.plan(data)
     return checker.errors
@@ -108,6 +118,7 @@ class _Checker:
     limits: Limits
     errors: list[PlanError] = field(default_factory=list)
     tools: frozenset[str] = field(default_factory=tool_names)
+    catalogue: Catalogue | None = None
     total_steps: int = 0
 
     def error(self, path: str, message: str) -> None:
@@ -219,7 +230,8 @@ class _Checker:
             self.check_tool(tool, join(path, "tool"), handler)
         params = data.get("params", {})
         if isinstance(params, dict):
-            spec = registry.get(tool) if isinstance(tool, str) else None
+            published = isinstance(tool, str) and is_published_name(tool)
+            spec = registry.get(tool) if isinstance(tool, str) and not published else None
             verbatim = spec.verbatim(params) if spec is not None else frozenset()
             rendered = {key: value for key, value in params.items() if key not in verbatim}
             param_scope = (
@@ -232,6 +244,10 @@ class _Checker:
                 stored = spec.stored(params)
                 kept = {key: value for key, value in params.items() if key in stored}
                 self.no_secrets(kept, join(path, "params"), _kept_by(str(tool)))
+            elif published and self.catalogue is not None:
+                found = self.catalogue.get(str(tool))
+                if found is not None and found.placement == WORKER:
+                    self.no_secrets(params, join(path, "params"), _kept_by(str(tool)))
         when = data.get("when")
         if isinstance(when, str) and when.strip():
             self.check_condition(when, join(path, "when"), scope)
@@ -329,14 +345,30 @@ class _Checker:
                 seen[name] = index
 
     def check_tool(self, tool: str, path: str, handler: str) -> None:
-        if tool not in self.tools:
+        if is_published_name(tool) and tool not in self.tools:
+            if self.catalogue is not None and self.catalogue.get(tool) is None:
+                names = self.catalogue.names()
+                hint = suggest(tool, names)
+                self.error(
+                    path,
+                    f"unknown tool {show(tool)}{hint}: neither the fleet nor a worker of your "
+                    f"organization has published it (docs/tools.md)"
+                    + (f"; published: {listing(names)}" if names else ""),
+                )
+        elif tool not in self.tools:
             hint = suggest(tool, self.tools)
             self.error(path, f"unknown tool {show(tool)}{hint}; known: {listing(self.tools)}")
         elif handler and tool in WAITING_TOOLS:
             self.error(path, f"'{tool}' cannot be used in an {handler} handler")
 
     def check_tool_params(self, tool: str, params: dict[str, Any], path: str) -> None:
-        """The tool's own checks of its parameters (values still templated pass)."""
+        """The tool's own checks of its parameters (values still templated pass); a
+        published tool's, its schema's."""
+        if is_published_name(tool):
+            found = self.catalogue.get(tool) if self.catalogue is not None else None
+            for relative, message in params_problems(found, params) if found else []:
+                self.error(join(path, relative) if relative else path, message)
+            return
         spec = registry.get(tool)
         if spec is None or spec.validate is None:
             return

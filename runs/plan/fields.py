@@ -22,6 +22,7 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError, PydanticOmit, core_schema
 
 from common.errors import ERROR_CODES, RETRYABLE_CODES
+from common.tools.published import NAME_RE
 from common.tools.registry import tool_names
 from runs.plan.durations import (
     DURATION_HELP,
@@ -341,7 +342,15 @@ class ToolName:
     def __get_pydantic_json_schema__(
         self, schema: CoreSchema, handler: GetJsonSchemaHandler
     ) -> JsonSchemaValue:
-        return {**handler(schema), "enum": sorted(tool_names())}
+        # A published tool (docs/tools.md) has a dotted name; which exist is the
+        # organization's catalogue's (GET /api/v1/tools), checked at submission.
+        return {
+            **handler(schema),
+            "anyOf": [
+                {"enum": sorted(tool_names())},
+                {"pattern": NAME_RE.pattern, "description": "a published tool: GET /api/v1/tools"},
+            ],
+        }
 
 
 class PlannerName:

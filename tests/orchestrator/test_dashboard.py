@@ -246,6 +246,27 @@ def test_steps_waiting_for_rate_limits_are_counted_by_limit_with_the_soonest_due
     assert waits[0].next_at == now + timedelta(seconds=2)
 
 
+def test_steps_waiting_for_a_worker_that_offers_their_tool_are_counted_by_tool() -> None:
+    now = timezone.now()
+    _, task, _ = _hierarchy("running", now)
+    for n, (tool, status, reason) in enumerate(
+        [
+            ("acme.embed", "running", "no_worker_offers_tool"),
+            ("acme.embed", "running", "no_worker_offers_tool"),
+            ("acme.summarize", "running", "no_worker_offers_tool"),
+            ("acme.summarize", "running", ""),
+        ]
+    ):
+        Step.objects.create(
+            run_id=task.run_id, task=task, attempt_number=1, name=f"t{n}", position=n + 1,
+            tool=tool, status=status, waiting_reason=reason,
+        )  # fmt: skip
+
+    waits = dashboard.worker_tool_waits()
+
+    assert [(w.tool, w.steps) for w in waits] == [("acme.embed", 2), ("acme.summarize", 1)]
+
+
 def test_top_failure_codes_shows_ten_and_counts_every_failure() -> None:
     now = timezone.now()
     _, _, step = _hierarchy("running", now)

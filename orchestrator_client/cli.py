@@ -593,6 +593,12 @@ def runs_show(run_id: RunArgument, as_json: JsonOption = False) -> None:
         # The current attempt's work elsewhere, a page of each at most.
         jobs = list(api.steps(run_id, tool="runner", page_size=SHOWN_WORK, limit=SHOWN_WORK))
         children = list(api.steps(run_id, tool="run", page_size=SHOWN_WORK, limit=SHOWN_WORK))
+        # Parked steps say what they wait for (a worker tool nobody offers now, say).
+        running = (
+            list(api.steps(run_id, status="running", page_size=SHOWN_WORK, limit=SHOWN_WORK))
+            if run["counts"]["steps"].get("running")
+            else []
+        )
     if as_json:
         out.json(run)
         return
@@ -610,6 +616,12 @@ def runs_show(run_id: RunArgument, as_json: JsonOption = False) -> None:
     for step in children:
         child = f"child run {step['child_run']}" if step["child_run"] else "no child run yet"
         out.line(f"child     {_step_path(step)} (step {step['id']}, {step['status']}): {child}")
+    for step in running:
+        if step["waiting_reason"]:
+            out.line(
+                f"waiting   {_step_path(step)} (step {step['id']}, {step['tool']}): "
+                f"{step['waiting_reason']}"
+            )
 
 
 def _step_path(step: Step) -> str:
@@ -867,10 +879,53 @@ def ledger(
     out.console.print(table) if entries else out.line("no entries")
 
 
+# --------------------------------------------------------------------------- worker
+@app.command()
+@guarded
+def worker(
+    modules: Annotated[
+        list[str],
+        typer.Argument(
+            help="Where the @tool functions are: modules (pkg.tools) or attributes "
+            "(pkg.tools:summarize).",
+            show_default=False,
+        ),
+    ],
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="Jobs at once.")] = 8,
+    tags: Annotated[
+        str, typer.Option("--tags", help="Labels steps may demand, comma separated.")
+    ] = "",
+    hostname: Annotated[
+        str | None, typer.Option("--hostname", help="Its name (default: this host's).")
+    ] = None,
+    project_dir: Annotated[
+        str | None,
+        typer.Option("--project-dir", help="With the hostname, its identity (default: cwd)."),
+    ] = None,
+    grace_period: Annotated[
+        float,
+        typer.Option("--grace-period", min=0, help="Seconds a stopped tool has to end."),
+    ] = 5.0,
+) -> None:
+    """Serve your @tool functions from this host (docs/tools.md): register as a runner
+    offering them, run their steps, until SIGINT or SIGTERM."""
+    from orchestrator_client.worker import serve  # imports the tools' modules
+
+    serve(
+        modules,
+        concurrency=concurrency,
+        tags=[tag.strip() for tag in tags.split(",") if tag.strip()],
+        hostname=hostname,
+        project_dir=project_dir,
+        grace_period=grace_period,
+    )
+
+
 # --------------------------------------------------------------------------- runner jobs
 def _job_lines(job: RunnerJob) -> list[str]:
     lines = [
         f"job       {job['id']}  {job['type']}",
+        *([f"tool      {job['tool']} {job['tool_version']}"] if job.get("tool") else []),
         f"status    {job['status']}",
         f"run       {job['run']} (step {job['step']}, attempt {job['attempt']})",
         f"runner    {job['runner_id'] or 'none yet'}",
@@ -882,8 +937,11 @@ def _job_lines(job: RunnerJob) -> list[str]:
         lines.append(f"stopping  since {_when(job['stop_requested_at'])}")
     if job["completed_at"]:
         lines.append(f"ended     {_when(job['completed_at'])}")
+    if job.get("progress") is not None:
+        lines.append(f"progress  {json.dumps(job['progress'])}")
     if job["error"]:
-        lines.append(f"error     {job['error']}")
+        code = f"{job['error_code']}: " if job.get("error_code") else ""
+        lines.append(f"error     {code}{job['error']}")
     return lines
 
 

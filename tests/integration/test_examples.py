@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from io import StringIO
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 from django.core.management import call_command
 
 from billing.models import Organization
+from orchestrator.tools import packages
 from runs.models import Run, Runner, RunnerJob
 from schedules.models import ScheduleFire
 from tests import factories
@@ -85,6 +87,7 @@ def test_every_example_has_its_test_here() -> None:
         "hello.yaml",
         "runner-job.yaml",
         "schedule.yaml",
+        "tools.yaml",
     ]
 
 
@@ -178,6 +181,46 @@ def test_the_runner_job_is_claimed_by_a_runner_and_completes(
     # `cat` hands the job back: the job as the runner received it is the step's output.
     assert job.result["prompt"] == "Research AI chips"
     assert steps_of(run)["read"].output == {"prompt": "Research AI chips"}
+
+
+def test_the_tools_run_one_on_the_fleet_and_one_on_a_worker(
+    orch: Orch, tenant: tuple[Organization, str], live_server: Any, tmp_path: Path
+) -> None:
+    plan = example(
+        "tools.yaml",
+        ".venv/bin/orch worker acme_tools.worker",
+        ".venv/bin/orch runs submit examples/tools.yaml --watch",
+    )
+    packages.publish("fleet")  # what each fleet worker does at its start
+    organization, key = tenant
+    orch_bin = str(Path(sys.executable).parent / "orch")
+    worker = Child(
+        [orch_bin, "worker", "acme_tools.worker"],
+        child_env(ORCH_URL=live_server.url, ORCH_API_KEY=key),
+        tmp_path / "worker.log",
+    )
+
+    def registered() -> Runner | None:
+        if not worker.alive():
+            raise AssertionError(f"the worker exited:\n{worker.output()}")
+        return Runner.objects.filter(organization=organization).first()
+
+    try:
+        online = wait_until(registered, timeout=30, what="the worker to register")
+        run = run_of(orch.run("runs", "submit", plan, "--watch", "--interval", "0.2", timeout=120))
+    finally:
+        worker.stop(timeout=20)
+        worker.kill_group()
+
+    assert run.status == "completed"
+    steps = steps_of(run)
+    assert steps["stats"].output["sentences"] == 4
+    assert steps["summary"].output == {
+        "summary": "Tools are typed Python functions. The fleet runs some of them.",
+        "sentences": 2,
+    }
+    job = RunnerJob.objects.get(run=run)
+    assert (job.tool, job.runner_id, job.status) == ("acme.summarize", online.pk, "completed")
 
 
 @pytest.fixture

@@ -1,0 +1,434 @@
+"""``Worker``: serve ``@tool`` functions from your own hosts (docs/tools.md, "On your hosts").
+
+    Worker([summarize], url="https://orch.example", api_key="ork_...", concurrency=8).run()
+
+or ``orch worker acme_tools.worker``. A worker is a runner of the runner protocol
+(docs/runners.md), connecting out over HTTP(S) only, so it works behind NAT:
+
+- **Registers** with its tools' definitions (``Tool.definition``: the server keeps them in
+  the organization's catalogue and checks plans against them) and its ``tags``, which
+  steps may demand (``params.demands``). It claims the jobs of those tools, at those
+  versions, and nothing else.
+- **Long-polls**, asking for up to its free slots at once (``max_jobs``); with every
+  slot busy it asks for stop commands only. Each job runs in a thread of its own (an
+  ``async`` tool in the worker's one event loop), at most ``concurrency`` at once.
+- **Heartbeats** every second that a tool said something new (``Context.heartbeat``),
+  else every ``heartbeat_interval`` the server gave, with each job's last progress.
+- **Stops**: a stop command (the run was cancelled, the step timed out, the job was
+  stopped) sets the job's ``Context`` cancelled (``heartbeat`` and ``sleep`` raise
+  ``Cancelled``; an ``async`` tool gets ``asyncio.CancelledError``). A tool that ends
+  within ``grace_period`` is reported ``stopped`` with ``SIGTERM``; one that does not is
+  ended (an exception raised in its thread at its next Python instruction), reported
+  ``stopped`` with ``SIGKILL``, and its slot given back whatever it does next.
+- **Reports** the outcome as the tool classified it (``completed`` with the output,
+  ``failed`` with the engine's error code and whether it may be retried), each retried
+  under one ``Idempotency-Key`` until the server answers, so it is applied once.
+- **Shuts down** on ``stop()`` (``orch worker``: SIGINT or SIGTERM): it claims nothing
+  more, lets running jobs finish for ``grace_period``, then deregisters; jobs still
+  running then are recovered by the server (``runner_lost``) and retried elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import importlib
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from types import FrameType, ModuleType
+from typing import IO, Any
+
+from orchestrator_client.client import Client
+from orchestrator_client.errors import ApiError, OrchestratorError
+from orchestrator_client.tools import Context, Outcome, Tool
+from orchestrator_client.tools.failures import Cancelled, ToolFailure
+
+logger = logging.getLogger("orchestrator_client.worker")
+
+EXECUTOR_TYPE = "orch-worker"
+# How often the heartbeat thread looks for new progress to send.
+PROGRESS_INTERVAL = 1.0
+# How long a report is retried while the server cannot be reached, at most.
+REPORT_PATIENCE = 300.0
+
+
+class Ended(Cancelled):
+    """Raised in a tool's thread that ignored its stop for the grace period."""
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM came while the worker waited on its poll (``serve``)."""
+
+
+def tools_in(target: Any) -> list[Tool[Any]]:
+    """The tools ``target`` names: a tool, a list of them, a module (every ``Tool`` in
+    it), or a dotted name of a module (``pkg.mod``) or of one of its attributes
+    (``pkg.mod:attr``)."""
+    if isinstance(target, str):
+        module_name, _, attribute = target.partition(":")
+        module = importlib.import_module(module_name)
+        return tools_in(getattr(module, attribute) if attribute else module)
+    if isinstance(target, Tool):
+        return [target]
+    if isinstance(target, ModuleType):
+        return [item for item in vars(target).values() if isinstance(item, Tool)]
+    found: list[Tool[Any]] = []
+    for item in target:
+        found += tools_in(item)
+    return found
+
+
+@dataclass
+class Job:
+    """One job the worker holds."""
+
+    id: str
+    tool: Tool[Any]
+    params: dict[str, Any]
+    context: Context
+    thread: threading.Thread | None = None
+    future: Future[Outcome] | None = None
+    # Set once its report is made (or the job was given up): nothing more is sent.
+    done: threading.Event = field(default_factory=threading.Event)
+    progress_sent: Any = None
+
+
+class Worker:
+    """Serves ``tools`` for one organization (the module's doc). ``tools``: what
+    ``tools_in`` reads (tools, modules, dotted names)."""
+
+    def __init__(
+        self,
+        tools: Any,
+        *,
+        url: str | None = None,
+        api_key: str | None = None,
+        client: Client | None = None,
+        concurrency: int = 8,
+        tags: Iterable[str] = (),
+        hostname: str | None = None,
+        project_dir: str | None = None,
+        grace_period: float = 5.0,
+        poll_wait: int = 30,
+    ) -> None:
+        self.tools = {found.name: found for found in tools_in(tools)}
+        if not self.tools:
+            raise ValueError(f"no @tool functions found in {tools!r}")
+        if client is None:
+            # A held poll answers within ``poll_wait``: the read waits longer than that.
+            timeout = poll_wait + 15.0
+            client = (
+                Client(url, api_key, timeout=timeout)
+                if url and api_key
+                else Client.from_config(timeout=timeout)
+            )
+        self.client = client
+        self.concurrency = max(1, concurrency)
+        self.tags = sorted(set(tags))
+        self.hostname = hostname or socket.gethostname()
+        self.project_dir = project_dir or os.getcwd()
+        self.grace_period = grace_period
+        self.poll_wait = poll_wait
+        self.runner_id = ""
+        self.heartbeat_interval = 60.0
+        self.jobs: dict[str, Job] = {}
+        self._lock = threading.Lock()
+        self._slot_freed = threading.Event()
+        self._stopping = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # True while the main thread waits on a held poll: a signal may interrupt it.
+        self.polling = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def register(self) -> str:
+        """Register (again, with backoff, while an earlier process of this identity is
+        still online); the runner's id."""
+        body = {
+            "hostname": self.hostname,
+            "project_dir": self.project_dir,
+            "executor_type": EXECUTOR_TYPE,
+            "tags": self.tags,
+            "tools": [found.definition() for found in self.tools.values()],
+        }
+        delay = 1.0
+        while True:
+            try:
+                answer = self._post("runner/register", body)
+                break
+            except ApiError as exc:
+                if exc.code != "duplicate_runner" or self._stopping.is_set():
+                    raise
+                logger.warning("an earlier worker of this identity is online; again in %ss", delay)
+                self._stopping.wait(delay)
+                delay = min(delay * 2, 30.0)
+        self.runner_id = str(answer["runner_id"])
+        self.heartbeat_interval = float(answer.get("heartbeat_interval_seconds") or 60)
+        logger.info(
+            "worker %s offers %s (concurrency %d)",
+            self.runner_id,
+            ", ".join(f"{t.name} {t.version}" for t in self.tools.values()),
+            self.concurrency,
+        )
+        return self.runner_id
+
+    def run(self) -> None:
+        """Register, then serve jobs until ``stop()``; deregister on the way out."""
+        self.register()
+        beating = threading.Thread(target=self._heartbeats, name="heartbeats", daemon=True)
+        beating.start()
+        try:
+            while not self._stopping.is_set():
+                try:
+                    self.poll_once()
+                except Interrupted:
+                    break
+                except OrchestratorError as exc:
+                    logger.warning("poll failed: %s; again in 1 s", exc)
+                    self._stopping.wait(1.0)
+        finally:
+            self._shut_down()
+
+    def stop(self) -> None:
+        """Claim nothing more; ``run`` lets running jobs finish for the grace period,
+        deregisters and returns."""
+        self._stopping.set()
+        self._slot_freed.set()
+
+    def _shut_down(self) -> None:
+        deadline = time.monotonic() + self.grace_period
+        for job in self._held():
+            job.done.wait(max(0.0, deadline - time.monotonic()))
+        for job in self._held():
+            job.context.cancel()  # what it returns now is not reported: it is recovered
+            job.done.set()
+        try:
+            self._post("runner/deregister", {"runner_id": self.runner_id})
+        except OrchestratorError as exc:
+            logger.warning("could not deregister: %s", exc)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+
+    def _held(self) -> list[Job]:
+        with self._lock:
+            return list(self.jobs.values())
+
+    def _free(self) -> int:
+        with self._lock:
+            return self.concurrency - len(self.jobs)
+
+    # ------------------------------------------------------------------ polls
+    def poll_once(self) -> None:
+        """One poll: up to the free slots' jobs started, stops handed to their jobs."""
+        free = self._free()
+        if free <= 0:
+            # Every slot busy: wait for one to free (or a second), then fetch stops only.
+            self._slot_freed.wait(PROGRESS_INTERVAL)
+            self._slot_freed.clear()
+            free = self._free()
+        wait = self.poll_wait if free > 0 else 0
+        self.polling = True
+        try:
+            response = self.client.request(
+                "GET",
+                "runner/jobs",
+                params={"runner_id": self.runner_id, "wait": wait, "max_jobs": max(free, 0)},
+            )
+        finally:
+            self.polling = False
+        if response.status_code == 204:
+            return
+        answer = response.json()
+        if answer.get("deregistered"):
+            if not self._stopping.is_set():
+                logger.warning("the server deregistered this worker; registering again")
+                self.register()
+            return
+        for job_id in answer.get("stop_jobs", []):
+            self.cancel(str(job_id))
+        for job in answer.get("jobs", []):
+            self.start(job)
+
+    # ------------------------------------------------------------------ jobs
+    def start(self, payload: dict[str, Any]) -> None:
+        job_id = str(payload["id"])
+        found = self.tools.get(str(payload.get("tool") or ""))
+        if found is None:  # the server hands out only what we offer
+            self._report(job_id, "failed", {"error": f"this worker has no tool {payload!r}"})
+            return
+        context = Context(
+            run_id=str(payload["run"]),
+            step_id=int(payload["step"]),
+            attempt=int(payload["attempt"]),
+            job_id=job_id,
+            upload=self._uploader(str(payload["run"])),
+        )
+        job = Job(job_id, found, dict(payload.get("params") or {}), context)
+        with self._lock:
+            self.jobs[job_id] = job
+        if found.is_async:
+            job.future = asyncio.run_coroutine_threadsafe(self._run_async(job), self._event_loop())
+        else:
+            job.thread = threading.Thread(target=self._run, args=(job,), name=f"job-{job_id}")
+            job.thread.daemon = True
+            job.thread.start()
+
+    def _run(self, job: Job) -> None:
+        try:
+            self._report(job.id, "started", {})
+            outcome = job.tool.run(job.params, job.context)
+        except Ended:
+            return  # ended after its grace period: reported by ``cancel``
+        except Exception as exc:  # an error of ours: the step fails, retried
+            logger.exception("job %s", job.id)
+            outcome = Outcome(failure=ToolFailure("runner_failed", str(exc)))
+        self._finish(job, outcome)
+
+    async def _run_async(self, job: Job) -> Outcome:
+        await asyncio.to_thread(self._report, job.id, "started", {})
+        outcome = await job.tool.arun(job.params, job.context)
+        await asyncio.to_thread(self._finish, job, outcome)
+        return outcome
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        """The worker's one event loop, in a thread of its own, for ``async`` tools."""
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="tools-loop", daemon=True).start()
+                self._loop = loop
+            return self._loop
+
+    def _finish(self, job: Job, outcome: Outcome) -> None:
+        if job.done.is_set():
+            return  # given up (ended, or the worker shut down): the server recovers it
+        if job.context.stop_event.is_set():
+            self._report(job.id, "stopped", {"signal": "SIGTERM"})
+        elif outcome.failure is None:
+            self._report(job.id, "completed", {"result": outcome.output})
+        else:
+            failure = outcome.failure
+            body = {"error": failure.message, "code": failure.code}
+            self._report(job.id, "failed", {**body, "retryable": failure.retryable})
+        self._release(job)
+
+    def _release(self, job: Job) -> None:
+        job.done.set()
+        with self._lock:
+            self.jobs.pop(job.id, None)
+        self._slot_freed.set()
+
+    def cancel(self, job_id: str) -> None:
+        """A stop command: the tool is told, and ended after the grace period."""
+        with self._lock:
+            job = self.jobs.get(job_id)
+        if job is None:
+            return
+        job.context.cancel()
+        if job.future is not None:
+            job.future.cancel()
+        threading.Thread(target=self._end_after_grace, args=(job,), daemon=True).start()
+
+    def _end_after_grace(self, job: Job) -> None:
+        if job.done.wait(self.grace_period):
+            return
+        if job.thread is not None and job.thread.ident is not None:
+            # Raised at its next Python instruction (not inside a blocking C call); its
+            # slot is given back now whatever it does.
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(job.thread.ident), ctypes.py_object(Ended)
+            )
+        self._report(job.id, "stopped", {"signal": "SIGKILL"})
+        self._release(job)
+
+    # ------------------------------------------------------------------ the server
+    def _post(self, path: str, body: dict[str, Any], key: str | None = None) -> Any:
+        """One POST, retried by the client under one Idempotency-Key (``key``, or a new
+        one)."""
+        response = self.client.request(
+            "POST", path, json=body, idempotency_key=key or str(uuid.uuid4())
+        )
+        return response.json()
+
+    def _report(self, job_id: str, kind: str, body: dict[str, Any]) -> None:
+        """POST a report, retried under one Idempotency-Key while the server cannot be
+        reached (up to ``REPORT_PATIENCE``); a refusal is logged (the job is no longer
+        this worker's: recovered after a silence, or stopped)."""
+        key = str(uuid.uuid4())
+        deadline = time.monotonic() + REPORT_PATIENCE
+        delay = 0.5
+        while True:
+            try:
+                self._post(
+                    f"runner/jobs/{job_id}/{kind}", {"runner_id": self.runner_id, **body}, key
+                )
+                return
+            except ApiError as exc:
+                if (exc.status or 500) < 500 and exc.status != 429:
+                    logger.warning("job %s: report %s refused: %s", job_id, kind, exc)
+                    return
+                failed: OrchestratorError = exc
+            except OrchestratorError as exc:
+                failed = exc
+            if time.monotonic() > deadline:
+                logger.error("job %s: report %s lost: %s", job_id, kind, failed)
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+    def _heartbeats(self) -> None:
+        last = time.monotonic()
+        while not self._stopping.wait(PROGRESS_INTERVAL):
+            progress = {}
+            for job in self._held():
+                value = job.context.last_progress
+                if value is not None and value != job.progress_sent:
+                    progress[job.id] = value
+            if not progress and time.monotonic() - last < self.heartbeat_interval:
+                continue
+            try:
+                self._post("runner/heartbeat", {"runner_id": self.runner_id, "progress": progress})
+            except OrchestratorError as exc:
+                logger.warning("heartbeat failed: %s", exc)
+                continue
+            last = time.monotonic()
+            for job in self._held():
+                if job.id in progress:
+                    job.progress_sent = progress[job.id]
+
+    def _uploader(self, run_id: str) -> Any:
+        def upload(name: str, stream: IO[bytes], size: int, content_type: str) -> dict[str, Any]:
+            artifact = self.client.upload_artifact(
+                run_id, name, stream, content_type=content_type or None
+            )
+            return dict(artifact)
+
+        return upload
+
+
+def serve(modules: list[str], **options: Any) -> None:
+    """``orch worker``: a ``Worker`` for the configured server (``orch login``, or
+    ``ORCH_URL`` and ``ORCH_API_KEY``), stopped gracefully by SIGINT or SIGTERM."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    sys.path.insert(0, os.getcwd())  # modules of the directory it is started in
+    worker = Worker(modules, **options)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        logger.info("stopping (signal %d): claiming nothing more", signum)
+        worker.stop()
+        if worker.polling:
+            # The held poll would answer only at its end (up to 30 s): leave it. A job it
+            # claimed meanwhile is recovered when the worker deregisters.
+            raise Interrupted
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    worker.run()

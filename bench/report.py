@@ -22,6 +22,10 @@ EXTRAS = {
     "a_alone_s": ("A alone", "{:.1f} s"),
     "a_ratio": ("A beside B / alone", "{:.3f}x"),
     "efficiency": ("efficiency", "{:.2f}"),
+    # Jobs served on a host (bench.runner_jobs).
+    "jobs_per_s": ("jobs/s", "{:.1f}"),
+    "p50_claim_to_report_ms": ("claim to report p50", "{:.1f} ms"),
+    "p95_claim_to_report_ms": ("p95", "{:.1f} ms"),
     # The many-runs scenarios' CPU per run, by owner (bench.procs.CpuMeter).
     "cpu_ms_total": ("CPU per run", "{:.1f} ms"),
     "cpu_ms_postgres": ("PostgreSQL", "{:.1f}"),
@@ -452,6 +456,25 @@ def goals(figures: dict[str, Figure], rss: dict[str, int | None]) -> list[Goal]:
             )
             + both_unfair(extra("noisy_neighbour_unfair", "a_ratio")),
             lambda v: v <= 1.10,
+        ),
+        _goal(
+            "runner_jobs_rate",
+            "runner_jobs: one orch worker (concurrency 8) serves at least 150 no-op jobs/s",
+            extra("runner_jobs", "jobs_per_s"),
+            "{:.1f} jobs/s"
+            + both(
+                extra("runner_jobs", "jobs_per_s"),
+                extra("runner_jobs_reference", "jobs_per_s"),
+                "{:.1f}",
+            ).replace(" vs ", " vs the reference runner's "),
+            lambda v: v >= 150,
+        ),
+        _goal(
+            "runner_jobs_overhead",
+            "runner_jobs: claim to report p50 at most 20 ms",
+            extra("runner_jobs", "p50_claim_to_report_ms"),
+            "{:.1f} ms",
+            lambda v: v <= 20,
         ),
     ]
 

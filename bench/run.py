@@ -126,6 +126,7 @@ def scenario_table() -> list[tuple[str, str, int, Callable[[Engine, Raw], Sample
         sequential_plan,
         wide_fan_plan,
     )
+    from .runner_jobs import JOBS, runner_jobs
     from .scenarios import MANY_ORGS, MANY_RUNS, MANY_STEPS
 
     many = MANY_RUNS * MANY_STEPS
@@ -149,6 +150,10 @@ def scenario_table() -> list[tuple[str, str, int, Callable[[Engine, Raw], Sample
         ("many_chains", "raw", many, lambda e, r: r.many_chains()),
         ("many_runs_orgs", "engine", many, lambda e, r: e.many_runs(organizations=MANY_ORGS)),
         ("many_runs_api", "engine", many, lambda e, r: e.many_runs_api()),
+        # Jobs served on a host through the API's gunicorn (bench.runner_jobs): one
+        # `orch worker`, then the reference runner.
+        ("runner_jobs", "engine", JOBS, lambda e, r: runner_jobs(e)),
+        ("runner_jobs_reference", "engine", JOBS, lambda e, r: runner_jobs(e, reference=True)),
         ("fan_20000", "engine", wide, lambda e, r: e.run(wide_fan_plan(WIDE_FAN_WIDTH), wide)),
         ("group_20000", "raw", 20_000, lambda e, r: r.group(20_000)),
         ("noisy_neighbour", "engine", wide, lambda e, r: e.noisy_neighbour()),

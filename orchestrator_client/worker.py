@@ -22,7 +22,8 @@ or ``orch worker acme_tools.worker``. A worker is a runner of the runner protoco
   ``stopped`` with ``SIGKILL``, and its slot given back whatever it does next.
 - **Reports** the outcome as the tool classified it (``completed`` with the output,
   ``failed`` with the engine's error code and whether it may be retried), each retried
-  under one ``Idempotency-Key`` until the server answers, so it is applied once.
+  under one ``Idempotency-Key`` until the server answers, so it is applied once; a job
+  still running ``STARTED_AFTER`` (0.2 s) after its claim is reported ``started`` first.
 - **Shuts down** on ``stop()`` (``orch worker``: SIGINT or SIGTERM): it claims nothing
   more, lets running jobs finish for ``grace_period``, then deregisters; jobs still
   running then are recovered by the server (``runner_lost``) and retried elsewhere.
@@ -59,6 +60,10 @@ EXECUTOR_TYPE = "orch-worker"
 PROGRESS_INTERVAL = 1.0
 # How long a report is retried while the server cannot be reached, at most.
 REPORT_PATIENCE = 300.0
+# A job still running this long after its claim is reported started; one done sooner is
+# reported once, by its end (a completed report is accepted from a claimed job): half
+# the requests of a short job.
+STARTED_AFTER = 0.2
 
 
 class Ended(Cancelled):
@@ -100,6 +105,10 @@ class Job:
     # Set once its report is made (or the job was given up): nothing more is sent.
     done: threading.Event = field(default_factory=threading.Event)
     progress_sent: Any = None
+    # Its reports one at a time: a `started` sent late never follows its end's.
+    reporting: threading.Lock = field(default_factory=threading.Lock)
+    ended: bool = False
+    started: threading.Timer | None = None
 
 
 class Worker:
@@ -208,6 +217,8 @@ class Worker:
         for job in self._held():
             job.done.wait(max(0.0, deadline - time.monotonic()))
         for job in self._held():
+            if job.started is not None:
+                job.started.cancel()
             job.context.cancel()  # what it returns now is not reported: it is recovered
             job.done.set()
         try:
@@ -274,6 +285,9 @@ class Worker:
         job = Job(job_id, found, dict(payload.get("params") or {}), context)
         with self._lock:
             self.jobs[job_id] = job
+        job.started = threading.Timer(STARTED_AFTER, self._report_started, args=(job,))
+        job.started.daemon = True
+        job.started.start()
         if found.is_async:
             job.future = asyncio.run_coroutine_threadsafe(self._run_async(job), self._event_loop())
         else:
@@ -281,9 +295,24 @@ class Worker:
             job.thread.daemon = True
             job.thread.start()
 
+    def _report_started(self, job: Job) -> None:
+        with job.reporting:
+            if not job.ended:
+                self._report(job.id, "started", {})
+
+    def _report_end(self, job: Job, kind: str, body: dict[str, Any]) -> bool:
+        """The job's last report, once (after its `started`, if that was sent)."""
+        if job.started is not None:
+            job.started.cancel()
+        with job.reporting:
+            if job.ended:
+                return False
+            job.ended = True
+            self._report(job.id, kind, body)
+            return True
+
     def _run(self, job: Job) -> None:
         try:
-            self._report(job.id, "started", {})
             outcome = job.tool.run(job.params, job.context)
         except Ended:
             return  # ended after its grace period: reported by ``cancel``
@@ -293,7 +322,6 @@ class Worker:
         self._finish(job, outcome)
 
     async def _run_async(self, job: Job) -> Outcome:
-        await asyncio.to_thread(self._report, job.id, "started", {})
         outcome = await job.tool.arun(job.params, job.context)
         await asyncio.to_thread(self._finish, job, outcome)
         return outcome
@@ -311,13 +339,13 @@ class Worker:
         if job.done.is_set():
             return  # given up (ended, or the worker shut down): the server recovers it
         if job.context.stop_event.is_set():
-            self._report(job.id, "stopped", {"signal": "SIGTERM"})
+            self._report_end(job, "stopped", {"signal": "SIGTERM"})
         elif outcome.failure is None:
-            self._report(job.id, "completed", {"result": outcome.output})
+            self._report_end(job, "completed", {"result": outcome.output})
         else:
             failure = outcome.failure
             body = {"error": failure.message, "code": failure.code}
-            self._report(job.id, "failed", {**body, "retryable": failure.retryable})
+            self._report_end(job, "failed", {**body, "retryable": failure.retryable})
         self._release(job)
 
     def _release(self, job: Job) -> None:
@@ -346,7 +374,7 @@ class Worker:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
                 ctypes.c_ulong(job.thread.ident), ctypes.py_object(Ended)
             )
-        self._report(job.id, "stopped", {"signal": "SIGKILL"})
+        self._report_end(job, "stopped", {"signal": "SIGKILL"})
         self._release(job)
 
     # ------------------------------------------------------------------ the server

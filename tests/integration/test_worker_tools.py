@@ -20,8 +20,9 @@ from django.utils import timezone
 from billing.pricing import tool_price
 from billing.services import api_key_create
 from orchestrator.tools import packages
-from runs import runners, services
+from runs import catalogue, runners, services
 from runs.models import NO_WORKER_OFFERS_TOOL, Run, Runner, RunnerJob, Step
+from runs.plan import PlanInvalid
 from tests import factories
 from tests.integration.engine_support import assert_books_balanced, submit, wait_for
 from tests.integration.web_support import gunicorn
@@ -311,3 +312,30 @@ def test_a_step_whose_tool_no_worker_offers_waits_and_runs_once_one_does(
 
     assert wait_for(run, timeout=30).status == "completed"
     assert Step.objects.get(pk=waiting.pk).waiting_reason == ""
+
+
+def test_a_tool_version_bump_checks_new_plans_against_it_and_sends_their_jobs_to_its_workers(
+    start_worker: Any,
+) -> None:
+    organization = factories.org()
+    old = start_worker(organization, "v1", TOOLS).registered()
+    count = {"name": "c", "tool": "testing.count", "params": {"to": 4}}
+    before = wait_for(submit(one_task(count), organization=organization))
+    new = start_worker(organization, "v2", f"{TOOLS}_v2").registered()
+
+    with pytest.raises(PlanInvalid) as refused:
+        services.run_create(organization=organization, plan=one_task(count))
+    bumped = {**count, "params": {"to": 4, "by": 2}}
+    after = wait_for(submit(one_task(bumped), organization=organization))
+
+    assert before.status == after.status == "completed"
+    assert [(e.path, e.message) for e in refused.value.errors] == [
+        ("agents[0].tasks[0].steps[0].params.by", "is required")
+    ]
+    jobs = {job.run_id: job for job in RunnerJob.objects.filter(run__in=[before, after])}
+    assert (jobs[before.pk].tool_version, jobs[before.pk].runner_id) == ("1", old.pk)
+    assert (jobs[after.pk].tool_version, jobs[after.pk].runner_id) == ("2", new.pk)
+    assert jobs[after.pk].result == {"counted": [2, 4], "version": 2}
+    current = catalogue.current_version(organization.pk, "testing.count")
+    assert current is not None
+    assert [row.version for row in catalogue.versions(current)] == ["2", "1"]

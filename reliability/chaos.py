@@ -39,6 +39,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
+import httpx
+
 from reliability.checks import detail_lines, with_descendants
 from reliability.client import Client, GaveUp, Tally
 from reliability.stack import Stack, wait_for
@@ -437,7 +439,7 @@ def effect_problems(book: RunBook, effects: Counter[tuple[int, int]]) -> dict[st
         if step == s
     )
     completed_once = ran.filter(
-        tool__in=("http", "runner"),
+        tool__in=("http", "runner", "chaos.effect"),
         status="completed",
     ).values_list("pk", "attempts")
     missing = sorted(
@@ -838,6 +840,8 @@ def run_chaos(config: Config, directory: Path, log: Any = print) -> dict[str, An
         script = directory / "runner_job.py"
         script.write_text(RUNNER_COMMAND)
         stack.start_runner(org["api_key"], script, effects.url)
+        stack.start_worker(org["api_key"], effects.url)
+        wait_for_worker(stack, org["api_key"])
         report = storm(
             config,
             rng,
@@ -891,6 +895,21 @@ class StackTarget:
 
     def outputs(self) -> Iterable[tuple[str, str]]:
         return ((n, p.output()) for n, p in self.stack.processes.items() if n != "web")
+
+
+def wait_for_worker(stack: Stack, api_key: str) -> None:
+    """Until the `orch worker` has registered: its tool is in the organization's
+    catalogue, which the worker_tool runs' plans are checked against."""
+
+    def online() -> bool:
+        answer = httpx.get(
+            f"{stack.base_url}/api/v1/tools/chaos.effect",
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=5,
+        )
+        return answer.status_code == 200 and bool(answer.json()["offered_by"])
+
+    wait_for(online, 60, "the orch worker to register")
 
 
 def storm(

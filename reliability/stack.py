@@ -432,13 +432,33 @@ class Stack:
             self.processes["runner"] = process
             process.start()
 
-    def kill_runner(self) -> str:
-        """SIGKILL the runner (its jobs' processes live on in their own sessions) and
-        start it again: it registers anew once the old registration goes stale."""
+    def start_worker(self, api_key: str, effect_url: str) -> None:
+        """An `orch worker` (docs/tools.md) serving reliability/chaos_worker_tools.py against
+        this stack's web, four jobs at a time."""
+        orch = str(Path(sys.executable).parent / "orch")
+        args = [orch, "worker", "reliability.chaos_worker_tools", "--hostname", "chaos-worker",
+                "--concurrency", "4", "--grace-period", "1"]  # fmt: skip
+        env = {
+            **self.env,
+            "ORCH_URL": f"http://127.0.0.1:{self.web_port}",
+            "ORCH_API_KEY": api_key,
+            "ORCH_EFFECT_URL": effect_url,
+        }
         with self.lock:
-            process = self.processes["runner"]
-            process.kill()
+            process = Process("worker_tools", args, env, self.directory / "orch-worker.log")
+            self.processes["worker_tools"] = process
             process.start()
+
+    def kill_runner(self) -> str:
+        """SIGKILL the runner (its jobs' processes live on in their own sessions) and the
+        `orch worker`, and start them again: each registers anew once its old
+        registration goes stale."""
+        with self.lock:
+            for name in ("runner", "worker_tools"):
+                process = self.processes.get(name)
+                if process is not None:
+                    process.kill()
+                    process.start()
         return "killed and restarted"
 
     def restart_web(self) -> str:

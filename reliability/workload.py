@@ -40,6 +40,7 @@ KINDS = (
     "rate_limited",
     "timer",
     "cached",
+    "worker_tool",
 )
 
 # What each kind ends as when no one cancels it.
@@ -66,12 +67,14 @@ EXPECTED = {
     # An effect whose output is cached by shard: the shard's first run calls it, the
     # others take its output (charged nothing, no call).
     "cached": "completed",
+    # A step of a tool served by make chaos's `orch worker`, killed with the runner.
+    "worker_tool": "completed",
     # make chaos-net's: an effect whose service answers after ~20 s (SLOW_EFFECT_S).
     "slow": "completed",
 }
 # The kinds of make chaos-net: the same, and runs whose effect takes long, so that a
 # worker host is cut off while it holds a lease on an effect that happened.
-NET_KINDS = (*KINDS, "slow")
+NET_KINDS = (*(kind for kind in KINDS if kind != "worker_tool"), "slow")  # no orch worker
 # How long the slow effect's service takes to answer: longer than a partition of a worker
 # host from PostgreSQL lasts with the lease after it, so the attempt run again elsewhere
 # is still running when the cut-off one tries to record (which the fencing must refuse).
@@ -222,6 +225,17 @@ def on_runner(name: str) -> dict[str, Any]:
     }
 
 
+def on_worker(name: str) -> dict[str, Any]:
+    """A step of make chaos's worker tool (reliability/chaos_worker_tools.py); its attempts are
+    retried when the worker is lost."""
+    return {
+        "name": name,
+        "tool": "chaos.effect",
+        "timeout": "2m",
+        "retry": {"max_attempts": 8, "backoff": "fixed", "base_delay_ms": 200},
+    }
+
+
 # --------------------------------------------------------------------------- plans
 def _run(name: str, agents: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     return {"name": name, "priority": 5, "agents": agents, **extra}
@@ -276,6 +290,9 @@ def plan_for(kind: str, index: int, url: str, rng: random.Random) -> dict[str, A
     if kind == "runner":
         steps = [effect("e1", url), on_runner("agent"), effect("e2", url)]
         return _run(name, [_agent([{"name": "remote", "steps": steps}])])
+    if kind == "worker_tool":
+        steps = [effect("e1", url), on_worker("tool"), effect("e2", url)]
+        return _run(name, [_agent([{"name": "hosted", "steps": steps}])])
     if kind == "child":
         # A sync child and an async_callback child, each with effects of its own; the
         # callback's handler runs one more when the child ends.

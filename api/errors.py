@@ -357,7 +357,8 @@ ERROR_DESCRIPTIONS: dict[int, str] = {
     "being processed), `quota_exceeded` (creating one more webhook endpoint, schedule "
     "or rate limit than the organization's quota; `details`: quota, limit), or, from a "
     "worker's registration, `tool_version_conflict` (a tool version published before with "
-    "another schema) or `tool_name_taken` (a tool of the fleet; `details`: name, version)",
+    "another schema; `details`: name, version) or `tool_name_taken` (a tool of the fleet; "
+    "`details`: name)",
     413: "`payload_too_large`: the body or the plan is over its size limit",
     406: "`not_acceptable`: the response is JSON; accept `application/json`",
     415: "`unsupported_media_type`: send `application/json` (or `application/yaml` to "

@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('billing', '0017_ledger_links_unchecked'),
-        ('runs', '0028_hierarchy_links_unchecked'),
+        ('runs', '0029_step_history'),
     ]
 
     operations = [

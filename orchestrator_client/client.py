@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Literal, cast
+from typing import IO, Any, Literal, Protocol, cast, runtime_checkable
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
@@ -165,6 +165,22 @@ def decoded(response: httpx.Response) -> Any:
             f"JSON (is this the orchestrator's URL?): {text}",
             body=response.text,
         ) from exc
+
+
+@runtime_checkable
+class BuiltPlan(Protocol):
+    """A plan built in Python (``orchestrator_client.tools.plan.Plan``): what it gives
+    is the plan as JSON data."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+PlanData = Mapping[str, Any] | BuiltPlan
+
+
+def plan_data(plan: PlanData) -> dict[str, Any]:
+    """A plan to send: a dict as it is, a built plan as its ``to_dict()``."""
+    return plan.to_dict() if isinstance(plan, BuiltPlan) else dict(plan)
 
 
 def _id(value: object) -> str:
@@ -362,22 +378,23 @@ class Client:
 
     def create_run(
         self,
-        plan: Mapping[str, Any],
+        plan: PlanData,
         *,
         start: bool = False,
         idempotency_key: str | None = None,
     ) -> RunDetail:
-        """Create a run from a plan (a dict); with ``start`` also start it."""
+        """Create a run from a plan (a dict, or a ``Plan`` built in Python); with
+        ``start`` also start it."""
         return cast(
             RunDetail,
             self._post(
-                "runs", {"plan": dict(plan), "start": start}, idempotency_key=idempotency_key
+                "runs", {"plan": plan_data(plan), "start": start}, idempotency_key=idempotency_key
             ),
         )
 
     def submit(
         self,
-        plan: Mapping[str, Any],
+        plan: PlanData,
         *,
         start: bool = True,
         idempotency_key: str | None = None,
@@ -479,14 +496,19 @@ class Client:
         run_id: str,
         from_step: str,
         *,
-        plan: Mapping[str, Any] | None = None,
+        plan: PlanData | None = None,
         variables: Mapping[str, Any] | None = None,
         start: bool = True,
         idempotency_key: str | None = None,
     ) -> RunDetail:
         """A new run of an ended one, run again from ``from_step`` (`agent.task.step`):
         what came before it and completed is reused. ``plan``: an edited plan."""
-        body = {"from": from_step, "plan": plan, "variables": variables, "start": start}
+        body = {
+            "from": from_step,
+            "plan": None if plan is None else plan_data(plan),
+            "variables": variables,
+            "start": start,
+        }
         path = f"runs/{_id(run_id)}/fork"
         return cast(RunDetail, self._post(path, body, idempotency_key=idempotency_key))
 
@@ -495,11 +517,16 @@ class Client:
         run_id: str,
         from_step: str,
         *,
-        plan: Mapping[str, Any] | None = None,
+        plan: PlanData | None = None,
         variables: Mapping[str, Any] | None = None,
     ) -> ForkPreview:
         """What ``fork_run`` would reuse, run and reserve (a dry run: nothing created)."""
-        body = {"from": from_step, "plan": plan, "variables": variables, "dry_run": True}
+        body = {
+            "from": from_step,
+            "plan": None if plan is None else plan_data(plan),
+            "variables": variables,
+            "dry_run": True,
+        }
         return cast(ForkPreview, self._post(f"runs/{_id(run_id)}/fork", body))
 
     def invalidate_cache(self, key: str) -> int:
@@ -910,7 +937,7 @@ class Client:
 
     def create_schedule(
         self,
-        plan: Mapping[str, Any],
+        plan: PlanData,
         *,
         name: str,
         cron: str | None = None,
@@ -936,7 +963,7 @@ class Client:
             catchup=catchup,
             variables=variables,
         )
-        body["plan"] = dict(plan)
+        body["plan"] = plan_data(plan)
         return cast(ScheduleDetail, self._post("schedules", body, idempotency_key=idempotency_key))
 
     def create_schedule_text(

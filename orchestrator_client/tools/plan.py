@@ -1,6 +1,6 @@
 """A plan written in Python: the same JSON plan as a YAML or JSON plan file, its steps
 built from the decorated functions themselves, so that mypy checks each step's params
-against the function's parameters (docs/cli.md, "Plans in Python").
+against the function's parameters (docs/plans-in-python.md).
 
     from orchestrator_client.tools.plan import Agent, Plan, Task, ref, step
 

@@ -304,6 +304,9 @@ class Task:
     timeout: Duration | None = None
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        _freeze(self, "steps", "depends_on")
+
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"name": self.name}
         _put(data, "mode", self.mode)
@@ -328,6 +331,9 @@ class Agent:
     depends_on: Sequence[str | Agent] = ()
     timeout: Duration | None = None
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _freeze(self, "tasks", "depends_on")
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"name": self.name}
@@ -363,6 +369,7 @@ class Plan:
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        _freeze(self, "agents")
         problems = _Checker().plan(self)
         if problems:
             raise PlanBuildError(problems)
@@ -390,6 +397,13 @@ class Plan:
         return "\n".join(_yaml_block(self.to_dict(), "")) + "\n"
 
 
+def _freeze(node: object, *names: str) -> None:
+    """The lists a level was given, as tuples: a plan checked when built stays as it was
+    checked."""
+    for name in names:
+        object.__setattr__(node, name, tuple(getattr(node, name)))
+
+
 def _put(data: dict[str, Any], key: str, value: Any) -> None:
     if value is not None:
         data[key] = value
@@ -404,9 +418,6 @@ def _with_extra(data: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any
 
 
 # --------------------------------------------------------------------------- checks
-_DEFAULT_MODES = {"the run": "parallel", "agent": "sequential", "task": "sequential"}
-
-
 class _Checker:
     """What a plan must satisfy that the client can know: the server's own checks of
     names and dependencies, in the same words."""

@@ -565,6 +565,8 @@ def test_names_and_dependencies_at_every_level_are_checked_before_anything_is_se
         "with a letter or digit, at most 100 characters",
         "agents[2].tasks: needs at least one task",
     ]
+    blank = problems_of(lambda: Plan(" ", [Agent("a", [Task("t", [noop])])]))
+    assert [str(p) for p in blank] == ["name: must not be blank"]
     assert str(PlanBuildError(problems)).startswith(
         "the plan is invalid:\n  agents[1].name: duplicate agent name 'a' (also agents[0])\n"
     )
@@ -678,3 +680,19 @@ def test_a_built_plan_is_submitted_and_runs_to_completion(client: Client) -> Non
     assert done["status"] == "completed", done.get("last_error")
     assert done["outputs"]["builder.dag.topic"] == {"topic": "chips"}
     assert done["outputs"]["builder.dag.told"] == {"heard": "chips", "again": "completed"}
+
+
+def test_a_built_plan_stays_as_it_was_checked_when_its_lists_change() -> None:
+    steps = [step("noop")]
+    agents = [Agent("a", [Task("t", steps)])]
+    plan = Plan("p", agents)
+
+    steps.append(step("noop"))  # a duplicate name, had it been taken
+    agents.append(Agent("a", []))
+
+    assert plan.to_dict() == {
+        "name": "p",
+        "agents": [
+            {"name": "a", "tasks": [{"name": "t", "steps": [{"name": "noop", "tool": "noop"}]}]}
+        ],
+    }

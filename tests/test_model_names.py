@@ -32,6 +32,7 @@ PLURALS = {
     "runs.RunAttempt": "run attempts",
     "runs.RunEvent": "run events",
     "runs.HistoryEvent": "history events",
+    "runs.PublishedTool": "published tools",
     "runs.Runner": "runners",
     "runs.RunnerJob": "runner jobs",
     "runs.Step": "steps",

@@ -12,7 +12,7 @@ from artifacts.models import Artifact
 from billing.models import Organization
 from orchestrator.tools.asynchronous import child_run as run_tool
 from orchestrator.tools.builtin import runner as runner_tool
-from runs import callbacks, escalations, runners, services
+from runs import callbacks, catalogue, escalations, runners, services
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record
 from runs.engine.start import run_start
@@ -319,3 +319,27 @@ def webhook_request(name: str, organization: Organization) -> tuple[dict[str, An
         return {}, webhook_body()
     delivery = webhook_delivery(organization)
     return {"webhook_id": delivery.endpoint_id, "delivery_id": delivery.uid}, {}
+
+
+# --------------------------------------------------------------------------- published tools
+# A tool version as a worker (or, organization None, the fleet) publishes it.
+SCHEMA = {
+    "type": "object",
+    "properties": {"text": {"type": "string"}, "top": {"type": "integer", "default": 3}},
+    "required": ["text"],
+    "additionalProperties": False,
+}
+
+
+def publish_tool(organization: Any, name: str, version: str = "1", by: str = "worker-1") -> None:
+    definition = catalogue.definition_from(
+        {
+            "name": name,
+            "version": version,
+            "description": f"{name}, version {version}",
+            "params_schema": SCHEMA,
+            "output_schema": {"type": "object"},
+            "cost": {"credits": "0.01"},
+        }
+    )
+    catalogue.publish(organization=organization, definitions=[definition], by=by)

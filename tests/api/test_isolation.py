@@ -17,6 +17,7 @@ from schedules.models import Schedule, ScheduleFire
 from tests.api import states
 from tests.api.conftest import Tenant
 from tests.api.routes import Route, api_routes, routes_with, routes_without_parameters
+from tests.api.states import publish_tool
 from webhooks.models import WebhookDelivery, WebhookEndpoint
 
 pytestmark = pytest.mark.django_db
@@ -25,6 +26,7 @@ ID_ROUTES = routes_with("run_id")
 # An organization's secret, or rate limit, by name.
 NAME_ROUTES = [route for route in routes_with("name") if route.name == "secret"]
 RATE_LIMIT_ROUTES = [route for route in routes_with("name") if route.name == "rate-limit"]
+TOOL_ROUTES = [route for route in routes_with("name") if route.name == "tool"]  # a worker tool
 JOB_ROUTES = routes_with("job_id")  # an organization's runner job
 ARTIFACT_ROUTES = routes_with("artifact_id")  # an organization's artifact
 ESCALATION_ROUTES = routes_with("escalation_id")  # an organization's escalation ticket
@@ -60,6 +62,7 @@ def test_every_api_route_is_either_scoped_by_run_id_or_a_list() -> None:
         *map(str, ID_ROUTES),
         *map(str, NAME_ROUTES),
         *map(str, RATE_LIMIT_ROUTES),
+        *map(str, TOOL_ROUTES),
         *map(str, JOB_ROUTES),
         *map(str, ARTIFACT_ROUTES),
         *map(str, ESCALATION_ROUTES),
@@ -144,6 +147,20 @@ def test_another_organizations_rate_limit_is_never_reached_by_name(
     assert (mine.limit, mine.period_ms) == (9, 60_000)
 
 
+@pytest.mark.parametrize("route", TOOL_ROUTES, ids=str)
+def test_another_organizations_worker_tool_is_not_found_by_name(
+    route: Route, tenant: Tenant, other_tenant: Tenant
+) -> None:
+    publish_tool(tenant.organization, "acme.private")
+    path = route.path(name="acme.private")
+
+    response = other_tenant.get(path)
+
+    assert response.status_code == 404, response.content
+    assert response.json()["code"] == "not_found"
+    assert tenant.get(path).status_code == 200
+
+
 @pytest.mark.parametrize("route", ID_ROUTES, ids=str)
 def test_a_run_id_that_does_not_exist_is_not_found_like_a_foreign_one(
     route: Route, tenant: Tenant
@@ -164,6 +181,7 @@ def test_lists_and_totals_show_nothing_of_another_organization(
     states.created(other_tenant.organization)
     secret_put(organization=other_tenant.organization, name="OTHERS", value="x")
     rate_limit_put(organization=other_tenant.organization, name="others", limit=1, period_ms=1000)
+    publish_tool(other_tenant.organization, "others.tool")
     before = other_tenant.get(path, params).json()
 
     for make in (states.running, states.created, states.failed, states.waiting_approval):
@@ -175,6 +193,7 @@ def test_lists_and_totals_show_nothing_of_another_organization(
     states.webhook(tenant.organization)
     secret_put(organization=tenant.organization, name="OWN", value="y")
     rate_limit_put(organization=tenant.organization, name="own", limit=1, period_ms=1000)
+    publish_tool(tenant.organization, "own.tool")
 
     # Another organization's activity is invisible: not a row, not a total changes.
     assert other_tenant.get(path, params).json() == before

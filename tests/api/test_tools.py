@@ -3,44 +3,21 @@ versions and who offers them; POST /runs refusing a step whose params do not fit
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from runs import catalogue
 from tests.api.conftest import Tenant
+from tests.api.states import SCHEMA, publish_tool
 
 pytestmark = pytest.mark.django_db
-
-SCHEMA = {
-    "type": "object",
-    "properties": {"text": {"type": "string"}, "top": {"type": "integer", "default": 3}},
-    "required": ["text"],
-    "additionalProperties": False,
-}
-
-
-def publish(organization: Any, name: str, version: str = "1", by: str = "worker-1") -> None:
-    definition = catalogue.definition_from(
-        {
-            "name": name,
-            "version": version,
-            "description": f"{name}, version {version}",
-            "params_schema": SCHEMA,
-            "output_schema": {"type": "object"},
-            "cost": {"credits": "0.01"},
-        }
-    )
-    catalogue.publish(organization=organization, definitions=[definition], by=by)
 
 
 def test_the_list_shows_the_fleets_tools_and_the_organizations_own(
     tenant: Tenant, other_tenant: Tenant
 ) -> None:
-    publish(None, "acme.word_stats", by="celery@host-a")
-    publish(tenant.organization, "mine.summarize")
-    publish(tenant.organization, "mine.summarize", version="2")
-    publish(other_tenant.organization, "theirs.secret_sauce")
+    publish_tool(None, "acme.word_stats", by="celery@host-a")
+    publish_tool(tenant.organization, "mine.summarize")
+    publish_tool(tenant.organization, "mine.summarize", version="2")
+    publish_tool(other_tenant.organization, "theirs.secret_sauce")
 
     response = tenant.get("/api/v1/tools")
 
@@ -68,8 +45,8 @@ def test_the_list_shows_the_fleets_tools_and_the_organizations_own(
 def test_one_tool_is_shown_by_name_and_another_organizations_is_not_found(
     tenant: Tenant, other_tenant: Tenant
 ) -> None:
-    publish(other_tenant.organization, "theirs.tool")
-    publish(tenant.organization, "mine.tool")
+    publish_tool(other_tenant.organization, "theirs.tool")
+    publish_tool(tenant.organization, "mine.tool")
 
     assert tenant.get("/api/v1/tools/mine.tool").json()["name"] == "mine.tool"
     missing = tenant.get("/api/v1/tools/theirs.tool")
@@ -81,7 +58,7 @@ def test_one_tool_is_shown_by_name_and_another_organizations_is_not_found(
 def test_a_run_whose_step_does_not_fit_the_tools_schema_is_refused_with_the_path(
     tenant: Tenant,
 ) -> None:
-    publish(None, "acme.word_stats")
+    publish_tool(None, "acme.word_stats")
     plan = {
         "name": "stats",
         "agents": [

@@ -82,6 +82,7 @@ def orch(live_server: Any, tenant: tuple[Organization, str], tmp_path: Path) -> 
 
 def test_every_example_has_its_test_here() -> None:
     assert sorted(path.name for path in EXAMPLES.iterdir()) == [
+        "acme_tools",  # the package of tools.yaml's tools (its own test below)
         "approval.yaml",
         "dag.yaml",
         "hello.yaml",

@@ -57,7 +57,25 @@ def plan_components() -> dict[str, dict[str, Any]]:
     schema = Plan.model_json_schema(ref_template="#/$defs/{model}", mode="validation")
     parts: dict[str, Any] = {"Plan": schema, **schema.pop("$defs", {})}
     names = {name: _component_name(name) for name in parts}
-    return {names[name]: _openapi(part, names) for name, part in parts.items()}
+    components = {names[name]: _openapi(part, names) for name, part in parts.items()}
+    hoisted: dict[str, dict[str, Any]] = {}
+    components = {name: _hoisted(part, hoisted) for name, part in components.items()}
+    return {**components, **hoisted}
+
+
+def _hoisted(schema: Any, found: dict[str, dict[str, Any]]) -> Any:
+    """``schema`` with each part marked ``x-component`` (a choice set inside an
+    ``anyOf``, which drf-spectacular's enum pass does not reach) made a component of that
+    name and referred to: the name generated clients know it by."""
+    if isinstance(schema, list):
+        return [_hoisted(part, found) for part in schema]
+    if not isinstance(schema, dict):
+        return schema
+    if "x-component" in schema:
+        part = {key: value for key, value in schema.items() if key != "x-component"}
+        found[schema["x-component"]] = part
+        return {"$ref": f"#/components/schemas/{schema['x-component']}"}
+    return {key: _hoisted(value, found) for key, value in schema.items()}
 
 
 def _component_name(model: str) -> str:

@@ -343,11 +343,13 @@ class ToolName:
         self, schema: CoreSchema, handler: GetJsonSchemaHandler
     ) -> JsonSchemaValue:
         # A published tool (docs/tools.md) has a dotted name; which exist is the
-        # organization's catalogue's (GET /api/v1/tools), checked at submission.
+        # organization's catalogue's (GET /api/v1/tools), checked at submission. The
+        # built-in names stay the API's component ToolEnum (api.schema), the type
+        # generated clients name them by.
         return {
             **handler(schema),
             "anyOf": [
-                {"enum": sorted(tool_names())},
+                {"type": "string", "enum": sorted(tool_names()), "x-component": "ToolEnum"},
                 {"pattern": NAME_RE.pattern, "description": "a published tool: GET /api/v1/tools"},
             ],
         }

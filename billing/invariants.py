@@ -1,4 +1,4 @@
-"""Billing invariants (seed 000 invariants 1 and 6): conservation, an honest cache, and no
+"""Billing invariants: credits conserved, an honest cache, and no
 entry or reservation that names a row gone.
 
 A step attempt's charge draws on its run attempt's reservation (``charged``) and reaches

@@ -337,10 +337,10 @@ def held_poll(
     lease = leases.Lease(
         held_polls_key(organization.pk), ttl_s=wait + LEASE_MARGIN_S, what="runner poll"
     )
-    limit = quotas.quota_of(organization, quotas.RUNNER_POLLS)
-    if not lease.take(limit):
+    places = quotas.quota_of(organization, quotas.RUNNER_POLLS)
+    if not lease.take(places):
         # A place frees when a hold ends: within the longest hold.
-        raise quotas.TooManyPolls(limit, retry_after=max(1, math.ceil(RECHECK_S)))
+        raise quotas.TooManyPolls(places, retry_after=max(1, math.ceil(RECHECK_S)))
     client = broker_redis(socket_connect_timeout=2, socket_timeout=RECHECK_S + 5)
     pubsub = client.pubsub(ignore_subscribe_messages=True)
     listening = _subscribe(

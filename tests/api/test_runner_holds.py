@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from django.db import transaction
 
 from api.runners import polls_held
 from billing import quotas
@@ -91,6 +92,24 @@ def test_a_poll_held_past_the_quota_is_429_too_many_polls_and_an_ended_hold_free
     again = held(live, pool)  # its place is free
     states.runner_job(live.organization)
     assert again.result().status_code == 200
+
+
+def test_a_held_poll_woken_by_two_jobs_claims_one_and_leaves_the_other_pending(
+    live: Live, pool: ThreadPoolExecutor
+) -> None:
+    """A poll without `max_jobs` answers one job: its later looks claim one too, not as
+    many as the organization's held places (the other would have been claimed and never
+    handed over, its step waiting out its timeout)."""
+    polling = held(live, pool)
+    with transaction.atomic():  # one wake-up, both jobs pending at the look it starts
+        jobs = {states.runner_job(live.organization).pk for _ in range(2)}
+
+    answered = polling.result()
+
+    assert answered.status_code == 200
+    assert answered.json()["job"]["id"] in {str(pk) for pk in jobs}
+    statuses = sorted(RunnerJob.objects.filter(pk__in=jobs).values_list("status", flat=True))
+    assert statuses == ["claimed", "pending"]
 
 
 def test_a_held_poll_ends_with_its_keys_revocation_and_claims_nothing_after(

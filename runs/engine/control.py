@@ -19,6 +19,8 @@ from runs.engine.dispatch import (
     step_timeout_s,
     update_waiting_state,
 )
+from runs.engine.failure import held_failure, run_failed
+from runs.engine.policy import escalation_held
 from runs.engine.propagation import finish_if_done
 from runs.engine.start import begin
 from runs.models import Agent, Run, Step, Task
@@ -76,6 +78,10 @@ def resume(run_id: Any, actor: str = "worker") -> bool:
     steps whose messages were dropped while paused are published again (a duplicate
     of a message still queued is harmless: the claim lets one through).
 
+    What the pause held comes first: a run one of whose agents failed for good while
+    it was paused fails now (``runs.engine.failure.held_failure``), and one whose
+    failures opened an escalation ticket meanwhile escalates (``policy.escalation_held``).
+
     A run whose organization was suspended since its resume was asked for is paused
     again at once, by the suspension (``admission.SUSPENSION_ACTOR``), instead of going
     on: the suspension leaves runs caught resuming to this (runs/suspension.py), and
@@ -109,7 +115,13 @@ def resume(run_id: Any, actor: str = "worker") -> bool:
         if suspended:
             services.run_pause(run_id=run.pk, actor=admission.SUSPENSION_ACTOR)
             return True
-        redispatch(run, now)
+        # What the pause held: a failure for good ends the run now (and retries it if
+        # its plan says so), a ticket opened meanwhile escalates it.
+        failure = held_failure(run)
+        if failure is not None:
+            run_failed(run, failure)
+        elif not escalation_held(run, now):
+            redispatch(run, now)
         return True
 
 

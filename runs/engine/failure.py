@@ -19,7 +19,7 @@ from runs.engine.tree import MAX_LEVEL_RETRIES, model_of
 from runs.materialize import step_rows, task_rows
 from runs.models import Agent, EventKind, FailureMode, Run, Step, Task
 from runs.outbox import Outbox, revoke_running_steps
-from runs.states import NODE_OPEN, STEP_OPEN, NodeStatus, StepStatus
+from runs.states import NODE_OPEN, STEP_OPEN, NodeStatus, RunStatus, StepStatus
 from runs.transitions import record_event, transition, transition_many
 
 
@@ -170,7 +170,43 @@ def _restart(run: Run, node: Agent | Task, failure: Failure, outbox: Outbox) -> 
 
 
 def _run_failed(run: Run, failure: Failure) -> None:
-    """An agent failed and the run does not continue: fail it, and retry it if it says so."""
+    """An agent failed and the run does not continue: fail it, and retry it if it says so.
+
+    A run paused (or on its way back from a pause) ends only by its client's hand: the
+    failure is held, the agent left FAILED, and the resume ends the run as it says
+    (``held_failure``, ``runs.engine.control.resume``). Failing it here let its
+    automatic retry start a new attempt the client never resumed, and refused the
+    client's resume."""
+    run.refresh_from_db(fields=["status"])
+    if run.status in (RunStatus.PAUSED, RunStatus.RESUMING):
+        record_event(
+            run,
+            EventKind.ERROR,
+            actor="engine",
+            message=f"the run fails at its resume: {failure.message}",
+            payload={**failure.as_error(), "held": True},
+        )
+        return
+    run_failed(run, failure)
+
+
+def held_failure(run: Run) -> Failure | None:
+    """The failure a pause held (``_run_failed``): the first agent of the attempt that
+    failed for good, or None. Only a held failure leaves a FAILED agent in an open run:
+    otherwise the run fails with it, or its failure mode `continue` skips it."""
+    error = (
+        Agent.objects.filter(run=run, attempt_number=run.attempt_number, status=NodeStatus.FAILED)
+        .order_by("status_changed_at", "position")
+        .values_list("last_error", flat=True)
+        .first()
+    )
+    if error is None:
+        return None
+    return Failure(error.get("code", "agent_failed"), error.get("message", "an agent failed"))
+
+
+def run_failed(run: Run, failure: Failure) -> None:
+    """Fail the run with ``failure``, and start its next attempt if its plan says so."""
     services.run_fail(run_id=run.pk, code=failure.code, message=failure.message, actor="engine")
     run.refresh_from_db()
     if (
@@ -183,7 +219,7 @@ def _run_failed(run: Run, failure: Failure) -> None:
                 services.run_retry(run_id=run.pk, actor="engine")
                 Run.objects.filter(pk=run.pk).update(automatic_retries=F("automatic_retries") + 1)
         except InsufficientCredits as exc:
-            # An abort of its own (seed 000): the run stays FAILED, and says why it was
+            # An abort of its own: the run stays FAILED, and says why it was
             # not tried again, with the failure that ended the attempt as its cause.
             error = {
                 "code": "insufficient_credits",

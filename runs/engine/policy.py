@@ -69,6 +69,9 @@ SEVERITY: dict[str, str] = {
 # Why an agent or task ended without completing that is not a failure of its own.
 NOT_FAILURES = ("dependency_failed", "replanned")
 OPEN_TICKET = (EscalationStatus.OPEN, EscalationStatus.ACKNOWLEDGED)
+# The run states in which a failure may escalate (a paused run's ticket opens at once;
+# the run itself escalates at its resume).
+ESCALATES = (RunStatus.RUNNING, RunStatus.ESCALATED, RunStatus.PAUSED, RunStatus.RESUMING)
 
 
 # --------------------------------------------------------------------------- thresholds
@@ -177,8 +180,10 @@ def escalation_for(run: Run, *, retry: bool, escalate: str, retryable: bool, now
     ``retry``/``escalate``: the retry decision (``escalate`` is its own reason:
     backoff_exceeded, attempts_exhausted). A run already escalated does not escalate
     again (one ticket per run): its retries wait for the resolution, and a budget spent
-    with `on_exhausted: escalate` is held for it too."""
-    if not retryable or run.status not in (RunStatus.RUNNING, RunStatus.ESCALATED):
+    with `on_exhausted: escalate` is held for it too. A paused run escalates as a
+    running one would (its ticket opens, its status stays paused until the resume:
+    ``escalation_held``)."""
+    if not retryable or run.status not in ESCALATES:
         return ""
     if escalate:
         return escalate
@@ -273,16 +278,7 @@ def escalate(
             ticket.errors = kept
         return ticket
     if run.status == RunStatus.RUNNING:
-        transition(
-            Run,
-            run.pk,
-            RunStatus.ESCALATED,
-            actor=actor,
-            message=f"escalated: {reason}",
-            payload={"reason": reason},
-            now=now,
-        )
-        run.status = RunStatus.ESCALATED
+        _escalated(run, reason, actor, now)
     ticket = EscalationTicket.objects.create(
         organization_id=run.organization_id,
         run_id=run.pk,
@@ -302,6 +298,33 @@ def escalate(
     )
     enqueue_run_message(RunMessage.ESCALATED, run.pk, run.priority)
     return ticket
+
+
+def _escalated(run: Run, reason: str, actor: str, now: datetime) -> None:
+    transition(
+        Run,
+        run.pk,
+        RunStatus.ESCALATED,
+        actor=actor,
+        message=f"escalated: {reason}",
+        payload={"reason": reason},
+        now=now,
+    )
+    run.status = RunStatus.ESCALATED
+
+
+def escalation_held(run: Run, now: datetime) -> bool:
+    """A run resumed with a ticket opened while it was paused escalates now (RUNNING ->
+    ESCALATED), its held steps waiting for the resolution; False if it has none."""
+    reason = (
+        EscalationTicket.objects.filter(run_id=run.pk, status__in=OPEN_TICKET)
+        .values_list("reason", flat=True)
+        .first()
+    )
+    if reason is None:
+        return False
+    _escalated(run, reason, "engine", now)
+    return True
 
 
 def note_failure(run: Run, step: Step, attempt: int, error: ToolError, now: datetime) -> None:

@@ -55,7 +55,7 @@ def test_the_last_step_finishing_during_a_pause_completes_its_task_and_agent() -
     assert status(Run, pk=run.pk) == "completed"
 
 
-def test_a_step_failing_for_good_during_a_pause_fails_a_fail_fast_run() -> None:
+def test_a_step_failing_for_good_during_a_pause_fails_a_fail_fast_run_at_its_resume() -> None:
     run, step = running_single_step_run()
     services.run_pause(run_id=run.pk)
 
@@ -63,6 +63,9 @@ def test_a_step_failing_for_good_during_a_pause_fails_a_fail_fast_run() -> None:
     record(step.pk, run.pk, step.attempts, outcome)
 
     assert status(Step, pk=step.pk) == "failed"
+    assert status(Run, pk=run.pk) == "paused"  # the pause holds the run's end
+    services.run_resume(run_id=run.pk)
+    assert control.resume(run.pk)
     current = Run.objects.get(pk=run.pk)
     assert current.status == "failed"
     assert current.last_error["code"] == "invalid_input"

@@ -96,7 +96,11 @@ fi
 
 # The admin password and the metrics token are generated once and kept in $DATA.
 admin_password_file="$DATA/admin-password"
-[ -s "$admin_password_file" ] || python -c "import secrets; print(secrets.token_urlsafe(12))" > "$admin_password_file"
+# Letters and digits only: pasted from the banner into a command line, a password that
+# begins with `-` reads as an option (`prepare` itself passes any as `--password=VALUE`).
+[ -s "$admin_password_file" ] || python -c "import secrets, string
+print(''.join(secrets.choice(string.ascii_letters + string.digits) for _ in range(16)))" \
+  > "$admin_password_file"
 metrics_token_file="$DATA/metrics-token"
 [ -s "$metrics_token_file" ] || python -c "import secrets; print(secrets.token_urlsafe(24))" > "$metrics_token_file"
 # /metrics answers only to this bearer token.

@@ -298,3 +298,17 @@ def test_prepare_sets_the_admin_password_once_and_again_when_it_changed(
     assert admin.is_superuser
     assert admin.is_staff
     assert admin.check_password("another-long-password")
+
+
+def test_prepare_sets_an_admin_password_that_begins_with_a_dash(
+    static_sources: Path, tmp_path: Path
+) -> None:
+    """make run's earlier passwords (token_urlsafe) began with `-` one time in 64: handed on
+    as `--password -AiPQ...`, argparse read it as an option and the start stopped."""
+    password = tmp_path / "admin-password"
+    password.write_text("-AiPQP6M5sQWpMQU\n")
+
+    said = prepare(password)
+
+    assert "admin user 'admin' created" in said
+    assert get_user_model().objects.get(username="admin").check_password("-AiPQP6M5sQWpMQU")

@@ -14,7 +14,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--username", required=True)
-        parser.add_argument("--password", required=True)
+        parser.add_argument(
+            "--password",
+            required=True,
+            help="as --password=VALUE when it may begin with '-' (else read as an option)",
+        )
         parser.add_argument("--email", default="")
 
     @transaction.atomic

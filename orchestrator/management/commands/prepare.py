@@ -116,7 +116,11 @@ class Command(BaseCommand):
             self.stdout.write(f"admin user {username!r} unchanged")
             return
         said = StringIO()
-        call_command("ensure_admin", username=username, password=password, stdout=said)
+        # `--password=VALUE`, one argument: given as a keyword, call_command hands argparse
+        # `--password VALUE`, and a password beginning with `-` reads as an option.
+        call_command(
+            "ensure_admin", f"--username={username}", f"--password={password}", stdout=said
+        )
         user = get_user_model().objects.get(username=username)
         stamp.write_text(f"{wanted} {user.password}")
         self.stdout.write(said.getvalue().strip())

@@ -128,13 +128,15 @@ if [ "${SKIP_DEMO:-0}" != 1 ]; then
   fi
 fi
 
-# A second terminal reaches this stack with the defaults of manage.py and the settings;
-# other ports or servers need these exported there first.
-second_terminal="    (nothing to export: these servers are the defaults)"
+# A second terminal reaches the web at $URL (the README's commands use it); manage.py
+# there reaches this stack's servers with its defaults, other servers or settings need
+# these exported first.
+second_terminal="    export URL=$site"
 if [ "$DATABASE_URL" != "$DEFAULT_DATABASE_URL" ] \
   || [ "$CELERY_BROKER_URL" != "$DEFAULT_BROKER_URL" ] \
   || [ "$DJANGO_SETTINGS_MODULE" != "$DEFAULT_SETTINGS" ]; then
-  second_terminal="    export DATABASE_URL=$(mask_password "$DATABASE_URL")
+  second_terminal+="
+    export DATABASE_URL=$(mask_password "$DATABASE_URL")
     export CELERY_BROKER_URL=$(mask_password "$CELERY_BROKER_URL")
     export DJANGO_SETTINGS_MODULE=$DJANGO_SETTINGS_MODULE"
   if [ "$(mask_password "$DATABASE_URL")" != "$DATABASE_URL" ] \
@@ -162,7 +164,8 @@ $rule
   In another terminal, from this folder:
 $second_terminal
     $VENV/bin/python manage.py create_org NAME       (prints an API key, once)
-    $VENV/bin/orch login --url $site --api-key KEY   (then: $VENV/bin/orch --help; docs/cli.md)
+    $VENV/bin/orch login --url \$URL --api-key KEY    (then: $VENV/bin/orch --help; docs/cli.md)
+    source $VENV/bin/activate                         (puts orch and python on PATH, as orch's hints write them)
 
   Logs below: text at $LOG_LEVEL (LOG_LEVEL=INFO for more). Press Ctrl-C to stop everything.
 $rule

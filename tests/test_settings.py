@@ -182,6 +182,34 @@ def test_the_default_settings_pass_the_cross_checks() -> None:
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"WEB_PORT": "8100", "PUBLIC_BASE_URL": ""}, "http://127.0.0.1:8100"),
+        ({"WEB_PORT": "", "PUBLIC_BASE_URL": ""}, "http://127.0.0.1:8000"),
+        (
+            {"WEB_PORT": "8100", "PUBLIC_BASE_URL": "https://orch.example.com/"},
+            "https://orch.example.com",
+        ),
+    ],
+    ids=["web-port", "default", "set"],
+)
+def test_the_public_base_url_follows_the_web_port_unless_set(
+    env: dict[str, str], expected: str
+) -> None:
+    """Callback URLs and webhook links name the web make run started, on its port."""
+    result = run_manage(
+        {"DJANGO_SETTINGS_MODULE": "config.settings.local", **env},
+        "shell",
+        "--verbosity=0",
+        "-c",
+        "from django.conf import settings; print(settings.PUBLIC_BASE_URL)",
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == expected
+
+
 def test_production_reaches_redis_through_sentinels_and_postgresql_at_several_hosts() -> None:
     env = {
         **PRODUCTION_ENV,

@@ -506,10 +506,15 @@ ARTIFACT_SWEEP_BATCH = 500
 RUN_MAX_DEPTH = env.integer(
     "RUN_MAX_DEPTH", 5, "deepest a child run may nest (the top run is 0)", minimum=0, maximum=20
 )
+# By default the web `make run` and the Procfile start, on WEB_PORT: a web moved to another
+# port is still the one callback URLs and webhook links name.
+WEB_PORT = env.integer(
+    "WEB_PORT", 8000, "the web's port (Procfile, make run)", minimum=1, maximum=65535
+)
 PUBLIC_BASE_URL = env.string(
     "PUBLIC_BASE_URL",
-    "http://127.0.0.1:8000",
-    "the API's address as others reach it, for callback URLs",
+    f"http://127.0.0.1:{WEB_PORT}",
+    "the API's address as others reach it, for callback URLs and webhook links",
 ).rstrip("/")
 WAIT_LOST_AFTER = env.integer(
     "WAIT_LOST_AFTER", 30, "seconds before the sweep re-sends a lost poll or child end", minimum=1

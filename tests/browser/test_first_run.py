@@ -5,10 +5,11 @@ starts it; then the run's page, at the README's address, in a real browser.
 
 What the test changes, and nothing else:
 
-- the addresses. `make run` gets a free port for the web (`WEB_PORT`) and the test
-  servers (`DATABASE_URL`, `CELERY_BROKER_URL`, so it starts none of its own), and the
-  second terminal the same, as the README says to give it; `127.0.0.1:8000` in a command
-  becomes the web's address;
+- the addresses. `make run` gets free ports for the web (`WEB_PORT`) and Flower, and the
+  test servers (`DATABASE_URL`, `CELERY_BROKER_URL`, so it starts none of its own): no
+  address is a default. The second terminal runs the `export` lines the banner printed
+  where the README has its `export URL=...` (the web's address, and the servers'), as the
+  README says to; no other command names an address;
 - the placeholders a person fills in from what came before: `ork_...` is the key
   `create_org` printed, `RUN_ID` the id the POST answered;
 - `make run` is `make install`, then `scripts/run.sh`: the test runs the second
@@ -17,6 +18,9 @@ What the test changes, and nothing else:
 
 The second terminal has no virtualenv on its PATH, no `DJANGO_SETTINGS_MODULE` and a
 HOME of its own, as a new terminal would.
+
+Then the links the server writes itself name the same address (`PUBLIC_BASE_URL`, derived
+from `WEB_PORT`): a webhook's body links its run at the web `make run` started.
 """
 
 from __future__ import annotations
@@ -31,9 +35,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from runs.models import Run
+from tests.http_fixture import HttpServer
 from tests.support import ROOT, Child, child_env, free_port, processes_with_env, wait_until
 
 pytestmark = [
@@ -44,6 +50,8 @@ pytestmark = [
 
 BEGIN, END = "<!-- first-run:", "<!-- /first-run -->"
 DEFAULT_ADDRESS = "127.0.0.1:8000"
+# The README's line that stands for the banner's exports, with make run's defaults.
+URL_EXPORT = f"export URL=http://{DEFAULT_ADDRESS}"
 
 
 def first_run_section() -> str:
@@ -67,13 +75,20 @@ def commands(section: str) -> list[list[str]]:
     ]
 
 
+def banner_exports(output: str) -> list[str]:
+    """The ``export NAME=value`` lines `make run` printed for a second terminal."""
+    banner = output[output.index("In another terminal") :]
+    return re.findall(r"^    (export [A-Z_]+=\S+)$", banner, re.M)
+
+
 class Terminal:
     """The second terminal: each command run by bash in the checkout, with the variables
-    that earlier assignments (``KEY=...``) set, and the placeholders filled in."""
+    that earlier assignments (``KEY=...``, ``export URL=...``) set, and the placeholders
+    filled in."""
 
-    def __init__(self, env: dict[str, str], address: str) -> None:
+    def __init__(self, env: dict[str, str]) -> None:
         self.env = env
-        self.filled = {DEFAULT_ADDRESS: address}
+        self.filled: dict[str, str] = {}
 
     def fill(self, command: str) -> str:
         for placeholder, value in self.filled.items():
@@ -85,7 +100,7 @@ class Terminal:
 
     def run(self, command: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         line = self.fill(command)
-        assignment = re.match(r"([A-Za-z_][A-Za-z0-9_]*)=", line)
+        assignment = re.match(r"(?:export )?([A-Za-z_][A-Za-z0-9_]*)=", line)
         script = f'{line}\nprintf %s "${assignment[1]}"' if assignment else line
         result = subprocess.run(
             ["bash", "-c", script],
@@ -102,7 +117,7 @@ class Terminal:
         return result
 
 
-def second_terminal(home: Path, **addresses: str) -> dict[str, str]:
+def second_terminal(home: Path) -> dict[str, str]:
     venv_bin = os.path.realpath(Path(sys.executable).parent)
     path = [p for p in os.environ["PATH"].split(os.pathsep) if os.path.realpath(p) != venv_bin]
     env = {
@@ -115,7 +130,6 @@ def second_terminal(home: Path, **addresses: str) -> dict[str, str]:
         PATH=os.pathsep.join(path),
         HOME=str(home),
         XDG_CONFIG_HOME=str(home / ".config"),
-        **addresses,
     )
     return env
 
@@ -130,6 +144,9 @@ def test_the_readmes_first_run_works_as_written(
     blocks = commands(section)
     assert blocks[0] == ["make run"], blocks
     second = [command for block in blocks[1:] for command in block]
+    # The address is written once, in the line the banner's exports stand for.
+    assert second[0].split(" # ")[0].strip() == URL_EXPORT, second
+    assert not [command for command in second[1:] if DEFAULT_ADDRESS in command], second
 
     marker = f"ORCH_TEST_MARKER_{uuid.uuid4().hex}"
     data_dir = tmp_path_factory.mktemp("first-run")
@@ -144,17 +161,13 @@ def test_the_readmes_first_run_works_as_written(
         FLOWER_BASIC_AUTH="admin:admin",
         WORKER_CONCURRENCY="1",
         SKIP_DEMO="1",
+        # The webhook's receiver is this test's, on the loopback.
+        HTTP_TOOL_ALLOWED_NETWORKS="127.0.0.1/32",
         **{marker: "1"},
     )
+    stack_env.pop("PUBLIC_BASE_URL", None)  # derived from WEB_PORT, as on a fresh machine
     stack = Child(["bash", str(ROOT / "scripts" / "run.sh")], stack_env, data_dir / "run.log")
-    terminal = Terminal(
-        second_terminal(
-            tmp_path_factory.mktemp("home"),
-            DATABASE_URL=stack_env["DATABASE_URL"],
-            CELERY_BROKER_URL=stack_env["CELERY_BROKER_URL"],
-        ),
-        address,
-    )
+    terminal = Terminal(second_terminal(tmp_path_factory.mktemp("home")))
     try:
         wait_until(
             lambda: "Orchestrator is up." in stack.output() or not stack.alive(),
@@ -163,9 +176,14 @@ def test_the_readmes_first_run_works_as_written(
         )
         assert stack.alive(), stack.output()
 
+        exports = banner_exports(stack.output())
+        assert f"export URL=http://{address}" in exports, stack.output()
         watched = polled = None
         for command in second:
-            if "create_org" in command:
+            if command.startswith(URL_EXPORT):
+                for export in exports:
+                    terminal.run(export)
+            elif "create_org" in command:
                 printed = json.loads(terminal.run(command).stdout)
                 terminal.filled["ork_..."] = printed["api_key"]
             elif "runs submit" in command:
@@ -191,6 +209,7 @@ def test_the_readmes_first_run_works_as_written(
         run_id = found[1]
         assert Run.objects.get(pk=run_id).status == "completed"
         assert Run.objects.get(pk=polled["id"]).name == "hello"
+        assert_webhooks_link_the_run_here(terminal.env["URL"], terminal.filled["ork_..."])
 
         # The run's page, from the README's address, as the admin `make run` printed.
         page = re.search(r"<(http://127\.0\.0\.1:8000/admin/[^>]*)>", section)
@@ -223,3 +242,37 @@ def test_the_readmes_first_run_works_as_written(
         stack.kill_group()
         for pid in processes_with_env(marker):
             os.kill(pid, signal.SIGKILL)
+
+
+def assert_webhooks_link_the_run_here(url: str, key: str) -> None:
+    """A run's webhook, sent by the stack's `webhooks` process, links the run at ``url``:
+    the web `make run` started, whatever its port."""
+    headers = {"Authorization": f"Bearer {key}"}
+    plan = (ROOT / "examples" / "hello.yaml").read_text()
+    with HttpServer() as receiver:
+        receiver.respond("/hook", status=204)
+        hook = httpx.post(
+            f"{url}/api/v1/webhooks",
+            json={"url": f"{receiver.url}/hook", "events": ["run.completed"]},
+            headers=headers,
+            timeout=10,
+        )
+        assert hook.status_code == 201, hook.text
+        created = httpx.post(
+            f"{url}/api/v1/runs",
+            content="start: true\nplan:\n" + "".join(f"  {line}\n" for line in plan.splitlines()),
+            headers={**headers, "Content-Type": "application/yaml"},
+            timeout=10,
+        )
+        assert created.status_code == 201, created.text
+        run_id = created.json()["id"]
+
+        def delivered() -> dict[str, Any] | None:
+            bodies = [request.json() for request in receiver.requests]
+            return next((body for body in bodies if body["run"]["id"] == run_id), None)
+
+        body = wait_until(delivered, timeout=60, what="the run's webhook")
+    assert body["links"]["run"] == f"{url}/api/v1/runs/{run_id}"
+    linked = httpx.get(body["links"]["run"], headers=headers, timeout=10)
+    assert linked.status_code == 200, linked.text
+    assert linked.json()["id"] == run_id

@@ -146,7 +146,7 @@ def test_the_runner_job_is_claimed_by_a_runner_and_completes(
 ) -> None:
     plan = example(
         "runner-job.yaml",
-        ".venv/bin/python -m orchestrator.runner --url http://127.0.0.1:8000 --api-key $KEY "
+        ".venv/bin/python -m orchestrator.runner --url $URL --api-key $KEY "
         "--tags example --command cat",
         ".venv/bin/orch runs submit examples/runner-job.yaml --watch",
     )

@@ -173,13 +173,16 @@ def test_make_run_starts_every_process_healthy_tells_the_truth_and_ctrl_c_exits_
         # The servers' URLs as they can be pasted (these have no password to hide).
         assert banner_line(output, "PostgreSQL") == shared_database_url()
         assert banner_line(output, "Redis broker") == settings.CELERY_BROKER_URL
-        # Not the default servers: a second terminal must export these first.
+        # The web's address as the README's commands take it, and, not the default
+        # servers, what manage.py there needs: a second terminal exports these first.
+        assert f"    export URL={site}\n" in output
         assert f"    export DATABASE_URL={shared_database_url()}\n" in output
         assert f"    export CELERY_BROKER_URL={settings.CELERY_BROKER_URL}\n" in output
         assert "    export DJANGO_SETTINGS_MODULE=config.settings.local\n" in output
         # Commands as they run from a new terminal: with the virtualenv's path.
         assert f"    {venv}/bin/python manage.py create_org NAME " in output
-        assert f"    {venv}/bin/orch login --url {site} --api-key KEY " in output
+        assert f"    {venv}/bin/orch login --url $URL --api-key KEY " in output
+        assert f"    source {venv}/bin/activate " in output  # orch on PATH, as its hints say
         # The demo run's page: the admin's page of that run.
         demo_link = banner_line(output, "Demo run")
         found = re.fullmatch(rf"{re.escape(site)}(/admin/runs/run/([0-9a-f-]+)/change/)", demo_link)

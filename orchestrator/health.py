@@ -1,8 +1,9 @@
 """`GET /healthz`: is every part of the system up?
 
-Database, broker, at least one worker answering a ping, and beat having ticked
-recently. 200 when all are well; 503 naming what is not, so a load balancer or an
-SRE's probe can act on it.
+Database, broker, workers answering that consume every queue the engine's tasks go to
+(runs, steps, sweeps: the `webhooks` process answers too, and runs no step), and beat
+having ticked recently. 200 when all are well; 503 naming what is not, so a load
+balancer or an SRE's probe can act on it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from config.celery import app
+from config.celery import WORKER_QUEUES, app
 from orchestrator.beat import beat_client, beat_last_tick
 
 Check = Callable[[], dict[str, Any]]
@@ -36,12 +37,22 @@ def check_broker() -> dict[str, Any]:
 
 
 def check_workers() -> dict[str, Any]:
-    # limit=1: one answer proves a live worker; waiting for all would cost the full
-    # timeout on every probe.
-    replies = app.control.ping(timeout=settings.HEALTH_WORKER_PING_TIMEOUT, limit=1)
-    workers = sorted(name for reply in replies or [] for name in reply)
+    # Each worker's queues, not a ping: any one answer would do for a ping, the webhooks
+    # sender's too, while no step can run. Every worker is waited for, so a probe takes
+    # HEALTH_WORKER_PING_TIMEOUT.
+    inspect = app.control.inspect(timeout=settings.HEALTH_WORKER_PING_TIMEOUT)
+    replies = inspect.active_queues() or {}
+    workers = sorted(replies)
     if not workers:
-        return {"ok": False, "error": "no worker answered a ping"}
+        return {"ok": False, "error": "no worker answered"}
+    consumed = {queue["name"] for queues in replies.values() for queue in queues or []}
+    missing = [queue for queue in WORKER_QUEUES if queue not in consumed]
+    if missing:
+        return {
+            "ok": False,
+            "workers": workers,
+            "error": f"no worker that answered consumes {', '.join(missing)}",
+        }
     return {"ok": True, "workers": workers}
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -11,6 +14,7 @@ from celery import Celery
 from django.conf import LazySettings as SettingsWrapper
 from django.test import Client
 
+from config.celery import QUEUE_WEBHOOKS
 from orchestrator import health
 from orchestrator.beat import BEAT_TICK_KEY
 from tests.support import Child, child_env, free_port, python_cmd, wait_until
@@ -101,6 +105,86 @@ def test_healthz_is_503_naming_workers_when_none_answers(
 
     assert response.status_code == 503
     assert response.json()["failing"] == ["workers"]
+
+
+@pytest.fixture
+def lone_broker(tmp_path: Path) -> Iterator[str]:
+    """A Redis of its own, for workers the session's worker never hears of (their
+    control messages share no server with it); its URL."""
+    port = free_port()
+    server = subprocess.Popen(
+        ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+         "--appendonly", "no", "--dir", str(tmp_path)],
+        stdout=(tmp_path / "redis.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    client = redis.Redis(port=port, socket_connect_timeout=1)
+
+    def answers() -> bool:
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+
+    try:
+        wait_until(answers, timeout=30, what="the lone Redis to answer")
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        client.close()
+        server.terminate()
+        server.wait(10)
+
+
+def test_healthz_is_503_naming_workers_while_only_the_webhooks_worker_runs(
+    client: Client,
+    broker: redis.Redis[bytes],
+    lone_broker: str,
+    monkeypatch: pytest.MonkeyPatch,
+    settings: SettingsWrapper,
+    tmp_path: Path,
+) -> None:
+    """The `webhooks` process answers a ping as well as any worker, and runs no step:
+    make run's banner waited for it alone and said the stack was up."""
+    broker.set(BEAT_TICK_KEY, repr(time.time()))
+    hostname = f"webhooks-{uuid.uuid4().hex[:8]}@localhost"
+    webhooks = Child(
+        python_cmd(
+            "-m", "celery", "-A", "config", "worker", "--queues", QUEUE_WEBHOOKS,
+            "--pool", "threads", "--hostname", hostname, "--loglevel", "WARNING",
+            "--without-mingle", "--without-gossip",
+        ),
+        child_env(CELERY_BROKER_URL=lone_broker),
+        tmp_path / "webhooks.log",
+    )  # fmt: skip
+    lone = Celery("lone", broker=lone_broker, set_as_current=False)
+    # Celery takes CELERY_BROKER_URL from the environment before its `broker` (this
+    # process's is the session's): the URLs it connects with are given by name.
+    lone.conf.update(
+        broker_transport_options=settings.CELERY_BROKER_TRANSPORT_OPTIONS,
+        broker_read_url=lone_broker,
+        broker_write_url=lone_broker,
+    )
+    try:
+        wait_until(
+            lambda: lone.control.ping(destination=[hostname], timeout=0.5),
+            timeout=60,
+            what="the webhooks worker to answer a ping",
+        )
+        monkeypatch.setattr(health, "app", lone)
+
+        response = client.get("/healthz")
+    finally:
+        webhooks.stop()
+        webhooks.kill_group()
+
+    assert response.status_code == 503
+    body = response.json()
+    assert body["failing"] == ["workers"]
+    workers = body["checks"]["workers"]
+    assert workers["workers"] == [hostname]
+    assert workers["error"] == (
+        "no worker that answered consumes runs.high_priority, runs.normal, steps, sweeps"
+    )
 
 
 def test_healthz_is_503_naming_the_broker_when_redis_is_unreachable(

@@ -9,7 +9,7 @@ from rest_framework.response import Response
 from api.errors import UNKNOWN_ROUTE, JsonErrors, unknown_route
 from orchestrator.dashboard import dashboard_view
 from orchestrator.health import healthz
-from orchestrator.home import home_view
+from orchestrator.home import favicon_view, home_view
 from orchestrator.prometheus import metrics_view
 
 # The admin's index links to the operators' dashboard (its template extends Django's).
@@ -50,6 +50,7 @@ class RedocView(JsonErrors, SpectacularRedocView):
 
 urlpatterns = [
     path("", home_view, name="home"),
+    path("favicon.ico", favicon_view, name="favicon"),
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics_view, name="metrics"),
     # Before the admin's own URLs, which would answer 404 for it. Staff only.

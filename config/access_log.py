@@ -1,4 +1,4 @@
-"""gunicorn's access log (the Procfile's ``--access-logfile -``) without callback tokens.
+"""gunicorn's access log (``accesslog`` in ``config/gunicorn.py``) without callback tokens.
 
 A callback step's URL, ``/api/v1/callbacks/<id>.<secret>``, is a credential: whoever
 holds it ends the step. Every field a line may show (the request line, the path, the

@@ -17,6 +17,7 @@ under `make load`.
 
 from __future__ import annotations
 
+import logging
 import os
 
 worker_class = "gevent"
@@ -33,6 +34,12 @@ graceful_timeout = 5
 # never the side that closes first; an idle connection costs a gevent worker a socket and
 # no greenlet's stack worth speaking of.
 keepalive = int(os.environ.get("WEB_KEEPALIVE_S", "75"))
+# gunicorn's own lines at the processes' level (LOG_LEVEL, as the settings read it), and
+# the access log, a line per request, only where INFO is let through: production's
+# default keeps it, make run's WARNING does not (a request was a line in its terminal).
+loglevel = os.environ.get("LOG_LEVEL", "") or "INFO"
+_level = logging.getLevelNamesMapping().get(loglevel.upper(), logging.INFO)
+accesslog = "-" if _level <= logging.INFO else None
 # The access log writes a callback URL's token (a credential) replaced.
 logger_class = "config.access_log.AccessLogger"
 raw_env = [f"DATABASE_POOL_SIZE={os.environ.get('DATABASE_POOL_SIZE', '10')}"]

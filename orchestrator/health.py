@@ -8,6 +8,7 @@ balancer or an SRE's probe can act on it.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,8 @@ from django.views.decorators.http import require_GET
 
 from config.celery import WORKER_QUEUES, app
 from orchestrator.beat import beat_client, beat_last_tick
+
+logger = logging.getLogger(__name__)
 
 Check = Callable[[], dict[str, Any]]
 
@@ -90,4 +93,11 @@ def healthz(request: HttpRequest) -> JsonResponse:
     checks = run_checks()
     failing = [name for name, result in checks.items() if not result["ok"]]
     body = {"status": "ok" if not failing else "fail", "failing": failing, "checks": checks}
-    return JsonResponse(body, status=200 if not failing else 503)
+    response = JsonResponse(body, status=200 if not failing else 503)
+    if failing:
+        # A probe is asked to find what is down (a start waits on it, a load balancer
+        # acts on it): an answer, not the server's error. One INFO line, not
+        # django.request's ERROR for a 5xx (Django's own mark of a response logged).
+        logger.info("health check failing: %s", ", ".join(failing))
+        response._has_been_logged = True  # type: ignore[attr-defined]
+    return response

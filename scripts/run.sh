@@ -40,6 +40,13 @@ export WEB_CONCURRENCY=${WEB_CONCURRENCY:-1}
 # LOG_FORMAT=json LOG_LEVEL=INFO make run shows what production logs.
 export LOG_FORMAT=${LOG_FORMAT:-text}
 export LOG_LEVEL=${LOG_LEVEL:-WARNING}
+# As root (a container, a VM of one's own), the stack runs as root on purpose: a developer's
+# machine, PostgreSQL already run as its own account, and no pickle accepted (Celery
+# refuses root with it). Celery's warning about a worker as root, at each start of each
+# worker, is silenced; every other warning stays.
+if [ "$(id -u)" = 0 ]; then
+  export PYTHONWARNINGS="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:You're running the worker with superuser privileges"
+fi
 DATA=${DATA_DIR:-.data}
 mkdir -p "$DATA"
 chmod 755 "$DATA"

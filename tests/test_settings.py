@@ -210,6 +210,31 @@ def test_the_public_base_url_follows_the_web_port_unless_set(
     assert result.stdout.strip() == expected
 
 
+def test_the_local_settings_log_text_at_warning_and_a_4xx_once() -> None:
+    """manage.py in a developer's terminal (suspend_org printed a JSON INFO line on
+    stderr beside its JSON) and make run's web (each 4xx printed twice, once by Django's
+    own handler with DEBUG on)."""
+    script = (
+        "import logging; from django.test import Client; "
+        "logging.getLogger('runs.suspension').info('organization suspended'); "
+        "logging.getLogger('runs').warning('a warning'); "
+        "print(Client(HTTP_HOST='localhost').get('/no-such-page').status_code)"
+    )
+    result = run_manage(
+        {"DJANGO_SETTINGS_MODULE": "config.settings.local", "LOG_LEVEL": "", "LOG_FORMAT": ""},
+        "shell",
+        "--verbosity=0",
+        "-c",
+        script,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "404"
+    assert "organization suspended" not in result.stderr
+    assert " WARNING runs a warning" in result.stderr
+    assert result.stderr.count("Not Found: /no-such-page") == 1, result.stderr
+
+
 def test_production_reaches_redis_through_sentinels_and_postgresql_at_several_hosts() -> None:
     env = {
         **PRODUCTION_ENV,

@@ -307,7 +307,13 @@ LOGGING: dict[str, Any] = {
         }
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        # Django's own configuration gives its logger a handler of its own with DEBUG on
+        # (and INFO as level): every 4xx and 5xx was printed twice, once unformatted.
+        # Its records go to the root's handler alone, at the root's level.
+        "django": {"handlers": [], "level": "NOTSET"},
+        "django.db.backends": {"level": "WARNING"},
+    },
 }
 
 # --------------------------------------------------------------------------- traces

@@ -52,6 +52,10 @@ BEGIN, END = "<!-- first-run:", "<!-- /first-run -->"
 DEFAULT_ADDRESS = "127.0.0.1:8000"
 # The README's line that stands for the banner's exports, with make run's defaults.
 URL_EXPORT = f"export URL=http://{DEFAULT_ADDRESS}"
+# What the stack may log after its banner, at make run's level (WARNING), through the
+# whole first run: its requests, runs, webhook and pages. A request was a line (the
+# access log), a 4xx two, each start's not-ready /healthz probes an ERROR each.
+MAX_LINES_AFTER_BANNER = 0
 
 
 def first_run_section() -> str:
@@ -73,6 +77,14 @@ def commands(section: str) -> list[list[str]]:
         ]
         for block in blocks
     ]
+
+
+def after_banner(output: str) -> list[str]:
+    """The lines the stack printed after its banner (which ends with a rule)."""
+    rule = "=" * 80
+    assert rule in output, output
+    tail = output[output.rindex(rule) + len(rule) :]
+    return [line for line in tail.splitlines() if line.strip()]
 
 
 def banner_exports(output: str) -> list[str]:
@@ -229,6 +241,9 @@ def test_the_readmes_first_run_works_as_written(
         link[0].click()
         wait.until(lambda driver: driver.find_elements(By.CSS_SELECTOR, "#run-status.st-completed"))
         browser.save_screenshot(str(screenshots / "first-run.png"))
+
+        logged = after_banner(stack.output())
+        assert len(logged) <= MAX_LINES_AFTER_BANNER, "\n".join(logged)
 
         # Ctrl-C in the first terminal stops everything it started.
         os.killpg(stack.pid, signal.SIGINT)

@@ -169,6 +169,10 @@ def test_make_run_starts_every_process_healthy_tells_the_truth_and_ctrl_c_exits_
         # Readable locally: no JSON log lines, no per-task INFO flood (run.sh's defaults).
         assert '{"ts": ' not in output
         assert "succeeded in" not in output
+        # Run as root on purpose (a container): Celery's warning about it is silenced.
+        assert "superuser privileges" not in output
+        # Probes before the stack is ready are answers, not the server's errors.
+        assert "Service Unavailable: /healthz" not in output
 
         # The servers' URLs as they can be pasted (these have no password to hide).
         assert banner_line(output, "PostgreSQL") == shared_database_url()

@@ -17,6 +17,7 @@ from rest_framework.response import Response
 from api.authentication import client_of
 from api.errors import WRITE_ERRORS, error_responses
 from api.idempotency import idempotent
+from api.parsers import BoundedJSONParser, BoundedYAMLParser
 from api.schema import PlanField
 from api.serializers import (
     InputSerializer,
@@ -69,6 +70,10 @@ class ForkPreviewOutput(serializers.Serializer[Any]):
 
 
 class RunForkApi(ApiView):
+    # An edited plan may be sent as YAML too, as `POST /runs` takes it (the CLI sends a
+    # plan file as it is written).
+    parser_classes = (BoundedJSONParser, BoundedYAMLParser)
+
     @extend_schema(
         tags=[TAG_RUNS],
         operation_id="runs_fork",

@@ -742,7 +742,8 @@ def runs_fork(
             exists=True,
             dir_okay=False,
             readable=True,
-            help="An edited plan (JSON): the steps it reuses must be unchanged.",
+            help="An edited plan, a .json, .yaml or .yml file as `runs submit` takes: the "
+            "steps it reuses must be unchanged.",
         ),
     ] = None,
     variables: Annotated[
@@ -756,7 +757,7 @@ def runs_fork(
 ) -> None:
     """Fork an ended run from a step: what came before it and completed is reused."""
     out = Output(as_json)
-    plan = _json_object(PlanFile.read(plan_file).text, "--plan") if plan_file else None
+    plan = PlanFile.read(plan_file) if plan_file else None
     values = _json_object(variables, "--variables") if variables is not None else None
     with client() as api:
         if dry_run:

@@ -496,38 +496,43 @@ class Client:
         run_id: str,
         from_step: str,
         *,
-        plan: PlanData | None = None,
+        plan: PlanData | PlanFile | None = None,
         variables: Mapping[str, Any] | None = None,
         start: bool = True,
         idempotency_key: str | None = None,
     ) -> RunDetail:
         """A new run of an ended one, run again from ``from_step`` (`agent.task.step`):
-        what came before it and completed is reused. ``plan``: an edited plan."""
-        body = {
-            "from": from_step,
-            "plan": None if plan is None else plan_data(plan),
-            "variables": variables,
-            "start": start,
-        }
+        what came before it and completed is reused. ``plan``: an edited plan, or a plan
+        file as read (``PlanFile.read``), sent as written, JSON or YAML, as ``submit_file``
+        sends it."""
+        fields = {"from": from_step, "variables": variables, "start": start}
+        return cast(RunDetail, self._post_fork(run_id, plan, fields, idempotency_key))
+
+    def _post_fork(
+        self,
+        run_id: str,
+        plan: PlanData | PlanFile | None,
+        fields: dict[str, Any],
+        idempotency_key: str | None,
+    ) -> Any:
         path = f"runs/{_id(run_id)}/fork"
-        return cast(RunDetail, self._post(path, body, idempotency_key=idempotency_key))
+        if isinstance(plan, PlanFile):
+            given = {name: value for name, value in fields.items() if value is not None}
+            return self._post_plan_text(path, plan.text, plan.format, given, idempotency_key)
+        body = {**fields, "plan": None if plan is None else plan_data(plan)}
+        return self._post(path, body, idempotency_key=idempotency_key)
 
     def fork_preview(
         self,
         run_id: str,
         from_step: str,
         *,
-        plan: PlanData | None = None,
+        plan: PlanData | PlanFile | None = None,
         variables: Mapping[str, Any] | None = None,
     ) -> ForkPreview:
         """What ``fork_run`` would reuse, run and reserve (a dry run: nothing created)."""
-        body = {
-            "from": from_step,
-            "plan": None if plan is None else plan_data(plan),
-            "variables": variables,
-            "dry_run": True,
-        }
-        return cast(ForkPreview, self._post(f"runs/{_id(run_id)}/fork", body))
+        fields = {"from": from_step, "variables": variables, "dry_run": True}
+        return cast(ForkPreview, self._post_fork(run_id, plan, fields, None))
 
     def invalidate_cache(self, key: str) -> int:
         """Drop the organization's step cache entries of ``key``; how many there were."""

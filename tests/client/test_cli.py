@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from orchestrator_client import Client
 from runs.models import Run
@@ -303,6 +304,27 @@ def test_every_command_prints_json_for_scripts(orch: Orch, client: Client, tmp_p
     assert "grant" in text_ledger.stdout
     assert run["id"] in text_ls.stdout
     assert "status    cancelled" in text_show.stdout
+
+
+def test_a_run_is_forked_with_an_edited_plan_read_from_yaml_as_submit_reads_it(
+    orch: Orch, tenant: Tenant, tmp_path: Path
+) -> None:
+    """`--plan` took JSON only (`not JSON: Expecting value`) while `runs submit` takes YAML."""
+    failed = states.failed(tenant.organization)
+    plan = Run.objects.get(pk=failed.pk).plan
+    plan["agents"][0]["tasks"][0]["steps"][1]["params"] = {"text": "edited in YAML"}
+    edited = write(tmp_path / "edited.yaml", yaml.safe_dump(plan, sort_keys=False))
+
+    preview = orch.json("runs", "fork", str(failed.pk), "--from", "agent-0.task-0.step-1",
+                        "--plan", edited, "--dry-run")  # fmt: skip
+    forked = orch.json("runs", "fork", str(failed.pk), "--from", "agent-0.task-0.step-1",
+                       "--plan", edited, "--no-start")  # fmt: skip
+
+    assert preview["run"] == ["agent-0.task-0.step-0", "agent-0.task-0.step-1"]  # none completed
+    assert forked["status"] == "created"
+    assert forked["forked_from"] == {"run": str(failed.pk), "step": "agent-0.task-0.step-1"}
+    fork_plan = Run.objects.get(pk=forked["id"]).plan
+    assert fork_plan["agents"][0]["tasks"][0]["steps"][1]["params"] == {"text": "edited in YAML"}
 
 
 def test_a_failed_run_is_forked_dry_and_retried_reusing_what_completed(

@@ -28,10 +28,13 @@ class InsufficientScope(APIException):
     default_code = "insufficient_scope"
 
     def __init__(self, scope: str, required: tuple[str, ...], route: str) -> None:
-        self.details = {"scope": scope, "required": list(required)}
+        # The scopes' values, as a key's `scope` is written: a member's repr
+        # (`ApiKeyScope.FULL`) is Python's, not the API's.
+        names = [str(getattr(name, "value", name)) for name in (scope, *required)]
+        self.details = {"scope": names[0], "required": names[1:]}
         super().__init__(
-            f"this API key's scope is {scope!r}; {route} needs a key with scope "
-            f"{' or '.join(repr(r) for r in required)}"
+            f"this API key's scope is '{names[0]}'; {route} needs a key with scope "
+            f"{' or '.join(repr(name) for name in names[1:])}"
         )
 
 

@@ -145,3 +145,15 @@ def test_without_a_key_it_is_still_401_not_403(tenant: Tenant) -> None:
 def test_an_unknown_scope_is_refused_by_the_service(tenant: Tenant) -> None:
     with pytest.raises(ValueError, match="unknown scope"):
         api_key_create(organization=tenant.organization, scope="admin")
+
+
+def test_a_refused_scope_is_named_by_its_value_not_a_python_repr(tenant: Tenant) -> None:
+    """A read key's POST was told `needs a key with scope ApiKeyScope.FULL`."""
+    response = call(client_with(tenant, ApiKeyScope.READ), "post", "/api/v1/runs")
+
+    assert response.status_code == 403
+    body = response.json()
+    assert body["message"] == (
+        "this API key's scope is 'read'; POST /api/v1/runs needs a key with scope 'full'"
+    )
+    assert body["details"] == {"scope": "read", "required": ["full"]}

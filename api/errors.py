@@ -24,7 +24,6 @@ from django.http import (
     HttpRequest,
     HttpResponse,
     HttpResponsePermanentRedirect,
-    JsonResponse,
 )
 from django.urls import Resolver404, resolve
 from django.views import defaults
@@ -97,6 +96,14 @@ class ErrorOutput(serializers.Serializer[Any]):
 
 def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
     return {"code": code, "message": message, "details": details}
+
+
+def error_response(status: int, code: str, message: str) -> HttpResponse:
+    """An error answered outside DRF (a path no route matches, Django's 404 and 500),
+    rendered by DRF's renderer as every other error body: the same bytes, not
+    JsonResponse's spacing."""
+    content = JSONRenderer().render(error_body(code, message))
+    return HttpResponse(content, status=status, content_type=JSONRenderer.media_type)
 
 
 # --------------------------------------------------------------------------- domain errors
@@ -301,7 +308,7 @@ def unknown_route(request: HttpRequest) -> HttpResponse:
             match = None
         if match is not None and match.url_name != UNKNOWN_ROUTE:
             return HttpResponsePermanentRedirect(request.get_full_path(force_append_slash=True))
-    return JsonResponse(error_body("not_found", "not found"), status=404)
+    return error_response(404, "not_found", "not found")
 
 
 class JsonErrors(APIView):
@@ -324,13 +331,13 @@ def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
     """handler404: JSON under /api/ (an Http404 raised outside DRF, with DEBUG off),
     Django's page elsewhere."""
     if request.path.startswith(API_PREFIX):
-        return JsonResponse(error_body("not_found", "not found"), status=404)
+        return error_response(404, "not_found", "not found")
     return defaults.page_not_found(request, exception)
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
     if request.path.startswith(API_PREFIX):
-        return JsonResponse(error_body("internal_error", "internal server error"), status=500)
+        return error_response(500, "internal_error", "internal server error")
     return defaults.server_error(request)
 
 

@@ -63,6 +63,16 @@ def test_an_unknown_api_path_is_a_json_404_with_or_without_debug(
     assert body == {"code": "not_found", "message": "not found", "details": None}
 
 
+def test_a_404_body_is_written_as_every_other_error_body(tenant: Tenant, debug: bool) -> None:
+    """A path no route matches was answered by JsonResponse, spaced unlike the API's."""
+    unknown_path = tenant.client.get("/api/v1/hooks")
+    unknown_run = tenant.client.get(f"/api/v1/runs/{RUN_ID}")
+
+    assert unknown_run.status_code == unknown_path.status_code == 404
+    assert unknown_path.content == unknown_run.content
+    assert unknown_path.content == b'{"code":"not_found","message":"not found","details":null}'
+
+
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("path", ["/api/v1/hooks", "/api/v1/runs/", "/api/v1/runs/x/y"])
 def test_every_method_on_an_unknown_api_path_is_a_json_404(

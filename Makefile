@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 export VENV
 
-.PHONY: install run test bench profile profile-api capacity chaos chaos-net load cluster cluster-down lint format typecheck clean
+.PHONY: install run test test-quick bench profile profile-api capacity chaos chaos-net load cluster cluster-down lint format typecheck clean
 
 install:
 	@scripts/bootstrap.sh
@@ -18,6 +18,12 @@ run: install  ## start PostgreSQL, Redis, web, worker, webhooks, beat and Flower
 test: export WITH_BROWSER := 1
 test: install  ## throwaway PostgreSQL and Redis, then ruff, mypy and pytest
 	@scripts/test.sh $(PYTEST_ARGS)
+
+# A few tests while working on them: the same throwaway servers, pytest alone (no ruff,
+# mypy or import contracts, which make test runs first).
+test-quick: export WITH_BROWSER := 1
+test-quick: install  ## throwaway PostgreSQL and Redis, then pytest alone (PYTEST_ARGS="tests/x.py -x")
+	@PYTEST_ONLY=1 scripts/test.sh $(PYTEST_ARGS)
 
 bench: install  ## engine vs raw Celery on throwaway servers (BENCH_JSON=path for JSON)
 	@scripts/bench.sh

@@ -23,7 +23,8 @@ export DATABASE_URL CELERY_BROKER_URL
 export DJANGO_SETTINGS_MODULE=config.settings.test
 unset CELERY_RESULT_BACKEND
 
-# PYTEST_ONLY=1: skip the linters (a developer iterating on a few tests); CI never sets it.
+# PYTEST_ONLY=1 (make test-quick): skip the linters, for a developer iterating on a few
+# tests; CI never sets it.
 if [ "${PYTEST_ONLY:-0}" != 1 ]; then
   echo "==> ruff"
   ruff check .

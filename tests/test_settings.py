@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import runpy
 import subprocess
 import sys
 
@@ -233,6 +234,22 @@ def test_the_local_settings_log_text_at_warning_and_a_4xx_once() -> None:
     assert "organization suspended" not in result.stderr
     assert " WARNING runs a warning" in result.stderr
     assert result.stderr.count("Not Found: /no-such-page") == 1, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("level", "accesslog"),
+    [("", "-"), ("INFO", "-"), ("debug", "-"), ("WARNING", None), ("ERROR", None)],
+)
+def test_gunicorns_access_log_is_written_only_where_the_level_lets_info_through(
+    monkeypatch: pytest.MonkeyPatch, level: str, accesslog: str | None
+) -> None:
+    """Production's INFO keeps a line per request; make run's WARNING printed one too."""
+    monkeypatch.setenv("LOG_LEVEL", level)
+
+    loaded = runpy.run_path(str(ROOT / "config" / "gunicorn.py"))
+
+    assert loaded["accesslog"] == accesslog
+    assert loaded["loglevel"] == (level or "INFO")
 
 
 def test_production_reaches_redis_through_sentinels_and_postgresql_at_several_hosts() -> None:

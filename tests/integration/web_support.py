@@ -4,6 +4,7 @@ port, against the test database and Redis."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,7 +26,9 @@ def gunicorn(log: Path, *, workers: int = 1, **env: str) -> Iterator[str]:
             "--bind", f"127.0.0.1:{port}",
             "--workers", str(workers),
         ),
-        child_env(**env),
+        # At the test settings' level (WARNING): gunicorn's access log, a line per
+        # request, is written only at INFO (config/gunicorn.py).
+        child_env(**{"LOG_LEVEL": os.environ.get("LOG_LEVEL") or "WARNING", **env}),
         log,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"

@@ -902,11 +902,14 @@ def wait_for_worker(stack: Stack, api_key: str) -> None:
     catalogue, which the worker_tool runs' plans are checked against."""
 
     def online() -> bool:
-        answer = httpx.get(
-            f"{stack.base_url}/api/v1/tools/chaos.effect",
-            headers={"Authorization": f"Bearer {api_key}"},
-            timeout=5,
-        )
+        try:
+            answer = httpx.get(
+                f"{stack.base_url}/api/v1/tools/chaos.effect",
+                headers={"Authorization": f"Bearer {api_key}"},
+                timeout=5,
+            )
+        except httpx.TransportError:
+            return False  # a web still starting on a loaded machine: asked again
         return answer.status_code == 200 and bool(answer.json()["offered_by"])
 
     wait_for(online, 60, "the orch worker to register")

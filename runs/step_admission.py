@@ -59,8 +59,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import BigIntegerField, Count, DateTimeField, F, Q, QuerySet, Value
-from django.db.models.functions import Cast, Extract, Greatest
+from django.db.models import Count, F, Q, QuerySet
 
 from billing import quotas
 from billing.models import Organization
@@ -75,7 +74,7 @@ from runs.models import Run, Step, Task
 from runs.outbox import Outbox, StepMessage, asleep
 from runs.plan import Plan, PlanError
 from runs.states import STEP_OPEN, RunStatus, StepStatus
-from runs.transitions import lock_gate, transition_locked
+from runs.transitions import lasted, lock_gate, transition_locked
 
 WAITING_PREFIX = "rate_limited:"
 TIMER = "timer"  # the waiting_reason of a wait step parked until its wake time
@@ -592,12 +591,9 @@ def release_run(run: Run, *, paused: bool = False) -> None:
     if paused:
         # What each parked step has waited until the pause: the claim that ends its wait
         # counts only from the resume (its row's status_changed_at).
-        paused_at = Value(run.status_changed_at, output_field=DateTimeField())
-        waited = Cast(
-            Extract(paused_at - F("status_changed_at"), "epoch") * 1000, BigIntegerField()
-        )
+        waited = lasted(run.status_changed_at, "status_changed_at", "status_changed_at")
         Step.objects.filter(run=run, status=StepStatus.PENDING).exclude(waiting_reason="").update(
-            waited_ms=F("waited_ms") + Greatest(waited, 0)
+            waited_ms=F("waited_ms") + waited
         )
     else:
         Step.objects.filter(run=run, waiting_reason=TIMER).update(

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 from uuid import UUID
 
@@ -37,7 +37,6 @@ from runs.models import Agent, EventKind, Run, RunEvent, Step, Task
 from runs.states import TERMINAL, InvalidTransition, check_transition, is_allowed
 
 Entity = TypeVar("Entity", Run, Agent, Task, Step)
-MILLISECOND = timedelta(milliseconds=1)
 # Rows written by one UPDATE of transition_many (a run's widest task holds 5,000 steps).
 UPDATE_BATCH = 5_000
 
@@ -86,27 +85,41 @@ def _apply(obj: Run | Agent | Task | Step, entity: str, to_status: str, now: dat
         fields.append("started_at")
     if to_status in TERMINAL[entity]:
         obj.completed_at = now
-        # engine.duration_ms's rule (runs/engine/sql/duration_ms.sql), in exact integers.
-        begin = obj.started_at or obj.created_at
-        obj.duration_ms = max(0, (now - begin) // MILLISECOND)
+        # Written by the database's one rule (runs/engine/sql/duration_ms.sql); the
+        # caller's copy reads it back when asked for (``_written_back``).
+        obj.duration_ms = lasted(now)
         fields += ["completed_at", "duration_ms"]
     return fields
 
 
+def lasted(now: Any, since: str = "started_at", created: str = "created_at") -> models.Expression:
+    """How long a row's state lasted when it ends at ``now`` (a moment, or an expression
+    of one), in whole milliseconds: engine.duration_ms of the row's columns ``since``
+    (``created`` when that is unset) as they were before the UPDATE that writes it."""
+    moment = now if isinstance(now, models.Expression) else Value(now)
+    return Func(
+        moment,
+        F(since),
+        F(created),
+        function="engine.duration_ms",
+        output_field=models.BigIntegerField(),
+    )
+
+
+def _written_back(obj: Run | Agent | Task | Step) -> None:
+    """A field saved as an expression of the row (``lasted``) is read back from the
+    row when the caller asks for it, as a deferred field is, never kept as the
+    expression."""
+    if isinstance(obj.__dict__.get("duration_ms"), models.Expression):
+        del obj.__dict__["duration_ms"]
+
+
 # What transition_many writes for a field _apply gave its rows different values: the
 # rule that gave each row its own, as an expression of the row's columns before the
-# UPDATE (set where unset; how long the state lasted).
+# UPDATE (set where unset).
 def _per_row(name: str, now: datetime) -> models.Expression:
     if name in ("started_at", "picked_up_at"):
         return Coalesce(F(name), Value(now))
-    if name == "duration_ms":
-        return Func(
-            Value(now),
-            F("started_at"),
-            F("created_at"),
-            function="engine.duration_ms",
-            output_field=models.BigIntegerField(),
-        )
     raise ValueError(f"transition_many has no rule for {name!r} differing between rows")
 
 
@@ -238,6 +251,7 @@ def transition_locked(
         setattr(obj, name, value)
         fields.append(name)
     obj.save(update_fields=fields)
+    _written_back(obj)
     event = _event(
         obj, entity, from_status, to_status, actor=actor, message=message, payload=payload
     )
@@ -298,6 +312,8 @@ def transition_many(
         for first in range(0, len(locked), UPDATE_BATCH):
             batch = [obj.pk for obj in locked[first : first + UPDATE_BATCH]]
             model.objects.filter(pk__in=batch).update(**written)
+        for obj in locked:
+            _written_back(obj)
         RunEvent.objects.bulk_create(events, batch_size=500)
         for run_id in {event.run_id for event in events}:
             eventstreams.events_written(run_id)

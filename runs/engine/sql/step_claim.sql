@@ -132,8 +132,7 @@ BEGIN
                 started_at = CASE WHEN s.waiting_reason <> '' THEN p_now
                                   ELSE COALESCE(s.started_at, p_now) END,
                 waited_ms = s.waited_ms + CASE WHEN s.waiting_reason <> '' THEN
-                    GREATEST(0, floor(EXTRACT(EPOCH FROM (p_now - s.status_changed_at))
-                                      * 1000))::bigint
+                    engine.duration_ms(p_now, s.status_changed_at, s.status_changed_at)
                     ELSE 0 END,
                 status_changed_at = p_now,
                 lease_expires_at = p_now + make_interval(secs => p_lease),

@@ -35,7 +35,7 @@ from django.utils import timezone
 from billing.models import Organization
 from billing.services import InsufficientCredits, credits_reserve_more
 from runs import services
-from runs.engine.dispatch import dispatch_agents
+from runs.engine.dispatch import dispatch
 from runs.engine.policy import replan_limits
 from runs.engine.propagation import finish_if_done
 from runs.materialize import add_agents, wiring
@@ -281,7 +281,7 @@ def _spawn(run: Run, replan: Replan, proposal: list[dict[str, Any]], now: dateti
     if run.status == RunStatus.WAITING_APPROVAL:
         # Approvals are no longer all it waits for.
         run = transition(Run, run.pk, RunStatus.RUNNING, actor="engine", message="re-planned").obj
-    dispatch_agents(run, Outbox())
+    dispatch(run, run, Outbox())
 
 
 def _wire(

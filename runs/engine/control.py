@@ -12,13 +12,7 @@ from django.utils import timezone
 from billing.models import Organization
 from common import logcontext, tracing
 from runs import admission, services
-from runs.engine.dispatch import (
-    dispatch_agents,
-    dispatch_steps,
-    dispatch_tasks,
-    step_timeout_s,
-    update_waiting_state,
-)
+from runs.engine.dispatch import dispatch, step_timeout_s, update_waiting_state
 from runs.engine.failure import held_failure, run_failed
 from runs.engine.policy import escalation_held
 from runs.engine.propagation import finish_if_done
@@ -147,14 +141,14 @@ def redispatch(run: Run, now: datetime) -> None:
         outbox.add(
             StepMessage(step.pk, str(run.pk), run.priority, step_timeout_s(step), max(wait, 0.0))
         )
-    dispatch_agents(run, outbox)
+    dispatch(run, run, outbox)
     for agent in Agent.objects.filter(
         run=run, attempt_number=run.attempt_number, status=NodeStatus.RUNNING
-    ):
-        dispatch_tasks(run, agent, outbox)
+    ).only("pk"):
+        dispatch(run, agent, outbox)
     for task in Task.objects.filter(
         run=run, attempt_number=run.attempt_number, status=NodeStatus.RUNNING
-    ):
-        dispatch_steps(run, task, outbox)
+    ).only("pk"):
+        dispatch(run, task, outbox)
     update_waiting_state(run)
     finish_if_done(run)

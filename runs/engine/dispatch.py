@@ -1,8 +1,10 @@
 """Dispatch: which children are ready to start, within each parent's concurrency limit.
 
-Agents and tasks become RUNNING in the same transaction; steps are marked dispatched and
-their messages put in the outbox (published after commit). An approval step is never
-sent to a worker: it waits for a decision (``runs.approvals``)."""
+The rule is the database's (``engine.agents_dispatch``, ``engine.tasks_dispatch``,
+``engine.steps_dispatch``, each level's free places by ``engine.free_places``): agents
+and tasks become RUNNING in the caller's transaction, steps are marked dispatched, and
+here their messages are put in the outbox (published after commit). An approval step is
+never sent to a worker: it waits for a decision (``runs.approvals``)."""
 
 from __future__ import annotations
 
@@ -15,10 +17,11 @@ from django.db.models import F
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from common import eventstreams
 from runs.models import Agent, Run, Step, Task
 from runs.outbox import Outbox, StepMessage, asleep
-from runs.states import NodeStatus, RunStatus, StepStatus
-from runs.transitions import transition, transition_many
+from runs.states import RunStatus, StepStatus
+from runs.transitions import transition
 
 
 def rearm(step_id: int) -> float | None:
@@ -120,100 +123,27 @@ def step_from_row(values: dict[str, Any]) -> Step:
     return Step.from_db("default", names, [values[name] for name in names])
 
 
-def dispatch_agents(run: Run, outbox: Outbox) -> None:
-    if run.status != RunStatus.RUNNING:
-        return
-    free = run.max_agents - run.active_children
-    if free <= 0:
-        return
-    ready = list(
-        Agent.objects.filter(
-            run=run,
-            attempt_number=run.attempt_number,
-            status=NodeStatus.PENDING,
-            pending_dependencies=0,
-            dispatched_at__isnull=True,
-        ).order_by("position")[:free]
-    )
-    now = timezone.now()
-    for agent in ready:
-        agent = transition(
-            Agent, agent.pk, NodeStatus.RUNNING, updates={"dispatched_at": now}, now=now
-        ).obj
-        run.active_children += 1
-        Run.objects.filter(pk=run.pk).update(active_children=F("active_children") + 1)
-        dispatch_tasks(run, agent, outbox)
+# Each level's dispatch, in the database (runs/engine/sql/*_dispatch.sql): its ready
+# children started within its free places (engine.free_places), down to their steps.
+_DISPATCH_SQL: dict[type[Run | Agent | Task], str] = {
+    Run: "SELECT * FROM engine.agents_dispatch(%s, %s)",
+    Agent: "SELECT * FROM engine.tasks_dispatch(%s, %s)",
+    Task: "SELECT * FROM engine.steps_dispatch(%s, %s)",
+}
+# The columns of a step dispatched, as ``step_from_row`` takes them.
+DISPATCHED = ("id", "tool", "timeout_ms", "run_id", "attempt_number", "status")
 
 
-def dispatch_tasks(run: Run, agent: Agent, outbox: Outbox) -> None:
-    if run.status != RunStatus.RUNNING or agent.status != NodeStatus.RUNNING:
-        return
-    free = agent.max_concurrent_tasks - agent.active_children
-    if free <= 0:
-        return
-    ready = list(
-        Task.objects.filter(
-            agent=agent,
-            generation=agent.retry_count,
-            status=NodeStatus.PENDING,
-            pending_dependencies=0,
-            dispatched_at__isnull=True,
-        ).order_by("position")[:free]
-    )
-    if not ready:
-        return
-    now = timezone.now()
-    started = transition_many(
-        Task,
-        Task.objects.filter(pk__in=[task.pk for task in ready]),
-        NodeStatus.RUNNING,
-        from_states=[NodeStatus.PENDING],
-        updates={"dispatched_at": now},
-        now=now,
-    )
-    agent.active_children += len(started)
-    Agent.objects.filter(pk=agent.pk).update(active_children=F("active_children") + len(started))
-    for task in sorted(started, key=lambda t: t.position):
-        dispatch_steps(run, task, outbox)
-
-
-_DISPATCH_STEPS_SQL = """
-WITH ready AS (
-    SELECT id FROM runs_step
-    WHERE task_id = %(task)s AND generation = %(generation)s AND status = 'pending'
-      AND pending_dependencies = 0 AND dispatched_at IS NULL
-    ORDER BY position
-    LIMIT %(limit)s
-)
-UPDATE runs_step AS s SET dispatched_at = %(now)s
-FROM ready WHERE s.id = ready.id
-RETURNING s.id, s.tool, s.timeout_ms, s.run_id, s.attempt_number, s.status, s.reused_from
-"""
-
-
-def dispatch_steps(run: Run, task: Task, outbox: Outbox) -> None:
-    """Publish the task's ready steps, up to its concurrency limit."""
-    if run.status != RunStatus.RUNNING or task.status != NodeStatus.RUNNING:
-        return
-    free = task.max_concurrent_steps - task.active_children
-    if free <= 0:
-        return
+def dispatch(run: Run, parent: Run | Agent | Task, outbox: Outbox) -> None:
+    """The parent's ready children started, within its concurrency limit, and theirs
+    below them down to the steps (one call of the level's function), for a parent and a
+    run both RUNNING; the steps dispatched announced (``announce``)."""
     now = timezone.now()
     with connection.cursor() as cursor:
-        # Pick the next ready steps and mark them dispatched, in one statement.
-        cursor.execute(
-            _DISPATCH_STEPS_SQL,
-            {"task": task.pk, "generation": task.retry_count, "limit": free, "now": now},
-        )
-        columns = ["id", "tool", "timeout_ms", "run_id", "attempt_number", "status", "reused_from"]
-        ready = [step_from_row(dict(zip(columns, row, strict=True))) for row in cursor.fetchall()]
-
-    if not ready:
-        return
-
-    task.active_children += len(ready)
-    Task.objects.filter(pk=task.pk).update(active_children=F("active_children") + len(ready))
-    announce(run, ready, now, outbox)
+        cursor.execute(_DISPATCH_SQL[type(parent)], [parent.pk, now])
+        rows = cursor.fetchall()
+    eventstreams.events_written(run.pk)  # the function's events bypass runs.transitions
+    announce(run, [step_from_row(dict(zip(DISPATCHED, row, strict=True))) for row in rows], outbox)
 
 
 def place_freed(run_id: Any, task_id: int) -> None:
@@ -221,39 +151,23 @@ def place_freed(run_id: Any, task_id: int) -> None:
     back (``runs.step_admission``): the task's next ready steps take it, in the park's
     transaction (which holds the run's gate shared and the task's row)."""
     run = Run.objects.only("pk", "status", "priority", "waiting_approvals").get(pk=run_id)
-    fields = ("pk", "status", "max_concurrent_steps", "active_children", "retry_count")
-    task = Task.objects.only(*fields).get(pk=task_id)
-    dispatch_steps(run, task, Outbox())
+    dispatch(run, Task(pk=task_id), Outbox())
 
 
-def announce(run: Run, ready: list[Step], now: datetime, outbox: Outbox) -> None:
-    """Steps just marked dispatched (and counted in their task): an approval step waits
-    for a decision, every other step gets its message."""
-    approvals = [step for step in ready if waits_for_a_person(step)]
+def announce(run: Run, ready: list[Step], outbox: Outbox) -> None:
+    """Steps just dispatched (and counted in their task): an approval step waits for a
+    decision (moved to WAITING_APPROVAL by the dispatch: the run may wait now), every
+    other step gets its message."""
+    approvals = sum(1 for step in ready if step.status == StepStatus.WAITING_APPROVAL)
+    announce_steps(
+        str(run.pk),
+        run.priority,
+        [step for step in ready if step.status != StepStatus.WAITING_APPROVAL],
+        outbox,
+    )
     if approvals:
-        # Never executed by a worker: the step waits for approve() or reject().
-        transition_many(
-            Step,
-            Step.objects.filter(pk__in=[step.pk for step in approvals]),
-            StepStatus.WAITING_APPROVAL,
-            from_states=[StepStatus.PENDING],
-            message="waiting for approval",
-            now=now,
-        )
-        run.waiting_approvals += len(approvals)
-        Run.objects.filter(pk=run.pk).update(
-            waiting_approvals=F("waiting_approvals") + len(approvals)
-        )
-    others = [step for step in ready if step not in approvals]
-    announce_steps(str(run.pk), run.priority, others, outbox)
-    if approvals:
+        run.waiting_approvals += approvals
         update_waiting_state(run)
-
-
-def waits_for_a_person(step: Step) -> bool:
-    """An approval step, unless it reuses an earlier decision (runs.reuse): that one goes
-    to a worker, which completes it with the decision's output."""
-    return step.tool == "approval" and not step.reused_from
 
 
 def announce_steps(run_id: str, priority: int, ready: list[Step], outbox: Outbox) -> None:
@@ -285,10 +199,8 @@ def update_waiting_state(run: Run) -> None:
 
 
 def dispatch_children(run: Run, parent: Run | Agent | Task, outbox: Outbox) -> None:
-    if isinstance(parent, Run):
-        dispatch_agents(run, outbox)
-    elif isinstance(parent, Agent):
-        dispatch_tasks(run, parent, outbox)
-    else:
-        dispatch_steps(run, parent, outbox)
+    """``dispatch``, and for a task the run's waiting state looked at again (RUNNING <->
+    WAITING_APPROVAL: a task's step may have been what the run was waiting on)."""
+    dispatch(run, parent, outbox)
+    if isinstance(parent, Task):
         update_waiting_state(run)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.db.models import F
 from django.utils import timezone
 
-from runs.engine.dispatch import dispatch_steps, step_timeout_s
+from runs.engine.dispatch import dispatch, step_timeout_s
 from runs.engine.failure import Failure, child_failed
 from runs.engine.propagation import child_done
 from runs.materialize import add_handler_rows
@@ -29,7 +29,7 @@ def handler_finished(run: Run, task: Task, handler: Step, outbox: Outbox) -> Non
             Step.objects.filter(handler_for=original, name__in=handler.dependents).update(
                 pending_dependencies=F("pending_dependencies") - 1
             )
-            dispatch_steps(run, task, outbox)
+            dispatch(run, task, outbox)
             return
         Step.objects.filter(pk=original.pk).update(handled=True)
         original.handled = True
@@ -105,5 +105,5 @@ def release_callback_handlers(run: Run, step_id: int, outbox: Outbox) -> int:
         return 0
     Step.objects.filter(pk=first.pk).update(pending_dependencies=F("pending_dependencies") - 1)
     if run.status == RunStatus.RUNNING:
-        dispatch_steps(run, Task.objects.get(pk=step.task_id), outbox)
+        dispatch(run, Task(pk=step.task_id), outbox)
     return 1

@@ -27,6 +27,7 @@ from typing import Any
 from django.db import connection
 
 from billing.services import to_credits
+from runs.engine.dispatch import DISPATCHED
 from runs.fairness import Choice
 from runs.models import Run
 from runs.states import is_allowed
@@ -40,8 +41,6 @@ _COMPLETE_SQL = (
     "%(cost)s, %(cost_text)s, %(amount)s, %(claim)s, %(worker)s, %(task_id)s, %(lease)s, "
     "%(choose)s, %(me)s, %(full)s::uuid[], %(skip)s::uuid[], %(held)s, %(batch)s)"
 )
-# The columns of a step dispatched, as ``dispatch.step_from_row`` takes them.
-_DISPATCHED = ("id", "tool", "timeout_ms", "run_id", "attempt_number", "status")
 
 
 @dataclass(frozen=True)
@@ -179,7 +178,7 @@ def complete(
     after = Next(claimed, chosen, tuple(batch[1:]), bool(recorded), waited)
     if not recorded:
         return None, after
-    dispatched = [dict(zip(_DISPATCHED, row[3:9], strict=True)) for row in recorded if row[3]]
+    dispatched = [dict(zip(DISPATCHED, row[3:9], strict=True)) for row in recorded if row[3]]
     shape = recorded[0][0]
     return Completed(dispatched, int(recorded[0][1]), shape == "last_in_run"), after
 
@@ -201,7 +200,5 @@ def start(run: Run, now: datetime) -> Started | None:
         rows = cursor.fetchall()
     if not rows:
         return None
-    dispatched = [
-        dict(zip(_DISPATCHED, row[1:], strict=True)) for row in rows if row[1] is not None
-    ]
+    dispatched = [dict(zip(DISPATCHED, row[1:], strict=True)) for row in rows if row[1] is not None]
     return Started(int(rows[0][0]), dispatched)

@@ -27,7 +27,7 @@ from billing.services import credits_reserve, to_credits
 from common import eventstreams, tracing
 from runs import admission, services
 from runs.engine import hotpath
-from runs.engine.dispatch import announce, dispatch_agents, step_from_row
+from runs.engine.dispatch import announce, dispatch, step_from_row
 from runs.engine.propagation import finish_if_done
 from runs.models import Run, RunAttempt
 from runs.outbox import Outbox, RunMessage, enqueue_run_message
@@ -116,10 +116,9 @@ def begin(run: Run, plan: Plan, actor: str, attempt: RunAttempt | None = None) -
     now = timezone.now()
     started = hotpath.start(run, now)
     if started is None:
-        dispatch_agents(run, Outbox())
+        dispatch(run, run, Outbox())
     else:
-        run.active_children += started.agents
-        announce(run, [step_from_row(row) for row in started.dispatched], now, Outbox())
+        announce(run, [step_from_row(row) for row in started.dispatched], Outbox())
     finish_if_done(run)
     if run.open_children == 0:
         run.refresh_from_db()  # nothing to do: completed as it started

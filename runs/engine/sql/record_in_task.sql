@@ -39,7 +39,7 @@ DECLARE
     v_held bigint;
 BEGIN
     -- Read before anything is written: the task, with the slots the step frees...
-    SELECT t.retry_count, GREATEST(t.max_concurrent_steps - (t.active_children - 1), 0),
+    SELECT t.retry_count, engine.free_places(t.max_concurrent_steps, t.active_children - 1),
            s.dependents, s.run_id, s.attempt_number
       INTO v_generation, v_free, v_dependents, v_run, v_attempt_number
       FROM runs_task AS t JOIN runs_step AS s ON s.task_id = t.id

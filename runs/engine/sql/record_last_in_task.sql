@@ -50,7 +50,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    SELECT a.retry_count, GREATEST(a.max_concurrent_tasks - (a.active_children - 1), 0)
+    SELECT a.retry_count, engine.free_places(a.max_concurrent_tasks, a.active_children - 1)
       INTO v_agent_generation, v_free
       FROM runs_agent AS a
      WHERE a.id = p_agent AND a.status = 'running' AND a.open_children > 1;
@@ -94,7 +94,7 @@ BEGIN
             AND s.status = 'pending' AND s.pending_dependencies = 0
             AND s.dispatched_at IS NULL
           ORDER BY s.position
-          LIMIT GREATEST(tk.max_concurrent_steps - tk.active_children, 0)
+          LIMIT engine.free_places(tk.max_concurrent_steps, tk.active_children)
       ) AS st
      WHERE tk.id = ANY (v_ready);
     IF v_approval THEN

@@ -2,8 +2,8 @@
 --
 -- Its ready agents start (up to max_agents), each with its ready tasks (up to
 -- max_concurrent_tasks), each of those with its ready steps dispatched (up to
--- max_concurrent_steps): what runs.engine.dispatch.dispatch_agents does with three ORM
--- rounds per level, in one statement. The events go in with one INSERT in that order
+-- max_concurrent_steps, each by engine.free_places): what engine.agents_dispatch does
+-- level by level, in one statement. The events go in with one INSERT in that order
 -- (an agent, then its tasks by id; agents by position). Returns how many agents started
 -- and one row per step dispatched (the columns runs.engine.dispatch.step_from_row
 -- takes), in plan order. A ready step that is an approval is left to the general path:
@@ -18,12 +18,12 @@ RETURNS TABLE (
 BEGIN
     RETURN QUERY
     WITH run AS (
-        SELECT r.id, r.attempt_number, GREATEST(r.max_agents - r.active_children, 0) AS free
+        SELECT r.id, r.attempt_number, engine.free_places(r.max_agents, r.active_children) AS free
         FROM runs_run AS r
         WHERE r.id = p_run AND r.status = 'running'
     ), agents AS (
         SELECT a.id, a.position, a.retry_count,
-               GREATEST(a.max_concurrent_tasks - a.active_children, 0) AS free
+               engine.free_places(a.max_concurrent_tasks, a.active_children) AS free
         FROM runs_agent AS a, run
         WHERE a.run_id = run.id AND a.attempt_number = run.attempt_number
           AND a.status = 'pending' AND a.pending_dependencies = 0 AND a.dispatched_at IS NULL
@@ -36,7 +36,7 @@ BEGIN
         -- instead, the plan made for the tables' statistics once hashed every step of
         -- the table (test_hotpath_plans.py).
         SELECT t.id, t.agent_id, t.position, t.retry_count,
-               GREATEST(t.max_concurrent_steps - t.active_children, 0) AS free
+               engine.free_places(t.max_concurrent_steps, t.active_children) AS free
         FROM agents AS ag
         CROSS JOIN LATERAL (
             SELECT * FROM runs_task AS x

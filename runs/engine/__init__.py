@@ -23,8 +23,10 @@ The modules, each importing only those after it (an import contract checks it):
 - ``hotpath``: the plainest outcome (a step completed, its task goes on) in one statement;
 - ``handlers``: a failed step's on_error handlers;
 - ``failure``: failure modes (continue, retry the level, fail fast) and level restarts;
-- ``propagation``: a finished child counted, its dependents released, its parent finished;
-- ``dispatch``: the children that are ready, within the concurrency limits;
+- ``propagation``: a finished child counted, its dependents released, its parent finished
+  (``engine.child_done``: the rule is the database's, as the hot path's is);
+- ``dispatch``: the children that are ready, within the concurrency limits (the
+  database's ``engine.*_dispatch``);
 - ``tree``: the levels treated alike; ``retry``: a step's retry policy and backoff.
 
 Nothing here imports Celery or the orchestrator app: it runs in any process with a

@@ -13,24 +13,19 @@ from runs.materialize import add_handler_rows
 from runs.models import EventKind, Run, Step, Task
 from runs.outbox import Outbox, StepMessage
 from runs.states import RunStatus, StepStatus
-from runs.transitions import record_event, transition_many
+from runs.transitions import record_event
 
 
 def handler_finished(run: Run, task: Task, handler: Step, outbox: Outbox) -> None:
-    """An on_error handler ended: the original failure is handled, or it propagates."""
-    Task.objects.filter(pk=task.pk).update(
-        open_children=F("open_children") - 1, active_children=F("active_children") - 1
-    )
-    task.open_children -= 1
-    task.active_children -= 1
+    """An on_error handler ended (counted off in its task, its successors released or
+    skipped: ``engine.child_done``): the original failure is handled once the last
+    completes, and propagates when one fails."""
+    completed = handler.status == StepStatus.COMPLETED
+    child_done(run, handler, success=completed, was_dispatched=True, outbox=outbox)
     original = Step.objects.get(pk=handler.handler_for_id or 0)
-    if handler.status == StepStatus.COMPLETED:
+    if completed:
         if handler.dependents:
-            Step.objects.filter(handler_for=original, name__in=handler.dependents).update(
-                pending_dependencies=F("pending_dependencies") - 1
-            )
-            dispatch(run, task, outbox)
-            return
+            return  # the next handler in the chain runs
         Step.objects.filter(pk=original.pk).update(handled=True)
         original.handled = True
         record_event(
@@ -40,21 +35,8 @@ def handler_finished(run: Run, task: Task, handler: Step, outbox: Outbox) -> Non
             entity_id=str(original.pk),
             message=f"failure of {original.name} handled by on_error",
         )
-        child_done(run, task, original, success=True, was_dispatched=True, outbox=outbox)
+        child_done(run, original, success=True, was_dispatched=True, outbox=outbox)
         return
-    transition_many(
-        Step,
-        Step.objects.filter(handler_for=original),
-        StepStatus.SKIPPED,
-        from_states=[StepStatus.PENDING],
-        message="an earlier on_error handler failed",
-    )
-    left = Step.objects.filter(
-        handler_for=original, status=StepStatus.SKIPPED, dispatched_at__isnull=True
-    ).count()
-    if left:
-        Task.objects.filter(pk=task.pk).update(open_children=F("open_children") - left)
-        task.open_children -= left
     error = original.error or {}
     child_failed(
         run,

@@ -67,13 +67,11 @@ class Outcome:
 
 def step_finished(run: Run, step: Step, outbox: Outbox) -> None:
     """A step reached a terminal state: count it, release its dependents, finish its task."""
-    task = Task.objects.get(pk=step.task_id)
     if step.handler_for_id is not None:
-        handler_finished(run, task, step, outbox)
+        handler_finished(run, Task.objects.get(pk=step.task_id), step, outbox)
         return
     child_done(
         run,
-        task,
         step,
         success=counts_as_success(step),
         was_dispatched=step.dispatched_at is not None,

@@ -16,20 +16,6 @@ def model_of(node: Run | Agent | Task | Step) -> Any:
     return type(node)
 
 
-def row_of(node: Run | Agent | Task | Step) -> Any:
-    """A queryset of just ``node``, for F() updates of its counters."""
-    return model_of(node).objects.filter(pk=node.pk)
-
-
-def children_of(parent: Run | Agent | Task) -> Any:
-    """The parent's current children (this attempt, this generation, no handlers)."""
-    if isinstance(parent, Run):
-        return Agent.objects.filter(run=parent, attempt_number=parent.attempt_number)
-    if isinstance(parent, Agent):
-        return Task.objects.filter(agent=parent, generation=parent.retry_count)
-    return Step.objects.filter(task=parent, generation=parent.retry_count, handler_for__isnull=True)
-
-
 def counts_as_success(node: Agent | Task | Step) -> bool:
     if isinstance(node, Step):
         return node.status == StepStatus.COMPLETED or node.handled

@@ -17,7 +17,7 @@ import pytest
 from billing.models import LedgerEntry, Reservation
 from common.invariants import violations
 from common.tools.base import ToolError
-from runs import services
+from runs import approvals, services
 from runs.engine.outcomes import Outcome, record
 from runs.models import Agent, RunAttempt, Step, Task
 from runs.outbox import RunMessage
@@ -76,6 +76,28 @@ def test_a_parallel_task_sends_up_to_its_limit_and_refills_as_steps_finish(start
     for name in ["s0", "s2", "s3", "s4"]:
         run.finish(name)
 
+    assert run.refresh().status == "completed"
+    assert_invariants_hold()
+
+
+def test_an_approval_started_beside_other_work_leaves_that_work_sent_and_the_run_running(
+    start: Start,
+) -> None:
+    # Two tasks start together, the first's step an approval: the second's step is sent
+    # too (the run does not stop to wait halfway through the dispatch), and the run waits
+    # for nothing while it runs.
+    tasks = [
+        {"name": "ask", "steps": [{"name": "review", "tool": "approval"}]},
+        {"name": "work", "steps": [step("build")]},
+    ]
+    run = start({"name": "engine", "agents": [{"name": "a", "mode": "parallel", "tasks": tasks}]})
+    assert run.sent() == ["build"]
+    assert run.step("review").status == "waiting_approval"
+    assert run.refresh().status == "running"
+
+    run.finish("build")
+    assert run.refresh().status == "waiting_approval"
+    approvals.run_approve(run_id=run.run.pk, actor="ops")
     assert run.refresh().status == "completed"
     assert_invariants_hold()
 

@@ -52,7 +52,7 @@ def child_failed(
     mode = parent.failure_mode
     if mode == FailureMode.CONTINUE:
         end_child(child, "skipped", failure)
-        child_done(run, child, success=False, was_dispatched=_dispatched(child), outbox=outbox)
+        child_done(run, child, outbox)
         return
     end_child(child, "failed", failure)
     if isinstance(parent, Run):
@@ -62,10 +62,6 @@ def child_failed(
         _restart(run, parent, failure, outbox)
         return
     fail_node(run, parent, failure, outbox)
-
-
-def _dispatched(node: Agent | Task | Step) -> bool:
-    return node.dispatched_at is not None
 
 
 def end_child(child: Agent | Task | Step, status: str, failure: Failure) -> None:
@@ -249,7 +245,7 @@ def supersede(run: Run, agent: Agent, message: str, outbox: Outbox) -> None:
         updates={"last_error": error},
     ).obj
     run.refresh_from_db(fields=["open_children", "active_children", "status"])
-    child_done(run, ended, success=False, was_dispatched=_dispatched(ended), outbox=outbox)
+    child_done(run, ended, outbox)
 
 
 def node_timed_out(run: Run, node: Agent | Task, code: str, message: str) -> None:

@@ -20,10 +20,9 @@ def handler_finished(run: Run, task: Task, handler: Step, outbox: Outbox) -> Non
     """An on_error handler ended (counted off in its task, its successors released or
     skipped: ``engine.child_done``): the original failure is handled once the last
     completes, and propagates when one fails."""
-    completed = handler.status == StepStatus.COMPLETED
-    child_done(run, handler, success=completed, was_dispatched=True, outbox=outbox)
+    child_done(run, handler, outbox)
     original = Step.objects.get(pk=handler.handler_for_id or 0)
-    if completed:
+    if handler.status == StepStatus.COMPLETED:
         if handler.dependents:
             return  # the next handler in the chain runs
         Step.objects.filter(pk=original.pk).update(handled=True)
@@ -35,7 +34,7 @@ def handler_finished(run: Run, task: Task, handler: Step, outbox: Outbox) -> Non
             entity_id=str(original.pk),
             message=f"failure of {original.name} handled by on_error",
         )
-        child_done(run, original, success=True, was_dispatched=True, outbox=outbox)
+        child_done(run, original, outbox)
         return
     error = original.error or {}
     child_failed(

@@ -22,7 +22,6 @@ from runs.engine.failure import Failure, child_failed, end_child
 from runs.engine.handlers import handler_finished, start_handlers
 from runs.engine.propagation import child_done
 from runs.engine.retry import decide
-from runs.engine.tree import counts_as_success
 from runs.engine.waiting import WaitRefused, park
 from runs.models import EscalationReason, EventKind, Run, Step, Task
 from runs.outbox import Outbox, RunMessage, StepMessage, asleep, enqueue_run_message
@@ -70,13 +69,7 @@ def step_finished(run: Run, step: Step, outbox: Outbox) -> None:
     if step.handler_for_id is not None:
         handler_finished(run, Task.objects.get(pk=step.task_id), step, outbox)
         return
-    child_done(
-        run,
-        step,
-        success=counts_as_success(step),
-        was_dispatched=step.dispatched_at is not None,
-        outbox=outbox,
-    )
+    child_done(run, step, outbox)
 
 
 def charge_step(run: Run, step: Step, cost: Decimal) -> Failure | None:

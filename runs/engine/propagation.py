@@ -8,7 +8,7 @@ propagation reached it with nothing left open."""
 
 from __future__ import annotations
 
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from common import eventstreams
@@ -16,9 +16,10 @@ from runs import services
 from runs.engine.dispatch import DISPATCHED, announce, step_from_row, update_waiting_state
 from runs.models import Agent, Run, Step, Task
 from runs.outbox import Outbox
-from runs.states import RunStatus
+from runs.states import InvalidTransition, RunStatus
 
-_CHILD_DONE_SQL = "SELECT * FROM engine.child_done(%s, %s, %s, %s, %s)"
+_CHILD_DONE_SQL = "SELECT * FROM engine.child_done(%s, %s, %s)"
+_REFUSED = "OEI01"  # engine.node_finish's SQLSTATE
 _ENTITIES: dict[type[Agent | Task | Step], str] = {Agent: "agent", Task: "task", Step: "step"}
 
 
@@ -28,18 +29,22 @@ def finish_if_done(run: Run) -> None:
         services.run_complete(run_id=run.pk, actor="engine")
 
 
-def child_done(
-    run: Run, child: Agent | Task | Step, *, success: bool, was_dispatched: bool, outbox: Outbox
-) -> None:
-    """``child`` is finished for good (its transition made): its parent counts it and
-    goes on, finishes, or (an on_error handler's task) leaves the step it handled to
-    the caller. ``success``: it completed, or its failure was handled."""
+def child_done(run: Run, child: Agent | Task | Step, outbox: Outbox) -> None:
+    """``child`` is finished for good (its transition made, a step's failure marked
+    handled): its parent counts it and goes on, finishes, or (an on_error handler's
+    task) leaves the step it handled to the caller."""
     now = timezone.now()
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _CHILD_DONE_SQL, [_ENTITIES[type(child)], child.pk, success, was_dispatched, now]
-        )
-        rows = cursor.fetchall()
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(_CHILD_DONE_SQL, [_ENTITIES[type(child)], child.pk, now])
+            rows = cursor.fetchall()
+    except DatabaseError as exc:
+        # A parent the transition table does not let finish (engine.node_finish): the
+        # refusal runs.transitions raises, for the caller's savepoint to undo.
+        if getattr(exc.__cause__, "sqlstate", None) != _REFUSED:
+            raise
+        entity, from_state, to_state = exc.__cause__.diag.message_detail.split(" ")  # type: ignore[union-attr]
+        raise InvalidTransition(entity, from_state, to_state) from exc
     eventstreams.events_written(run.pk)  # the function's events bypass runs.transitions
     ready = [step_from_row(dict(zip(DISPATCHED, row[1:], strict=True))) for row in rows[:-1]]
     announce(run, ready, outbox)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from runs.models import Agent, Run, Step, Task
-from runs.states import NodeStatus, StepStatus
 
 MAX_LEVEL_RETRIES = 3  # seed 000 section 3: at most 3 retries of a task, agent or run
 
@@ -14,9 +13,3 @@ MAX_LEVEL_RETRIES = 3  # seed 000 section 3: at most 3 retries of a task, agent 
 def model_of(node: Run | Agent | Task | Step) -> Any:
     """The node's model class, typed loosely: the engine treats the levels alike."""
     return type(node)
-
-
-def counts_as_success(node: Agent | Task | Step) -> bool:
-    if isinstance(node, Step):
-        return node.status == StepStatus.COMPLETED or node.handled
-    return node.status == NodeStatus.COMPLETED

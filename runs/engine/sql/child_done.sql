@@ -4,9 +4,9 @@
 -- The completion rule of every level, as the general path (runs.engine.outcomes,
 -- failure, handlers, approvals) applies it after the child's own transition, in the
 -- caller's transaction under the run's lock. The parent counts the child off (open, and
--- active when it was dispatched: `p_dispatched`). Its dependents are released when it
--- counts as a success (`p_success`: completed, or a failure handled by on_error) or
--- the parent is sequential (which only orders its children); in a dag, work that needed
+-- active when it was dispatched). Its dependents are released when it counts as a
+-- success (COMPLETED, or a step's failure handled by on_error) or the parent is
+-- sequential (which only orders its children); in a dag, work that needed
 -- a child that did not succeed is SKIPPED instead, transitively, and counted off too.
 -- When that was the parent's last open child the parent finishes, COMPLETED when one of
 -- its children completed (a step's handled failure counts), else SKIPPED, and the same
@@ -24,8 +24,7 @@
 -- the caller completes the run when none is open, runs.services.run_complete), or
 -- 'handler' (the caller goes on with the handled step).
 CREATE FUNCTION engine.child_done(
-    p_entity text, p_child bigint, p_success boolean, p_dispatched boolean,
-    p_now timestamptz
+    p_entity text, p_child bigint, p_now timestamptz
 ) RETURNS TABLE (
     o_kind text, o_id bigint, o_tool varchar, o_timeout_ms bigint, o_run_id uuid,
     o_attempt_number smallint, o_status varchar
@@ -33,8 +32,8 @@ CREATE FUNCTION engine.child_done(
 DECLARE
     v_entity text := p_entity;
     v_child bigint := p_child;
-    v_success boolean := p_success;
-    v_dispatched integer := p_dispatched::int;
+    v_success boolean;
+    v_dispatched integer;
     v_name text;
     v_dependents jsonb;
     v_handler_for bigint;
@@ -47,8 +46,9 @@ DECLARE
     v_to text;
 BEGIN
     IF v_entity = 'step' THEN
-        SELECT s.task_id, s.dependents, s.handler_for_id
-          INTO v_parent, v_dependents, v_handler_for
+        SELECT s.task_id, s.dependents, s.handler_for_id,
+               s.status = 'completed' OR s.handled, (s.dispatched_at IS NOT NULL)::int
+          INTO v_parent, v_dependents, v_handler_for, v_success, v_dispatched
           FROM runs_step AS s WHERE s.id = v_child;
         IF v_handler_for IS NOT NULL THEN
             UPDATE runs_task
@@ -86,6 +86,14 @@ BEGIN
                 NULL::uuid, NULL::smallint, 'handler'::varchar;
             RETURN;
         END IF;
+    ELSIF v_entity = 'task' THEN
+        SELECT t.status = 'completed', (t.dispatched_at IS NOT NULL)::int
+          INTO v_success, v_dispatched
+          FROM runs_task AS t WHERE t.id = v_child;
+    ELSE
+        SELECT a.status = 'completed', (a.dispatched_at IS NOT NULL)::int
+          INTO v_success, v_dispatched
+          FROM runs_agent AS a WHERE a.id = v_child;
     END IF;
     LOOP
         -- The child counted off in its parent.

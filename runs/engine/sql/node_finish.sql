@@ -1,7 +1,9 @@
 -- engine.node_finish: an agent or task (`p_entity`) whose last open child finished goes
 -- from `p_from` (its status, read by the caller under the run's lock) to `p_to`
 -- (COMPLETED or SKIPPED), with its event, as runs.transitions moves a row: a no-op when
--- it is there already, an error when the transition table (runs.states) refuses it.
+-- it is there already, refused when the transition table (runs.states) refuses it
+-- (SQLSTATE OEI01, its detail "entity from to": runs.engine.propagation raises
+-- InvalidTransition, and the caller's savepoint undoes what the call wrote).
 CREATE FUNCTION engine.node_finish(
     p_entity text, p_id bigint, p_from text, p_to text, p_now timestamptz
 ) RETURNS void LANGUAGE plpgsql AS $$
@@ -13,7 +15,9 @@ BEGIN
         RETURN;
     END IF;
     IF NOT (p_from IN ('running', 'paused') OR (p_from = 'pending' AND p_to = 'skipped')) THEN
-        RAISE EXCEPTION '% cannot go from % to %', p_entity, p_from, p_to;
+        RAISE EXCEPTION USING ERRCODE = 'OEI01',
+            MESSAGE = format('%s cannot go from %s to %s', p_entity, p_from, p_to),
+            DETAIL = format('%s %s %s', p_entity, p_from, p_to);
     END IF;
     IF p_entity = 'task' THEN
         UPDATE runs_task AS t

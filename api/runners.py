@@ -217,6 +217,73 @@ class StoppedInput(RunnerIdInput):
     signal = serializers.ChoiceField(choices=runners.SIGNALS)
 
 
+class ReportItemInput(InputSerializer):
+    """One report of a batch: a job and what the report of its ``kind`` takes."""
+
+    job = serializers.UUIDField()
+    kind = serializers.ChoiceField(choices=["started", "completed", "failed", "stopped"])
+    result = serializers.JSONField(required=False, allow_null=True)
+    error = StrictCharField(max_length=10_000, allow_blank=True, required=False)
+    code = serializers.ChoiceField(choices=sorted(ERROR_CODES), required=False)
+    retryable = StrictBooleanField(required=False)
+    signal = serializers.ChoiceField(choices=runners.SIGNALS, required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        kind = attrs["kind"]
+        allowed = _REPORT_FIELDS[kind]
+        extra = sorted(name for name in attrs if name not in ("job", "kind", *allowed))
+        if extra:
+            raise serializers.ValidationError(
+                {name: [f"not a field of a {kind} report"] for name in extra}
+            )
+        required = {"failed": "error", "stopped": "signal"}.get(kind)
+        if required and required not in attrs:
+            raise serializers.ValidationError({required: ["This field is required."]})
+        return attrs
+
+
+# The fields each kind of report takes beside its job (the single routes' bodies).
+_REPORT_FIELDS: dict[str, tuple[str, ...]] = {
+    "started": (),
+    "completed": ("result",),
+    "failed": ("error", "code", "retryable"),
+    "stopped": ("signal",),
+}
+
+
+class ReportsInput(RunnerIdInput):
+    reports = serializers.ListField(
+        child=ReportItemInput(),
+        max_length=MAX_HELD_JOBS,
+        help_text="Up to 100 reports, each on another job the runner holds: `{job, kind}` "
+        "with what the single route of that kind takes (`completed`: `result`; `failed`: "
+        "`error`, `code`, `retryable`; `stopped`: `signal`).",
+    )
+
+    def validate_reports(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        jobs = [str(item["job"]) for item in value]
+        if len(set(jobs)) < len(jobs):
+            raise serializers.ValidationError("each job is reported at most once in a batch")
+        return value
+
+
+class RefusalOutput(serializers.Serializer[Any]):
+    code = serializers.CharField(help_text="`not_found`, `not_job_owner`, `invalid_transition`.")
+    message = serializers.CharField()
+
+
+class ReportAnswerOutput(serializers.Serializer[Any]):
+    job = serializers.UUIDField()
+    ok = serializers.BooleanField(help_text="Applied, or the repeat of a report applied.")
+    refused = RefusalOutput(
+        required=False, help_text="Why the report was refused (when `ok` is false)."
+    )
+
+
+class ReportsOutput(serializers.Serializer[Any]):
+    results = ReportAnswerOutput(many=True, help_text="One per report, in their order.")
+
+
 # --------------------------------------------------------------------------- runner routes
 class RunnerApi(ApiView):
     runner_route = True
@@ -450,6 +517,54 @@ class ReportApi(RunnerApi):
             ),
         )
         return Response({"ok": True})
+
+
+class ReportsApi(RunnerApi):
+    @extend_schema(
+        tags=[TAG_RUNNERS],
+        summary="Report on several jobs at once",
+        operation_id="runner_reports",
+        request=ReportsInput,
+        responses={200: ReportsOutput, **error_responses(*WRITE_ERRORS, 404)},
+    )
+    @idempotent
+    def post(self, request: Request) -> Response:
+        """Several reports of one runner (each what `POST /runner/jobs/{id}/<kind>` does)
+        in one request and one transaction. Each is answered alone, in order: `ok`, or
+        `refused` with the code its single route would answer (`not_found`,
+        `not_job_owner`, `invalid_transition`), having changed nothing of its job; the
+        others are applied all the same. 404 for a runner not found."""
+        data = validated(ReportsInput, request.data)
+        items = data["reports"]
+        answers = runners.report_many(
+            organization=organization_of(request),
+            runner_id=data["runner_id"],
+            reports=[
+                (
+                    item["job"],
+                    runners.Report(
+                        item["kind"],
+                        result=item.get("result"),
+                        error=item.get("error", ""),
+                        signal=item.get("signal", ""),
+                        code=item.get("code", ""),
+                        retryable=item.get("retryable"),
+                    ),
+                )
+                for item in items
+            ],
+        )
+        results = [
+            {"job": str(item["job"]), "ok": True}
+            if refusal is None
+            else {
+                "job": str(item["job"]),
+                "ok": False,
+                "refused": {"code": getattr(refusal, "code", "conflict"), "message": str(refusal)},
+            }
+            for item, refusal in zip(items, answers, strict=True)
+        ]
+        return Response({"results": results})
 
 
 # What each report does, as clients read it in the schema.

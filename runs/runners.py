@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -379,6 +381,62 @@ def report(*, organization: Organization, runner_id: str, job_id: Any, report: R
     """Apply a runner's report on a job, and record the step's attempt when it ends."""
     runner = _runner(organization, runner_id)
     job = _locked_job(organization, job_id)
+    return _apply(runner, job, report)
+
+
+@transaction.atomic
+def report_many(
+    *, organization: Organization, runner_id: str, reports: Sequence[tuple[Any, Report]]
+) -> list[Exception | None]:
+    """Apply several reports of one runner, each on another job, in one transaction: what
+    ``report`` does for each, in the order given within each run. Each answers alone: None
+    once applied (or a repeat of one applied), else why it was refused
+    (``RunnerJobNotFound``, ``NotJobOwner``, ``InvalidTransition``), having changed
+    nothing of its job; the others are applied all the same. ``RunnerNotFound`` refuses
+    them all.
+
+    Each run is locked once, then its jobs, runs in the order of their ids: the order of
+    ``_locked_job`` (run, then job) for each, and one order between runs, so that two
+    batches never wait on each other."""
+    runner = _runner(organization, runner_id)
+    answers: list[Exception | None] = [None] * len(reports)
+    keys = [_job_key(job_id) for job_id, _ in reports]
+    runs = dict(
+        RunnerJob.objects.filter(
+            organization=organization, pk__in=[key for key in keys if key is not None]
+        ).values_list("pk", "run_id")
+    )
+    by_run: dict[UUID, list[tuple[int, UUID]]] = {}
+    for index, key in enumerate(keys):
+        if key is not None and key in runs:
+            by_run.setdefault(runs[key], []).append((index, key))
+        else:
+            answers[index] = RunnerJobNotFound(f"runner job {reports[index][0]} not found")
+    for run_id, mine in sorted(by_run.items()):
+        run = lock_run(run_id, light=True)
+        locked = RunnerJob.objects.select_for_update().filter(pk__in=[key for _, key in mine])
+        jobs = {job.pk: job for job in locked.order_by("pk")}
+        for index, key in mine:
+            job = jobs[key]
+            job.run = run
+            try:
+                _apply(runner, job, reports[index][1])
+            except (NotJobOwner, InvalidTransition) as exc:
+                answers[index] = exc
+    return answers
+
+
+def _job_key(job_id: Any) -> UUID | None:
+    """A job id as the table keys it; None for one no job can have."""
+    try:
+        return job_id if isinstance(job_id, UUID) else UUID(str(job_id))
+    except ValueError:
+        return None
+
+
+def _apply(runner: Runner, job: RunnerJob, report: Report) -> RunnerJob:
+    """``report`` on ``job``, locked after its run: raises, having written nothing, when
+    the runner does not hold it or its state does not allow the report."""
     if job.runner_id != runner.pk:
         raise NotJobOwner(f"runner {runner.pk} does not hold job {job.pk}")
     target = _TO[report.kind]
@@ -592,7 +650,8 @@ def _recover_jobs(runner: Runner, now: datetime, why: str) -> int:
     """Fail the jobs ``runner`` holds, and their steps' attempts with ``runner_lost``
     (retried by the step's policy: a new job per attempt). A job being stopped simply
     ends: its step left RUNNING already, or leaves it now as stopped."""
-    held = RunnerJob.objects.filter(runner=runner, status__in=HELD)
+    held = RunnerJob.objects.filter(runner=runner, status__in=HELD).order_by("run_id", "pk")
+    # Runs in the order of their ids, as a batch of reports locks them (``report_many``).
     jobs = [_locked_job(None, job_id) for job_id in held.values_list("pk", flat=True)]
     jobs = [job for job in jobs if job.runner_id == runner.pk and job.status in HELD]
     for job in jobs:

@@ -168,6 +168,7 @@ RUNNER_ROUTES = frozenset(
         "job-completed",
         "job-failed",
         "job-stopped",
+        "runner-reports",
         "runner-job",
         "runner-job-stop",
     }
@@ -184,6 +185,9 @@ def runner_request(name: str, organization: Organization) -> tuple[dict[str, Any
     if name in ("runner-poll", "runner-heartbeat", "runner-deregister"):
         return {}, {"runner_id": holder.pk, **({"wait": 0} if name == "runner-poll" else {})}
     job = runner_job(organization, holder)
+    if name == "runner-reports":
+        report = {"job": str(job.pk), "kind": "completed", "result": {"pages": 3}}
+        return {}, {"runner_id": holder.pk, "reports": [report]}
     bodies: dict[str, dict[str, Any]] = {
         "job-started": {"runner_id": holder.pk},
         "job-completed": {"runner_id": holder.pk, "result": {"pages": 3}},

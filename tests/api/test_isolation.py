@@ -340,6 +340,8 @@ def test_another_organizations_runner_is_not_found_on_every_runner_route(
         return
     for method in route.methods:
         data = {"runner_id": theirs.pk, **({"wait": 0} if method == "get" else {})}
+        if route.name == "runner-reports":
+            data["reports"] = []
         response = getattr(other_tenant.client, method)(route.path(), data, format="json")
 
         assert response.status_code == 404, (method, response.content)

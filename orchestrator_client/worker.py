@@ -21,9 +21,13 @@ or ``orch worker acme_tools.worker``. A worker is a runner of the runner protoco
   ended (an exception raised in its thread at its next Python instruction), reported
   ``stopped`` with ``SIGKILL``, and its slot given back whatever it does next.
 - **Reports** the outcome as the tool classified it (``completed`` with the output,
-  ``failed`` with the engine's error code and whether it may be retried), each retried
-  under one ``Idempotency-Key`` until the server answers, so it is applied once; a job
-  still running ``STARTED_AFTER`` (0.2 s) after its claim is reported ``started`` first.
+  ``failed`` with the engine's error code and whether it may be retried); a job still
+  running ``STARTED_AFTER`` (0.2 s) after its claim is reported ``started`` first. The
+  reports go several at once (``POST /runner/reports``, one request and one transaction
+  on the server): one thread sends what has been queued, at once when no job it holds is
+  still running, else once the first has waited ``BATCH_WINDOW`` (5 ms) for others; each
+  batch retried under one ``Idempotency-Key`` until the server answers, so it is applied
+  once. A job's slot is given back once its last report is answered.
 - **Shuts down** on ``stop()`` (``orch worker``: SIGINT or SIGTERM): it claims nothing
   more, lets running jobs finish for ``grace_period``, then deregisters; jobs still
   running then are recovered by the server (``runner_lost``) and retried elsewhere.
@@ -64,6 +68,12 @@ REPORT_PATIENCE = 300.0
 # reported once, by its end (a completed report is accepted from a claimed job): half
 # the requests of a short job.
 STARTED_AFTER = 0.2
+# How long a report waits for others to go in its request while a job the worker holds
+# is still running (none running: it goes at once). A slot waits on its report, so
+# this is added to a job's time only when jobs end a few milliseconds apart.
+BATCH_WINDOW = 0.005
+# The most reports in one request (the server's limit).
+MAX_BATCH = 100
 
 
 class Ended(Cancelled):
@@ -72,6 +82,18 @@ class Ended(Cancelled):
 
 class Interrupted(Exception):
     """SIGINT or SIGTERM came while the worker waited on its poll (``serve``)."""
+
+
+@dataclass
+class Queued:
+    """A report waiting for its request: ``job`` given back once it is answered (the
+    job's last report)."""
+
+    job_id: str
+    kind: str
+    body: dict[str, Any]
+    job: Job | None = None
+    at: float = field(default_factory=time.monotonic)
 
 
 def tools_in(target: Any) -> list[Tool[Any]]:
@@ -105,7 +127,7 @@ class Job:
     # Set once its report is made (or the job was given up): nothing more is sent.
     done: threading.Event = field(default_factory=threading.Event)
     progress_sent: Any = None
-    # Its reports one at a time: a `started` sent late never follows its end's.
+    # Its reports queued one at a time: a `started` queued late never follows its end's.
     reporting: threading.Lock = field(default_factory=threading.Lock)
     ended: bool = False
     started: threading.Timer | None = None
@@ -154,6 +176,10 @@ class Worker:
         self._slot_freed = threading.Event()
         self._stopping = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Reports waiting for their request (``_send_reports``), oldest first.
+        self._queue: list[Queued] = []
+        self._queued = threading.Condition()
+        self._reporter: threading.Thread | None = None
         # True while the main thread waits on a held poll: a signal may interrupt it.
         self.polling = False
 
@@ -265,16 +291,28 @@ class Worker:
             return
         for job_id in answer.get("stop_jobs", []):
             self.cancel(str(job_id))
-        for job in answer.get("jobs", []):
-            self.start(job)
+        # Every job held before any starts: a report then waits for the others of its
+        # poll (``_send_reports``), which end as fast, to go in one request.
+        held = [self._hold(payload) for payload in answer.get("jobs", [])]
+        for job in held:
+            if job is not None:
+                self._launch(job)
 
     # ------------------------------------------------------------------ jobs
     def start(self, payload: dict[str, Any]) -> None:
+        """Run a job the poll handed over."""
+        job = self._hold(payload)
+        if job is not None:
+            self._launch(job)
+
+    def _hold(self, payload: dict[str, Any]) -> Job | None:
+        """The job, now counted among the worker's (None: a tool it does not offer,
+        failed)."""
         job_id = str(payload["id"])
         found = self.tools.get(str(payload.get("tool") or ""))
         if found is None:  # the server hands out only what we offer
-            self._report(job_id, "failed", {"error": f"this worker has no tool {payload!r}"})
-            return
+            self._enqueue(Queued(job_id, "failed", {"error": f"no tool {payload!r} here"}))
+            return None
         context = Context(
             run_id=str(payload["run"]),
             step_id=int(payload["step"]),
@@ -285,31 +323,37 @@ class Worker:
         job = Job(job_id, found, dict(payload.get("params") or {}), context)
         with self._lock:
             self.jobs[job_id] = job
+        return job
+
+    def _launch(self, job: Job) -> None:
         job.started = threading.Timer(STARTED_AFTER, self._report_started, args=(job,))
         job.started.daemon = True
         job.started.start()
-        if found.is_async:
+        if job.tool.is_async:
             job.future = asyncio.run_coroutine_threadsafe(self._run_async(job), self._event_loop())
         else:
-            job.thread = threading.Thread(target=self._run, args=(job,), name=f"job-{job_id}")
+            job.thread = threading.Thread(target=self._run, args=(job,), name=f"job-{job.id}")
             job.thread.daemon = True
             job.thread.start()
 
     def _report_started(self, job: Job) -> None:
         with job.reporting:
             if not job.ended:
-                self._report(job.id, "started", {})
+                self._enqueue(Queued(job.id, "started", {}))
 
-    def _report_end(self, job: Job, kind: str, body: dict[str, Any]) -> bool:
-        """The job's last report, once (after its `started`, if that was sent)."""
+    def _report_end(self, job: Job, kind: str, body: dict[str, Any]) -> None:
+        """Queue the job's last report, once (after its `started`, if that was queued:
+        one still waiting is dropped, the server taking an end from a claimed job); the
+        job is given back once it is answered."""
         if job.started is not None:
             job.started.cancel()
         with job.reporting:
             if job.ended:
-                return False
+                return
             job.ended = True
-            self._report(job.id, kind, body)
-            return True
+            with self._queued:
+                self._queue = [q for q in self._queue if q.job_id != job.id]
+            self._enqueue(Queued(job.id, kind, body, job))
 
     def _run(self, job: Job) -> None:
         try:
@@ -346,7 +390,6 @@ class Worker:
             failure = outcome.failure
             body = {"error": failure.message, "code": failure.code}
             self._report_end(job, "failed", {**body, "retryable": failure.retryable})
-        self._release(job)
 
     def _release(self, job: Job) -> None:
         job.done.set()
@@ -370,12 +413,11 @@ class Worker:
             return
         if job.thread is not None and job.thread.ident is not None:
             # Raised at its next Python instruction (not inside a blocking C call); its
-            # slot is given back now whatever it does.
+            # slot is given back once the report is answered, whatever it does.
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
                 ctypes.c_ulong(job.thread.ident), ctypes.py_object(Ended)
             )
         self._report_end(job, "stopped", {"signal": "SIGKILL"})
-        self._release(job)
 
     # ------------------------------------------------------------------ the server
     def _post(self, path: str, body: dict[str, Any], key: str | None = None) -> Any:
@@ -386,31 +428,81 @@ class Worker:
         )
         return response.json()
 
-    def _report(self, job_id: str, kind: str, body: dict[str, Any]) -> None:
-        """POST a report, retried under one Idempotency-Key while the server cannot be
-        reached (up to ``REPORT_PATIENCE``); a refusal is logged (the job is no longer
-        this worker's: recovered after a silence, or stopped)."""
+    def _enqueue(self, queued: Queued) -> None:
+        with self._queued:
+            self._queue.append(queued)
+            self._queued.notify()
+            if self._reporter is None:
+                self._reporter = threading.Thread(
+                    target=self._send_reports, name="reports", daemon=True
+                )
+                self._reporter.start()
+
+    def _running(self) -> bool:
+        """Whether a job the worker holds has yet to queue its last report."""
+        with self._lock:
+            return any(not job.ended for job in self.jobs.values())
+
+    def _send_reports(self) -> None:
+        """The reports thread: what is queued, in batches (the module's doc); the jobs
+        they end given back once they are answered."""
+        while True:
+            with self._queued:
+                while not self._queue:
+                    self._queued.wait()
+                deadline = self._queue[0].at + BATCH_WINDOW
+                while len(self._queue) < MAX_BATCH and self._running():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._queued.wait(left)
+                batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+            try:
+                self._report(batch)
+            except Exception:  # a bug of ours must not stop every later report
+                logger.exception("reports of %d jobs", len(batch))
+            finally:
+                for queued in batch:
+                    if queued.job is not None:
+                        self._release(queued.job)
+
+    def _report(self, batch: list[Queued]) -> None:
+        """POST a batch of reports, retried under one Idempotency-Key while the server
+        cannot be reached (up to ``REPORT_PATIENCE``); a refusal, of the batch or of a
+        report in it, is logged (the job is no longer this worker's: recovered after a
+        silence, or stopped)."""
         key = str(uuid.uuid4())
         deadline = time.monotonic() + REPORT_PATIENCE
         delay = 0.5
+        reports = [{"job": q.job_id, "kind": q.kind, **q.body} for q in batch]
         while True:
             try:
-                self._post(
-                    f"runner/jobs/{job_id}/{kind}", {"runner_id": self.runner_id, **body}, key
+                answer = self._post(
+                    "runner/reports", {"runner_id": self.runner_id, "reports": reports}, key
                 )
-                return
+                break
             except ApiError as exc:
                 if (exc.status or 500) < 500 and exc.status != 429:
-                    logger.warning("job %s: report %s refused: %s", job_id, kind, exc)
+                    logger.warning("reports of %d jobs refused: %s", len(batch), exc)
                     return
                 failed: OrchestratorError = exc
             except OrchestratorError as exc:
                 failed = exc
             if time.monotonic() > deadline:
-                logger.error("job %s: report %s lost: %s", job_id, kind, failed)
+                logger.error("reports of %d jobs lost: %s", len(batch), failed)
                 return
             time.sleep(delay)
             delay = min(delay * 2, 10.0)
+        for queued, result in zip(batch, answer.get("results", []), strict=False):
+            if not result.get("ok"):
+                refused = result.get("refused") or {}
+                logger.warning(
+                    "job %s: report %s refused: %s (%s)",
+                    queued.job_id,
+                    queued.kind,
+                    refused.get("message"),
+                    refused.get("code"),
+                )
 
     def _heartbeats(self) -> None:
         last = time.monotonic()

@@ -1,0 +1,72 @@
+"""How an `orch worker` (orchestrator_client.worker.Worker) reports to the real API over
+HTTP: the jobs of one poll, ended together, reported in one request."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from api.models import IdempotencyRecord
+from orchestrator_client import worker as worker_module
+from orchestrator_client.tools import tool
+from orchestrator_client.worker import Worker
+from runs import services
+from runs.engine.start import run_start
+from runs.models import RunnerJob, Step
+from tests import factories
+from tests.client.conftest import Tenant
+from tests.support import wait_until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker")]
+
+
+@tool(name="testing.double", version="1")
+def double(n: int) -> int:
+    """Twice ``n``.
+
+    Args:
+        n: the number.
+    """
+    return 2 * n
+
+
+def parked(tenant: Tenant, count: int) -> list[RunnerJob]:
+    """A run of ``count`` parallel steps of ``testing.double``, parked by the session's
+    fleet on their jobs."""
+    spec = factories.plan(name="doubles")
+    spec["agents"][0]["tasks"][0] |= {"mode": "parallel", "max_concurrent_steps": count}
+    spec["agents"][0]["tasks"][0]["steps"] = [
+        {"name": f"s{n}", "tool": "testing.double", "params": {"n": n}} for n in range(count)
+    ]
+    run = services.run_create(organization=tenant.organization, plan=spec)
+    run_start(run_id=run.pk)
+    jobs = RunnerJob.objects.filter(run=run, status="pending")
+    wait_until(lambda: jobs.count() == count, timeout=30, what="the steps parked")
+    return list(jobs.order_by("step__name"))
+
+
+def test_the_jobs_of_one_poll_are_reported_in_one_request(tenant: Tenant, monkeypatch: Any) -> None:
+    # No window: the reports wait until no job of the poll is still running.
+    monkeypatch.setattr(worker_module, "BATCH_WINDOW", 60.0)
+    worker = Worker([double], url=tenant.url, api_key=tenant.key, concurrency=4, poll_wait=0)
+    worker.register()  # publishes testing.double, which the plan names
+    jobs = parked(tenant, 4)
+
+    worker.poll_once()
+
+    wait_until(
+        lambda: (
+            RunnerJob.objects.filter(pk__in=[j.pk for j in jobs], status="completed").count() == 4
+        ),
+        timeout=20,
+        what="the four jobs reported",
+    )
+    outputs = [Step.objects.get(pk=job.step_id).output for job in jobs]
+    assert outputs == [0, 2, 4, 6]
+    requests = IdempotencyRecord.objects.filter(organization=tenant.organization)
+    assert [record.path for record in requests if "/runner/jobs/" in record.path] == []
+    batches = [record for record in requests if record.path.endswith("/runner/reports")]
+    assert len(batches) == 1
+    assert len(batches[0].response_body["results"]) == 4
+    wait_until(lambda: not worker.jobs, timeout=5, what="the slots given back")

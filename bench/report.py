@@ -26,7 +26,9 @@ EXTRAS = {
     "jobs_per_s": ("jobs/s", "{:.1f}"),
     "p50_claim_to_report_ms": ("claim to report p50", "{:.1f} ms"),
     "p95_claim_to_report_ms": ("p95", "{:.1f} ms"),
-    # The many-runs scenarios' CPU per run, by owner (bench.procs.CpuMeter).
+    "p50_park_ms": ("the fleet's park p50", "{:.1f} ms"),
+    # The many-runs scenarios' CPU per run, by owner (bench.procs.CpuMeter); the jobs
+    # scenarios' per job.
     "cpu_ms_total": ("CPU per run", "{:.1f} ms"),
     "cpu_ms_postgres": ("PostgreSQL", "{:.1f}"),
     "cpu_ms_worker": ("worker", "{:.1f}"),
@@ -34,6 +36,7 @@ EXTRAS = {
     "cpu_ms_web": ("gunicorn", "{:.1f}"),
     "cpu_ms_redis": ("Redis", "{:.1f}"),
     "cpu_ms_bench": ("bench", "{:.1f}"),
+    "cpu_ms_host": ("host", "{:.1f}"),
     "cpu_busy": ("cores busy", "{:.0%}"),
 }
 # Scenarios whose worker memory over the scenario itself is shown under the table (the
@@ -277,6 +280,11 @@ NOTES = (
     "efficiency = ideal wall (2,000 x 50 ms / children) / measured wall. fan_2000_wide and "
     "group_2000_wide: fan_2000 and group_2000 on that worker; their fan_2000 row: ratio = "
     "fan_2000_wide per step / fan_2000 per step (the default worker's).",
+    "runner_jobs: 400 no-op jobs of one run served by one orch worker (concurrency 8) and, "
+    "as runner_jobs_reference, by the reference runner; claim to report = a job's "
+    "completed_at - claimed_at; jobs/s over the first claim to the last report; the fleet's "
+    "park = its claim of the step until the job's creation. CPU per run there is per job, "
+    "host being the serving process.",
 )
 
 

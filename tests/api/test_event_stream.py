@@ -329,6 +329,7 @@ def test_open_streams_and_the_runs_they_follow_are_in_the_metrics(
     live: Live, settings: Any, broker: redis.Redis[bytes]
 ) -> None:
     settings.METRICS_TOKEN = "scrape-me"
+    settings.API_STREAM_HEARTBEAT_S = 0.2  # the server sees the streams closed soon after
     run = factories.run(live.organization)
     channel = eventstreams.channel(run.pk)
 
@@ -345,6 +346,10 @@ def test_open_streams_and_the_runs_they_follow_are_in_the_metrics(
         assert (first.status_code, second.status_code) == (200, 200)
         wait_until(lambda: subscribers(broker, channel) == 2, what="both streams to subscribe")
         held = scrape()
+    # As in the keepalive test: each stream's server side ends at its next keepalive;
+    # until then it may read the run, racing the teardown's flush (a deadlock seen in a
+    # fresh clone's make test).
+    wait_until(lambda: subscribers(broker, channel) == 0, what="the streams to end on the server")
 
     assert held["orchestrator_event_streams"] >= 2
     assert held["orchestrator_event_streams_watched_runs"] >= 1

@@ -389,20 +389,27 @@ def _close_children(run: Run, to_status: str, actor: str, message: str) -> None:
 
 
 def _finish_attempt(run: Run, actor: str = "system") -> None:
-    """Close the current attempt on a terminal state and settle its credits with it; a
-    child run's parent is told, after commit (``runs.children``). An escalation still
-    open is resolved by the run's end, and a re-plan not yet answered is dropped."""
-    if run.parent_run_id is not None and run.parent_notified_at is None:
-        enqueue_run_message(RunMessage.CHILD_ENDED, run.pk, run.priority)
-    _close_escalations(run, actor)
-    admission.released(run)
-    step_admission.release_run(run)
+    """Close the current attempt on a terminal state and settle its credits with it
+    (``_ended`` first)."""
+    _ended(run, actor)
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT engine.attempt_close(%s, %s::smallint, %s, %s, %s)",
             [run.pk, run.attempt_number, run.status, run.completed_at or timezone.now(), actor],
         )
     eventstreams.events_written(run.pk)  # a refund's event
+
+
+def _ended(run: Run, actor: str) -> None:
+    """What a run's end asks beyond its rows: a child run's parent is told, after commit
+    (``runs.children``); an escalation still open is resolved by the run's end, and a
+    re-plan not yet answered is dropped; the organization's waiting runs are looked at
+    again, and the run's places in rate limits' lines given back."""
+    if run.parent_run_id is not None and run.parent_notified_at is None:
+        enqueue_run_message(RunMessage.CHILD_ENDED, run.pk, run.priority)
+    _close_escalations(run, actor)
+    admission.released(run)
+    step_admission.release_run(run)
 
 
 def _close_escalations(run: Run, actor: str) -> None:
@@ -435,10 +442,19 @@ def run_complete(*, run_id: RunId, actor: str = "system") -> Run:
             raise InvalidTransition(
                 "run", run.status, RunStatus.COMPLETED, "some agents have not completed"
             )
-    result = transition(Run, run.pk, RunStatus.COMPLETED, actor=actor)
-    if result.changed:
-        _finish_attempt(result.obj, actor)
-    return result.obj
+        if run.status != RunStatus.RUNNING:
+            raise InvalidTransition("run", run.status, RunStatus.COMPLETED)
+        # The database's rule, the hot path's too (runs/engine/sql/run_finish.sql): the
+        # run's row, its event, its attempt closed and settled.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT engine.run_finish(%s, %s::smallint, 0, %s, %s)",
+                [run.pk, run.attempt_number, actor, timezone.now()],
+            )
+        eventstreams.events_written(run.pk)
+        run.refresh_from_db()
+        _ended(run, actor)
+    return run
 
 
 @transaction.atomic

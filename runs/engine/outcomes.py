@@ -3,6 +3,7 @@ run moved on, in one transaction under the run's lock."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -159,6 +160,43 @@ def _announce(run_id: Any, done: hotpath.Completed) -> None:
         admission.released(run)
 
 
+_FINISH_SQL = "SELECT engine.step_finish(%s, %s, %s, %s, %s, %s, %s, %s)"
+
+
+def _finish(run: Run, step: Step, attempt: int, outcome: Outcome, now: datetime) -> Step:
+    """The step completes, as the hot path completes one (``engine.step_finish``: its
+    event kept on its row), with the output it borrowed, if any; ``step`` is returned
+    as it now is."""
+    borrowed = outcome.borrowed or {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _FINISH_SQL,
+            [
+                step.pk,
+                attempt,
+                # None is SQL NULL, as the ORM stores it, not a JSON null.
+                None if outcome.output is None else json.dumps(outcome.output),
+                outcome.cost,
+                str(outcome.cost),
+                now,
+                _json(borrowed.get("reused_from")),
+                _json(borrowed.get("cached_from")),
+            ],
+        )
+    eventstreams.events_written(run.pk)  # the function's event bypasses runs.transitions
+    step.status = StepStatus.COMPLETED
+    step.output, step.cost, step.lease_expires_at = outcome.output, step.cost + outcome.cost, None
+    step.status_changed_at = step.completed_at = now
+    for name, value in borrowed.items():
+        setattr(step, name, value)
+    step.__dict__.pop("duration_ms", None)  # the database's rule wrote it: read on demand
+    return step
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value)
+
+
 def _borrowed_message(borrowed: dict[str, Any]) -> str:
     if "reused_from" in borrowed:
         source = borrowed["reused_from"]
@@ -206,18 +244,7 @@ def _record(run: Run, step_id: int, attempt: int, outcome: Outcome, now: datetim
     failure = charge_step(run, step, outcome.cost) if outcome.cost else None
     if outcome.error is None and failure is None:
         borrowed = outcome.borrowed or {}
-        done = transition_locked(
-            step,
-            StepStatus.COMPLETED,
-            payload={"cost": str(outcome.cost)},
-            updates={
-                "output": outcome.output,
-                "cost": step.cost + outcome.cost,
-                "lease_expires_at": None,
-                **borrowed,
-            },
-            now=now,
-        ).obj
+        done = _finish(run, step, attempt, outcome, now)
         if borrowed:
             record_event(
                 run,

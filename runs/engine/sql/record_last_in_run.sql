@@ -4,12 +4,11 @@
 -- the run's rows locked. Only when nothing else is open at any level: the task's last
 -- open step, the agent's last open task, every other agent of the attempt completed or
 -- skipped, the run RUNNING with no approval waiting. The step completes
--- (engine.step_finish), its task (engine.task_finish), its agent, the run, and the
--- attempt closes with its reservation settled (engine.attempt_close: the step's charge
--- drawn first, then the attempt's charges entered and the rest refunded), as
--- runs.services.run_complete would after the general path's propagation. The dependents
--- each level releases are all finished already (they would be open otherwise), but their
--- counts are released as the general path releases them. Events in the general path's
+-- (engine.step_finish), its task (engine.task_finish), its agent, and the run with its
+-- attempt closed (engine.run_finish, as runs.services.run_complete after the general
+-- path's propagation; the step's charge drawn first). The dependents each level
+-- releases are all finished already (they would be open otherwise), but their counts are
+-- released as the general path releases them. Events in the general path's
 -- order: step, task, agent, run, then the refund. Returns one row of NULLs when it
 -- recorded; no row when it declined, having written nothing (a level not in that state,
 -- or a charge the reservation cannot pay).
@@ -87,19 +86,8 @@ BEGIN
     UPDATE runs_agent SET pending_dependencies = pending_dependencies - 1
     WHERE run_id = p_run AND attempt_number = v_attempt_number
       AND name IN (SELECT jsonb_array_elements_text(v_agent_dependents));
-    UPDATE runs_run AS r
-    SET status = 'completed',
-        status_changed_at = p_now,
-        completed_at = p_now,
-        duration_ms = engine.duration_ms(p_now, r.started_at, r.created_at),
-        updated_at = p_now,
-        open_children = r.open_children - 1,
-        active_children = r.active_children - 1
-    WHERE r.id = p_run;
     PERFORM engine.run_heartbeat(p_run, v_last_heartbeat, p_now);
-    PERFORM engine.run_event(p_run, v_attempt_number, 'run', p_run::text, 'transition',
-                             'running', 'completed', 'engine', p_now);
-    PERFORM engine.attempt_close(p_run, v_attempt_number, 'completed', p_now, 'engine', p_now);
+    PERFORM engine.run_finish(p_run, v_attempt_number, 1, 'engine', p_now);
     RETURN QUERY SELECT NULL::bigint, NULL::varchar, NULL::bigint, NULL::uuid,
                         NULL::smallint, NULL::varchar;
 END

@@ -3,7 +3,7 @@
 -- events_page.sql): the event rows (runs_runevent) and the events kept on the steps' rows,
 -- each shown exactly as its row would be, with the id it was given when it happened.
 --
--- A step attempt's claim (pending -> running) and its plain completion (running ->
+-- A step attempt's claim (pending -> running) and its completion (running ->
 -- completed, recorded by engine.step_finish) write no event row: the statement that
 -- claims or completes draws the event's id from the events' sequence and keeps it on the
 -- step's row (claim_event, completion_event), with what the event shows that the row does

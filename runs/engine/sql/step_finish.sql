@@ -1,15 +1,18 @@
 -- engine.step_finish: a running step attempt's RUNNING -> COMPLETED, with its event.
 --
--- As runs.transitions would complete it: its output and cost kept, its lease ended, its
--- duration from its start. Its event is kept on its row, as its claim's is: the id drawn
--- from the events' sequence (completion_event) and the cost it shows, as the recording
--- wrote it (completion_cost); engine.run_history lists it as the row it replaces would
--- be. Only if it is running attempt `p_attempt` and is no on_error handler: the caller (a
--- shape of engine.step_completed) holds its row locked and has checked both, so anything
--- else is a broken invariant and fails the call.
+-- Every completion of a step is written here, the hot path's (a shape of
+-- engine.step_completed) and the general path's (runs.engine.outcomes: an on_error
+-- handler, a borrowed output, a run that is not plainly running): its output and cost
+-- kept, its lease ended, its duration from its start, and an output it borrowed said so
+-- (`p_reused_from` or `p_cached_from`, the source; the caller writes the `reuse` event
+-- that tells it). Its event is kept on its row, as its claim's is: the id drawn from the
+-- events' sequence (completion_event) and the cost it shows, as the recording wrote it
+-- (completion_cost); engine.run_history lists it as the row it replaces would be. Only
+-- if it is running attempt `p_attempt`: the caller holds its row locked and has checked
+-- it, so anything else is a broken invariant and fails the call.
 CREATE FUNCTION engine.step_finish(
     p_step bigint, p_attempt integer, p_output text, p_cost numeric, p_cost_text text,
-    p_now timestamptz
+    p_now timestamptz, p_reused_from jsonb DEFAULT NULL, p_cached_from jsonb DEFAULT NULL
 ) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     UPDATE runs_step AS s
@@ -21,9 +24,10 @@ BEGIN
         cost = s.cost + p_cost,
         lease_expires_at = NULL,
         completion_event = nextval('runs_runevent_id_seq'),
-        completion_cost = p_cost_text
-    WHERE s.id = p_step AND s.status = 'running' AND s.attempts = p_attempt
-      AND s.handler_for_id IS NULL;
+        completion_cost = p_cost_text,
+        reused_from = COALESCE(p_reused_from, s.reused_from),
+        cached_from = COALESCE(p_cached_from, s.cached_from)
+    WHERE s.id = p_step AND s.status = 'running' AND s.attempts = p_attempt;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'step % is not running attempt %', p_step, p_attempt;
     END IF;

@@ -114,6 +114,43 @@ def test_a_plain_attempts_claim_and_completion_write_no_row_and_are_listed_as_ro
     ]
 
 
+@pytest.mark.django_db
+def test_a_completion_on_the_general_path_is_kept_on_its_row_as_the_hot_paths_is(
+    engine_run: Start,
+) -> None:
+    # A borrowed output takes the general path; so does the run's completion after it.
+    run = engine_run(plan("one", "two"))
+    run.finish("one")
+    source = {"step": 1, "attempt": 1}
+    two = run.finish(
+        "two", Outcome(output={"n": 2}, cost=Decimal("0.0010"), borrowed={"reused_from": source})
+    )
+
+    assert two.reused_from == source
+    assert [row[4] for row in step_rows(two)] == ["reuse"]  # the completion is no row
+    _claim, completion, reuse = step_events(run.run, two)
+    assert completion == (
+        two.completion_event,
+        two.attempt_number,
+        "step",
+        str(two.pk),
+        "transition",
+        "running",
+        "completed",
+        "system",
+        "",
+        {"cost": "0.0010"},
+        two.completed_at,
+    )
+    assert (reuse[4], reuse[-2]) == ("reuse", {"reused_from": source})
+    ended = [event[4:8] for event in history(run.run) if event[2] == "run"][-2:]
+    assert ended == [
+        ("transition", "running", "completed", "engine"),
+        ("charge", "", "", "engine"),
+    ]
+    assert run.refresh().status == "completed"
+
+
 def leaves_by_retry(run: EngineRun, step: Step, attempt: int) -> None:
     run.record(step.name, attempt, run.failure("flaky", retryable=True))
 

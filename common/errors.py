@@ -1,8 +1,8 @@
 """The catalogue of step error codes, and which of them are worth retrying.
 
-Seed 000 section 6.1 lists the families: transient network and service errors, rate
-limits and resource exhaustion are retryable; bad input, auth, missing things and
-business refusals are not. A step's `retry.retry_on` may narrow the retryable set.
+Transient network and service errors, rate limits and resource exhaustion are
+retryable; bad input, auth, missing things and business refusals are not. A step's
+`retry.retry_on` may narrow the retryable set.
 """
 
 from __future__ import annotations

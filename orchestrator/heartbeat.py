@@ -2,7 +2,7 @@
 
 One daemon thread per worker process, started on first use. While a step runs, it
 renews the step's lease and the run's `last_heartbeat` every ENGINE_HEARTBEAT_SECONDS
-(SPEC: at least every 20 s); a short step never waits for it and costs it nothing. If the
+(20 s by default); a short step never waits for it and costs it nothing. If the
 process dies, renewals stop and the lease sweep reclaims the step.
 
 It also keeps a step's hard time limit when the worker task serves several steps (a

@@ -1,4 +1,4 @@
-"""Asynchronous steps (seed 003; docs/runners.md, "Asynchronous steps"): callbacks and
+"""Asynchronous steps (docs/runners.md, "Asynchronous steps"): callbacks and
 polls, and the sweep that keeps every kind of wait moving.
 
 A `callback` step opens a single-use URL, ``/api/v1/callbacks/<token>``: the token is

@@ -1,4 +1,6 @@
-"""Invariants of the run hierarchy and its state machines (seed 000 section 2)."""
+"""Invariants of the run hierarchy and its state machines: counters equal to the rows
+they count, links and states that agree between levels, timestamps that match states,
+leases, escalations, and each attempt's charges against its reservation."""
 
 from __future__ import annotations
 
@@ -173,7 +175,7 @@ def attempts_settled() -> list[str]:
     return problems
 
 
-@invariant("runs.state_consistency", "a run's state agrees with its agents (seed 000 inv. 3)")
+@invariant("runs.state_consistency", "a run's state agrees with its agents")
 def run_state_consistency() -> list[str]:
     open_agent = Exists(_current_agents(status__in=NODE_OPEN))
     active_agent = Exists(_current_agents(status__in=[NodeStatus.PENDING, NodeStatus.RUNNING]))

@@ -1,6 +1,6 @@
 """Turn a run's plan into Agent, Task and Step rows for one attempt.
 
-Runs carry no agents until a worker picks them up (seed 000: PENDING has
+Runs carry no agents until a worker picks them up (a PENDING run has
 agent_count = 0); ``run_pick_up`` calls ``materialize``, which moves the run to RUNNING
 with its rows (a start that begins its run at once calls it too). Python works out the
 new rows' values from the typed plan and one engine function writes them

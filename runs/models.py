@@ -708,7 +708,7 @@ class HistoryEvent(Event):
 
 
 # --------------------------------------------------------------------------- runners
-# The runner protocol (seed 004; docs/runners.md): runners are processes on other hosts
+# The runner protocol (docs/runners.md): runners are processes on other hosts
 # that long-poll this coordinator for jobs. A `runner` step's attempt is one job; the
 # step stays RUNNING, with no worker and no lease, until the job's runner reports.
 

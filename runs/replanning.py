@@ -18,7 +18,7 @@ What comes of it:
   as it would have; when an operator's re-plan had replaced failing agents, there is
   nothing to go on with, and the run fails with `replan_failed`.
 - the credits do not cover the new agents: the run fails with `insufficient_credits`
-  (an abort, seed 000).
+  (an abort).
 """
 
 from __future__ import annotations

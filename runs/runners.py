@@ -1,4 +1,4 @@
-"""The runner protocol's services (docs/runners.md; seed 004, adapted).
+"""The runner protocol's services (docs/runners.md).
 
 A runner registers with a key of its organization, long-polls for jobs, reports what
 it does with each, and heartbeats. A job is one attempt of a `runner` step, created when

@@ -1,10 +1,9 @@
 """The state machines of runs, agents, tasks and steps: one transition table each.
 
 Every caller (API, admin, CLI, workers, sweeps) changes state through
-``runs.transitions``, which consults these tables and nothing else. SPEC section 4 is
-the source; two rows are added deliberately, ``resuming -> cancelled`` and
-``retrying -> cancelled``, so that a run can be cancelled in every non-terminal state
-(issue: "cancel, at any non-terminal state").
+``runs.transitions``, which consults these tables and nothing else. ``resuming ->
+cancelled`` and ``retrying -> cancelled`` are there so that a run can be cancelled in
+every non-terminal state.
 
 Terminal states never change, with one exception: a FAILED run may go to RETRYING while
 attempts remain (checked by the retry service, not by the table).
@@ -75,7 +74,7 @@ RUN_TRANSITIONS: dict[str, frozenset[str]] = {
 # Agents and tasks. A child that fails for good under a parent whose failure mode is
 # `continue` ends SKIPPED (its error kept), hence running -> skipped. pending -> failed:
 # a run that fails (timeout, lost worker) fails the agents it had not started yet too,
-# so that a FAILED run always has a FAILED agent (seed 000 invariant 3).
+# so that a FAILED run always has a FAILED agent (the invariant runs.state_consistency).
 NODE_TRANSITIONS: dict[str, frozenset[str]] = {
     N.PENDING: frozenset({N.RUNNING, N.PAUSED, N.FAILED, N.SKIPPED, N.CANCELLED}),
     N.RUNNING: frozenset({N.COMPLETED, N.FAILED, N.SKIPPED, N.PAUSED, N.CANCELLED}),

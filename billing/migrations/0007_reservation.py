@@ -1,5 +1,5 @@
 # A run attempt's credits move from runs' attempt row to billing's own Reservation row
-# (issue 11: billing no longer writes runs' tables). The rows are copied here, before
+# (billing writes no table of runs). The rows are copied here, before
 # runs.0007 drops the old columns.
 
 import django.db.models.deletion

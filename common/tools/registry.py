@@ -25,7 +25,8 @@ from common.tools.base import (
 )
 from common.tools.published import is_published_name
 
-# Named by SPEC sections 5 and 9, and seed 003's asynchronous operations.
+# The built-in tools: the steps a worker runs itself (noop ... llm), and those the engine
+# parks on something outside: a person, a runner job, a child run, a callback, a poll.
 BUILTIN_TOOLS = frozenset(
     {
         "noop",

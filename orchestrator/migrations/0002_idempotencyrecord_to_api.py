@@ -1,4 +1,4 @@
-# IdempotencyRecord moves to the api app (issue 11: the model beside the logic that uses
+# IdempotencyRecord moves to the api app (the model beside the logic that uses
 # it). State only here; the table is kept and renamed by api.0002.
 
 from django.db import migrations

@@ -1,5 +1,5 @@
-"""Failure modes: a child failed for good, and its parent reacts as its plan says
-(seed 000 section 3): continue, retry the level, or fail fast up the tree."""
+"""Failure modes: a child failed for good, and its parent reacts as its plan's
+`failure_mode` says: continue, retry the level, or fail fast up the tree."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def child_failed(
     failure: Failure,
     outbox: Outbox,
 ) -> None:
-    """``child`` failed for good; its parent reacts by its failure mode (seed 000 section 3).
+    """``child`` failed for good; its parent reacts by its failure mode.
 
     - continue: the child ends SKIPPED (its error kept) and the parent carries on;
     - retry: the parent starts over with a new generation of children (at most 3 times);

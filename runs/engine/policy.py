@@ -1,4 +1,4 @@
-"""The engine's policy layer (seed 000 section 6; docs/escalation.md): when a failing run
+"""The engine's policy layer (docs/escalation.md): when a failing run
 is handed to people, and when it asks a planner for new agents.
 
 Escalate: evaluated when a step attempt fails with an error that would be retried.

@@ -1,6 +1,6 @@
 """A step's retry policy: whether a failed attempt is retried, and after how long.
 
-Budgets (seeds 000, 002, 003): ``max_attempts`` bounds how many times the step is
+Budgets: ``max_attempts`` bounds how many times the step is
 claimed, ``max_failures`` how many attempts may fail; whichever runs out first ends the
 step FAILED with `attempt_budget_exhausted` or `failure_budget_exhausted`. Only
 retryable codes are retried, narrowed to ``retry_on`` when the plan lists codes.
@@ -65,7 +65,7 @@ def decide(
     """What to do after a failed attempt. ``attempts`` and ``failures`` include it (and
     count from the step's budget base: an escalation resumed starts them afresh).
 
-    Seed 000's tree: not retryable -> fail; budgets spent -> fail, or escalate when the
+    In order: not retryable -> fail; budgets spent -> fail, or escalate when the
     policy says `on_exhausted: escalate`; a backoff beyond a `max_delay_ms` the plan
     wrote -> escalate instead of capping it; else retry after the backoff."""
     policy = _typed(policy)

@@ -7,7 +7,7 @@ from typing import Any
 
 from runs.models import Agent, Run, Step, Task
 
-MAX_LEVEL_RETRIES = 3  # seed 000 section 3: at most 3 retries of a task, agent or run
+MAX_LEVEL_RETRIES = 3  # a task, agent or run is retried as a whole at most 3 times
 
 
 def model_of(node: Run | Agent | Task | Step) -> Any:

@@ -128,7 +128,7 @@ class RetryPolicy(PlanModel):
     @property
     def caps_escalate(self) -> bool:
         """A plan that wrote `max_delay_ms` escalates a retry whose backoff would exceed
-        it (seed 000); one that did not is capped by the default, never escalated."""
+        it; one that did not is capped by the default, never escalated."""
         return "max_delay_ms" in self.model_fields_set
 
     @classmethod

@@ -32,7 +32,7 @@ def test_a_sequential_run_completes_in_order(celery_worker: str) -> None:
 
 def test_runs_begun_at_their_start_complete_on_a_worker(celery_worker: str, settings: Any) -> None:
     # A small run admitted at its start is RUNNING when run_start returns; its first
-    # steps' doorbells reach the worker after the start's commit (SPEC section 4).
+    # steps' doorbells reach the worker after the start's commit.
     settings.ENGINE_START_AT_ONCE_STEPS = 200
     wide = plan(steps=0) | {
         "agents": [

@@ -1,4 +1,5 @@
-"""Every timeout, with time travel: each ends in the state SPEC section 4 gives."""
+"""Every timeout, with time travel: each ends in the state its state machine gives
+(runs/states.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """What operators read and do in the admin's run pages: approve and reject from the run
-list (SPEC section 4), through ``runs.approvals`` as the API, recorded with the
-operator's name (a run with nothing waiting is named, not counted); events named by
-their path in the plan, not by database ids."""
+list, through ``runs.approvals`` as the API, recorded with the operator's name (a run
+with nothing waiting is named, not counted); events named by their path in the plan, not
+by database ids."""
 
 from __future__ import annotations
 

@@ -52,7 +52,7 @@ def test_start_opens_attempt_one_and_is_idempotent() -> None:
     assert first.started_at is not None
     assert RunAttempt.objects.filter(run=run).count() == 1
     assert run_history(run).filter(to_status="pending").count() == 1
-    assert not Agent.objects.filter(run=run).exists()  # seed 000: none before pick-up
+    assert not Agent.objects.filter(run=run).exists()  # none before pick-up
     assert_invariants_hold()
 
 

@@ -1,4 +1,4 @@
-"""A run admitted at its start begins in the start's own transaction (SPEC section 4).
+"""A run admitted at its start begins in the start's own transaction.
 
 ``run_start`` reserves the credits and moves the run to PENDING; when admission lets it
 in at once and its plan has at most ENGINE_START_AT_ONCE_STEPS steps, the same

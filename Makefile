@@ -61,8 +61,9 @@ format: install
 typecheck: install
 	@$(VENV)/bin/mypy .
 
-# services.py (stdlib only) stops make run's servers and finds PostgreSQL's data where it
-# lives, in .data/ or the folder under /var/tmp a checkout under a 0700 parent uses.
+# scripts/local_servers.py (stdlib only) stops make run's servers and finds PostgreSQL's
+# data where it lives, in .data/ or the folder under /var/tmp a checkout under a 0700
+# parent uses.
 clean:  ## stop make run's servers, remove their data (the make-run database) and caches
-	@[ ! -d .data ] || python3 scripts/services.py remove --dir .data
+	@[ ! -d .data ] || python3 scripts/local_servers.py remove --dir .data
 	rm -rf .pytest_cache .mypy_cache .ruff_cache

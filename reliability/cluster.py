@@ -61,7 +61,7 @@ from typing import Any
 
 import redis
 
-from reliability.stack import ROOT, services, wait_for  # services: scripts/services.py
+from reliability.stack import ROOT, local_servers, wait_for
 
 NET = "198.18.0"
 BRIDGE = "orchbr0"
@@ -277,7 +277,7 @@ class Cluster:
 
     def alive(self, name: str) -> bool:
         pid = self._state()["processes"].get(name, {}).get("pid")
-        return pid is not None and services.running(int(pid))
+        return pid is not None and local_servers.running(int(pid))
 
     def stop_all(self) -> None:
         state = self._state()
@@ -293,7 +293,7 @@ class Cluster:
         hosts = ",".join(f"{address(h)}:{PG_PORT}" for h in ("db1", "db2"))
         # connect_timeout is per host: a lost db1 costs a new connection 2 s, then db2.
         return (
-            f"postgres://{services.PG_USER}@{hosts}/{DB_NAME}"
+            f"postgres://{local_servers.PG_USER}@{hosts}/{DB_NAME}"
             "?target_session_attrs=read-write&connect_timeout=2"
         )
 
@@ -308,13 +308,13 @@ class Cluster:
         return self.directory / host / "postgres"
 
     def _as_pg(self, args: list[str]) -> list[str]:
-        wrapped: list[str] = services.as_server_user(args)
+        wrapped: list[str] = local_servers.as_server_user(args)
         return wrapped
 
     def _postgres_args(self, host: str, *extra: str) -> list[str]:
         return self._as_pg(
             [
-                services.pg_bin("postgres"),
+                local_servers.pg_bin("postgres"),
                 "-D", str(self._pg_data(host)),
                 "-c", f"listen_addresses={address(host)}",
                 "-p", str(PG_PORT),
@@ -335,11 +335,11 @@ class Cluster:
         for path in (self.directory, data.parent):
             os.chmod(path, 0o755)  # noqa: S103 - PostgreSQL's account must reach its data
         data.mkdir()
-        services.chown_for_server(data)
+        local_servers.chown_for_server(data)
         os.chmod(data, 0o700)
         subprocess.run(
             self._as_pg(
-                [services.pg_bin("initdb"), "-D", str(data), "-U", services.PG_USER,
+                [local_servers.pg_bin("initdb"), "-D", str(data), "-U", local_servers.PG_USER,
                  "--auth=trust", "--encoding=UTF8", "--no-instructions"]
             ),
             check=True,
@@ -351,7 +351,7 @@ class Cluster:
         self.start("db1", "db1", self._postgres_args("db1"), env)
         wait_for(lambda: _answers("db1", PG_PORT), 60, "PostgreSQL on db1")
         subprocess.run(
-            [services.pg_bin("psql"), "-h", address("db1"), "-U", services.PG_USER,
+            [local_servers.pg_bin("psql"), "-h", address("db1"), "-U", local_servers.PG_USER,
              "-d", "postgres", "-qc", f'CREATE DATABASE "{DB_NAME}"'],
             check=True,
         )  # fmt: skip
@@ -367,12 +367,12 @@ class Cluster:
         data.parent.mkdir(parents=True, exist_ok=True)
         os.chmod(data.parent, 0o755)  # noqa: S103 - PostgreSQL's account must reach it
         data.mkdir()
-        services.chown_for_server(data)
+        local_servers.chown_for_server(data)
         os.chmod(data, 0o700)
         subprocess.run(
             ["ip", "netns", "exec", namespace(host), *self._as_pg(
-                [services.pg_bin("pg_basebackup"), "-h", address(primary), "-p", str(PG_PORT),
-                 "-U", services.PG_USER, "-D", str(data), "-R", "-X", "stream", "-c", "fast"]
+                [local_servers.pg_bin("pg_basebackup"), "-h", address(primary), "-p", str(PG_PORT),
+                 "-U", local_servers.PG_USER, "-D", str(data), "-R", "-X", "stream", "-c", "fast"]
             )],
             check=True,
             stdout=subprocess.DEVNULL,
@@ -433,7 +433,7 @@ class Cluster:
         self.lose_host(lost)
         subprocess.run(
             ["ip", "netns", "exec", namespace(promoted), *self._as_pg(
-                [services.pg_bin("pg_ctl"), "-D", str(self._pg_data(promoted)), "-w", "promote"]
+                [local_servers.pg_bin("pg_ctl"), "-D", str(self._pg_data(promoted)), "-w", "promote"]
             )],
             check=True,
             stdout=subprocess.DEVNULL,
@@ -486,8 +486,8 @@ class Cluster:
 
     def _psql(self, host: str, sql: str) -> str:
         return subprocess.run(
-            [services.pg_bin("psql"), "-h", address(host), "-p", str(PG_PORT),
-             "-U", services.PG_USER, "-d", DB_NAME, "-tAc", sql],
+            [local_servers.pg_bin("psql"), "-h", address(host), "-p", str(PG_PORT),
+             "-U", local_servers.PG_USER, "-d", DB_NAME, "-tAc", sql],
             capture_output=True, text=True, check=True,
         ).stdout  # fmt: skip
 

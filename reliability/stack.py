@@ -1,6 +1,6 @@
 """A whole orchestrator stack on this machine, for `make chaos` and `make load`.
 
-Throwaway PostgreSQL and Redis (scripts/services.py) in a temporary directory, then the
+Throwaway PostgreSQL and Redis (scripts/local_servers.py) in a temporary directory, then the
 real processes, each in its own session: gunicorn (web), Celery workers with distinct
 hostnames, the webhooks sender (the Procfile's `webhooks`: a worker of threads on the
 webhooks queue alone), and beat. The stack knows how to break itself, for the fault
@@ -37,9 +37,10 @@ ROOT = Path(__file__).resolve().parent.parent
 SETTINGS_MODULE = "config.settings.local"
 
 
-def _services() -> ModuleType:
-    """scripts/services.py, the one place that knows how to run PostgreSQL and Redis."""
-    spec = importlib.util.spec_from_file_location("_services", ROOT / "scripts" / "services.py")
+def _local_servers() -> ModuleType:
+    """scripts/local_servers.py, the one place that knows how to run PostgreSQL and Redis."""
+    path = ROOT / "scripts" / "local_servers.py"
+    spec = importlib.util.spec_from_file_location("_local_servers", path)
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -47,7 +48,7 @@ def _services() -> ModuleType:
     return module
 
 
-services = _services()
+local_servers = _local_servers()
 
 
 def free_port() -> int:
@@ -186,13 +187,13 @@ class Stack:
         self.broker_url = self._start_redis()
 
     def _start_postgres(self) -> str:
-        url: str = services.start_postgres(self.directory, self.pg_port, "orchestrator", True)
+        url: str = local_servers.start_postgres(self.directory, self.pg_port, "orchestrator", True)
         return url
 
     def _start_redis(self) -> str:
         # Append-only file, fsync every second: what make run and production use, so
         # an orderly Redis restart keeps its queues (docs/reliability.md).
-        url: str = services.start_redis(self.directory, self.redis_port, aof=True)
+        url: str = local_servers.start_redis(self.directory, self.redis_port, aof=True)
         return url
 
     @property
@@ -394,7 +395,7 @@ class Stack:
         pid = int(pidfile.read_text().strip())
         if lose_data:
             os.kill(pid, signal.SIGKILL)
-            wait_for(lambda: not services.running(pid), 10, "Redis to die")
+            wait_for(lambda: not local_servers.running(pid), 10, "Redis to die")
             for item in data.iterdir():
                 if item.name not in ("redis.log",):
                     if item.is_dir():
@@ -402,14 +403,14 @@ class Stack:
                     else:
                         item.unlink()
         else:
-            services.stop_redis(self.directory)  # SIGTERM: Redis writes its AOF and exits
-        wait_for(lambda: not services.port_open(self.redis_port), 10, "Redis's port to close")
+            local_servers.stop_redis(self.directory)  # SIGTERM: Redis writes its AOF and exits
+        wait_for(lambda: not local_servers.port_open(self.redis_port), 10, "Redis's port to close")
         self._start_redis()
         return "data lost" if lose_data else "data kept"
 
     def restart_postgres(self, down_seconds: float = 1.0) -> str:
         """`pg_ctl stop -m fast` (every connection is cut), a pause, then start again."""
-        services.stop_postgres(self.directory)
+        local_servers.stop_postgres(self.directory)
         time.sleep(down_seconds)  # the outage itself: clients must see it
         self._start_postgres()
         return f"down {down_seconds:g}s"
@@ -490,5 +491,5 @@ class Stack:
         try:
             self.stop_processes()
         finally:
-            services.stop_postgres(self.directory)
-            services.stop_redis(self.directory)
+            local_servers.stop_postgres(self.directory)
+            local_servers.stop_redis(self.directory)

@@ -42,7 +42,7 @@ export PATH="$PWD/$VENV/bin:$PATH"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/orchestrator-bench.XXXXXX")
 chmod 755 "$tmp"
 cleanup() {
-  python scripts/services.py stop --dir "$tmp" || true
+  python scripts/local_servers.py stop --dir "$tmp" || true
   if [ "${BENCH_KEEP:-}" = 1 ]; then
     echo "kept $tmp" >&2
   else
@@ -72,8 +72,8 @@ if [ "${1:-}" = capacity ]; then
   server+=(--pg-option shared_preload_libraries=pg_stat_statements --pg-option fsync=on
     --pg-option synchronous_commit=on --pg-option full_page_writes=on)
 fi
-# A server that does not start: services.py's one line, and nothing after it.
-exports=$(python scripts/services.py start --dir "$tmp" "${server[@]}" "${bouncer[@]}") || exit 1
+# A server that does not start: local_servers.py's one line, and nothing after it.
+exports=$(python scripts/local_servers.py start --dir "$tmp" "${server[@]}" "${bouncer[@]}") || exit 1
 eval "$exports"
 export DATABASE_URL CELERY_BROKER_URL
 unset CELERY_RESULT_BACKEND  # results go to the broker's Redis

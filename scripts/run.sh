@@ -65,7 +65,7 @@ cleanup() {
   fi
   if [ "$started_services" = 1 ]; then
     echo "==> stopping local PostgreSQL and Redis"
-    python scripts/services.py stop --dir "$DATA"
+    python scripts/local_servers.py stop --dir "$DATA"
   fi
   exit "$status"
 }
@@ -90,12 +90,12 @@ service_args=()
 [ -n "${CELERY_BROKER_URL:-}" ] && service_args+=(--no-redis)
 if [ ${#service_args[@]} -lt 2 ]; then
   echo "==> starting local servers in $DATA"
-  # A server that does not start: services.py says which and where its log is, in one
+  # A server that does not start: local_servers.py says which and where its log is, in one
   # line; nothing after it could work. (The assignment, not `eval "$(...)"`, keeps its
   # exit status.)
-  exports=$(python scripts/services.py start --dir "$DATA" \
+  exports=$(python scripts/local_servers.py start --dir "$DATA" \
     --pg-port "${DEV_PG_PORT:-55432}" --redis-port "${DEV_REDIS_PORT:-56379}" --redis-aof \
-    "${service_args[@]}") || { python scripts/services.py stop --dir "$DATA"; exit 1; }
+    "${service_args[@]}") || { python scripts/local_servers.py stop --dir "$DATA"; exit 1; }
   started_services=1
   eval "$exports"
   export DATABASE_URL CELERY_BROKER_URL
@@ -121,7 +121,7 @@ honcho start -f Procfile &
 honcho_pid=$!
 
 site="http://127.0.0.1:$WEB_PORT"
-python scripts/services.py wait-healthy --url "$site/healthz" --timeout 60 --pid "$honcho_pid"
+python scripts/local_servers.py wait-healthy --url "$site/healthz" --timeout 60 --pid "$honcho_pid"
 demo_line="(SKIP_DEMO=1: none)"
 if [ "${SKIP_DEMO:-0}" != 1 ]; then
   echo "==> demo run"

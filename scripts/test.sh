@@ -10,14 +10,14 @@ export PATH="$PWD/$VENV/bin:$PATH"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/orchestrator-test.XXXXXX")
 chmod 755 "$tmp"
 cleanup() {
-  python scripts/services.py stop --dir "$tmp" || true
+  python scripts/local_servers.py stop --dir "$tmp" || true
   rm -rf "$tmp"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# A server that does not start: services.py's one line, and nothing after it.
-exports=$(python scripts/services.py start --dir "$tmp" --fast) || exit 1
+# A server that does not start: local_servers.py's one line, and nothing after it.
+exports=$(python scripts/local_servers.py start --dir "$tmp" --fast) || exit 1
 eval "$exports"
 export DATABASE_URL CELERY_BROKER_URL
 export DJANGO_SETTINGS_MODULE=config.settings.test

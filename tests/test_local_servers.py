@@ -1,4 +1,4 @@
-"""`scripts/services.py`, the PostgreSQL and Redis of `make run` and `make test` (issue 47).
+"""`scripts/local_servers.py`, the PostgreSQL and Redis of `make run` and `make test`.
 
 A checkout under a folder the server account cannot enter (a root user's 0700 home, a
 `mktemp -d` folder) keeps PostgreSQL's data in a folder of its own that the account can
@@ -24,12 +24,12 @@ import redis
 
 from tests.support import ROOT, free_port
 
-SERVICES = str(ROOT / "scripts" / "services.py")
+LOCAL_SERVERS = str(ROOT / "scripts" / "local_servers.py")
 
 
-def services(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def local_servers(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, SERVICES, *args],
+        [sys.executable, LOCAL_SERVERS, *args],
         capture_output=True,
         text=True,
         env=env,
@@ -49,17 +49,17 @@ def private_checkout(tmp_path: Path) -> Iterator[Path]:
     os.chmod(parent, 0o700)
     data = parent / "checkout" / ".data"
     yield data
-    services("stop", "--dir", str(data))
+    local_servers("stop", "--dir", str(data))
 
 
 @pytest.fixture
 def open_dir() -> Iterator[Path]:
     """A data folder the server account can enter, as `make test`'s are (pytest's own
     temporary folders are 0700: PostgreSQL's data would move, and say so)."""
-    path = Path(tempfile.mkdtemp(prefix="orchestrator-services-test-"))
+    path = Path(tempfile.mkdtemp(prefix="orchestrator-local-servers-test-"))
     path.chmod(0o755)
     yield path
-    services("stop", "--dir", str(path))
+    local_servers("stop", "--dir", str(path))
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -72,7 +72,7 @@ def test_a_checkout_the_server_account_cannot_enter_keeps_its_data_where_it_can(
     start += ["--redis-port", str(redis_port), "--redis-aof"]
     home = None
     try:
-        first = services(*start)
+        first = local_servers(*start)
         assert first.returncode == 0, first.stderr
         said = first.stderr.strip().splitlines()
         assert len(said) == 1, first.stderr
@@ -88,8 +88,8 @@ def test_a_checkout_the_server_account_cannot_enter_keeps_its_data_where_it_can(
             connection.execute("INSERT INTO kept VALUES ('still here')")
         redis.Redis.from_url(urls["CELERY_BROKER_URL"]).set("kept", "still here")
 
-        stopped = services("stop", "--dir", str(private_checkout))
-        again = services(*start)
+        stopped = local_servers("stop", "--dir", str(private_checkout))
+        again = local_servers(*start)
 
         assert stopped.returncode == 0, stopped.stderr
         assert again.returncode == 0, again.stderr
@@ -100,12 +100,12 @@ def test_a_checkout_the_server_account_cannot_enter_keeps_its_data_where_it_can(
         assert redis.Redis.from_url(urls["CELERY_BROKER_URL"]).get("kept") == b"still here"
 
         # `make clean`: the servers stop, and their data goes, wherever it lives.
-        removed = services("remove", "--dir", str(private_checkout))
+        removed = local_servers("remove", "--dir", str(private_checkout))
         assert removed.returncode == 0, removed.stderr
         assert not home.exists()
         assert not private_checkout.exists()
     finally:
-        services("stop", "--dir", str(private_checkout))
+        local_servers("stop", "--dir", str(private_checkout))
         if home is not None:
             shutil.rmtree(home, ignore_errors=True)
 
@@ -127,7 +127,7 @@ def test_a_postgresql_port_taken_by_another_program_stops_the_start(open_dir: Pa
         squatter.listen()
         port = squatter.getsockname()[1]
 
-        result = services("start", "--dir", str(open_dir), "--pg-port", str(port), "--no-redis")
+        result = local_servers("start", "--dir", str(open_dir), "--pg-port", str(port), "--no-redis")
 
     assert_one_line_and_status_1(result, "PostgreSQL", f"127.0.0.1:{port} is taken")
 
@@ -142,7 +142,7 @@ def test_a_redis_that_exits_at_once_stops_the_start_naming_its_log(
     env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
     port = free_port()
 
-    result = services(
+    result = local_servers(
         "start", "--dir", str(open_dir), "--redis-port", str(port), "--no-postgres", env=env
     )
 
@@ -155,12 +155,12 @@ def test_a_redis_that_exits_at_once_stops_the_start_naming_its_log(
 def test_a_postgresql_that_will_not_start_stops_the_start_naming_its_log(open_dir: Path) -> None:
     port = free_port()
     start = ["start", "--dir", str(open_dir), "--pg-port", str(port), "--no-redis", "--fast"]
-    started = services(*start)
+    started = local_servers(*start)
     assert started.returncode == 0, started.stderr
-    services("stop", "--dir", str(open_dir))
+    local_servers("stop", "--dir", str(open_dir))
     (open_dir / "postgres" / "postgresql.auto.conf").write_text("shared_buffers = 'lots'\n")
 
-    result = services(*start)
+    result = local_servers(*start)
 
     line = assert_one_line_and_status_1(
         result, f"PostgreSQL did not start on 127.0.0.1:{port}", "FATAL"

@@ -364,7 +364,9 @@ class ApprovalOutput(serializers.Serializer[Any]):
     )
 
 
-class AgentOutput(FastOutput):
+class NodeOutput(FastOutput):
+    """What an agent's and a task's outputs have alike (``runs.models.Node``)."""
+
     id = serializers.IntegerField()
     name = serializers.CharField()
     attempt_number = serializers.IntegerField()
@@ -373,7 +375,6 @@ class AgentOutput(FastOutput):
     mode = serializers.ChoiceField(choices=Mode.choices)
     failure_mode = serializers.ChoiceField(choices=FailureMode.choices)
     depends_on = serializers.ListField(child=serializers.CharField())
-    task_count = serializers.IntegerField()
     retry_count = serializers.IntegerField()
     last_error = serializers.JSONField(allow_null=True)
     created_at = serializers.DateTimeField()
@@ -382,25 +383,15 @@ class AgentOutput(FastOutput):
     duration_ms = serializers.IntegerField(allow_null=True)
 
 
-class TaskOutput(FastOutput):
-    id = serializers.IntegerField()
+class AgentOutput(NodeOutput):
+    task_count = serializers.IntegerField()
+
+
+class TaskOutput(NodeOutput):
     agent_id = serializers.IntegerField()
     agent_name = serializers.CharField(source="agent.name")
-    name = serializers.CharField()
-    attempt_number = serializers.IntegerField()
     generation = serializers.IntegerField(help_text="0, then 1, 2... for each agent-level retry.")
-    position = serializers.IntegerField()
-    status = serializers.ChoiceField(choices=NodeStatus.choices)
-    mode = serializers.ChoiceField(choices=Mode.choices)
-    failure_mode = serializers.ChoiceField(choices=FailureMode.choices)
-    depends_on = serializers.ListField(child=serializers.CharField())
     step_count = serializers.IntegerField()
-    retry_count = serializers.IntegerField()
-    last_error = serializers.JSONField(allow_null=True)
-    created_at = serializers.DateTimeField()
-    started_at = serializers.DateTimeField(allow_null=True)
-    completed_at = serializers.DateTimeField(allow_null=True)
-    duration_ms = serializers.IntegerField(allow_null=True)
 
 
 class StepOutput(FastOutput):

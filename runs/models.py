@@ -267,18 +267,15 @@ class RunAttempt(models.Model):
         return f"attempt {self.attempt_number} of {self.run_id}"
 
 
-class Agent(Timestamps):
-    # No single-column indexes on these two: agent_run_status and agent_unique_name lead
-    # with them (see Step.task for why a redundant one costs more than its writes).
+class Node(Timestamps):
+    """What an agent and a task have alike (a node of the run's tree, whose states are
+    ``NodeStatus``): its place among its siblings, how it runs its children and meets
+    their failure, and the counters the engine keeps of them."""
+
+    # No single-column index: each table's (run, status) index leads with it (see
+    # Step.task for why a redundant one costs more than its writes).
     run = models.ForeignKey(
-        Run, on_delete=models.CASCADE, related_name="agents", db_index=False, db_constraint=False
-    )
-    attempt = models.ForeignKey(
-        RunAttempt,
-        on_delete=models.CASCADE,
-        related_name="agents",
-        db_index=False,
-        db_constraint=False,
+        Run, on_delete=models.CASCADE, related_name="%(class)ss", db_index=False, db_constraint=False
     )
     # Copied from the attempt so events and filters need no join.
     attempt_number = models.PositiveSmallIntegerField()
@@ -289,7 +286,6 @@ class Agent(Timestamps):
     failure_mode = models.CharField(
         max_length=12, choices=FailureMode.choices, default=FailureMode.FAIL_FAST
     )
-    max_concurrent_tasks = models.PositiveIntegerField(default=5)
     depends_on = models.JSONField(default=list, blank=True)
     pending_dependencies = models.IntegerField(default=0)
     # Names of the siblings that wait for this one (the reverse of depends_on; in a
@@ -297,12 +293,30 @@ class Agent(Timestamps):
     # successors without scanning its siblings.
     dependents = models.JSONField(default=list, blank=True)
     dispatched_at = models.DateTimeField(null=True, blank=True)
-    task_count = models.IntegerField(default=0)
     open_children = models.IntegerField(default=0)
     active_children = models.IntegerField(default=0)
     retry_count = models.IntegerField(default=0)
     timeout_ms = models.BigIntegerField(null=True, blank=True)
     last_error = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Agent(Node):
+    # No index of its own: agent_unique_name leads with it.
+    attempt = models.ForeignKey(
+        RunAttempt,
+        on_delete=models.CASCADE,
+        related_name="agents",
+        db_index=False,
+        db_constraint=False,
+    )
+    max_concurrent_tasks = models.PositiveIntegerField(default=5)
+    task_count = models.IntegerField(default=0)
 
     class Meta:
         ordering = ["attempt", "position"]
@@ -320,45 +334,17 @@ class Agent(Timestamps):
             ),
         ]
 
-    def __str__(self) -> str:
-        return self.name
 
-
-class Task(Timestamps):
-    # No single-column indexes: task_run_status and task_unique_name lead with these (see
-    # Step.task).
-    run = models.ForeignKey(
-        Run, on_delete=models.CASCADE, related_name="tasks", db_index=False, db_constraint=False
-    )
+class Task(Node):
+    # No index of its own: task_unique_name and task_ready lead with it.
     agent = models.ForeignKey(
         Agent, on_delete=models.CASCADE, related_name="tasks", db_index=False, db_constraint=False
     )
-    # Copied from the attempt so events and filters need no join.
-    attempt_number = models.PositiveSmallIntegerField()
-    name = models.CharField(max_length=100)
-    position = models.PositiveIntegerField()
     # An agent-level retry runs the agent's tasks again as new rows of the next
     # generation, so the failed generation stays as it ended, for audit.
     generation = models.PositiveSmallIntegerField(default=0)
-    status = models.CharField(max_length=20, choices=NodeStatus.choices, default=NodeStatus.PENDING)
-    mode = models.CharField(max_length=12, choices=Mode.choices, default=Mode.SEQUENTIAL)
-    failure_mode = models.CharField(
-        max_length=12, choices=FailureMode.choices, default=FailureMode.FAIL_FAST
-    )
     max_concurrent_steps = models.PositiveIntegerField(default=3)
-    depends_on = models.JSONField(default=list, blank=True)
-    pending_dependencies = models.IntegerField(default=0)
-    # Names of the siblings that wait for this one (the reverse of depends_on; in a
-    # sequential parent, the next sibling). Kept so that finishing a node finds its
-    # successors without scanning its siblings.
-    dependents = models.JSONField(default=list, blank=True)
-    dispatched_at = models.DateTimeField(null=True, blank=True)
     step_count = models.IntegerField(default=0)
-    open_children = models.IntegerField(default=0)
-    active_children = models.IntegerField(default=0)
-    retry_count = models.IntegerField(default=0)
-    timeout_ms = models.BigIntegerField(null=True, blank=True)
-    last_error = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["agent", "generation", "position"]
@@ -388,9 +374,6 @@ class Task(Timestamps):
                 "active_children",
             ),
         ]
-
-    def __str__(self) -> str:
-        return self.name
 
 
 class Step(Timestamps):

@@ -46,6 +46,7 @@ from common.templates import (
     TemplateError,
     UnresolvedReference,
     json_type_name,
+    read_quoted,
     scan_reference,
 )
 
@@ -143,28 +144,6 @@ def _is_word_char(c: str) -> bool:
     return c.isascii() and (c.isalnum() or c == "_")
 
 
-def _read_string(source: str, start: int) -> tuple[str, int]:
-    quote = source[start]
-    chars: list[str] = []
-    pos = start + 1
-    while pos < len(source):
-        c = source[pos]
-        if c == quote:
-            return "".join(chars), pos + 1
-        if c == "\\":
-            escaped = source[pos + 1] if pos + 1 < len(source) else ""
-            if escaped not in _STRING_ESCAPES:
-                raise ExpressionError(
-                    "unknown escape in string (allowed: \\\\ \\' \\\" \\n \\t)", pos
-                )
-            chars.append(_STRING_ESCAPES[escaped])
-            pos += 2
-            continue
-        chars.append(c)
-        pos += 1
-    raise ExpressionError("unterminated string", start)
-
-
 def _read_number(source: str, start: int) -> tuple[int | float, int]:
     pos = start
     while pos < len(source) and source[pos].isascii() and source[pos].isdigit():
@@ -203,7 +182,11 @@ def _tokenise(source: str) -> list[_Token]:
             tokens.append(_Token("ref", reference, pos))
             pos = end
         elif c in "'\"":
-            text, end = _read_string(source, pos)
+            text, end = read_quoted(
+                source, pos, _STRING_ESCAPES, ExpressionError,
+                unterminated="unterminated string",
+                unknown_escape="unknown escape in string (allowed: \\\\ \\' \\\" \\n \\t)",
+            )  # fmt: skip
             tokens.append(_Token("string", text, pos))
             pos = end
         elif c.isascii() and c.isdigit():

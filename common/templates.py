@@ -37,6 +37,7 @@ __all__ = [
     "format_reference",
     "json_type_name",
     "parse_reference",
+    "read_quoted",
     "render_value",
     "resolve_in",
     "scan_reference",
@@ -102,26 +103,38 @@ def _read_identifier(text: str, pos: int, after: str) -> tuple[str, int]:
     return text[pos:end], end
 
 
-def _read_quoted_key(text: str, pos: int) -> tuple[str, int]:
-    quote = text[pos]
+def read_quoted(
+    text: str,
+    start: int,
+    escapes: Mapping[str, str],
+    error: Callable[[str, int], Exception],
+    *,
+    unterminated: str,
+    unknown_escape: str,
+) -> tuple[str, int]:
+    """The quoted text that opens at ``start`` (with ``'`` or ``"``), each backslash and
+    the character after it replaced by ``escapes``' value for that character, and the
+    position after the closing quote. A template's quoted key and a condition's string
+    literal are read alike, each refused in its own words: ``error(unterminated, start)``
+    when the text ends first, ``error(unknown_escape, position)`` at the backslash of an
+    escape ``escapes`` does not hold."""
+    quote = text[start]
     chars: list[str] = []
-    i = pos + 1
+    i = start + 1
     while i < len(text):
         c = text[i]
         if c == quote:
             return "".join(chars), i + 1
         if c == "\\":
             escaped = text[i + 1] if i + 1 < len(text) else ""
-            if escaped not in _KEY_ESCAPES:
-                raise TemplateError(
-                    "unknown escape in quoted key (only \\\\, \\\" and \\' are allowed)", i
-                )
-            chars.append(_KEY_ESCAPES[escaped])
+            if escaped not in escapes:
+                raise error(unknown_escape, i)
+            chars.append(escapes[escaped])
             i += 2
             continue
         chars.append(c)
         i += 1
-    raise TemplateError("unterminated quoted key", pos)
+    raise error(unterminated, start)
 
 
 def _read_index(text: str, pos: int) -> tuple[str | int, int]:
@@ -132,7 +145,11 @@ def _read_index(text: str, pos: int) -> tuple[str | int, int]:
             end += 1
         segment: str | int = int(text[pos:end])
     elif pos < len(text) and text[pos] in _QUOTES:
-        segment, end = _read_quoted_key(text, pos)
+        segment, end = read_quoted(
+            text, pos, _KEY_ESCAPES, TemplateError,
+            unterminated="unterminated quoted key",
+            unknown_escape="unknown escape in quoted key (only \\\\, \\\" and \\' are allowed)",
+        )  # fmt: skip
     elif pos < len(text) and text[pos] == "-":
         raise TemplateError("list indexes must be non-negative integers", pos)
     else:

@@ -1,4 +1,5 @@
-"""Invariants of artifacts (ownership and unique keys, expiry once the run has ended), checked by ``manage.py check_invariants`` with every other app's."""
+"""Invariants of artifacts (ownership and unique keys, expiry once the run has ended),
+checked by ``manage.py check_invariants`` with every other app's."""
 
 from __future__ import annotations
 

@@ -53,18 +53,18 @@ from pathlib import Path
 from typing import Any
 
 from reliability import cluster as net
-from reliability.chaos import (
-    CHAOS_MAX_RUNNING_RUNS,
-    CHAOS_SETTINGS,
-    Fault,
-    Injector,
-    RunBook,
-    Workload,
-    format_report,
-    storm,
-)
+from reliability.chaos import CHAOS_SETTINGS
+from reliability.chaos_clients import RunBook
+from reliability.chaos_report import format_report
 from reliability.client import Client, GaveUp, Tally
-from reliability.workload import NET_KINDS, RUNNER_COMMAND, SLOW_EFFECT_S, EffectServer
+from reliability.storm import Fault, Injector, Workload, storm
+from reliability.workload import (
+    CHAOS_MAX_RUNNING_RUNS,
+    NET_KINDS,
+    RUNNER_COMMAND,
+    SLOW_EFFECT_S,
+    EffectServer,
+)
 
 NET_SETTINGS = {
     **CHAOS_SETTINGS,
@@ -137,7 +137,7 @@ def fault_schedule(config: NetConfig, rng: random.Random) -> list[Fault]:
 # --------------------------------------------------------------------------- the target
 @dataclass
 class ClusterTarget:
-    """The cluster as `reliability.chaos.storm` sees it: two web hosts, processes that
+    """The cluster as `reliability.storm.storm` sees it: two web hosts, processes that
     are started again (and reported) if they exit while their host is up."""
 
     cluster: net.Cluster

@@ -431,9 +431,10 @@ class Cluster:
         lost = self.db_primary
         promoted = "db2" if lost == "db1" else "db1"
         self.lose_host(lost)
+        pg_ctl = local_servers.pg_bin("pg_ctl")
         subprocess.run(
             ["ip", "netns", "exec", namespace(promoted), *self._as_pg(
-                [local_servers.pg_bin("pg_ctl"), "-D", str(self._pg_data(promoted)), "-w", "promote"]
+                [pg_ctl, "-D", str(self._pg_data(promoted)), "-w", "promote"]
             )],
             check=True,
             stdout=subprocess.DEVNULL,

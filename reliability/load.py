@@ -582,7 +582,8 @@ def format_report(report: dict[str, Any]) -> str:
 
 # --------------------------------------------------------------------------- main
 def run_load(config: Config, directory: Path, log: Any = print) -> dict[str, Any]:
-    from reliability.chaos import LOG_PROBLEM, StackTarget, log_problems
+    from reliability.chaos_report import LOG_PROBLEM, log_problems
+    from reliability.storm import StackTarget
 
     stack = Stack(
         directory, web_workers=config.web_workers, web_settings_module=LOAD_SETTINGS_MODULE

@@ -23,6 +23,10 @@ from typing import Any
 # The rate limit the `rate_limited` runs spend (name, units, period): tight enough that
 # their steps wait for units while faults strike (docs/rate-limits.md).
 RATE_LIMIT = ("chaos-rate", 6, "2s")
+# The chaos organization's limits: fewer places and slots than the runs and worker
+# processes want, so that admission and slots are exercised under faults.
+CHAOS_MAX_RUNNING_RUNS = 25
+CHAOS_MAX_RUNNING_STEPS = 3
 KINDS = (
     "sequential",
     "parallel",
@@ -55,7 +59,7 @@ EXPECTED = {
     "approval": "completed",
     "runner": "completed",
     "child": "completed",
-    # Escalated after its step's budget is spent; on-call resumes it (chaos.on_call).
+    # Escalated after its step's budget is spent; on-call resumes it (chaos_clients.approver).
     "escalate": "completed",
     # Its failing agent is run again by the rule planner, and succeeds.
     "replan": "completed",

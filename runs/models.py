@@ -275,7 +275,11 @@ class Node(Timestamps):
     # No single-column index: each table's (run, status) index leads with it (see
     # Step.task for why a redundant one costs more than its writes).
     run = models.ForeignKey(
-        Run, on_delete=models.CASCADE, related_name="%(class)ss", db_index=False, db_constraint=False
+        Run,
+        on_delete=models.CASCADE,
+        related_name="%(class)ss",
+        db_index=False,
+        db_constraint=False,
     )
     # Copied from the attempt so events and filters need no join.
     attempt_number = models.PositiveSmallIntegerField()

@@ -27,7 +27,9 @@ from tests.support import ROOT, free_port
 LOCAL_SERVERS = str(ROOT / "scripts" / "local_servers.py")
 
 
-def local_servers(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def local_servers(
+    *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, LOCAL_SERVERS, *args],
         capture_output=True,
@@ -127,7 +129,9 @@ def test_a_postgresql_port_taken_by_another_program_stops_the_start(open_dir: Pa
         squatter.listen()
         port = squatter.getsockname()[1]
 
-        result = local_servers("start", "--dir", str(open_dir), "--pg-port", str(port), "--no-redis")
+        result = local_servers(
+            "start", "--dir", str(open_dir), "--pg-port", str(port), "--no-redis"
+        )
 
     assert_one_line_and_status_1(result, "PostgreSQL", f"127.0.0.1:{port} is taken")
 

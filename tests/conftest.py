@@ -33,6 +33,9 @@ if TYPE_CHECKING:  # imported by pytest as a plugin (below), where its asserts a
 
 # `http_server`: a scriptable local HTTP server (tests/http_fixture.py).
 pytest_plugins = ["tests.http_fixture"]
+# The plan tests' shared assertions (tests/runs/plans.py) explain their failures as a test's
+# own asserts do: registered before any test module imports it.
+pytest.register_assert_rewrite("tests.runs.plans")
 
 # Property tests: `make test` must be deterministic, so by default the examples are derived
 # from each test rather than random (the same examples on every run and machine).

@@ -32,7 +32,7 @@ from jsonschema import Draft4Validator
 
 from common.errors import RETRYABLE_CODES
 from runs.plan import Limits, Plan, PlanInvalid, parse_plan
-from tests.runs.test_spec import json_values, plan_values
+from tests.runs.plans import json_values, plan_values
 
 LIMITS = Limits.from_settings()
 TOOLS = ["noop", "echo"]

@@ -91,7 +91,7 @@ def test_literals_and_references(source: str, expected: Any) -> None:
     assert type(result) is type(expected)
 
 
-def test_spec_example() -> None:
+def test_a_condition_on_a_tasks_status() -> None:
     assert Expression.parse("${tasks.gather.status} == 'completed'").truthy(resolve)
     assert not Expression.parse("${tasks.gather.status} == 'failed'").truthy(resolve)
 

@@ -1,6 +1,6 @@
 """The plan's model (runs/plan/model.py) as the typed plan: what code builds and reads.
 
-Validation itself is tests/runs/test_spec.py's; the schema's agreement with it is
+Validation itself is tests/runs/test_plan_*.py's; the schema's agreement with it is
 tests/api/test_plan_schema.py's.
 """
 
@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from runs.models import FailureMode, Mode
 from runs.plan import HandlerPlan, PlanInvalid, RetryPolicy, StepPlan, parse_plan
 from runs.plan.model import FAILURE_MODES, MODES
-from tests.runs.test_spec import json_values, one_step, plan_values, the_step, valid
+from tests.runs.plans import json_values, one_step, plan_values, the_step, valid
 
 # pydantic's own wording, which a plan's author must never see.
 PYDANTIC_PHRASES = ("Input should", "Field required", "Extra inputs", "validation error")

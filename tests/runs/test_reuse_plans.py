@@ -9,7 +9,7 @@ import pytest
 
 from runs.forks import downstream
 from runs.plan import PlanInvalid, parse_plan
-from tests.runs.test_spec import one_step, the_step, valid, with_handler
+from tests.runs.plans import one_step, the_step, valid, with_handler
 
 
 def paths_of(error: PlanInvalid) -> list[str]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.runs.test_spec import STEP, assert_only_error, errors_of, one_step, valid
+from tests.runs.plans import STEP, assert_only_error, errors_of, one_step, valid
 from tests.secret_spellings import every_spelling
 
 HANDLER = f"{STEP}.on_error[0]"

@@ -23,7 +23,7 @@ from django.db import connection
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
-from config.settings.base import database_config
+from config.settings.database import database_config
 
 
 class Forwarder:

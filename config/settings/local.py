@@ -3,7 +3,7 @@
 from config.settings.checks import check_consistency
 
 from .base import *  # noqa: F403
-from .base import env
+from .environment import env
 
 DEBUG = env.boolean("DJANGO_DEBUG", True, "Django debug mode; never in production")
 # Locally the static files are hashed but not compressed: brotli over the API docs'

@@ -8,13 +8,10 @@ from config.env import REQUIRED
 from config.settings.checks import check_consistency
 
 from .base import *  # noqa: F403
-from .base import (
-    check_redis_urls,
-    database_config,
-    env,
-    redis_schemes,
-    secrets_encryption_keys,
-)
+from .broker import check_redis_urls, redis_schemes
+from .core import secrets_encryption_keys
+from .database import database_config
+from .environment import env
 
 DEBUG = False
 SECRET_KEY = env.string("SECRET_KEY", REQUIRED, "Django secret key (>= 50 random characters)")

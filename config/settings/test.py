@@ -8,7 +8,8 @@ from pathlib import Path
 from config.settings.checks import check_consistency
 
 from .base import *  # noqa: F403
-from .base import CELERY_BROKER_URL, CELERY_RESULT_BACKEND, env
+from .broker import CELERY_BROKER_URL, CELERY_RESULT_BACKEND
+from .environment import env
 
 DEBUG = False
 

@@ -25,7 +25,7 @@ from django.db.backends.postgresql.base import DatabaseWrapper
 from kombu import Connection
 
 from common.stores import celery_sentinel_options, redis_client
-from config.settings.base import database_config
+from config.settings.database import database_config
 from tests.support import Child, child_env, free_port, python_cmd, wait_until
 
 pytestmark = pytest.mark.integration

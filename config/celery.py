@@ -1,7 +1,7 @@
 """The Celery application: queues, routes and the after-commit enqueue helper.
 
 Settings prefixed ``CELERY_`` in Django settings configure the app (see
-``config/settings/base.py`` for the reliability block); what is structural, the queues
+``config/settings/broker.py`` for the reliability block); what is structural, the queues
 and the routing of task names onto them, is declared here in code.
 """
 

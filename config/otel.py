@@ -5,7 +5,7 @@ the reference runner (``orchestrator/runner.py``).
 
 Off unless ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set: then no SDK provider is installed, the
 API stays the no-op one and ``common.tracing.enabled`` stays False. The ``OTEL_*``
-variables are read by the settings (``config/settings/base.py``, docs/configuration.md)
+variables are read by the settings (``config/settings/core.py``, docs/configuration.md)
 or, for the runner, which has no Django settings, from its environment by the same
 ``config.env.Env``; they are handed to the SDK explicitly here. It imports no app.
 """

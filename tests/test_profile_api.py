@@ -1,6 +1,7 @@
-"""The API's profiler (bench/profile_api.py): every route answers through the whole stack,
-its statements and round trips are counted, its layers add up to the request, and the
-instrumentation leaves nothing behind. Measuring is the profiler's, not the suite's."""
+"""The API's profiler (bench/profile_api.py, api_layers.py, api_fixture.py): every route
+answers through the whole stack, its statements and round trips are counted, its layers
+add up to the request, and the instrumentation leaves nothing behind. Measuring is the
+profiler's, not the suite's."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 
 from bench import profile_api
-from bench.profile_api import Ledger
+from bench.api_layers import LAYER_NAMES, Ledger
 
 
 class Clock:
@@ -75,7 +76,7 @@ def test_every_route_is_answered_and_split_into_layers_that_add_up() -> None:
         assert route.layers_ms == pytest.approx(route.instrumented_ms, rel=0.05, abs=0.05)
     assert "cProfile of create" in report.profile_text
     document = json.loads(json.dumps(report.as_dict()))
-    assert set(document["routes"]["start"]["layers"]) == set(profile_api.LAYER_NAMES)
+    assert set(document["routes"]["start"]["layers"]) == set(LAYER_NAMES)
     assert len(profile_api.table(report).splitlines()) == 2 + len(report.routes)
     # The instrumented pass put every attribute back.
     assert ApiKeyAuthentication.authenticate is authenticate

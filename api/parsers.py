@@ -78,12 +78,9 @@ def check_storable(data: Any, *, any_string_values: bool = False) -> None:
             stack.extend((value, depth + 1, False) for value in item)
 
 
-class BoundedJSONParser(BaseParser):
-    """`application/json`, at most ``API_MAX_BODY_BYTES``, strict numbers and strings."""
-
-    media_type = "application/json"
-    renderer_class = JSONRenderer
-    any_string_values = False
+class BoundedParser(BaseParser):
+    """A body of at most ``API_MAX_BODY_BYTES``, refused (413) before anything of it is
+    decoded; the subclass's ``load`` decodes and checks it."""
 
     def parse(
         self,
@@ -96,6 +93,20 @@ class BoundedJSONParser(BaseParser):
         if len(raw) > limit:
             raise PayloadTooLarge(f"request body is larger than {limit} bytes")
         encoding = (parser_context or {}).get("encoding") or settings.DEFAULT_CHARSET
+        return self.load(raw, encoding)
+
+    def load(self, raw: bytes, encoding: str) -> Any:
+        raise NotImplementedError
+
+
+class BoundedJSONParser(BoundedParser):
+    """`application/json`, at most ``API_MAX_BODY_BYTES``, strict numbers and strings."""
+
+    media_type = "application/json"
+    renderer_class = JSONRenderer
+    any_string_values = False
+
+    def load(self, raw: bytes, encoding: str) -> Any:
         try:
             text = raw.decode(encoding)
             data = json.loads(text, parse_constant=_constant, parse_float=_finite_float)
@@ -147,24 +158,14 @@ def _json_like(data: Any) -> None:
             )
 
 
-class BoundedYAMLParser(BaseParser):
+class BoundedYAMLParser(BoundedParser):
     """`application/yaml`: the same body as JSON, written as YAML (plans are easier to
     write that way). Safe loading only, without aliases; the same bounds as JSON (size,
     nesting, storable strings) and nothing JSON could not say."""
 
     media_type = "application/yaml"
 
-    def parse(
-        self,
-        stream: IO[Any],
-        media_type: str | None = None,
-        parser_context: Mapping[str, Any] | None = None,
-    ) -> Any:
-        limit = body_limit()
-        raw = stream.read(limit + 1)
-        if len(raw) > limit:
-            raise PayloadTooLarge(f"request body is larger than {limit} bytes")
-        encoding = (parser_context or {}).get("encoding") or settings.DEFAULT_CHARSET
+    def load(self, raw: bytes, encoding: str) -> Any:
         try:
             data = yaml.load(raw.decode(encoding), Loader=_SafeWithoutAliases)  # noqa: S506 - a SafeLoader
         except RecursionError as exc:

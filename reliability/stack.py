@@ -57,8 +57,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll another process's observable state until ``condition`` holds."""
+def wait_for(condition: Callable[[], Any], timeout: float, what: str, *, every: float = 0.1) -> Any:
+    """Poll another process's observable state every ``every`` seconds until
+    ``condition`` returns something truthy, and return it; TimeoutError after
+    ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
         result = condition()
@@ -66,7 +68,7 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
             return result
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.1)
+        time.sleep(every)
 
 
 def parents() -> dict[int, int]:

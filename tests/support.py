@@ -5,42 +5,37 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
 from django.conf import settings
 
+# The stack's helpers, owned by reliability/stack.py (stdlib only, which make chaos and
+# make load run outside the suite) and shared with the tests.
+from reliability.stack import free_port as free_port
+from reliability.stack import wait_for
+
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_until(
     condition: Callable[[], T | None], *, timeout: float = 30.0, what: str = "condition"
 ) -> T:
-    """Poll ``condition`` until it returns something truthy; fail after ``timeout``.
+    """Poll ``condition`` until it returns something truthy; fail the test after
+    ``timeout`` (``reliability.stack.wait_for``, every 50 ms).
 
     Used only to wait for another process to reach a state we can observe (a port open,
     a row written); never as a stand-in for ordering inside the test process.
     """
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
+    try:
+        result: T = wait_for(condition, timeout, what, every=0.05)
+    except TimeoutError as exc:
+        raise AssertionError(str(exc)) from None
+    return result
 
 
 def shared_database_url() -> str:

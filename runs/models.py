@@ -272,15 +272,6 @@ class Node(Timestamps):
     ``NodeStatus``): its place among its siblings, how it runs its children and meets
     their failure, and the counters the engine keeps of them."""
 
-    # No single-column index: each table's (run, status) index leads with it (see
-    # Step.task for why a redundant one costs more than its writes).
-    run = models.ForeignKey(
-        Run,
-        on_delete=models.CASCADE,
-        related_name="%(class)ss",
-        db_index=False,
-        db_constraint=False,
-    )
     # Copied from the attempt so events and filters need no join.
     attempt_number = models.PositiveSmallIntegerField()
     name = models.CharField(max_length=100)
@@ -311,7 +302,11 @@ class Node(Timestamps):
 
 
 class Agent(Node):
-    # No index of its own: agent_unique_name leads with it.
+    # No single-column indexes on these two: agent_run_status and agent_unique_name lead
+    # with them (see Step.task for why a redundant one costs more than its writes).
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="agents", db_index=False, db_constraint=False
+    )
     attempt = models.ForeignKey(
         RunAttempt,
         on_delete=models.CASCADE,
@@ -340,7 +335,11 @@ class Agent(Node):
 
 
 class Task(Node):
-    # No index of its own: task_unique_name and task_ready lead with it.
+    # No single-column indexes: task_run_status and task_unique_name lead with these (see
+    # Step.task).
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="tasks", db_index=False, db_constraint=False
+    )
     agent = models.ForeignKey(
         Agent, on_delete=models.CASCADE, related_name="tasks", db_index=False, db_constraint=False
     )

@@ -37,7 +37,7 @@ from common.errors import ERROR_CODES
 from common.stores import broker_redis
 from runs import runners, selectors
 from runs.filters import RunnerJobFilter
-from runs.models import Runner, RunnerJob
+from runs.models import Runner
 
 TAG_RUNNERS = "runners"
 logger = logging.getLogger(__name__)
@@ -163,6 +163,10 @@ class JobOutput(serializers.Serializer[Any]):
     )
     error_code = serializers.CharField(
         help_text="A failed worker tool's job: the error code it failed with."
+    )
+    step_path = serializers.CharField(
+        help_text="Its step's place in the plan, `agent.task.step` (a worker tool's "
+        "`Context.step_path`)."
     )
 
 
@@ -661,7 +665,7 @@ class RunnerJobApi(ApiView):
     def get(self, request: Request, job_id: UUID) -> Response:
         """One runner job: its status and demands, the runner that holds it, its run,
         step, attempt and session, its result, error or signal, and its timestamps."""
-        job = RunnerJob.objects.filter(organization=organization_of(request), pk=job_id).first()
+        job = selectors.runner_job(organization=organization_of(request), job_id=job_id)
         if job is None:
             raise runners.RunnerJobNotFound(f"runner job {job_id} not found")
         return Response(JobOutput(job).data)
@@ -679,5 +683,8 @@ class RunnerJobStopApi(ApiView):
     def post(self, request: Request, job_id: UUID) -> Response:
         """claimed or running -> stopping; its runner is told at once. 409 otherwise."""
         validated(EmptyInput, request.data)
-        job = runners.stop_job(organization=organization_of(request), job_id=job_id)
+        organization = organization_of(request)
+        stopped = runners.stop_job(organization=organization, job_id=job_id)
+        # Read again with its step's path, as the other routes read a job.
+        job = selectors.runner_job(organization=organization, job_id=stopped.pk)
         return Response(JobOutput(job).data)

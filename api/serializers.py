@@ -421,7 +421,9 @@ class StepOutput(FastOutput):
     waiting_reason = serializers.CharField(
         help_text="Why a PENDING (or PAUSED) step waits: `rate_limited:<name>` while it waits "
         "for a rate limit's units, `timer` while a `wait` step waits for its time (until "
-        "`next_run_at`, its wake time); empty when it does not."
+        "`next_run_at`, its wake time); a RUNNING step of a worker tool, "
+        "`no_worker_offers_tool` while no online worker offers its tool at its version "
+        "(docs/tools.md); empty when it does not."
     )
     rate_limits = serializers.JSONField(
         help_text="The rate limits it spends, as the plan wrote them: `[{name, units, key}]`."
@@ -453,9 +455,16 @@ class StepOutput(FastOutput):
     )
     job = serializers.UUIDField(
         allow_null=True,
-        help_text="A `runner` step: its current attempt's runner job "
+        help_text="A `runner` step or a worker tool's: its current attempt's runner job "
         "(`GET /runner-jobs/{id}`, `POST /runner-jobs/{id}/stop`), from the moment the "
         "attempt creates it; null for other tools and before.",
+    )
+    progress = serializers.JSONField(
+        allow_null=True,
+        help_text="What a published tool (docs/tools.md) last said of how far it got in the "
+        "current attempt (`Context.heartbeat`, any JSON): a worker tool's as its job has it "
+        "(within a second), a fleet tool's as the step's lease renewal wrote it (every "
+        "`ENGINE_HEARTBEAT_SECONDS`); null before it says anything.",
     )
     child_run = serializers.UUIDField(
         allow_null=True,

@@ -611,6 +611,7 @@ def run_attempt(step: Step, attempt: int) -> Outcome:
         )
     saved = StepArtifacts(step)
     ctx.save_artifact = saved.save
+    ctx.progress = lambda progress: lease_keeper.report_progress(step.pk, attempt, progress)
     secrets = redactable(context.secrets_used.values())
     lease_keeper.begin(step.pk, step.run_id, attempt)
     try:

@@ -3,7 +3,10 @@
 One daemon thread per worker process, started on first use. While a step runs, it
 renews the step's lease and the run's `last_heartbeat` every ENGINE_HEARTBEAT_SECONDS
 (20 s by default); a short step never waits for it and costs it nothing. If the
-process dies, renewals stop and the lease sweep reclaims the step.
+process dies, renewals stop and the lease sweep reclaims the step. What the step's tool
+last said of its progress (``ToolContext.progress``: a published tool's
+``Context.heartbeat``) goes with the renewal, in the same row write: a tool that says it
+a thousand times a second still costs one write per interval.
 
 It also keeps a step's hard time limit when the worker task serves several steps (a
 doorbell, whose Celery time limit cannot be the step's): past the deadline it kills its
@@ -19,6 +22,7 @@ servers, and so are those left when the process is about to kill itself.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -36,12 +40,19 @@ from django.utils import timezone
 
 from common import metrics
 from common.connections import discard_interrupted_connection
+from common.text import unstorable_string
 from orchestrator.transport import CeleryTransport
 from runs.fairness import Slot, acquire_slot, release_slot, renew_slot
 from runs.models import Run, Step
 from runs.transitions import hand_back_steps
 
 logger = logging.getLogger(__name__)
+
+# A tool's progress larger than this, encoded, is not kept (logged instead): it is a
+# note of how far the tool got, read with its step, not an output.
+PROGRESS_MAX_BYTES = 64 * 1024
+# No progress said since the last renewal.
+_UNSAID = object()
 
 
 @dataclass(frozen=True)
@@ -69,6 +80,8 @@ class _LeaseKeeper:
         self.lock = threading.Lock()
         self.current: tuple[int, Any, int] | None = None  # step id, run id, attempt
         self.since = 0.0
+        # What the current step's tool said of its progress since the last renewal.
+        self.progress: Any = _UNSAID
         self.deadline: float | None = None  # monotonic; the hard limit of the step
         self.thread: threading.Thread | None = None
         # The organization's slot the worker holds (runs.fairness), renewed alike.
@@ -82,11 +95,21 @@ class _LeaseKeeper:
         with self.lock:
             self.current = (step_id, run_id, attempt)
             self.since = time.monotonic()
+            self.progress = _UNSAID
             self._start()
 
     def end(self) -> None:
         with self.lock:
             self.current = None
+            self.progress = _UNSAID
+
+    def report_progress(self, step_id: int, attempt: int, progress: Any) -> None:
+        """The running step's tool says how far it got: written with the next renewal
+        (none while ``step_id``'s ``attempt`` is not the step running here)."""
+        with self.lock:
+            current = self.current
+            if current is not None and (current[0], current[2]) == (step_id, attempt):
+                self.progress = progress
 
     def hold(self, slot: Slot | None) -> None:
         """Renew ``slot`` while it is held (None: none held any more)."""
@@ -143,8 +166,10 @@ class _LeaseKeeper:
             with self.lock:
                 current, since, deadline = self.current, self.since, self.deadline
                 due = current is not None and time.monotonic() - since >= interval
+                progress = _UNSAID
                 if due:
                     self.since = time.monotonic()
+                    progress, self.progress = self.progress, _UNSAID
                 slot = self.slot
                 slot_due = slot is not None and time.monotonic() - self.slot_since >= interval
                 if slot_due:
@@ -164,7 +189,7 @@ class _LeaseKeeper:
                 os.kill(os.getpid(), signal.SIGKILL)
             if due and current is not None:
                 try:
-                    renew(*current)
+                    renew(*current, progress=progress)
                 except Exception:
                     logger.warning("lease renewal failed", exc_info=True)
                     close_old_connections()
@@ -186,16 +211,45 @@ class _LeaseKeeper:
             close_old_connections()
 
 
-def renew(step_id: int, run_id: Any, attempt: int) -> bool:
-    """Extend the lease of a step still running this attempt; bump the run's heartbeat."""
+def renew(step_id: int, run_id: Any, attempt: int, *, progress: Any = _UNSAID) -> bool:
+    """Extend the lease of a step still running this attempt, keeping ``progress`` (what
+    its tool said since the last renewal, if anything) on its row; bump the run's
+    heartbeat."""
     now = timezone.now()
-    lease = now + timedelta(seconds=float(settings.ENGINE_LEASE_SECONDS))
-    renewed = Step.objects.filter(pk=step_id, status="running", attempts=attempt).update(
-        lease_expires_at=lease
-    )
+    changes: dict[str, Any] = {
+        "lease_expires_at": now + timedelta(seconds=float(settings.ENGINE_LEASE_SECONDS))
+    }
+    kept = _progress_kept(step_id, progress)
+    if kept is not _UNSAID:
+        changes["progress"] = {"attempt": attempt, "value": kept}
+    renewed = Step.objects.filter(pk=step_id, status="running", attempts=attempt).update(**changes)
     if renewed:
         Run.objects.filter(pk=run_id).update(last_heartbeat=now)
     return bool(renewed)
+
+
+def _progress_kept(step_id: int, progress: Any) -> Any:
+    """``progress`` as it is kept: a copy made through JSON (the tool may change the
+    object it gave meanwhile, in its own thread), or ``_UNSAID`` when there is none to
+    keep: nothing said, or not what a jsonb column stores (not JSON, a NaN, a NUL
+    character), or too large. The lease is renewed all the same: a note of how far a
+    tool got never costs its step."""
+    if progress is _UNSAID:
+        return _UNSAID
+    kept: Any = _UNSAID
+    try:
+        encoded = json.dumps(progress, allow_nan=False)
+    except (TypeError, ValueError, RuntimeError) as exc:  # RuntimeError: changed meanwhile
+        problem: str | None = str(exc)
+    else:
+        kept = json.loads(encoded)
+        problem = unstorable_string(kept)
+        if len(encoded) > PROGRESS_MAX_BYTES:
+            problem = f"over {PROGRESS_MAX_BYTES} bytes"
+    if problem is not None:
+        logger.warning("step %s: progress not kept: %s", step_id, problem)
+        return _UNSAID
+    return kept
 
 
 lease_keeper = _LeaseKeeper()

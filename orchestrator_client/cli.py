@@ -582,8 +582,9 @@ def runs_ls(
 @runs_app.command("show")
 @guarded
 def runs_show(run_id: RunArgument, as_json: JsonOption = False) -> None:
-    """One run: status, progress, credits, last error, failed steps, and the runner jobs
-    and child runs its steps started."""
+    """One run: status, progress, credits, last error, failed steps, the runner jobs and
+    child runs its steps started, and what its running steps wait for or their tools
+    last said of their progress."""
     out = Output(as_json)
     with client() as api:
         run = api.get_run(run_id)
@@ -593,7 +594,8 @@ def runs_show(run_id: RunArgument, as_json: JsonOption = False) -> None:
         # The current attempt's work elsewhere, a page of each at most.
         jobs = list(api.steps(run_id, tool="runner", page_size=SHOWN_WORK, limit=SHOWN_WORK))
         children = list(api.steps(run_id, tool="run", page_size=SHOWN_WORK, limit=SHOWN_WORK))
-        # Parked steps say what they wait for (a worker tool nobody offers now, say).
+        # Parked steps say what they wait for (a worker tool nobody offers now, say),
+        # running published tools how far they got.
         running = (
             list(api.steps(run_id, status="running", page_size=SHOWN_WORK, limit=SHOWN_WORK))
             if run["counts"]["steps"].get("running")
@@ -621,6 +623,11 @@ def runs_show(run_id: RunArgument, as_json: JsonOption = False) -> None:
             out.line(
                 f"waiting   {_step_path(step)} (step {step['id']}, {step['tool']}): "
                 f"{step['waiting_reason']}"
+            )
+        elif step.get("progress") is not None:  # a published tool's, fleet or worker
+            out.line(
+                f"progress  {_step_path(step)} (step {step['id']}, {step['tool']}): "
+                f"{json.dumps(step['progress'])}"
             )
 
 

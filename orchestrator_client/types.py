@@ -208,8 +208,9 @@ class Step(TypedDict):
     completed_at: str | None
     duration_ms: int | None
     waited_ms: int  # time parked (rate limits, timers) before the attempt that ran the tool
-    job: str | None  # a `runner` step: its current attempt's runner job
+    job: str | None  # a `runner` step's or a worker tool's: its current attempt's runner job
     child_run: str | None  # a `run` step: the child run its current attempt started
+    progress: Any  # what a published tool last said of how far it got (docs/tools.md)
 
 
 class Event(TypedDict):
@@ -354,6 +355,7 @@ class RunnerJob(TypedDict):
     params: Any
     progress: Any
     error_code: str
+    step_path: str  # the step's `agent.task.step`
 
 
 class ToolVersion(TypedDict):

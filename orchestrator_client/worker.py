@@ -317,6 +317,7 @@ class Worker:
             run_id=str(payload["run"]),
             step_id=int(payload["step"]),
             attempt=int(payload["attempt"]),
+            step_path=str(payload.get("step_path") or ""),
             job_id=job_id,
             upload=self._uploader(str(payload["run"])),
         )

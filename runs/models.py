@@ -457,6 +457,11 @@ class Step(Timestamps):
     # span, the parent of the wait's span and of a runner's job.
     trace_context = models.CharField(max_length=128, blank=True, default="", db_default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # What a fleet tool last said of its progress (``Context.heartbeat``), written with
+    # its lease's renewal (orchestrator.heartbeat), as ``{"attempt": N, "value": ...}``:
+    # shown with the step while N is its latest attempt. A worker tool's is its job's
+    # (RunnerJob.progress), read from there (runs/queries/steps_page.sql).
+    progress = models.JSONField(null=True, blank=True)
     worker = models.CharField(max_length=200, blank=True)
     # Celery task id of the attempt in flight, for revoke(terminate=True) on cancel.
     celery_task_id = models.CharField(max_length=100, blank=True)

@@ -50,6 +50,7 @@ from runs.models import (
     Step,
 )
 from runs.outbox import after_commit, wake_runners
+from runs.selectors import with_step_path
 from runs.services import lock_run
 from runs.states import InvalidTransition
 from runs.transitions import record_event
@@ -336,7 +337,7 @@ def poll(
     if not claimed:
         return Poll(registered_at=runner.registered_at)
     jobs = list(
-        RunnerJob.objects.select_related("run")
+        with_step_path(RunnerJob.objects.select_related("run"))
         .filter(pk__in=claimed)
         .order_by("priority", "created_at", "id")
     )

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Count
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from runs.models import Agent, HistoryEvent, Run, Step, Task
@@ -151,6 +151,7 @@ class Work:
     status: str
     job: Any  # UUID or None
     child_run: Any  # UUID or None
+    waiting_reason: str = ""  # a worker tool's: no_worker_offers_tool while none offers it
 
 
 @dataclass
@@ -507,13 +508,16 @@ WORK_SHOWN = 100
 
 
 def work_elsewhere(run: Run) -> list[Work]:
-    """The current attempt's `runner` and `run` steps, in plan order, with the job or the
-    child run each one's current attempt started (``selectors.with_work``)."""
-    steps = Step.objects.filter(
-        run=run, attempt_number=run.attempt_number, tool__in=("runner", "run")
-    ).select_related("task__agent")
-    rows = with_work(steps).order_by(
-        "task__agent__position", "task__position", "generation", "position"
+    """The current attempt's `runner` and `run` steps and worker tools' steps (parked on a
+    job), in plan order, with the job or the child run each one's current attempt started
+    (``selectors.with_work``)."""
+    steps = Step.objects.filter(run=run, attempt_number=run.attempt_number).filter(
+        Q(tool__in=("runner", "run")) | Q(tool__contains=".")
+    )
+    rows = (
+        with_work(steps.select_related("task__agent"))
+        .filter(Q(tool__in=("runner", "run")) | Q(job__isnull=False))
+        .order_by("task__agent__position", "task__position", "generation", "position")
     )[:WORK_SHOWN]
     return [
         Work(
@@ -523,6 +527,7 @@ def work_elsewhere(run: Run) -> list[Work]:
             step.status,
             step.job,  # type: ignore[attr-defined]
             step.child_run,  # type: ignore[attr-defined]
+            step.waiting_reason,
         )
         for step in rows
     ]

@@ -24,10 +24,14 @@ from django.db.models import (
     CharField,
     F,
     Func,
+    OuterRef,
     QuerySet,
+    Subquery,
     UUIDField,
+    Value,
     When,
 )
+from django.db.models.functions import Concat
 
 from billing.models import Organization
 from common.filters import MAX_BIGINT, QueryData
@@ -198,21 +202,49 @@ def steps_page(
 
 def with_work(steps: QuerySet[Step]) -> QuerySet[Step]:
     """Each step with ``job``, the id of its latest attempt's runner job (a `runner`
-    step), and ``child_run``, the child run its latest attempt started (a `run` step);
-    None for other tools and until the attempt creates them (engine.step_work)."""
+    step's, engine.step_work; a worker tool's, by the job's (step, attempt) index), and
+    ``child_run``, the child run its latest attempt started (a `run` step); None for
+    other tools and until the attempt creates them."""
     work = Func(F("pk"), F("tool"), template=INLINED % "engine.step_work", output_field=UUIDField())
+    tool_job = RunnerJob.objects.filter(step=OuterRef("pk")).order_by("-attempt").values("id")
     return steps.annotate(
-        job=Case(When(tool="runner", then=work), output_field=UUIDField()),
+        job=Case(
+            When(tool="runner", then=work),
+            # A published tool's name has a dot; a fleet tool's step has no job.
+            When(tool__contains=".", then=Subquery(tool_job[:1])),
+            output_field=UUIDField(),
+        ),
         child_run=Case(When(tool="run", then=work), output_field=UUIDField()),
+    )
+
+
+def with_step_path(jobs: QuerySet[RunnerJob]) -> QuerySet[RunnerJob]:
+    """Each job with ``step_path``, its step's ``agent.task.step`` (what a worker tool's
+    ``Context.step_path`` says), read in the jobs' own statement: joins by primary key."""
+    return jobs.annotate(
+        step_path=Concat(
+            "step__task__agent__name",
+            Value("."),
+            "step__task__name",
+            Value("."),
+            "step__name",
+            output_field=CharField(),
+        )
     )
 
 
 def runner_job_list(
     *, organization: Organization, query: QueryData | None = None
 ) -> QuerySet[RunnerJob]:
-    """The organization's runner jobs (``RunnerJobFilter``), newest first."""
-    jobs = RunnerJob.objects.filter(organization=organization)
+    """The organization's runner jobs (``RunnerJobFilter``), newest first, each with its
+    ``step_path``."""
+    jobs = with_step_path(RunnerJob.objects.filter(organization=organization))
     return RunnerJobFilter(query or {}, queryset=jobs).filtered().order_by("-created_at", "-id")
+
+
+def runner_job(*, organization: Organization, job_id: Any) -> RunnerJob | None:
+    """One of the organization's runner jobs, with its ``step_path``; None if none."""
+    return with_step_path(RunnerJob.objects.filter(organization=organization, pk=job_id)).first()
 
 
 def run_history(run: Run | UUID | str) -> QuerySet[HistoryEvent]:

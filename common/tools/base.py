@@ -71,6 +71,9 @@ class ToolContext:
     save_artifact: Callable[[str, BinaryIO, int, str], dict[str, Any]] = field(
         default=_no_artifacts
     )
+    # Keeps what the tool says of how far it got (any JSON), on the step's row with the
+    # next lease renewal (orchestrator.heartbeat): a client reads it with the step.
+    progress: Callable[[Any], None] = field(default=lambda progress: None)
 
     def save_bytes(self, name: str, data: bytes, content_type: str = "") -> dict[str, Any]:
         """Save ``data`` as the artifact ``name``."""

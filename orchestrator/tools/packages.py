@@ -67,18 +67,24 @@ def load(names: Iterable[str] | None = None) -> list[Tool[Any]]:
     registry.use_remote(remote)
     wanted = list(settings.ORCHESTRATOR_TOOL_PACKAGES if names is None else names)
     for entry in metadata.entry_points(group=GROUP):
-        if not _wanted(entry, wanted):
-            continue
-        for found in tools_in(entry.load()):
-            known = _loaded.get(found.name)
-            if known is not None and known is not found:
-                raise RuntimeError(
-                    f"tool {found.name} is declared twice: by {known.function.__module__} and "
-                    f"by {found.function.__module__} (entry point {entry.name})"
-                )
-            _loaded[found.name] = found
-            registry.register_published(found.name, _runner_of(found))
+        if _wanted(entry, wanted):
+            register(tools_in(entry.load()), source=f"entry point {entry.name}")
     return list(_loaded.values())
+
+
+def register(tools: Iterable[Tool[Any]], *, source: str) -> None:
+    """Run ``tools`` on this worker, published with the others once it is ready: what
+    ``load`` does with an entry point's (``source`` names where they came from). A tool
+    name declared twice is refused, naming both."""
+    for found in tools:
+        known = _loaded.get(found.name)
+        if known is not None and known is not found:
+            raise RuntimeError(
+                f"tool {found.name} is declared twice: by {known.function.__module__} and "
+                f"by {found.function.__module__} ({source})"
+            )
+        _loaded[found.name] = found
+        registry.register_published(found.name, _runner_of(found))
 
 
 def loaded() -> list[Tool[Any]]:
@@ -138,7 +144,7 @@ def _runner_of(tool: Tool[Any]) -> Any:
             attempt=ctx.attempt,
             step_path=lambda: step_path(ctx.step_id),
             timeout_s=ctx.timeout_s,
-            progress=lambda progress: logger.debug("step %s: progress %s", ctx.step_id, progress),
+            progress=ctx.progress,
             stop_requested=ctx.stop_requested,
             upload=ctx.save_artifact,
         )

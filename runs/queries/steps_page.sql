@@ -1,8 +1,10 @@
 -- A page of a run's steps of one attempt (GET /runs/{id}/steps: runs.selectors.
 -- steps_page), in plan order, each with the names of its task and agent, the work its
--- current attempt started (engine.step_work) and how many steps match in all (`total`,
--- on every row). The page is cut on the ordering keys alone; the steps' columns (JSON
--- parameters and outputs) are read for the page's rows only.
+-- current attempt started (engine.step_work; a worker tool's job, by the job's unique
+-- (step, attempt) index), what its tool last said of its progress in that attempt (a
+-- worker tool's on its job, a fleet tool's on the step's row) and how many steps match
+-- in all (`total`, on every row). The page is cut on the ordering keys alone; the steps'
+-- columns (JSON parameters and outputs) are read for the page's rows only.
 -- %(run)s; %(attempt)s (NULL: the run's current attempt), %(task)s, %(status)s,
 -- %(tool)s (NULL: any; runs.filters.StepFilter names them); %(limit)s, %(offset)s.
 SELECT s.id, s.task_id, page.task_name, page.agent_name, s.name, s.attempt_number,
@@ -10,8 +12,11 @@ SELECT s.id, s.task_id, page.task_name, page.agent_name, s.name, s.attempt_numbe
        s.status, s.attempts, s.failures, s.reclaims, s.next_run_at, s.waiting_reason,
        s.rate_limits, s.output, s.error, s.handled, s.cost, s.reused_from, s.cached_from,
        s.created_at, s.started_at, s.completed_at, s.duration_ms, s.waited_ms,
-       CASE s.tool WHEN 'runner' THEN started.work END AS job,
+       CASE s.tool WHEN 'runner' THEN started.work ELSE tool_job.id END AS job,
        CASE s.tool WHEN 'run' THEN started.work END AS child_run,
+       CASE WHEN tool_job.attempt = s.attempts THEN tool_job.progress
+            WHEN (s.progress ->> 'attempt')::integer = s.attempts THEN s.progress -> 'value'
+       END AS progress,
        page.total
 FROM (
     SELECT s.id, t.name AS task_name, a.name AS agent_name, count(*) OVER () AS total,
@@ -32,5 +37,12 @@ FROM (
 ) page
 JOIN runs_step s ON s.id = page.id
 CROSS JOIN LATERAL engine.step_work(s.id, s.tool) started
+-- A published tool's name has a dot, a built-in tool's none: only the former have jobs.
+LEFT JOIN LATERAL (
+    SELECT j.id, j.attempt, j.progress FROM runs_runnerjob AS j
+    WHERE strpos(s.tool, '.') > 0 AND j.step_id = s.id
+    ORDER BY j.attempt DESC
+    LIMIT 1
+) AS tool_job ON true
 ORDER BY page.agent_position, page.task_generation, page.task_position, page.generation,
          page.position, page.id

@@ -206,3 +206,37 @@ def test_a_failure_reported_with_the_tools_code_fails_the_attempt_with_it(
         "no such text",
         False,
     )
+
+
+def test_a_job_names_its_steps_path_wherever_a_runner_or_a_client_reads_it(
+    tenant: Tenant,
+) -> None:
+    runner_id = worker(tenant, "host-a")
+    first, second = tool_job(tenant, {"text": "1"}), tool_job(tenant, {"text": "2"})
+    path = "agent-0.task-0.s"  # factories.plan's agent and task, tool_job's step
+
+    one = poll(tenant, runner_id).json()["job"]
+    many = poll(tenant, runner_id, max_jobs=5).json()["jobs"]
+    shown = tenant.get(f"/api/v1/runner-jobs/{first.pk}").json()
+    listed = tenant.get("/api/v1/runner-jobs").json()["results"]
+    stopped = tenant.post(f"/api/v1/runner-jobs/{second.pk}/stop", {}).json()
+
+    assert [job["step_path"] for job in [one, *many, shown, *listed, stopped]] == [path] * 6
+    assert (one["id"], many[0]["id"]) == (str(first.pk), str(second.pk))
+
+
+def test_a_worker_tools_progress_and_job_are_read_with_its_step(tenant: Tenant) -> None:
+    runner_id = worker(tenant, "host-a")
+    job = tool_job(tenant, {"text": "x"})
+    steps = f"/api/v1/runs/{job.run_id}/steps"
+    before = tenant.get(steps).json()["results"][0]
+    poll(tenant, runner_id)
+
+    tenant.post(
+        "/api/v1/runner/heartbeat",
+        {"runner_id": runner_id, "progress": {str(job.pk): {"done": 3, "of": 10}}},
+    )
+
+    shown = tenant.get(steps).json()["results"][0]
+    assert (before["job"], before["progress"]) == (str(job.pk), None)
+    assert (shown["job"], shown["progress"]) == (str(job.pk), {"done": 3, "of": 10})

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.heartbeat import renew
 from orchestrator_client import Client
 from orchestrator_client.types import STATUS_ONLY
-from runs.models import RunnerJob
+from runs.models import RunnerJob, Step
+from runs.transitions import claim_step
 from tests.api import states
 from tests.client.conftest import Orch, Tenant
 
@@ -78,3 +80,17 @@ def test_status_polls_leave_the_plan_and_the_outputs_out(client: Client, tenant:
     assert "plan" not in update.run
     assert "outputs" not in update.run
     assert status_only["progress"] == whole["progress"]
+
+
+def test_runs_show_says_how_far_a_running_steps_tool_got(orch: Orch, tenant: Tenant) -> None:
+    run = states.running(tenant.organization)
+    step = Step.objects.filter(run=run).order_by("id").first()
+    assert step is not None
+    assert claim_step(step.pk, worker="test", task_id="test", lease_seconds=60) is not None
+    renew(step.pk, run.pk, 1, progress={"of": 9, "sentence": 3})
+
+    shown = orch.run("runs", "show", str(run.pk))
+
+    assert shown.returncode == 0, shown.stderr
+    path = f"{step.task.agent.name}.{step.task.name}.{step.name}"
+    assert f'progress  {path} (step {step.pk}, noop): {{"of": 9, "sentence": 3}}' in shown.stdout

@@ -1,5 +1,6 @@
-"""How an `orch worker` (orchestrator_client.worker.Worker) reports to the real API over
-HTTP: the jobs of one poll, ended together, reported in one request."""
+"""How an `orch worker` (orchestrator_client.worker.Worker) serves jobs from the real API
+over HTTP: the context it hands a tool, and the jobs of one poll, ended together,
+reported in one request."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from api.models import IdempotencyRecord
 from orchestrator_client import worker as worker_module
-from orchestrator_client.tools import tool
+from orchestrator_client.tools import Context, tool
 from orchestrator_client.worker import Worker
 from runs import services
 from runs.engine.start import run_start
@@ -31,13 +32,20 @@ def double(n: int) -> int:
     return 2 * n
 
 
-def parked(tenant: Tenant, count: int) -> list[RunnerJob]:
-    """A run of ``count`` parallel steps of ``testing.double``, parked by the session's
-    fleet on their jobs."""
+@tool(name="testing.where", version="1")
+def where(ctx: Context) -> dict[str, Any]:
+    """Which attempt of which step this is, as the context says."""
+    return {"run": ctx.run_id, "step": ctx.step_id, "attempt": ctx.attempt, "path": ctx.step_path}
+
+
+def parked(tenant: Tenant, count: int, tool: str = "testing.double") -> list[RunnerJob]:
+    """A run of ``count`` parallel steps of ``tool`` (``testing.double`` by default),
+    parked by the session's fleet on their jobs."""
     spec = factories.plan(name="doubles")
     spec["agents"][0]["tasks"][0] |= {"mode": "parallel", "max_concurrent_steps": count}
     spec["agents"][0]["tasks"][0]["steps"] = [
-        {"name": f"s{n}", "tool": "testing.double", "params": {"n": n}} for n in range(count)
+        {"name": f"s{n}", "tool": tool, "params": {"n": n} if tool == "testing.double" else {}}
+        for n in range(count)
     ]
     run = services.run_create(organization=tenant.organization, plan=spec)
     run_start(run_id=run.pk)
@@ -70,3 +78,24 @@ def test_the_jobs_of_one_poll_are_reported_in_one_request(tenant: Tenant, monkey
     assert len(batches) == 1
     assert len(batches[0].response_body["results"]) == 4
     wait_until(lambda: not worker.jobs, timeout=5, what="the slots given back")
+
+
+def test_a_tool_on_a_worker_is_told_its_steps_path_run_and_attempt(tenant: Tenant) -> None:
+    worker = Worker([where], url=tenant.url, api_key=tenant.key, concurrency=1, poll_wait=0)
+    worker.register()
+    (job,) = parked(tenant, 1, tool="testing.where")
+
+    worker.poll_once()
+
+    done = wait_until(
+        lambda: Step.objects.filter(pk=job.step_id, status="completed").first(),
+        timeout=20,
+        what="the job reported",
+    )
+    assert done.output == {
+        "run": str(job.run_id),
+        "step": job.step_id,
+        "attempt": job.attempt,
+        "path": "agent-0.task-0.s0",
+    }
+    wait_until(lambda: not worker.jobs, timeout=5, what="the slot given back")

@@ -20,7 +20,7 @@ from django.utils import timezone
 from billing.pricing import tool_price
 from billing.services import api_key_create
 from orchestrator.tools import packages
-from runs import catalogue, runners, services
+from runs import catalogue, runners, selectors, services
 from runs.models import NO_WORKER_OFFERS_TOOL, Run, Runner, RunnerJob, Step
 from runs.plan import PlanInvalid
 from tests import factories
@@ -179,6 +179,39 @@ def test_progress_and_a_cancel_reach_the_function(start_worker: Any, tmp_path: P
     assert stopped.signal == "SIGTERM"
     assert Step.objects.get(pk=job.step_id).status == "cancelled"
     assert_books_balanced(wait_for(run))
+
+
+def test_a_fleet_tools_progress_is_read_with_its_step_and_a_cancel_ends_it() -> None:
+    packages.publish("fleet-test")
+    organization = factories.org()
+    text = " ".join(f"Sentence {n} is here." for n in range(2_000))
+    run = submit(
+        one_task(
+            {
+                "name": "stats",
+                "tool": "acme.word_stats",
+                "timeout": "5m",
+                "params": {"text": text, "pause": 0.05},
+            }
+        ),
+        organization=organization,
+    )
+
+    # Written by the step's lease renewal (ENGINE_HEARTBEAT_SECONDS), read as the API
+    # reads the steps.
+    def progress() -> Any:
+        _, rows = selectors.steps_page(run=run, query={}, limit=10, offset=0)
+        said = rows[0]["progress"] if rows else None
+        return said if said and said["sentence"] >= 2 else None
+
+    said = wait_until(progress, timeout=30, what="the tool's progress to be kept")
+    services.run_cancel(run_id=run.pk)
+
+    done = wait_for(run, timeout=30)
+    assert said["of"] == 2_000
+    step = Step.objects.get(run=run, name="stats")
+    assert (done.status, step.status, step.output) == ("cancelled", "cancelled", None)
+    assert_books_balanced(done)
 
 
 def test_a_tool_that_ignores_a_stop_is_ended_after_the_grace_period(

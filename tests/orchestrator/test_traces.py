@@ -25,6 +25,7 @@ from runs import approvals, children, services
 from runs.engine import control
 from runs.engine.start import run_start
 from runs.models import Run, RunnerJob, Step
+from runs.selectors import runner_job_list
 from tests import factories
 from tests.api.conftest import make_tenant
 from tests.factories import step
@@ -221,7 +222,7 @@ def test_a_runner_job_carries_its_attempts_context_and_the_runner_continues_it(
     job = RunnerJob.objects.get(run=run)
     (attempt,) = named(traced.get_finished_spans(), "step agent")
     assert job.trace_context == tracing.traceparent(attempt)  # type: ignore[arg-type]
-    payload = dict(JobOutput(job).data)
+    payload = dict(JobOutput(runner_job_list(organization=run.organization).get(pk=job.pk)).data)
     assert payload["traceparent"] == job.trace_context
 
     posted: list[tuple[str, dict[str, Any]]] = []

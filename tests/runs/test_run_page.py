@@ -17,12 +17,14 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from runs import runpage, services, svg
+from orchestrator.tools.packages import remote
+from runs import catalogue, runpage, services, svg
+from runs.engine.outcomes import Outcome, record
 from runs.engine.start import run_start
 from runs.materialize import add_handler_rows
-from runs.models import Run, RunEvent, Step
+from runs.models import NO_WORKER_OFFERS_TOOL, Run, RunEvent, RunnerJob, Step
 from runs.selectors import run_history
-from runs.transitions import transition
+from runs.transitions import claim_step, transition
 from tests import factories
 from tests.api import states
 from tests.factories import step
@@ -428,3 +430,37 @@ def test_the_page_links_each_steps_runner_job_and_child_run(operator: Client) ->
     assert reverse("admin:runs_runnerjob_change", args=[job.pk]) in with_job
     assert reverse("admin:runs_run_change", args=[child.pk]) in with_child
     assert "Work elsewhere" not in page_of(operator, started(factories.plan()))
+
+
+def test_the_page_links_a_worker_tools_job_and_says_it_waits_for_a_worker() -> None:
+    organization = factories.org()
+    definition = {
+        "name": "acme.summarize",
+        "version": "1",
+        "description": "",
+        "params_schema": {"type": "object", "properties": {"text": {"type": "string"}}},
+        "output_schema": {},
+        "cost": {},
+    }
+    catalogue.publish(
+        organization=organization, definitions=[catalogue.definition_from(definition)], by="gone"
+    )
+    spec = factories.plan(name="worker-tool", steps=1)
+    spec["agents"][0]["tasks"][0]["steps"] = [
+        {"name": "s", "tool": "acme.summarize", "params": {"text": "x"}}
+    ]
+    run = states.running_plan(organization, spec)
+    step = Step.objects.get(run=run, name="s")
+    claimed = claim_step(step.pk, worker="test", task_id="test", lease_seconds=60)
+    assert claimed is not None
+    wait = remote("acme.summarize").run({"text": "x"}, None)  # type: ignore[arg-type,misc]
+    record(step.pk, run.pk, claimed["attempts"], Outcome(wait=wait.wait))
+    job = RunnerJob.objects.get(step=step)
+
+    (work,) = runpage.work_elsewhere(run)
+
+    assert (work.tool, work.job, work.waiting_reason) == (
+        "acme.summarize",
+        job.pk,
+        NO_WORKER_OFFERS_TOOL,
+    )

@@ -18,8 +18,13 @@ SLEEP_WIDTH = 2_000
 SLEEP_S = 0.05
 
 
-def _noop(name: str) -> dict[str, Any]:
-    return {"name": name, "tool": "noop"}
+# fan_2000_tool: fan_2000's steps run this decorated no-op tool of the fleet
+# (bench/fleet_tools.py) instead of the built-in `noop`.
+FLEET_NOOP = "bench.fleet_noop"
+
+
+def _noop(name: str, tool: str = "noop") -> dict[str, Any]:
+    return {"name": name, "tool": tool}
 
 
 def sequential_plan(steps: int) -> dict[str, Any]:
@@ -42,8 +47,9 @@ def sequential_plan(steps: int) -> dict[str, Any]:
     }
 
 
-def fan_plan(width: int) -> dict[str, Any]:
-    """``width`` parallel no-op steps, all allowed at once, then one join step."""
+def fan_plan(width: int, tool: str = "noop") -> dict[str, Any]:
+    """``width`` parallel no-op steps, all allowed at once, then one join step, each of
+    the no-op ``tool``."""
     return {
         "name": f"bench-fan-{width}",
         "agents": [
@@ -55,9 +61,9 @@ def fan_plan(width: int) -> dict[str, Any]:
                         "name": "fan",
                         "mode": "parallel",
                         "max_concurrent_steps": width,
-                        "steps": [_noop(f"s{i}") for i in range(width)],
+                        "steps": [_noop(f"s{i}", tool) for i in range(width)],
                     },
-                    {"name": "join", "steps": [_noop("join")]},
+                    {"name": "join", "steps": [_noop("join", tool)]},
                 ],
             }
         ],

@@ -136,6 +136,7 @@ ROWS = (
     Row("seq_1000", "chain_1000", "chain_1000"),
     Row("fan_2000", "group_2000", "group_2000"),
     Row("fan_2000", "chord_2000", "chord_2000 (+join)"),
+    Row("fan_2000_tool", "fan_2000", "engine fan_2000"),
     Row("dag_1000", "fan_2000", "engine fan_2000"),
     Row("start_latency", "start_latency_raw", "apply_async->start"),
     Row("many_runs", "many_chains", "many_chains (500x5)"),
@@ -249,6 +250,9 @@ NOTES = (
     "ms/step = wall / steps; steps/s = steps / wall; ratio = engine ms/step / raw ms/step.",
     "fan_2000 counts its 2,000 parallel steps and the join step (2,001); chord_2000 counts "
     "2,000 header tasks and its body (2,001); group_2000 2,000 tasks.",
+    "fan_2000_tool: fan_2000 with every step (the join too) of a no-op tool written with "
+    "@tool and registered on the worker as a package's tools are (bench/fleet_tools.py), "
+    "against the built-in noop; ratio = fan_2000_tool / fan_2000.",
     "dag_1000 row: 1,000 one-step tasks (seed 42, up to 3 random earlier dependencies each) "
     "compared per node with the engine's own fan_2000 per step; ratio = dag / fan.",
     "start latency: median of 10 one-step runs, run_start -> the step's started_at "
@@ -464,6 +468,13 @@ def goals(figures: dict[str, Figure], rss: dict[str, int | None]) -> list[Goal]:
             )
             + both_unfair(extra("noisy_neighbour_unfair", "a_ratio")),
             lambda v: v <= 1.10,
+        ),
+        _goal(
+            "fan_2000_tool",
+            "fan_2000 of a decorated fleet tool within 5% of fan_2000 (wall time)",
+            ratio(get("fan_2000_tool", "wall_s"), get("fan_2000", "wall_s")),
+            "{:.3f}x" + both(get("fan_2000_tool", "wall_s"), get("fan_2000", "wall_s"), "{:.2f} s"),
+            lambda v: v <= 1.05,
         ),
         _goal(
             "runner_jobs_rate",

@@ -138,6 +138,8 @@ def scenario_table() -> list[tuple[str, str, int, Callable[[Engine, Raw], Sample
         ("seq_1000", "engine", 1000, lambda e, r: e.run(sequential_plan(1000), 1000)),
         ("chain_1000", "raw", 1000, lambda e, r: r.chain(1000)),
         ("fan_2000", "engine", 2001, lambda e, r: e.run(fan_plan(2000), 2001)),
+        # fan_2000 of a decorated tool of the fleet's (bench/fleet_tools.py).
+        ("fan_2000_tool", "engine", 2001, lambda e, r: e.fan_fleet_tool(2000)),
         ("group_2000", "raw", 2000, lambda e, r: r.group(2000)),
         ("chord_2000", "raw", 2001, lambda e, r: r.chord(2000)),
         ("dag_1000", "engine", 1000, lambda e, r: e.run(dag_plan(1000), 1000)),

@@ -38,16 +38,18 @@ from django.utils import timezone
 from billing.models import Organization
 from billing.services import api_key_create, credits_grant, organization_create
 from config.celery import app
-from runs import services
+from runs import catalogue, services
 from runs.engine.start import run_start
 from runs.models import Run, Step
 from runs.states import RUN_TERMINAL, RunStatus, StepStatus
 
 from .clients import Batch, Clients, Submission, shares
 from .plans import (
+    FLEET_NOOP,
     SLEEP_S,
     SLEEP_WIDTH,
     WIDE_FAN_WIDTH,
+    fan_plan,
     sequential_plan,
     sleep_fan_plan,
     wide_fan_plan,
@@ -273,6 +275,16 @@ class Engine:
             return Sample(steps, wall_s=wall)
         except Exception as exc:  # noqa: BLE001 - a failure is a figure too
             return Sample(steps, error=_describe(exc))
+
+    def fan_fleet_tool(self, width: int) -> Sample:
+        """``fan_plan(width)`` of the fleet's decorated no-op (bench/fleet_tools.py), once
+        the worker has published it: its plan is checked against the catalogue."""
+        started = time.perf_counter()
+        while catalogue.current_version(self.organization.pk, FLEET_NOOP) is None:
+            if time.perf_counter() - started > self.timeout or not self.alive():
+                return Sample(width + 1, error=f"the worker did not publish {FLEET_NOOP}")
+            time.sleep(POLL_S)
+        return self.run(fan_plan(width, FLEET_NOOP), width + 1)
 
     def fan_sleep(self, width: int = SLEEP_WIDTH, seconds: float = SLEEP_S) -> Sample:
         """``width`` parallel steps sleeping ``seconds`` each, and a join: how much of the

@@ -47,7 +47,8 @@ class Worker:
             [
                 sys.executable, "-m", "celery", "-A", "config", "worker",
                 "--queues", self.queues,
-                "--include", "bench.raw_tasks",
+                # The raw baselines' tasks; the fleet tool of fan_2000_tool.
+                "--include", "bench.raw_tasks,bench.fleet_tools",
                 "--concurrency", str(self.concurrency),
                 "--pool", "prefork",
                 "--hostname", self.hostname,

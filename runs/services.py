@@ -479,8 +479,8 @@ def run_fail(
         updates={"last_error": error},
     )
     if result.changed:
-        # Unfinished agents fail with the run (seed 000: a FAILED run has a FAILED
-        # agent), paused ones too (a paused run failed by its timeout or an operator);
+        # Unfinished agents fail with the run (a FAILED run has a FAILED agent),
+        # paused ones too (a paused run failed by its timeout or an operator);
         # their unfinished tasks and steps are cancelled.
         transition_many(
             Agent,
@@ -529,7 +529,7 @@ def run_cancel(
     """
     run = lock_run(run_id, organization)
     reason = storable_text(reason.strip()[:1000]) or "cancelled"
-    # Every way a run ends names its condition in last_error (seed 000's aborts): a
+    # Every way a run ends names its condition in last_error (as every abort does): a
     # person's cancel is `cancelled`, the sweep's says which timeout.
     updates: dict[str, Any] = {
         "cancel_reason": reason,

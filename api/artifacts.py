@@ -3,7 +3,9 @@ run's files, every route scoped to the key's organization (another's run or arti
 404), each view a thin caller of ``artifacts.services`` and ``artifacts.selectors``.
 
 Uploads are open to ``runner`` keys too: a runner uploads what its job produced with the
-key it polls with, and names the artifact in its result.
+key it polls with, and names the artifact in its result. A runner's upload for a job it
+holds (``POST /runner/jobs/{id}/artifacts``, a runner route) is an artifact of the job's
+step, as a fleet tool's is: an ``orch worker`` tool's ``Context.upload``.
 """
 
 from __future__ import annotations
@@ -78,6 +80,10 @@ class UploadInput(InputSerializer):
         allow_blank=True,
         help_text="The file part's own type when empty or not given.",
     )
+
+
+class JobUploadInput(UploadInput):
+    runner_id = StrictCharField(max_length=40, help_text="The runner holding the job.")
 
 
 class StartUploadInput(InputSerializer):
@@ -179,6 +185,41 @@ class RunArtifactsApi(ApiView):
         artifact = services.upload(
             organization=organization_of(request),
             run_id=run_id,
+            name=data["name"],
+            stream=upload,
+            size=upload.size or 0,
+            content_type=data.get("content_type") or upload.content_type or "",
+        )
+        return Response(_fresh(request, artifact), status=201)
+
+
+class JobArtifactsApi(ApiView):
+    parser_classes = (MultiPartParser,)
+    large_body = True
+    runner_route = True
+
+    @extend_schema(
+        tags=[TAG_ARTIFACTS],
+        summary="Upload an artifact of a job's step (multipart, runners)",
+        operation_id="runner_job_artifacts_upload",
+        request={"multipart/form-data": JobUploadInput},
+        responses={
+            201: ArtifactOutput,
+            503: OpenApiResponse(description="`storage_unavailable`: nothing was recorded."),
+            **error_responses(*WRITE_ERRORS, 404),
+        },
+    )
+    def post(self, request: Request, job_id: UUID) -> Response:
+        """As `POST /runs/{id}/artifacts`, in the job's run, the artifact naming the job's
+        step (`step`), as a fleet tool's does. 409 `not_job_owner` from a runner that does
+        not hold the job (claimed, running or stopping) now; nothing is stored then."""
+        _refuse_oversized(request)
+        data = validated(JobUploadInput, request.data)
+        upload = data["file"]
+        artifact = services.job_upload(
+            organization=organization_of(request),
+            runner_id=data["runner_id"],
+            job_id=job_id,
             name=data["name"],
             stream=upload,
             size=upload.size or 0,

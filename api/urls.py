@@ -88,6 +88,11 @@ urlpatterns = [
     path("runner/jobs/<uuid:job_id>/failed", runner_api.FailedApi.as_view(), name="job-failed"),
     path("runner/jobs/<uuid:job_id>/stopped", runner_api.StoppedApi.as_view(), name="job-stopped"),
     path("runner/reports", runner_api.ReportsApi.as_view(), name="runner-reports"),
+    path(
+        "runner/jobs/<uuid:job_id>/artifacts",
+        artifact_api.JobArtifactsApi.as_view(),
+        name="job-artifacts",
+    ),
     path("runners", runner_api.RunnersApi.as_view(), name="runners"),
     path("runner-jobs", runner_api.RunnerJobsApi.as_view(), name="runner-jobs"),
     path("runner-jobs/<uuid:job_id>", runner_api.RunnerJobApi.as_view(), name="runner-job"),

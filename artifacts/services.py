@@ -39,6 +39,7 @@ from billing.models import Organization
 from billing.quotas import QuotaExceeded
 from common.text import text_problem
 from runs.models import Run
+from runs.runners import held_job
 from runs.services import RunDeleted, lock_run
 from runs.states import RUN_TERMINAL
 
@@ -204,6 +205,32 @@ def upload(
         _abandon(artifact)
         raise
     return _available(artifact, stored)
+
+
+def job_upload(
+    *,
+    organization: Organization,
+    runner_id: str,
+    job_id: Any,
+    name: str,
+    stream: BinaryIO,
+    size: int,
+    content_type: str = "",
+) -> Artifact:
+    """Store ``stream`` as an artifact of the step whose job ``runner_id`` holds (a
+    worker tool's ``Context.upload``), as the fleet's executor saves a tool's: the
+    artifact names the step, in the job's run. A runner that does not hold the job is
+    refused before anything is stored (``runs.runners.held_job``)."""
+    job = held_job(organization=organization, runner_id=runner_id, job_id=job_id)
+    return upload(
+        organization=organization,
+        run_id=job.run_id,
+        name=name,
+        stream=stream,
+        size=size,
+        content_type=content_type,
+        step_id=job.step_id,
+    )
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,7 @@ from orchestrator.borrowing import borrowed, remember
 from orchestrator.context import StepContext, render_params
 from orchestrator.heartbeat import Held, give_back_slot, hand_back, lease_keeper
 from orchestrator.transport import CeleryTransport, serving
+from orchestrator_client.tools.context import with_artifacts
 from runs import callbacks, fairness
 from runs.engine import control, hotpath
 from runs.engine.dispatch import rearm, step_from_row, step_timeout_s
@@ -661,12 +662,7 @@ class StepArtifacts:
         object is kept under ``result``)."""
         if not self.saved or outcome.wait is not None:
             return outcome
-        output = outcome.output
-        if isinstance(output, dict):
-            output = {**output, "artifacts": self.saved}
-        else:
-            output = {"result": output, "artifacts": self.saved}
-        return dataclasses.replace(outcome, output=output)
+        return dataclasses.replace(outcome, output=with_artifacts(outcome.output, self.saved))
 
 
 # Why an artifact was not saved, as the step's error code (and whether to retry).

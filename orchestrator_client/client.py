@@ -1042,6 +1042,32 @@ class Client:
         """Upload a file to the run (multipart, streamed by the server). The API does not
         key this route (a second upload of a name is 409 ``artifact_exists``), so it is
         retried only when it cannot have happened."""
+        return self._multipart(f"runs/{_id(run_id)}/artifacts", name, content, content_type, {})
+
+    def upload_job_artifact(
+        self,
+        job_id: str,
+        runner_id: str,
+        name: str,
+        content: bytes | IO[bytes],
+        *,
+        content_type: str | None = None,
+    ) -> Artifact:
+        """Upload a file as an artifact of the step whose job the runner ``runner_id``
+        holds (a runner route: 409 ``not_job_owner`` once it no longer holds it);
+        retried as ``upload_artifact`` is."""
+        path = f"runner/jobs/{_id(job_id)}/artifacts"
+        return self._multipart(path, name, content, content_type, {"runner_id": runner_id})
+
+    def _multipart(
+        self,
+        path: str,
+        name: str,
+        content: bytes | IO[bytes],
+        content_type: str | None,
+        fields: dict[str, str],
+    ) -> Artifact:
+        """POST an artifact's file to ``path``, with ``fields`` beside its name."""
         stream = content if not isinstance(content, bytes) else None
         start = stream.tell() if stream is not None and stream.seekable() else None
 
@@ -1050,11 +1076,11 @@ class Client:
                 stream.seek(start)
 
         media = content_type or "application/octet-stream"
-        fields = {"name": name, **({"content_type": content_type} if content_type else {})}
+        form = {"name": name, **fields, **({"content_type": content_type} if content_type else {})}
         response = self.request(
             "POST",
-            f"runs/{_id(run_id)}/artifacts",
-            data=fields,
+            path,
+            data=form,
             files={"file": (name, content, media)},
             retry="unkeyed",
             rewind=rewind if start is not None else None,

@@ -20,6 +20,8 @@ or ``orch worker acme_tools.worker``. A worker is a runner of the runner protoco
   within ``grace_period`` is reported ``stopped`` with ``SIGTERM``; one that does not is
   ended (an exception raised in its thread at its next Python instruction), reported
   ``stopped`` with ``SIGKILL``, and its slot given back whatever it does next.
+- **Uploads** what a tool saves (``Context.upload``) as an artifact of its job's step
+  (``POST /runner/jobs/{id}/artifacts``), its output listing them as on the fleet.
 - **Reports** the outcome as the tool classified it (``completed`` with the output,
   ``failed`` with the engine's error code and whether it may be retried); a job still
   running ``STARTED_AFTER`` (0.2 s) after its claim is reported ``started`` first. The
@@ -55,6 +57,7 @@ from typing import IO, Any
 from orchestrator_client.client import Client
 from orchestrator_client.errors import ApiError, OrchestratorError
 from orchestrator_client.tools import Context, Outcome, Tool
+from orchestrator_client.tools.context import with_artifacts
 from orchestrator_client.tools.failures import Cancelled, ToolFailure
 
 logger = logging.getLogger("orchestrator_client.worker")
@@ -131,6 +134,8 @@ class Job:
     reporting: threading.Lock = field(default_factory=threading.Lock)
     ended: bool = False
     started: threading.Timer | None = None
+    # The ids of the artifacts its tool saved, listed in its output.
+    saved: list[str] = field(default_factory=list)
 
 
 class Worker:
@@ -313,15 +318,16 @@ class Worker:
         if found is None:  # the server hands out only what we offer
             self._enqueue(Queued(job_id, "failed", {"error": f"no tool {payload!r} here"}))
             return None
+        saved: list[str] = []
         context = Context(
             run_id=str(payload["run"]),
             step_id=int(payload["step"]),
             attempt=int(payload["attempt"]),
             step_path=str(payload.get("step_path") or ""),
             job_id=job_id,
-            upload=self._uploader(str(payload["run"])),
+            upload=self._uploader(job_id, saved),
         )
-        job = Job(job_id, found, dict(payload.get("params") or {}), context)
+        job = Job(job_id, found, dict(payload.get("params") or {}), context, saved=saved)
         with self._lock:
             self.jobs[job_id] = job
         return job
@@ -351,10 +357,13 @@ class Worker:
         with job.reporting:
             if job.ended:
                 return
-            job.ended = True
+            # Ended and queued under the queue's lock, which the reports thread holds
+            # while it asks whether a job is still running: it never sees this job
+            # ended before its report is queued (and sends the poll's in two requests).
             with self._queued:
+                job.ended = True
                 self._queue = [q for q in self._queue if q.job_id != job.id]
-            self._enqueue(Queued(job.id, kind, body, job))
+                self._enqueue(Queued(job.id, kind, body, job))
 
     def _run(self, job: Job) -> None:
         try:
@@ -386,7 +395,8 @@ class Worker:
         if job.context.stop_event.is_set():
             self._report_end(job, "stopped", {"signal": "SIGTERM"})
         elif outcome.failure is None:
-            self._report_end(job, "completed", {"result": outcome.output})
+            output = with_artifacts(outcome.output, job.saved)
+            self._report_end(job, "completed", {"result": output})
         else:
             failure = outcome.failure
             body = {"error": failure.message, "code": failure.code}
@@ -525,12 +535,22 @@ class Worker:
                 if job.id in progress:
                     job.progress_sent = progress[job.id]
 
-    def _uploader(self, run_id: str) -> Any:
+    def _uploader(self, job_id: str, saved: list[str]) -> Any:
+        """A job's ``Context.upload``: an artifact of the job's step, its id kept in
+        ``saved`` for the output."""
+
         def upload(name: str, stream: IO[bytes], size: int, content_type: str) -> dict[str, Any]:
-            artifact = self.client.upload_artifact(
-                run_id, name, stream, content_type=content_type or None
+            artifact = self.client.upload_job_artifact(
+                job_id, self.runner_id, name, stream, content_type=content_type or None
             )
-            return dict(artifact)
+            saved.append(str(artifact["id"]))
+            return {  # as the fleet's save_artifact describes it
+                "id": artifact["id"],
+                "name": artifact["name"],
+                "size": artifact["size"],
+                "sha256": artifact["sha256"],
+                "content_type": artifact["content_type"],
+            }
 
         return upload
 

@@ -24,12 +24,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Min
 from django.utils import timezone
 
@@ -37,6 +38,7 @@ from billing.models import Organization
 from billing.pricing import tool_price
 from billing.selectors import key_refused
 from common import tracing
+from common.queries import fetch, named
 from common.tools.base import ToolError
 from runs import catalogue
 from runs.engine.outcomes import Outcome, record
@@ -240,28 +242,9 @@ class Poll:
         return not (self.refused or self.deregistered or self.stop_jobs or self.jobs)
 
 
-# A worker tool's job (``tool`` set) goes to a runner offering that tool at the job's
-# version; a `runner` step's job to a runner offering no tool (the reference runner).
-_CLAIM_SQL = """
-UPDATE runs_runnerjob AS j
-SET status = 'claimed', runner_id = %(runner)s, claimed_at = %(now)s
-WHERE j.id IN (
-    SELECT c.id FROM runs_runnerjob AS c
-    WHERE c.organization_id = %(organization)s AND c.status = 'pending'
-      AND c.timeout_at > %(now)s
-      AND (c.required_runner_id IS NULL OR c.required_runner_id = %(runner)s)
-      AND coalesce(c.demands ->> 'hostname', %(hostname)s) = %(hostname)s
-      AND coalesce(c.demands ->> 'project_dir', %(project_dir)s) = %(project_dir)s
-      AND coalesce(c.demands ->> 'executor_type', %(executor_type)s) = %(executor_type)s
-      AND %(tags)s::jsonb @> coalesce(c.demands -> 'tags', '[]'::jsonb)
-      AND CASE WHEN c.tool = '' THEN %(tools)s::jsonb = '{}'::jsonb
-               ELSE (%(tools)s::jsonb ->> c.tool) = c.tool_version END
-    ORDER BY c.priority, c.created_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-RETURNING j.id
-"""
+# The claim (priority, then age, SKIP LOCKED; a worker tool's job to a runner offering
+# that tool at its version) is a statement written once: runs/queries/runner_jobs_claim.sql.
+QUERIES = named(Path(__file__).parent / "queries")
 
 
 @transaction.atomic
@@ -318,22 +301,21 @@ def poll(
         return Poll(stop_jobs=stop_ids, registered_at=runner.registered_at)
     if limit <= 0:
         return Poll(registered_at=runner.registered_at)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _CLAIM_SQL,
-            {
-                "runner": runner.pk,
-                "organization": organization.pk,
-                "now": now,
-                "hostname": runner.hostname,
-                "project_dir": runner.project_dir,
-                "executor_type": runner.executor_type,
-                "tags": _json_list(runner.tags),
-                "tools": json.dumps(runner.tools),
-                "limit": limit,
-            },
-        )
-        claimed = [row[0] for row in cursor.fetchall()]
+    _, rows = fetch(
+        QUERIES["runner_jobs_claim"],
+        {
+            "runner": runner.pk,
+            "organization": organization.pk,
+            "now": now,
+            "hostname": runner.hostname,
+            "project_dir": runner.project_dir,
+            "executor_type": runner.executor_type,
+            "tags": _json_list(runner.tags),
+            "tools": json.dumps(runner.tools),
+            "limit": limit,
+        },
+    )
+    claimed = [row[0] for row in rows]
     if not claimed:
         return Poll(registered_at=runner.registered_at)
     jobs = list(
@@ -425,6 +407,21 @@ def report_many(
             except (NotJobOwner, InvalidTransition) as exc:
                 answers[index] = exc
     return answers
+
+
+def held_job(*, organization: Organization, runner_id: str, job_id: Any) -> RunnerJob:
+    """The job ``runner_id`` holds now (claimed, running or stopping), for what the
+    runner does on its behalf beside its reports (an artifact its tool saves):
+    ``RunnerNotFound``, ``RunnerJobNotFound`` (another organization's, or no such job),
+    ``NotJobOwner`` (another runner's, or one this runner no longer holds)."""
+    runner = _runner(organization, runner_id)
+    key = _job_key(job_id)
+    job = RunnerJob.objects.filter(organization=organization, pk=key).first() if key else None
+    if job is None:
+        raise RunnerJobNotFound(f"runner job {job_id} not found")
+    if job.runner_id != runner.pk or job.status not in HELD:
+        raise NotJobOwner(f"runner {runner.pk} does not hold job {job.pk}")
+    return job
 
 
 def _job_key(job_id: Any) -> UUID | None:

@@ -12,7 +12,9 @@ the same methods; what stands behind them differs:
   sleeps in slices and raises ``Cancelled`` as soon as one is; ``stop_event`` is set then
   (a ``threading.Event`` to wait on).
 - ``upload(name, data)`` saves bytes, a file path or a binary stream as an artifact of
-  the run, made by this step (docs/artifacts.md), and returns its description.
+  the run, made by this step (docs/artifacts.md), and returns its description; the
+  step's output lists the ids of those saved (``with_artifacts``), in the fleet and on
+  a worker alike.
 - ``run_id``, ``step_id``, ``step_path`` (``agent.task.step``) and ``attempt`` say which
   attempt of which step this is: an idempotency key for a service the tool calls can be
   made of them, so that a retried attempt is recognised there.
@@ -128,3 +130,13 @@ class Context:
                 return self._upload(name, stream, os.fstat(stream.fileno()).st_size, content_type)
         content = data.read()
         return self._upload(name, io.BytesIO(content), len(content), content_type)
+
+
+def with_artifacts(output: Any, saved: list[str]) -> Any:
+    """A step's output naming the artifacts its tool saved, by id, under ``artifacts``
+    (an output that is not an object kept under ``result``); as it was when none."""
+    if not saved:
+        return output
+    if isinstance(output, dict):
+        return {**output, "artifacts": list(saved)}
+    return {"result": output, "artifacts": list(saved)}

@@ -6,7 +6,9 @@ none of another organization's rows. A new route is covered automatically."""
 from __future__ import annotations
 
 import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
 
+from artifacts.models import Artifact
 from billing.models import LedgerEntry, Secret
 from billing.secrets import decrypt_value, secret_put
 from ratelimits.models import RateLimit
@@ -228,15 +230,23 @@ def test_another_organizations_runner_job_is_not_found_for_every_method(
         "job-completed": {"runner_id": own_runner.pk, "result": None},
         "job-failed": {"runner_id": own_runner.pk, "error": "x"},
         "job-stopped": {"runner_id": own_runner.pk, "signal": "SIGTERM"},
+        "job-artifacts": {
+            "runner_id": own_runner.pk,
+            "name": "x.txt",
+            "file": SimpleUploadedFile("x.txt", b"x"),
+        },
     }
+    # The artifact upload is a form with a file; every other route takes JSON.
+    sent_as = "multipart" if route.name == "job-artifacts" else "json"
     for method in route.methods:
         body = bodies.get(route.name, {})
-        response = getattr(other_tenant.client, method)(path, body, format="json")
+        response = getattr(other_tenant.client, method)(path, body, format=sent_as)
 
         assert response.status_code == 404, (method, path, response.content)
         assert response.json()["code"] == "not_found"
     theirs.refresh_from_db()
     assert theirs.status == "claimed"
+    assert not Artifact.objects.filter(run_id=theirs.run_id).exists()
     if "get" in route.methods:
         assert tenant.get(path).status_code == 200
 

@@ -6,9 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from billing.models import Organization, Reservation
@@ -166,6 +169,24 @@ def test_demands_match_exactly_and_require_every_tag(engine_run: Start) -> None:
     polled = claim(engine, matching)
     assert polled.job is not None
     assert polled.job.pk == job.pk
+
+
+def test_a_poll_claims_through_the_named_statement_in_runs_queries(engine_run: Start) -> None:
+    engine = engine_run(runner_plan())
+    job = park(engine)
+    holder = register(engine.run.organization)
+    statement = (Path(runners.__file__).parent / "queries" / "runner_jobs_claim.sql").read_text()
+
+    with CaptureQueriesContext(connection) as ran:
+        polled = claim(engine, holder)
+
+    assert polled.job is not None
+    assert polled.job.pk == job.pk
+    claims = [
+        query["sql"] for query in ran.captured_queries if "runs_runnerjob AS j" in query["sql"]
+    ]
+    assert len(claims) == 1
+    assert claims[0].startswith(statement.split("%(", 1)[0])  # the file, up to its first parameter
 
 
 def test_a_failure_report_is_retried_by_the_steps_policy_with_a_new_job(

@@ -6,7 +6,9 @@ renews the step's lease and the run's `last_heartbeat` every ENGINE_HEARTBEAT_SE
 process dies, renewals stop and the lease sweep reclaims the step. What the step's tool
 last said of its progress (``ToolContext.progress``: a published tool's
 ``Context.heartbeat``) goes with the renewal, in the same row write: a tool that says it
-a thousand times a second still costs one write per interval.
+a thousand times a second still costs one write per interval. What it said after the
+last renewal is written when the step ends (``end``), before its recording, in one
+write guarded by the attempt; a step that said nothing since costs nothing more.
 
 It also keeps a step's hard time limit when the worker task serves several steps (a
 doorbell, whose Celery time limit cannot be the step's): past the deadline it kills its
@@ -35,7 +37,13 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, close_old_connections, connection
+from django.db import (
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+    connection,
+)
 from django.utils import timezone
 
 from common import metrics
@@ -78,6 +86,9 @@ class _LeaseKeeper:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        # Held around a progress write (a renewal's, the end's), taken before ``lock``:
+        # an end's newer progress never lands before a renewal's older one.
+        self.writing = threading.Lock()
         self.current: tuple[int, Any, int] | None = None  # step id, run id, attempt
         self.since = 0.0
         # What the current step's tool said of its progress since the last renewal.
@@ -99,9 +110,24 @@ class _LeaseKeeper:
             self._start()
 
     def end(self) -> None:
+        """The step is no longer running here: what its tool said since the last
+        renewal, if anything, is kept on its row now (``keep_progress``), or it would be
+        lost with the step's last lease."""
         with self.lock:
-            self.current = None
-            self.progress = _UNSAID
+            if self.current is None or self.progress is _UNSAID:
+                self.current = None
+                self.progress = _UNSAID
+                return
+        with self.writing:  # after a renewal in flight, which may have taken it
+            with self.lock:
+                current, progress = self.current, self.progress
+                self.current = None
+                self.progress = _UNSAID
+            if current is not None and progress is not _UNSAID:
+                try:
+                    keep_progress(current[0], current[2], progress)
+                except (DatabaseError, InterfaceError):  # a note never costs its step
+                    logger.warning("step %s: last progress not kept", current[0], exc_info=True)
 
     def report_progress(self, step_id: int, attempt: int, progress: Any) -> None:
         """The running step's tool says how far it got: written with the next renewal
@@ -166,10 +192,8 @@ class _LeaseKeeper:
             with self.lock:
                 current, since, deadline = self.current, self.since, self.deadline
                 due = current is not None and time.monotonic() - since >= interval
-                progress = _UNSAID
                 if due:
                     self.since = time.monotonic()
-                    progress, self.progress = self.progress, _UNSAID
                 slot = self.slot
                 slot_due = slot is not None and time.monotonic() - self.slot_since >= interval
                 if slot_due:
@@ -189,13 +213,23 @@ class _LeaseKeeper:
                 os.kill(os.getpid(), signal.SIGKILL)
             if due and current is not None:
                 try:
-                    renew(*current, progress=progress)
+                    self._renew(current)
                 except Exception:
                     logger.warning("lease renewal failed", exc_info=True)
                     close_old_connections()
             elif current is None and slot is None and connection.connection is not None:
                 # Idle: give the connection back rather than hold it open between steps.
                 connection.close()
+
+    def _renew(self, current: tuple[int, Any, int]) -> None:
+        """Renew ``current``'s lease with the progress said since the last renewal (none
+        once the step has ended here: ``end`` keeps that)."""
+        with self.writing:
+            with self.lock:
+                progress = _UNSAID
+                if self.current == current:
+                    progress, self.progress = self.progress, _UNSAID
+            renew(*current, progress=progress)
 
     def _hand_back(self) -> None:
         """Hand back the steps kept; a failure leaves them to their leases (the sweep
@@ -226,6 +260,17 @@ def renew(step_id: int, run_id: Any, attempt: int, *, progress: Any = _UNSAID) -
     if renewed:
         Run.objects.filter(pk=run_id).update(last_heartbeat=now)
     return bool(renewed)
+
+
+def keep_progress(step_id: int, attempt: int, progress: Any) -> bool:
+    """Keep ``progress`` on the step's row while it still runs ``attempt`` (its end, the
+    recording not yet made), without touching its lease; whether it was kept."""
+    kept = _progress_kept(step_id, progress)
+    if kept is _UNSAID:
+        return False
+    value = {"attempt": attempt, "value": kept}
+    running = Step.objects.filter(pk=step_id, status="running", attempts=attempt)
+    return bool(running.update(progress=value))
 
 
 def _progress_kept(step_id: int, progress: Any) -> Any:

@@ -1,5 +1,6 @@
 """A fleet tool's progress (``Context.heartbeat``) is kept on its step's row by the lease's
-renewal (orchestrator.heartbeat.renew, at the step heartbeat's pace) and read with the
+renewal (orchestrator.heartbeat.renew, at the step heartbeat's pace), what it said after
+the last renewal by the step's end (the lease keeper's ``end``), and read with the
 step (GET /runs/{id}/steps `progress`), as a worker tool's is read from its job
 (tests/api/test_runner_tools.py); the end to end is tests/integration/test_worker_tools.py."""
 
@@ -9,6 +10,8 @@ import logging
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from orchestrator.heartbeat import _UNSAID, PROGRESS_MAX_BYTES, _LeaseKeeper, renew
 from runs.models import Step
@@ -100,3 +103,49 @@ def test_the_heartbeat_thread_keeps_the_latest_progress_of_the_attempt_running_a
 
     assert latest == {"n": 2}
     assert keeper.progress is _UNSAID
+
+
+def test_the_end_of_a_step_keeps_what_its_tool_said_after_the_last_renewal(
+    tenant: Tenant,
+) -> None:
+    step = claimed(tenant)
+    keeper = _LeaseKeeper()
+    keeper.current = (step.pk, step.run_id, step.attempts)  # as begin() sets it
+    keeper._renew(keeper.current)
+    keeper.report_progress(step.pk, step.attempts, {"sentence": 9, "of": 9})
+
+    keeper.end()
+
+    kept = Step.objects.get(pk=step.pk)
+    assert kept.progress == {"attempt": step.attempts, "value": {"sentence": 9, "of": 9}}
+    assert shown(tenant, step) == {"sentence": 9, "of": 9}
+    assert keeper.progress is _UNSAID
+
+
+def test_the_end_of_a_step_that_said_nothing_since_the_last_renewal_writes_nothing(
+    tenant: Tenant,
+) -> None:
+    step = claimed(tenant)
+    keeper = _LeaseKeeper()
+    keeper.current = (step.pk, step.run_id, step.attempts)
+    keeper.report_progress(step.pk, step.attempts, {"sentence": 3})
+    keeper._renew(keeper.current)  # took it
+
+    with CaptureQueriesContext(connection) as ran:
+        keeper.end()
+
+    assert ran.captured_queries == []
+    assert shown(tenant, step) == {"sentence": 3}
+
+
+def test_the_end_keeps_nothing_on_a_step_no_longer_running_that_attempt(tenant: Tenant) -> None:
+    step = claimed(tenant)
+    keeper = _LeaseKeeper()
+    keeper.current = (step.pk, step.run_id, step.attempts)
+    keeper.report_progress(step.pk, step.attempts, {"sentence": 4})
+    # Its lease was lost and the step claimed again meanwhile: the attempt moved on.
+    Step.objects.filter(pk=step.pk).update(attempts=step.attempts + 1)
+
+    keeper.end()
+
+    assert Step.objects.get(pk=step.pk).progress is None

@@ -44,8 +44,9 @@ from runs.transitions import claimed_from_json
 # applies at the next slot taken, without a query of its own per slot.
 _LIMIT = """(SELECT COALESCE(NULLIF(o.max_running_steps, 0), %(default)s)
              FROM billing_organization AS o WHERE o.id = %(organization)s)"""
+# MATERIALIZED: the pick made once (runs/queries/runner_jobs_claim.sql says why).
 _ACQUIRE_SQL = """
-WITH free AS (
+WITH free AS MATERIALIZED (
     SELECT id FROM runs_stepslot
     WHERE organization_id = %(organization)s AND slot < {limit}
       AND (holder = '' OR expires_at IS NULL OR expires_at < now())

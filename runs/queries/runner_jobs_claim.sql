@@ -5,9 +5,13 @@
 -- reference runner). %(runner)s, %(organization)s, %(now)s, %(hostname)s,
 -- %(project_dir)s, %(executor_type)s, %(tags)s (a JSON list), %(tools)s (a JSON object,
 -- tool to version), %(limit)s.
-UPDATE runs_runnerjob AS j
-SET status = 'claimed', runner_id = %(runner)s, claimed_at = %(now)s
-WHERE j.id IN (
+--
+-- The pick is a CTE made once (MATERIALIZED), not `WHERE id IN (SELECT ... LIMIT ...)`:
+-- a planner that puts such a subquery on the inner side of a nested loop runs it again
+-- for every row of the outer scan, and each run's SKIP LOCKED passes over the rows this
+-- statement has just claimed and returns the next ones: the poll claimed past its limit
+-- and handed over only what it asked for, the rest left claimed by nobody.
+WITH picked AS MATERIALIZED (
     SELECT c.id FROM runs_runnerjob AS c
     WHERE c.organization_id = %(organization)s AND c.status = 'pending'
       AND c.timeout_at > %(now)s
@@ -22,4 +26,8 @@ WHERE j.id IN (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
+UPDATE runs_runnerjob AS j
+SET status = 'claimed', runner_id = %(runner)s, claimed_at = %(now)s
+FROM picked
+WHERE j.id = picked.id
 RETURNING j.id

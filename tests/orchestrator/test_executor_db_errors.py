@@ -135,10 +135,13 @@ def test_a_soft_time_limit_inside_a_query_still_records_the_timeout(
 
 
 def sleeping_queries() -> int:
-    """Sessions still running the tool's interrupted query."""
+    """Sessions of this test's database still running the tool's interrupted query: a
+    session's last query stays in pg_stat_activity once it is idle, and the other test
+    processes' databases are theirs."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(30)%'"
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND state = 'active' AND query LIKE 'SELECT pg_sleep(30)%'"
         )
         row = cursor.fetchone()
     return int(row[0])

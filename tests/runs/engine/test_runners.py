@@ -189,6 +189,35 @@ def test_a_poll_claims_through_the_named_statement_in_runs_queries(engine_run: S
     assert claims[0].startswith(statement.split("%(", 1)[0])  # the file, up to its first parameter
 
 
+def test_a_poll_claims_no_more_than_its_limit_whatever_plan_the_planner_picks(
+    engine_run: Start,
+) -> None:
+    # A nested loop rescans its inner side for each outer row: a LIMIT ... SKIP LOCKED
+    # there, rescanned, skips the rows this statement has just claimed and returns the
+    # next ones, claiming past the limit (the poll then hands over fewer than it took).
+    plan = runner_plan()
+    task = plan["agents"][0]["tasks"][0]
+    task["mode"], task["max_concurrent_steps"] = "parallel", 3
+    task["steps"] = [
+        {"name": f"job{n}", "tool": "runner", "params": {"prompt": "hi"}} for n in range(3)
+    ]
+    engine = engine_run(plan)
+    jobs = [park(engine, f"job{n}") for n in range(3)]
+    holder = register(engine.run.organization)
+    with connection.cursor() as cursor:
+        # The plan that rescans: the pick on the inner side of a nested loop, the outer
+        # scan of every job (a table grown past a few pages chose it in a fresh clone's
+        # suite; here the other plans are priced out).
+        for setting in ("hashjoin", "mergejoin", "material", "hashagg", "sort"):
+            cursor.execute(f"SET LOCAL enable_{setting} = off")
+
+    polled = runners.poll(organization=engine.run.organization, runner_id=holder.pk, limit=1)
+
+    assert [job.pk for job in polled.jobs] == [jobs[0].pk]
+    statuses = RunnerJob.objects.filter(pk__in=[job.pk for job in jobs]).order_by("created_at")
+    assert list(statuses.values_list("status", flat=True)) == ["claimed", "pending", "pending"]
+
+
 def test_a_failure_report_is_retried_by_the_steps_policy_with_a_new_job(
     engine_run: Start,
 ) -> None:

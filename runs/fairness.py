@@ -36,42 +36,9 @@ from django.utils import timezone
 from billing.models import Organization
 from runs.admission import HOLDS_A_PLACE, TOP, WAITING, OrgLimits, limits_of
 from runs.models import Run, StepSlot
+from runs.queries import QUERIES
 from runs.states import RunStatus
 from runs.transitions import claimed_from_json
-
-# The organization's limit as it stands (its own, or the setting's default: as
-# admission.limits_of reads it), read by the statements themselves: a changed limit
-# applies at the next slot taken, without a query of its own per slot.
-_LIMIT = """(SELECT COALESCE(NULLIF(o.max_running_steps, 0), %(default)s)
-             FROM billing_organization AS o WHERE o.id = %(organization)s)"""
-# MATERIALIZED: the pick made once (runs/queries/runner_jobs_claim.sql says why).
-_ACQUIRE_SQL = """
-WITH free AS MATERIALIZED (
-    SELECT id FROM runs_stepslot
-    WHERE organization_id = %(organization)s AND slot < {limit}
-      AND (holder = '' OR expires_at IS NULL OR expires_at < now())
-    ORDER BY slot
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE runs_stepslot AS s
-SET holder = %(holder)s, expires_at = now() + make_interval(secs => %(lease)s)
-FROM free WHERE s.id = free.id
-RETURNING s.id, s.slot, {limit}
-""".replace("{limit}", _LIMIT)
-# One more slot, when every existing one below the limit is held: the next number. Two
-# workers adding the same number meet at the unique constraint; one of them gets it.
-_ADD_SQL = """
-INSERT INTO runs_stepslot (organization_id, slot, holder, expires_at)
-SELECT %(organization)s, next.slot, %(holder)s, now() + make_interval(secs => %(lease)s)
-FROM (
-    SELECT COALESCE(MAX(slot) + 1, 0) AS slot FROM runs_stepslot
-    WHERE organization_id = %(organization)s
-) AS next
-WHERE next.slot < {limit}
-ON CONFLICT (organization_id, slot) DO NOTHING
-RETURNING id, slot, {limit}
-""".replace("{limit}", _LIMIT)
 
 
 @dataclass(frozen=True)
@@ -98,10 +65,10 @@ def acquire_slot(organization_id: Any, holder: str) -> Slot | None:
     }
     with connection.cursor() as cursor:
         for _ in range(3):  # a number taken by another worker at the same moment: again
-            cursor.execute(_ACQUIRE_SQL, params)
+            cursor.execute(QUERIES["step_slot_take"], params)
             row = cursor.fetchone()
             if row is None:
-                cursor.execute(_ADD_SQL, params)
+                cursor.execute(QUERIES["step_slot_add"], params)
                 row = cursor.fetchone()
             if row is not None:
                 return Slot(row[0], organization_id, row[1], holder, int(row[2]))
@@ -111,11 +78,7 @@ def acquire_slot(organization_id: Any, holder: str) -> Slot | None:
 
 
 def _below_limit(cursor: Any, params: dict[str, Any]) -> bool:
-    cursor.execute(
-        f"SELECT count(*) < {_LIMIT} FROM runs_stepslot "  # noqa: S608 - this module's text
-        f"WHERE organization_id = %(organization)s AND slot < {_LIMIT}",
-        params,
-    )
+    cursor.execute(QUERIES["step_slot_room"], params)
     return bool(cursor.fetchone()[0])
 
 

@@ -20,7 +20,6 @@ its output as they would have.
 from __future__ import annotations
 
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from django.db import transaction
@@ -28,13 +27,13 @@ from django.utils import timezone
 
 from billing.models import Organization
 from common.digests import keyed_digest
-from common.queries import fetch, named
+from common.queries import fetch
 from runs.models import Run, Step, StepCacheEntry
 from runs.plan.fields import CACHE_KEY_MAX_LENGTH
+from runs.queries import QUERIES
 from runs.states import StepStatus
 
 REUSE_CHOICES = ("none", "completed")
-QUERIES = named(Path(__file__).parent / "queries")
 
 
 def step_path(agent: str, task: str, step: str) -> str:

@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -38,7 +37,7 @@ from billing.models import Organization
 from billing.pricing import tool_price
 from billing.selectors import key_refused
 from common import tracing
-from common.queries import fetch, named
+from common.queries import fetch
 from common.tools.base import ToolError
 from runs import catalogue
 from runs.engine.outcomes import Outcome, record
@@ -52,6 +51,7 @@ from runs.models import (
     Step,
 )
 from runs.outbox import after_commit, wake_runners
+from runs.queries import QUERIES
 from runs.selectors import with_step_path
 from runs.services import lock_run
 from runs.states import InvalidTransition
@@ -244,7 +244,6 @@ class Poll:
 
 # The claim (priority, then age, SKIP LOCKED; a worker tool's job to a runner offering
 # that tool at its version) is a statement written once: runs/queries/runner_jobs_claim.sql.
-QUERIES = named(Path(__file__).parent / "queries")
 
 
 @transaction.atomic

@@ -14,7 +14,6 @@ import json
 from collections.abc import Collection
 from dataclasses import dataclass
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -35,7 +34,7 @@ from django.db.models.functions import Concat
 
 from billing.models import Organization
 from common.filters import MAX_BIGINT, QueryData
-from common.queries import dicts, fetch, instances, named
+from common.queries import dicts, fetch, instances
 from runs.filters import (
     AgentFilter,
     RunFilter,
@@ -43,11 +42,11 @@ from runs.filters import (
     TaskFilter,
 )
 from runs.models import Agent, HistoryEvent, Run, RunnerJob, Step, Task
+from runs.queries import QUERIES
 from runs.services import RunNotFound
 from runs.states import STEP_TERMINAL, RunStatus
 
 ZERO = Decimal(0)
-QUERIES = named(Path(__file__).parent / "queries")
 # A one-row table function of the database as an ORM expression: a scalar subquery of it,
 # which the planner inlines (a plain call of a SQL function with subqueries it does not).
 INLINED = "(SELECT * FROM %s(%%(expressions)s))"

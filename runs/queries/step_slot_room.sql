@@ -1,0 +1,6 @@
+-- Whether an organization has fewer slots below its limit than the limit (a slot may be
+-- free to add): runs.fairness.acquire_slot asks after a take and an add both found none.
+-- %(organization)s, %(default)s.
+SELECT count(*) < engine.step_limit(%(organization)s, %(default)s) FROM runs_stepslot
+WHERE organization_id = %(organization)s
+  AND slot < engine.step_limit(%(organization)s, %(default)s)

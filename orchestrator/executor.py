@@ -612,8 +612,11 @@ def run_attempt(step: Step, attempt: int) -> Outcome:
         )
     saved = StepArtifacts(step)
     ctx.save_artifact = saved.save
-    ctx.progress = lambda progress: lease_keeper.report_progress(step.pk, attempt, progress)
     secrets = redactable(context.secrets_used.values())
+    # Progress is stored and shown with the step: redacted as the output is.
+    ctx.progress = lambda progress: lease_keeper.report_progress(
+        step.pk, attempt, redact(progress, secrets) if secrets else progress
+    )
     lease_keeper.begin(step.pk, step.run_id, attempt)
     try:
         with redacting(secrets):

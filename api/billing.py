@@ -34,8 +34,8 @@ from billing.secrets import is_valid_secret_name, secret_delete, secret_list, se
 from billing.selectors import ledger_for, organization_balance
 from common import eventstreams
 from ratelimits.selectors import rate_limit_list
-from runs.fairness import organization_load
-from runs.step_admission import timers_held
+from runs.admission.fairness import organization_load
+from runs.admission.step_admission import timers_held
 from schedules.services import schedules_held
 from webhooks.services import deliveries_in_flight, endpoints_held
 

@@ -1,7 +1,7 @@
 """The callback URL a `callback` step hands out (docs/runners.md, "Callbacks").
 
 ``POST /api/v1/callbacks/{token}`` takes no API key: the token is the credential (its
-secret is compared in constant time, ``runs.callbacks``), single-use and expiring with
+secret is compared in constant time, ``runs.waits.callbacks``), single-use and expiring with
 its step. No key means no organization to throttle by; the token's 256 bits make it
 unguessable, and an unknown one costs one indexed read.
 """
@@ -24,7 +24,8 @@ from api.idempotency import idempotent
 from api.serializers import InputSerializer
 from api.views import POST_PARAMETERS, ApiView, validated
 from common.text import unstorable_string
-from runs import callbacks, selectors
+from runs import selectors
+from runs.waits import callbacks
 
 TAG_CALLBACKS = "callbacks"
 

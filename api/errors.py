@@ -49,20 +49,20 @@ from artifacts.storage import StorageUnavailable
 from billing.quotas import QuotaExceeded, TooManyPolls, TooManyStreams
 from billing.services import InsufficientCredits
 from common.filters import Problems, QueryInvalid
-from runs.admission import TooManyPendingRuns
-from runs.callbacks import CallbackNotFound
+from runs.admission.run_admission import TooManyPendingRuns
 from runs.catalogue import (
     InvalidToolDefinition,
     ToolNameTaken,
     ToolNotFound,
     ToolVersionConflict,
 )
-from runs.escalations import EscalationNotFound, EscalationResolved, ReplanLimitReached
 from runs.forks import InvalidFork
+from runs.people.escalations import EscalationNotFound, EscalationResolved, ReplanLimitReached
 from runs.plan import PlanInvalid, errors_as_dicts
-from runs.runners import DuplicateRunner, NotJobOwner, RunnerJobNotFound, RunnerNotFound
 from runs.services import AttemptsExhausted, RunDeleted, RunNotFound, StepNotFound
 from runs.states import InvalidTransition
+from runs.waits.callbacks import CallbackNotFound
+from runs.waits.runners import DuplicateRunner, NotJobOwner, RunnerJobNotFound, RunnerNotFound
 from schedules.services import ScheduleInvalid, ScheduleNotFound
 from webhooks.services import TooManyPendingDeliveries
 

@@ -1,7 +1,7 @@
 """Escalations over HTTP (docs/escalation.md): list and read a run's tickets, acknowledge
 one, resolve one with an action. Every route is scoped to the key's organization:
 another organization's ticket is 404. Each view validates its input and calls one
-function of ``runs.escalations``.
+function of ``runs.people.escalations``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from api.idempotency import idempotent
 from api.pagination import PageQuery, paginated
 from api.serializers import InputSerializer, StrictCharField
 from api.views import ApiView, page_response, validated
-from runs import escalations
 from runs.models import EscalationReason, EscalationStatus, EscalationTicket, Resolution, Severity
+from runs.people import escalations
 
 TAG_ESCALATIONS = "escalations"
 

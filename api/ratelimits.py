@@ -19,9 +19,9 @@ from api.serializers import InputSerializer, StrictCharField, StrictIntegerField
 from api.views import ApiView, page_response, validated
 from ratelimits.models import MAX_LIMIT, MAX_PERIOD_MS
 from ratelimits.selectors import rate_limit_get, rate_limit_list
+from runs.admission.step_admission import rate_limit_delete, rate_limit_put
 from runs.plan.durations import DurationRefused, format_duration_ms, read_duration_ms
 from runs.plan.fields import RATE_LIMIT_NAME_MAX_LENGTH, RATE_LIMIT_NAME_PATTERN
-from runs.step_admission import rate_limit_delete, rate_limit_put
 
 TAG_RATE_LIMITS = "rate-limits"
 NAME_RULE = (

@@ -3,7 +3,7 @@
 Runner routes (``runner_route``: open to ``runner`` and ``full`` keys) register, poll,
 heartbeat, deregister and report; the client routes list runners, show a job and stop
 it. Every route is scoped to the key's organization: another organization's runner or
-job is 404. Each view validates its input and calls one service of ``runs.runners``.
+job is 404. Each view validates its input and calls one service of ``runs.waits.runners``.
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ from billing.selectors import ORGANIZATION_SUSPENDED
 from common import leases
 from common.errors import ERROR_CODES
 from common.stores import broker_redis
-from runs import runners, selectors
+from runs import selectors
 from runs.filters import RunnerJobFilter
 from runs.models import Runner
+from runs.waits import runners
 
 TAG_RUNNERS = "runners"
 logger = logging.getLogger(__name__)

@@ -72,10 +72,11 @@ from api.serializers import (
 )
 from common import logcontext, tracing
 from common.filters import MAX_BIGINT, StrictFilterSet
-from runs import approvals, selectors, services
-from runs.approvals import ApprovalResult
+from runs import selectors, services
 from runs.engine.start import run_start
 from runs.filters import AgentFilter, EventFilter, StepFilter, TaskFilter
+from runs.people import approvals
+from runs.people.approvals import ApprovalResult
 from runs.reuse import REUSE_CHOICES
 from schedules import selectors as schedule_selectors
 from schedules.filters import ScheduledRunFilter

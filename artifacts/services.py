@@ -39,9 +39,9 @@ from billing.models import Organization
 from billing.quotas import QuotaExceeded
 from common.text import text_problem
 from runs.models import Run
-from runs.runners import held_job
 from runs.services import RunDeleted, lock_run
 from runs.states import RUN_TERMINAL
+from runs.waits.runners import held_job
 
 A = ArtifactStatus
 # What an upload after the run ended, or a download, keeps an artifact for at least.
@@ -220,7 +220,7 @@ def job_upload(
     """Store ``stream`` as an artifact of the step whose job ``runner_id`` holds (a
     worker tool's ``Context.upload``), as the fleet's executor saves a tool's: the
     artifact names the step, in the job's run. A runner that does not hold the job is
-    refused before anything is stored (``runs.runners.held_job``)."""
+    refused before anything is stored (``runs.waits.runners.held_job``)."""
     job = held_job(organization=organization, runner_id=runner_id, job_id=job_id)
     return upload(
         organization=organization,

@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, str, str], ...] = (
     ("validation", "valid", "query and body: parsing and input serializers (api.query, "
      "api.parsers, api.views.validated; DRF's Request._parse)"),
     ("services", "svc", "services and selectors (runs.services, runs.selectors, "
-     "runs.approvals, billing.selectors, billing.secrets, api.pagination's page queries), "
+     "runs.people.approvals, billing.selectors, billing.secrets, api.pagination's page queries), "
      "the view's transaction and its after-commit work"),
     ("serializers", "ser", "output serializers and JSON rendering (api.serializers through "
      "DRF's Serializer.data, Response.rendered_content, JSONRenderer)"),
@@ -284,7 +284,7 @@ def _install(patches: Patches) -> None:
     import billing.selectors
     import common.logcontext
     import common.metrics
-    import runs.approvals
+    import runs.people.approvals
     import runs.selectors
     import runs.services
     from api.authentication import ApiKeyAuthentication
@@ -325,7 +325,7 @@ def _install(patches: Patches) -> None:
     for module in (
         runs.services,
         runs.selectors,
-        runs.approvals,
+        runs.people.approvals,
         billing.selectors,
         billing.secrets,
     ):

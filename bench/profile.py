@@ -119,11 +119,12 @@ def _starts(args: argparse.Namespace, organization: Any) -> int:
 
     from bench.plans import sequential_plan
     from bench.scenarios import MANY_STEPS
-    from runs import admission, services
+    from runs import services
+    from runs.admission import run_admission
     from runs.engine.start import run_start
 
     held: list[float] = []
-    on_start = admission.on_start
+    on_start = run_admission.on_start
 
     def timed_on_start(run: Any) -> bool:
         # From the lock (its decision's statement takes it first) to the commit's end:
@@ -132,7 +133,7 @@ def _starts(args: argparse.Namespace, organization: Any) -> int:
         transaction.on_commit(lambda: held.append(time.perf_counter() - taken))
         return on_start(run)
 
-    admission.on_start = timed_on_start
+    run_admission.on_start = timed_on_start
 
     def created(count: int) -> list[Any]:
         plan = sequential_plan(MANY_STEPS)

@@ -30,7 +30,7 @@ DAY_MS = 86_400_000
 def wait_price(length_ms: int) -> Decimal:
     """What a `wait` step pays for holding its place ``length_ms``: BILLING_WAIT_PRICE_PER_DAY
     per started day (a wait of 20 minutes pays one day, of 25 hours two); nothing for
-    none. Charged when it parks (``runs.step_admission.timer``)."""
+    none. Charged when it parks (``runs.admission.step_admission.timer``)."""
     days = math.ceil(max(length_ms, 0) / DAY_MS)
     return Decimal(settings.BILLING_WAIT_PRICE_PER_DAY) * days
 

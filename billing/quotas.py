@@ -17,7 +17,7 @@
   their bytes, summed (``SUMMED``); the upload's reservation checks both, its size the
   bytes it adds (409 `quota_exceeded`).
 - ``parked_waits``: `wait` steps parked on their timers at once
-  (``runs.step_admission.timer`` checks it as it parks one); one more fails its attempt
+  (``runs.admission.step_admission.timer`` checks it as it parks one); one more fails its attempt
   with `quota_exceeded` (not retried) instead of parking.
 
 Each quota is the organization's own (a ``quota_*`` field) or, empty, its setting

@@ -86,7 +86,7 @@ def _observation(key: str, label: str, seconds: float) -> list[tuple[str, str, f
 
 
 # A step's figures are summed in the process and sent at most once a second, by the
-# step or by the worker's heartbeat thread (orchestrator.heartbeat) once the process is
+# step or by the worker's lease keeper thread (orchestrator.lease_keeper) once the process is
 # idle, never once per step or per task: a round trip to Redis for each cost the dag
 # benchmark a tenth of its time.
 FLUSH_EVERY_S = 1.0
@@ -168,7 +168,7 @@ def sweep_actions(sweep: str, counts: dict[str, int]) -> None:
 def api_request(route: str, method: str, status: int) -> None:
     """An API request answered: summed like a step's figures, not a round trip to Redis
     per request (make profile-api: about 0.2 ms of every request, a tenth of the
-    cheapest). A web process has no heartbeat thread: the counts a quiet process holds
+    cheapest). A web process has no lease keeper thread: the counts a quiet process holds
     go out a second later (``_flush_soon``)."""
     _sum([(API, f"{route}{SEP}{method}{SEP}{status}", 1)])
     _flush_soon()

@@ -21,8 +21,8 @@ from common.templates import (
     render_value,
     resolve_in,
 )
-from runs.children import child_summary
 from runs.models import Run, Step, Task
+from runs.waits.children import child_summary
 
 STEP_FIELDS = ("output", "status", "error", "attempts", "cost")
 

@@ -54,8 +54,8 @@ from runs.models import (
     RunnerJobStatus,
     Step,
 )
-from runs.runners import is_online
 from runs.states import RUN_TERMINAL, RunStatus, StepStatus
+from runs.waits.runners import is_online
 
 RUNS_WINDOW = timedelta(hours=24)
 FAILURES_WINDOW = timedelta(hours=24)

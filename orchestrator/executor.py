@@ -5,7 +5,7 @@
    late delivery, or a message for a paused or cancelled run, claims nothing: a no-op.
 2. Run: the `when` condition and `${...}` parameters are resolved (secrets decrypted
    here, on the worker), then the tool runs with no transaction open, its lease renewed
-   by the heartbeat thread. The secret values are redacted from what it leaves behind,
+   by the lease keeper thread. The secret values are redacted from what it leaves behind,
    and what PostgreSQL could not store is refused (``invalid_output``) or replaced.
 3. Record: ``runs.engine.outcomes.record``, one transaction under the run's lock that
    records output, cost and state, charges the attempt, and advances the run. It
@@ -17,7 +17,7 @@ run's next claimable step, runs and records it, and claims the next (after a sho
 a batch of the next ones, run in turn: docs/engine.md, "Batches"), each step committed
 before the next is claimed, until the run has none claimable or the burst budget is
 spent; each step keeps its own time limits (a SIGALRM timer for the soft one, the
-heartbeat thread for the hard one). A step due later (a retry's backoff) has a message
+lease keeper thread for the hard one). A step due later (a retry's backoff) has a message
 of its own (``execute_step``), whose Celery time limits are the step's.
 
 With tracing on, each attempt is a span of its run's trace and its recording a child
@@ -58,18 +58,19 @@ from common.text import storable_text, unstorable_string
 from common.tools import registry
 from common.tools.base import Tool, ToolContext, ToolError
 from orchestrator import rate_limit_asks, step_spans
-from orchestrator.borrowing import borrowed, remember
 from orchestrator.context import StepContext, render_params
-from orchestrator.heartbeat import Held, give_back_slot, hand_back, lease_keeper
+from orchestrator.lease_keeper import Held, give_back_slot, hand_back, lease_keeper
+from orchestrator.reuse import borrowed, remember
 from orchestrator.transport import CeleryTransport, serving
 from orchestrator_client.tools.context import with_artifacts
-from runs import callbacks, fairness
+from runs.admission import fairness
 from runs.engine import control, hotpath
 from runs.engine.dispatch import rearm, step_from_row, step_timeout_s
 from runs.engine.outcomes import Outcome, record_and_claim
 from runs.models import Run, Step
 from runs.states import StepStatus
 from runs.transitions import claim_next_step, claim_step
+from runs.waits import callbacks
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ def claim(step_id: int, worker: str, task_id: str) -> Step | None:
 def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
     """Run one attempt of ``step_id``; return what happened (for logs and tests).
 
-    A step executes in one of its organization's slots (``runs.fairness``): with every
+    A step executes in one of its organization's slots (``runs.admission.fairness``): with every
     slot held, the step is left claimable and its run's doorbell rung, for a worker that
     holds one to serve it."""
     worker = worker or f"{os.uname().nodename}:{os.getpid()}"
@@ -170,7 +171,7 @@ def serve(run_id: str, priority: int, *, worker: str, task_id: str, hard_limits:
     return how many were served.
 
     With fair dispatch (ENGINE_FAIR_DISPATCH, the default) the doorbell wakes a worker,
-    and what it serves is ``runs.fairness.next_run``'s choice, asked again every
+    and what it serves is ``runs.admission.fairness.next_run``'s choice, asked again every
     ENGINE_FAIR_SLICE: the organization with the fewest steps executing, then the one
     served longest ago, then its first run by priority and age, its steps or its
     pick-up. Off, it serves the doorbell's own run (for measuring fair dispatch only).
@@ -182,7 +183,7 @@ def serve(run_id: str, priority: int, *, worker: str, task_id: str, hard_limits:
     cancel may be on its way to this task, which must not be running another step when
     it lands (the transport rings for the run instead). ``hard_limits``: kill the process
     when a step outlives its hard limit (in a worker's pool process only; see
-    ``orchestrator.heartbeat``).
+    ``orchestrator.lease_keeper``).
     """
     server = _Server(f"{worker}:{os.getpid()}", task_id, hard_limits)
     try:

@@ -5,7 +5,7 @@ LLM_API_KEY, LLM_MODEL) for new agents: the request (the plan, what failed, the 
 goes as JSON in the prompt, and the answer's content is read as a JSON plan fragment
 (`{"agents": [...]}` or a bare list, in a Markdown code fence or not). An answer that is
 not JSON, or not agents, is a planning failure (``PlanningFailed``); whether the agents
-make a valid plan is ``runs.replanning``'s to check, with the same validator as any
+make a valid plan is ``runs.people.replanning``'s to check, with the same validator as any
 plan. The call's token usage is kept with the re-plan; it is not charged to the run.
 """
 
@@ -19,7 +19,7 @@ from django.conf import settings
 
 from common.tools.base import ToolError
 from orchestrator.tools.builtin import chat_completion
-from runs.planners import PlanningFailed, PlanningRequest, Proposal
+from runs.people.planners import PlanningFailed, PlanningRequest, Proposal
 
 # A fence around the JSON, as chat models like to write it: ```json ... ```
 _FENCE = re.compile(r"^\s*```(?:json)?\s*\n?(.*?)\n?```\s*$", re.DOTALL)

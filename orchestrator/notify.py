@@ -33,8 +33,8 @@ from django.core.mail import send_mail
 from billing.secrets import SecretUnreadable, webhook_secret
 from orchestrator import outbound
 from orchestrator.netguard import ONCALL_WEBHOOK, AddressNotAllowed
-from runs import escalations
 from runs.models import EscalationTicket, NotificationChannel
+from runs.people import escalations
 
 logger = logging.getLogger(__name__)
 SIGNATURE_HEADER = "X-Orchestrator-Signature"

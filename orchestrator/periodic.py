@@ -23,8 +23,8 @@ from datetime import datetime
 from typing import Any
 
 from orchestrator import retention, sweeps
-from runs import callbacks, runners
 from runs.engine import dispatch
+from runs.waits import callbacks, runners
 from schedules import selectors as schedule_selectors
 from webhooks import services as webhook_services
 

@@ -1,5 +1,5 @@
 """A poll step's readings (docs/runners.md, "Polls"): one message per reading, sent by
-the engine with the poll's interval as countdown (``runs.callbacks.record_reading``), so
+the engine with the poll's interval as countdown (``runs.waits.callbacks.record_reading``), so
 no worker is held between readings.
 
 A reading is a GET through ``orchestrator.outbound``, like the http tool's requests:
@@ -11,7 +11,7 @@ status. A condition that cannot be evaluated on a response (a field the body doe
 have yet) does not hold.
 
 A reading is work the organization has a worker do, as a step is: it is made in one of
-the organization's step slots (``runs.fairness``), and put off, uncounted, while they
+the organization's step slots (``runs.admission.fairness``), and put off, uncounted, while they
 are all held, or while the organization is suspended (no request leaves for it then).
 """
 
@@ -33,10 +33,10 @@ from common.task_base import TRANSIENT
 from common.templates import Reference, TemplateError, UnresolvedReference, resolve_in
 from common.text import storable_text, unstorable_string
 from orchestrator import outbound
-from orchestrator.heartbeat import slot_held
+from orchestrator.lease_keeper import slot_held
 from orchestrator.netguard import POLL, AddressNotAllowed
-from runs.callbacks import POLL_BODY_LIMIT, Reading, poll_defer, poll_due, record_reading
 from runs.outbox import schedule_poll
+from runs.waits.callbacks import POLL_BODY_LIMIT, Reading, poll_defer, poll_due, record_reading
 
 logger = logging.getLogger(__name__)
 # The longest one reading may take in all, whatever the interval (and never past the

@@ -1,7 +1,7 @@
 """A claimed step's asks, before its tool runs: a wait step's timer (docs/api.md,
 "Waits"), then its rate limits (docs/rate-limits.md). Its keys and units, a wait's ``for``
 or ``until``, are rendered here, where the step's references resolve (variables, earlier
-steps' outputs); step admission (``runs.step_admission``) then lets the tool run or parks
+steps' outputs); step admission (``runs.admission.step_admission``) then lets the tool run or parks
 the step, without holding this worker, until its time or its units come."""
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from orchestrator import step_spans
 from orchestrator.context import StepContext
 from orchestrator.tools import builtin
 from ratelimits.models import KEY_MAX_LENGTH
-from runs import step_admission
+from runs.admission import step_admission
+from runs.admission.step_admission import Admission
 from runs.engine import dispatch
 from runs.engine.outcomes import Outcome
 from runs.models import Step
-from runs.step_admission import Admission
 
 RUN = "run"  # the units are granted: run the tool
 WAIT = "wait"  # the step waits for its units (or its attempt is not its own any more)
@@ -100,7 +100,7 @@ def timer(step: Step, attempt: int, until: datetime | None, for_ms: int | None) 
 
 
 def _fill_freed_place(step: Step, admission: Admission) -> None:
-    # A parked step holds no place of its task (runs.step_admission): the task's next
+    # A parked step holds no place of its task (runs.admission.step_admission): the task's next
     # ready step takes the one it gave back.
     if admission.freed:
         dispatch.place_freed(step.run_id, step.task_id)

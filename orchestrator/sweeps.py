@@ -17,12 +17,14 @@ from django.db.models import F, Min, Q
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from runs import admission, escalations, services
+from runs import services
+from runs.admission import run_admission
 from runs.engine.dispatch import step_timeout_s
 from runs.engine.failure import Failure, node_timed_out
 from runs.engine.outcomes import step_failed
 from runs.models import Agent, EventKind, Run, Step, Task
 from runs.outbox import Outbox, RunMessage, StepMessage, enqueue_run_message
+from runs.people import escalations
 from runs.plan import format_duration_ms
 from runs.states import RunStatus, StepStatus
 from runs.transitions import record_event, transition
@@ -293,7 +295,7 @@ def lost_messages_next_due() -> datetime | None:
     clock (GREATEST skips a NULL) plus ENGINE_LOST_MESSAGE_AFTER; now while runs wait for a
     place (looked at on every pass). A ticket's clock is its opening, earlier than the
     rule's (its last notice): a lower bound, sooner than needed, never later."""
-    if admission.organizations_waiting(1):
+    if run_admission.organizations_waiting(1):
         return timezone.now()
     clocks = [
         Step.objects.filter(
@@ -317,9 +319,9 @@ def _redispatch_policy(now: datetime, threshold: datetime) -> dict[str, int]:
     duplicate does no harm); and runs waiting for a place that may have one now."""
     counts = {"replans": 0, "notices": 0, "admissions": 0}
     # Runs waiting for a place: a run that ended while another was being queued may not
-    # have seen it (runs.admission); they are looked at again on every pass.
-    for organization_id in admission.organizations_waiting(settings.ENGINE_SWEEP_BATCH):
-        counts["admissions"] += len(admission.admit_waiting(organization_id))
+    # have seen it (runs.admission.run_admission); they are looked at again on every pass.
+    for organization_id in run_admission.organizations_waiting(settings.ENGINE_SWEEP_BATCH):
+        counts["admissions"] += len(run_admission.admit_waiting(organization_id))
     waiting = (
         Run.objects.filter(replan_pending_since__lt=threshold)
         .filter(Q(redispatched_at__isnull=True) | Q(redispatched_at__lt=threshold))

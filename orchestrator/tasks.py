@@ -22,10 +22,12 @@ from common import metrics
 from common.task_base import RETRY_OPTIONS, TRANSIENT, EngineTask
 from orchestrator import executor, notify, polling, retention, sweeps, webhooks
 from orchestrator.transport import CeleryTransport, serving
-from runs import admission, callbacks, children, planners, replanning, runners, step_admission
+from runs.admission import run_admission, step_admission
 from runs.engine import control, dispatch
 from runs.engine.outcomes import Outcome, record
 from runs.models import Run
+from runs.people import planners, replanning
+from runs.waits import callbacks, children, runners
 from schedules import services as schedule_services
 
 logger = logging.getLogger(__name__)
@@ -248,7 +250,7 @@ def notify_escalated_task(self: Task[Any, Any], run_id: str) -> bool:
 
 @shared_task(name="orchestrator.runs.replan", **RETRY_OPTIONS)
 def replan_run_task(run_id: str) -> str:
-    """Ask the run's planner for new agents and spawn them (``runs.replanning``)."""
+    """Ask the run's planner for new agents and spawn them (``runs.people.replanning``)."""
     return replanning.replan_run(run_id, planners.planner_named)
 
 
@@ -256,4 +258,4 @@ def replan_run_task(run_id: str) -> str:
 def admit_waiting_task(run_id: str) -> int:
     """A run ended: start the runs of its organization that waited for a place."""
     organization = Run.objects.values_list("organization_id", flat=True).filter(pk=run_id).first()
-    return len(admission.admit_waiting(organization)) if organization else 0
+    return len(run_admission.admit_waiting(organization)) if organization else 0

@@ -43,7 +43,7 @@ from common.stores import broker_redis
 from config.celery import QUEUE_RUNS_HIGH, QUEUE_RUNS_NORMAL, QUEUE_STEPS, app
 from orchestrator.prometheus import queue_keys
 from runs.outbox import RunMessage, StepMessage
-from runs.runners import organization_channel, runner_channel
+from runs.waits.runners import organization_channel, runner_channel
 
 PICK_UP_TASK = "orchestrator.runs.pick_up"
 RESUME_TASK = "orchestrator.runs.resume"

@@ -88,7 +88,7 @@ class RateGrant(models.Model):
     step_id = models.BigIntegerField(null=True)
     run_id = models.UUIDField(null=True)
     # The run's organization: a tool's bucket is shared, and its line takes turns between
-    # organizations (runs.step_admission). None: granted before it was kept.
+    # organizations (runs.admission.step_admission). None: granted before it was kept.
     organization_id = models.UUIDField(null=True, blank=True)
     # Taken by the step's attempt (counted, never handed again); False: still reserved.
     used = models.BooleanField(default=False)

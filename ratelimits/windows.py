@@ -10,7 +10,7 @@ reserved), at the earliest moment ``t`` such that the units granted in ``(t - pe
 plus its own fit in the limit. Every grant made is then the latest of its bucket, so the
 window ending at it is the only one it can overfill, and that one was checked: every
 window holds at most the limit, whatever the order of asks. A ``t`` in the future is a
-reservation: the step waits for it (``runs.step_admission``).
+reservation: the step waits for it (``runs.admission.step_admission``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Ask:
 @dataclass(frozen=True)
 class Asker:
     """Who asks: a step's wait (its place in line: its organization's turn, then
-    ``priority`` and ``queued_at`` within the organization: runs.step_admission)."""
+    ``priority`` and ``queued_at`` within the organization: runs.admission.step_admission)."""
 
     step_id: int | None
     run_id: Any

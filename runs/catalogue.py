@@ -3,7 +3,7 @@ organization's ``orch worker``s declare with ``@tool``, each version with its JS
 
 - ``publish``: the fleet publishes its tools when a Celery worker starts
   (``orchestrator.tools.packages``), an organization's worker when it registers
-  (``runs.runners.register``). A version's schema is fixed once published: the same
+  (``runs.waits.runners.register``). A version's schema is fixed once published: the same
   version again with another schema is refused (``ToolVersionConflict``), and a name the
   fleet offers cannot be an organization's (``ToolNameTaken``).
 - ``OrganizationCatalogue``: what a plan of an organization may name (the fleet's tools

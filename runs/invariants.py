@@ -287,7 +287,7 @@ def step_leases() -> list[str]:
 
 
 @invariant(
-    "runs.escalations",
+    "runs.people.escalations",
     "an escalated run has one open ticket and no other run has one; a resolved ticket "
     "says how and when; a re-plan is awaited exactly while the run holds itself open for it",
 )

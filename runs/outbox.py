@@ -52,10 +52,10 @@ class RunMessage(enum.StrEnum):
 
     PICK_UP = "pick_up"  # PENDING (or RETRYING) -> RUNNING: materialise and dispatch
     RESUME = "resume"  # RESUMING -> RUNNING: send again what the pause held
-    CHILD_ENDED = "child_ended"  # a child run ended: its parent takes note (runs.children)
-    ESCALATED = "escalated"  # a ticket was opened: on-call is told (runs.escalations)
-    REPLAN = "replan"  # a re-plan was asked for: the planner is consulted (runs.replanning)
-    ADMIT = "admit"  # a run ended: its organization's waiting runs looked at (runs.admission)
+    CHILD_ENDED = "child_ended"  # a child run ended: its parent takes note (runs.waits.children)
+    ESCALATED = "escalated"  # a ticket was opened: on-call is told (runs.people.escalations)
+    REPLAN = "replan"  # a re-plan was asked for: the planner is consulted (runs.people.replanning)
+    ADMIT = "admit"  # a run ended: its organization's waiting runs looked at (run_admission)
 
 
 def asleep(countdown_s: float) -> bool:

@@ -15,6 +15,9 @@ path of ``runs.engine.outcomes``) completes it like any other step, with an even
 says where its output came from. The step still waits for its dependencies and releases
 its dependents as a step that ran, so templates and `when` conditions downstream read
 its output as they would have.
+
+Such a step's output is *borrowed* (its outcome's ``borrowed``: ``reused_from`` or
+``cached_from``); the worker's side of the feature is ``orchestrator.reuse``.
 """
 
 from __future__ import annotations

@@ -147,7 +147,7 @@ def run_summary(run: Run) -> RunSummary:
     """The current attempt's counts and progress: one statement whatever the size of the
     run (engine.run_counts)."""
     with connection.cursor() as cursor:
-        cursor.execute(QUERIES["run_counts"], {"run": run.pk, "attempt": run.attempt_number})
+        cursor.execute(QUERIES["run_summary"], {"run": run.pk, "attempt": run.attempt_number})
         return _summary(run, cursor.fetchall())
 
 
@@ -380,7 +380,7 @@ def run_outputs(run: Run, max_bytes: int = OUTPUTS_MAX_BYTES) -> RunOutputs:
     """``{"agent.task.step": output}`` of the completed steps of the run's current
     attempt (a task run again by its failure mode: its last generation's), in plan
     order, as many as fit in ``max_bytes`` of JSON (engine.run_outputs)."""
-    _, rows = fetch(QUERIES["run_outputs"], {"run": run.pk, "attempt": run.attempt_number})
+    _, rows = fetch(QUERIES["all_outputs"], {"run": run.pk, "attempt": run.attempt_number})
     # jsonb arrives as text
     decoded = [(*names, None if output is None else json.loads(output)) for *names, output in rows]
     return _outputs(decoded, max_bytes)

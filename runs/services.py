@@ -1,7 +1,13 @@
-"""Every operation on a run, one service function each.
+"""A run's lifecycle below the engine, one service function each: create it, take its
+attempt (``run_pick_up_locked``), complete, fail, cancel, pause, resume, retry, requeue
+and delete it, and what every ending shares (``_ended``).
 
-API views, admin actions, CLI commands and Celery tasks call these and nothing else
-changes a run's state. Each service runs in one transaction, locks the run row first
+The other operations on a run are services of their rooms, each one function: its
+start and pick-up as a worker makes them (``runs.engine.start``, ``runs.engine.control``),
+a step's recording (``runs.engine.outcomes``), what people decide (``runs.people``), the
+end of a step's wait (``runs.waits``), a fork (``runs.forks``). API views, admin
+actions, CLI commands and Celery tasks call those and these, and nothing else changes a
+run's state. Each service runs in one transaction, locks the run row first
 (the lock order everywhere is run -> agent -> task -> step, so that two services never
 wait on each other in a cycle), changes state only through ``runs.transitions`` (FOR NO
 KEY UPDATE locks; see there) and records what it did as RunEvents.
@@ -26,7 +32,8 @@ from billing.services import (
 from common import eventstreams, tracing
 from common.templates import Reference, UnresolvedReference, render_value, resolve_in
 from common.text import storable_text
-from runs import admission, catalogue, step_admission
+from runs import catalogue
+from runs.admission import run_admission, step_admission
 from runs.materialize import materialize
 from runs.models import (
     Agent,
@@ -169,7 +176,7 @@ def plan_of(run: Run) -> Plan:
 
 def replanned_plan_json(run: Run) -> dict[str, Any]:
     """The run's plan as submitted, with the agents the current attempt's re-plans added
-    after its own (``runs.replanning``): what the attempt runs."""
+    after its own (``runs.people.replanning``): what the attempt runs."""
     fragments = Replan.objects.filter(
         run=run, attempt_number=run.attempt_number, status=ReplanStatus.SPAWNED
     ).order_by("number")
@@ -402,13 +409,13 @@ def _finish_attempt(run: Run, actor: str = "system") -> None:
 
 def _ended(run: Run, actor: str) -> None:
     """What a run's end asks beyond its rows: a child run's parent is told, after commit
-    (``runs.children``); an escalation still open is resolved by the run's end, and a
+    (``runs.waits.children``); an escalation still open is resolved by the run's end, and a
     re-plan not yet answered is dropped; the organization's waiting runs are looked at
     again, and the run's places in rate limits' lines given back."""
     if run.parent_run_id is not None and run.parent_notified_at is None:
         enqueue_run_message(RunMessage.CHILD_ENDED, run.pk, run.priority)
     _close_escalations(run, actor)
-    admission.released(run)
+    run_admission.released(run)
     step_admission.release_run(run)
 
 
@@ -667,7 +674,7 @@ def run_retry(
         RunStatus.RETRYING,
         actor=actor,
         payload={"attempt_number": number, "reuse": reuse, "reused_steps": len(reused)},
-        # The new attempt waits for admission like any run (runs.admission).
+        # The new attempt waits for admission like any run (runs.admission.run_admission).
         updates={
             "attempt_number": number,
             "agent_count": 0,

@@ -384,7 +384,7 @@ _CLAIMED_FIELDS = (
     # For the queue-wait metric (common.metrics): dispatched, then claimed.
     "dispatched_at",
     "status_changed_at",
-    # The rate limits it spends ([] for most steps: runs.step_admission).
+    # The rate limits it spends ([] for most steps: runs.admission.step_admission).
     "rate_limits",
     # Completed without running it: its reused output's source, its cache (runs.reuse).
     "reused_from",

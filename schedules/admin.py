@@ -18,7 +18,7 @@ from django.utils.safestring import SafeString
 from billing.services import InsufficientCredits
 from common.admin import ReadOnlyAdminMixin, actor_of
 from common.units import duration_text, time_in_zone
-from runs.admission import TooManyPendingRuns
+from runs.admission.run_admission import TooManyPendingRuns
 from runs.plan import PlanInvalid
 from schedules import services
 from schedules.models import Schedule, ScheduleFire, ScheduleStatus

@@ -36,7 +36,7 @@ from billing.models import Organization
 from billing.services import InsufficientCredits
 from common import metrics
 from runs import services as run_services
-from runs.admission import TooManyPendingRuns
+from runs.admission.run_admission import TooManyPendingRuns
 from runs.engine.start import run_start
 from runs.models import Run
 from runs.plan import DurationRefused, PlanError, PlanInvalid, parse_plan, read_duration_ms

@@ -11,8 +11,8 @@ from django.utils import timezone
 from artifacts import services as artifact_services
 from billing.models import Organization
 from ratelimits.models import RateLimit
-from runs import escalations
 from runs.models import Replan, Step, StepFailure, StepWait
+from runs.people import escalations
 from schedules import services as schedule_services
 from schedules.models import ScheduleFire
 from tests import factories

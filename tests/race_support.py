@@ -258,7 +258,7 @@ def _start_outcome(run_id: str) -> str:
     """Start the run as a client would: what came of it (running, waiting, or the code
     of the refusal)."""
     from billing.services import InsufficientCredits
-    from runs.admission import TooManyPendingRuns
+    from runs.admission.run_admission import TooManyPendingRuns
     from runs.engine.start import run_start
 
     try:
@@ -269,7 +269,7 @@ def _start_outcome(run_id: str) -> str:
 
 
 def _take_slot(organization_id: str) -> bool:
-    from runs import fairness
+    from runs.admission import fairness
 
     return fairness.acquire_slot(organization_id, f"taker-{os.getpid()}") is not None
 
@@ -277,7 +277,7 @@ def _take_slot(organization_id: str) -> bool:
 def _free_and_take_slot(organization_id: str) -> bool:
     """Let the slot held by "leaving" go, then take one: as a worker that finished a
     step and starts the next while another worker takes a slot."""
-    from runs import fairness
+    from runs.admission import fairness
     from runs.models import StepSlot
 
     leaving = StepSlot.objects.get(organization_id=organization_id, holder="leaving")

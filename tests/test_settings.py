@@ -217,7 +217,7 @@ def test_the_local_settings_log_text_at_warning_and_a_4xx_once() -> None:
     own handler with DEBUG on)."""
     script = (
         "import logging; from django.test import Client; "
-        "logging.getLogger('runs.suspension').info('organization suspended'); "
+        "logging.getLogger('runs.people.suspension').info('organization suspended'); "
         "logging.getLogger('runs').warning('a warning'); "
         "print(Client(HTTP_HOST='localhost').get('/no-such-page').status_code)"
     )

@@ -72,7 +72,7 @@ class ToolContext:
         default=_no_artifacts
     )
     # Keeps what the tool says of how far it got (any JSON), on the step's row with the
-    # next lease renewal (orchestrator.heartbeat): a client reads it with the step.
+    # next lease renewal (orchestrator.lease_keeper): a client reads it with the step.
     progress: Callable[[Any], None] = field(default=lambda progress: None)
 
     def save_bytes(self, name: str, data: bytes, content_type: str = "") -> dict[str, Any]:

@@ -67,7 +67,7 @@ REPLAN_TASK_FAILURES = env.integer(
 )
 REPLAN_MAX = env.integer("REPLAN_MAX", 2, "re-plans a run may make", minimum=0)
 ORCH_PLANNERS: dict[str, str] = {
-    "rules": "runs.planners.rule_planner",
+    "rules": "runs.people.planners.rule_planner",
     "llm": "orchestrator.llm_planner.llm_planner",
 }
 for _entry in env.strings(

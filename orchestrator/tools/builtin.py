@@ -148,7 +148,7 @@ def validate_sleep(params: dict[str, Any]) -> Problems:
 
 # --------------------------------------------------------------------------- wait
 def wait(params: dict[str, Any], ctx: ToolContext) -> ToolResult:
-    """A wait step's time has come (``runs.step_admission.timer`` parked it until then,
+    """A wait step's time has come (``runs.admission.step_admission.timer`` parked it until then,
     holding no worker, and charged its time as it parked; the claim that woke it runs
     this): it completes, with nothing more to pay."""
     return ToolResult(output={"woke_at": datetime.now(UTC).isoformat()})

@@ -18,8 +18,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from common.admin import ReadOnlyAdminMixin, actor_of
 from common.units import duration_text
-from runs import escalations
-from runs.admin.run_page import CONTROLS, REFUSALS, RunPageAdmin
+from runs.admin.run_page.view import CONTROLS, REFUSALS, RunPageAdmin
 from runs.engine.start import run_start
 from runs.models import (
     Agent,
@@ -32,6 +31,7 @@ from runs.models import (
     Step,
     Task,
 )
+from runs.people import escalations
 from runs.selectors import event_label, run_history, with_paths
 
 PLAN_SHOWN_BYTES = 100_000

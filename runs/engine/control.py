@@ -11,7 +11,8 @@ from django.utils import timezone
 
 from billing.models import Organization
 from common import logcontext, tracing
-from runs import admission, services
+from runs import services
+from runs.admission import run_admission
 from runs.engine.dispatch import dispatch, step_timeout_s, update_waiting_state
 from runs.engine.failure import held_failure, run_failed
 from runs.engine.policy import escalation_held
@@ -30,7 +31,7 @@ def pick_up(run_id: Any, actor: str = "worker") -> bool:
     A stored plan that no longer validates (the validator grew stricter since the run
     was created) fails the run with `invalid_plan` rather than leaving it pending. A run
     its organization's limits do not admit yet stays PENDING with its `queued_reason`
-    (``runs.admission``), and is picked up when a place frees.
+    (``runs.admission.run_admission``), and is picked up when a place frees.
     """
     if not tracing.enabled:
         return _pick_up(run_id, actor)
@@ -44,7 +45,7 @@ def pick_up(run_id: Any, actor: str = "worker") -> bool:
 
 
 def _pick_up(run_id: Any, actor: str) -> bool:
-    if not admission.admit(run_id, actor=actor):
+    if not run_admission.admit(run_id, actor=actor):
         return False
     with transaction.atomic():
         run = services.lock_run(run_id)
@@ -77,8 +78,8 @@ def resume(run_id: Any, actor: str = "worker") -> bool:
     failures opened an escalation ticket meanwhile escalates (``policy.escalation_held``).
 
     A run whose organization was suspended since its resume was asked for is paused
-    again at once, by the suspension (``admission.SUSPENSION_ACTOR``), instead of going
-    on: the suspension leaves runs caught resuming to this (runs/suspension.py), and
+    again at once, by the suspension (``run_admission.SUSPENSION_ACTOR``), instead of going
+    on: the suspension leaves runs caught resuming to this (runs/people/suspension.py), and
     unsuspending resumes them with the others it paused.
     """
     with transaction.atomic():
@@ -86,7 +87,7 @@ def resume(run_id: Any, actor: str = "worker") -> bool:
         if run.status != RunStatus.RESUMING:
             return False
         # Read under the run's lock: a suspension that listed the run before this lock
-        # was had committed the organization's row first (runs/suspension.py).
+        # was had committed the organization's row first (runs/people/suspension.py).
         suspended = Organization.objects.filter(
             pk=run.organization_id, suspended_at__isnull=False
         ).exists()
@@ -107,7 +108,7 @@ def resume(run_id: Any, actor: str = "worker") -> bool:
             )
         run = services.run_resumed(run_id=run.pk, actor=actor)
         if suspended:
-            services.run_pause(run_id=run.pk, actor=admission.SUSPENSION_ACTOR)
+            services.run_pause(run_id=run.pk, actor=run_admission.SUSPENSION_ACTOR)
             return True
         # What the pause held: a failure for good ends the run now (and retries it if
         # its plan says so), a ticket opened meanwhile escalates it.

@@ -4,7 +4,7 @@ The rule is the database's (``engine.agents_dispatch``, ``engine.tasks_dispatch`
 ``engine.steps_dispatch``, each level's free places by ``engine.free_places``): agents
 and tasks become RUNNING in the caller's transaction, steps are marked dispatched, and
 here their messages are put in the outbox (published after commit). An approval step is
-never sent to a worker: it waits for a decision (``runs.approvals``)."""
+never sent to a worker: it waits for a decision (``runs.people.approvals``)."""
 
 from __future__ import annotations
 
@@ -148,7 +148,7 @@ def dispatch(run: Run, parent: Run | Agent | Task, outbox: Outbox) -> None:
 
 def place_freed(run_id: Any, task_id: int) -> None:
     """A step of the task parked (on a timer, in a rate limit's line) and gave its place
-    back (``runs.step_admission``): the task's next ready steps take it, in the park's
+    back (``runs.admission.step_admission``): the task's next ready steps take it, in the park's
     transaction (which holds the run's gate shared and the task's row)."""
     run = Run.objects.only("pk", "status", "priority", "waiting_approvals").get(pk=run_id)
     dispatch(run, Task(pk=task_id), Outbox())

@@ -231,7 +231,7 @@ def run_failed(run: Run, failure: Failure) -> None:
 
 
 def supersede(run: Run, agent: Agent, message: str, outbox: Outbox) -> None:
-    """A re-plan replaces ``agent`` (runs.escalations): its open work is cancelled (running
+    """A re-plan replaces ``agent`` (runs.people.escalations): its open work is cancelled (running
     steps terminated) and it ends SKIPPED with `replanned`, counted as a child that did
     not complete. Its failure is not propagated: what replaces it is on its way."""
     _close_open_children(agent, message)

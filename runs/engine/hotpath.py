@@ -27,8 +27,8 @@ from typing import Any
 from django.db import connection
 
 from billing.services import to_credits
+from runs.admission.fairness import Choice
 from runs.engine.dispatch import DISPATCHED
-from runs.fairness import Choice
 from runs.models import Run
 from runs.states import is_allowed
 from runs.transitions import claimed_from_json

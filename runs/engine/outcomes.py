@@ -16,7 +16,8 @@ from billing.pricing import tool_price
 from billing.services import BudgetExhausted, credits_charge
 from common import eventstreams
 from common.tools.base import ToolError
-from runs import admission, services
+from runs import services
+from runs.admission import run_admission
 from runs.engine import hotpath, policy
 from runs.engine.dispatch import announce_steps, step_from_row, step_timeout_s, update_waiting_state
 from runs.engine.failure import Failure, child_failed, end_child
@@ -148,8 +149,8 @@ def record_and_claim(
 def _announce(run_id: Any, done: hotpath.Completed) -> None:
     """What the hot path's commit asks for: the steps it dispatched published; when it
     ended the run, what ``services.run_complete`` does beyond its writes (a child's
-    parent told, ``runs.children``; the runs of the organization waiting for its place
-    looked at again, ``runs.admission``)."""
+    parent told, ``runs.waits.children``; the runs of the organization waiting for its place
+    looked at again, ``runs.admission.run_admission``)."""
     if done.dispatched:
         ready = [step_from_row(row) for row in done.dispatched]
         announce_steps(str(run_id), done.priority, ready, Outbox())
@@ -157,7 +158,7 @@ def _announce(run_id: Any, done: hotpath.Completed) -> None:
         run = Run.objects.only("organization_id", "priority", "parent_run_id").get(pk=run_id)
         if run.parent_run_id is not None:
             enqueue_run_message(RunMessage.CHILD_ENDED, run.pk, run.priority)
-        admission.released(run)
+        run_admission.released(run)
 
 
 _FINISH_SQL = "SELECT engine.step_finish(%s, %s, %s, %s, %s, %s, %s, %s)"

@@ -20,7 +20,7 @@ for on-call to be told.
 Re-plan: evaluated when an agent or task fails for good and the run goes on: more than
 `agent_failure_ratio` of the run's agents failed, or more than `task_failures` tasks.
 Asking holds the run open (one extra open child) until the planner has answered
-(``runs.replanning``), so the run cannot complete under the planner's feet.
+(``runs.people.replanning``), so the run cannot complete under the planner's feet.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``run_start`` is the one door every client's start goes through (the API, the admin,
 schedules, a parent's child run). A small plan (ENGINE_START_AT_ONCE_STEPS) of a run that
-looks admissible (``admission.looks_free``) is begun at once, in the start's own
+looks admissible (``run_admission.looks_free``) is begun at once, in the start's own
 transaction: its first steps are claimable at commit and their doorbells rung after it.
 The organization's locks (admission's, then its row for the reservation) are taken
 *last*, after the run is materialised, and held only for the admission check, the
@@ -25,7 +25,8 @@ from django.utils import timezone
 from billing.models import Organization
 from billing.services import credits_reserve, to_credits
 from common import eventstreams, tracing
-from runs import admission, services
+from runs import services
+from runs.admission import run_admission
 from runs.engine import hotpath
 from runs.engine.dispatch import announce, dispatch, step_from_row
 from runs.engine.propagation import finish_if_done
@@ -50,7 +51,7 @@ def run_start(
     starting = run_to_start(run_id=run_id, organization=organization, actor=actor)
     if starting.plan is None:
         return starting.run
-    if starting.plan.step_count <= settings.ENGINE_START_AT_ONCE_STEPS and admission.looks_free(
+    if starting.plan.step_count <= settings.ENGINE_START_AT_ONCE_STEPS and run_admission.looks_free(
         starting.run
     ):
         begun = _begin_then_admit(starting, actor)
@@ -88,7 +89,7 @@ def _begin_then_admit(starting: Starting, actor: str) -> Run | None:
             begin(run, checked, actor, pending.attempt)
             # Ended as it began (nothing to run): its attempt closed and settled a
             # reservation not made yet. Rare; started the general way instead.
-            if run.status in RUN_TERMINAL or not admission.on_start(run):
+            if run.status in RUN_TERMINAL or not run_admission.on_start(run):
                 raise _NotAdmitted
             run_reserve(run, pending.attempt, starting.amount, actor)
     except _NotAdmitted:
@@ -190,7 +191,7 @@ def run_to_start(
 def run_start_pending(starting: Starting, *, actor: str, admitted: bool | None = None) -> Pending:
     """CREATED -> PENDING for a run ``run_to_start`` locked: attempt 1 opened
     (``engine.run_start``). ``admitted`` None: admission is asked whether a place is free
-    at once (``runs.admission.on_start``: its lock on the organization held until
+    at once (``runs.admission.run_admission.on_start``: its lock on the organization held until
     commit) and the credits are reserved here (InsufficientCredits when short: the
     caller's transaction rolls back, the run stays CREATED). ``admitted`` True: the
     caller takes the organization's locks last, after it has begun the run
@@ -202,8 +203,8 @@ def run_start_pending(starting: Starting, *, actor: str, admitted: bool | None =
     reserve = admitted is None
     if admitted is None:
         # Refused with 429 beyond the organization's pending runs; admitted at once when
-        # a place is free and nobody waits for one (runs.admission).
-        admitted = admission.on_start(run)
+        # a place is free and nobody waits for one (runs.admission.run_admission).
+        admitted = run_admission.on_start(run)
     admitted_at = timezone.now() if admitted else None
     now = timezone.now()
     with connection.cursor() as cursor:

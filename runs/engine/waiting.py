@@ -5,11 +5,11 @@ A tool that hands its work to the outside returns a wait (``ToolResult.wait``); 
 recording parks the step instead of completing it, in the run's transaction, and creates
 what it waits on (docs/runners.md):
 
-- ``runner_job``: a job for an external runner (``runs.runners``), ended by its report;
-- ``child_run``: a child run (``runs.children``); in sync mode the step waits for its
+- ``runner_job``: a job for an external runner (``runs.waits.runners``), ended by its report;
+- ``child_run``: a child run (``runs.waits.children``); in sync mode the step waits for its
   end, in the async modes it completes at once with ``{child_run}`` (async_callback
   first adds its on_callback handlers, held until the child ends);
-- ``callback``: the URL the tool opened (``runs.callbacks``), ended by a post to it;
+- ``callback``: the URL the tool opened (``runs.waits.callbacks``), ended by a post to it;
 - ``poll``: a URL the engine reads by scheduled messages until a condition holds.
 
 Whatever ends the wait records the attempt through ``outcomes.record`` like any attempt,
@@ -114,7 +114,7 @@ def _park_on_job(run: Run, step: Step, wait: dict[str, Any], now: datetime) -> N
         )
         if not offered.exists():
             # Shown where waits are (the step, the dashboard, `orch steps`); a worker
-            # that comes online claims the job, which clears it (runs.runners.poll).
+            # that comes online claims the job, which clears it (runs.waits.runners.poll).
             Step.objects.filter(pk=step.pk).update(waiting_reason=NO_WORKER_OFFERS_TOOL)
         what = f"a worker offering {job.tool} {job.tool_version}"
         payload |= {"tool": job.tool, "version": job.tool_version}

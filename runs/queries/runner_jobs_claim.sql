@@ -1,4 +1,4 @@
--- The pending jobs a runner's poll claims (runs.runners.poll): the first %(limit)s it
+-- The pending jobs a runner's poll claims (runs.waits.runners.poll): the first %(limit)s it
 -- matches, by priority then age, each row locked with SKIP LOCKED so that concurrent
 -- polls take different jobs. A worker tool's job (`tool` set) goes to a runner offering that tool
 -- at the job's version; a `runner` step's job to a runner offering no tool (the

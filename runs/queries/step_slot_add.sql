@@ -1,5 +1,5 @@
 -- One more step slot, when every existing one below the organization's limit is held:
--- the next number, taken by %(holder)s (runs.fairness.acquire_slot). Two workers adding
+-- the next number, taken by %(holder)s (runs.admission.fairness.acquire_slot). Two workers adding
 -- the same number meet at the unique constraint; one of them gets it, the other no row.
 -- Same parameters and columns as step_slot_take.sql.
 INSERT INTO runs_stepslot (organization_id, slot, holder, expires_at)

@@ -1,5 +1,5 @@
 -- A free step slot of an organization below its limit (engine.step_limit), taken by
--- %(holder)s for %(lease)s seconds (runs.fairness.acquire_slot): id, slot, the limit.
+-- %(holder)s for %(lease)s seconds (runs.admission.fairness.acquire_slot): id, slot, the limit.
 -- %(organization)s, %(default)s (ORG_MAX_RUNNING_STEPS). The pick is a CTE made once
 -- (MATERIALIZED: runner_jobs_claim.sql says why), SKIP LOCKED so that workers taking
 -- slots at once take different ones.

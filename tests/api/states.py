@@ -12,12 +12,14 @@ from artifacts.models import Artifact
 from billing.models import Organization
 from orchestrator.tools.asynchronous import child_run as run_tool
 from orchestrator.tools.builtin import runner as runner_tool
-from runs import callbacks, catalogue, escalations, runners, services
+from runs import catalogue, services
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record
 from runs.engine.start import run_start
 from runs.models import EscalationTicket, Run, Runner, RunnerJob, Step
+from runs.people import escalations
 from runs.transitions import claim_step
+from runs.waits import callbacks, runners
 from schedules import services as schedule_services
 from schedules.models import Schedule
 from tests import factories

@@ -12,9 +12,9 @@ from artifacts.models import Artifact
 from billing.models import LedgerEntry, Secret
 from billing.secrets import decrypt_value, secret_put
 from ratelimits.models import RateLimit
+from runs.admission.step_admission import rate_limit_put
 from runs.models import Run
 from runs.selectors import run_history
-from runs.step_admission import rate_limit_put
 from schedules.models import Schedule, ScheduleFire
 from tests.api import states
 from tests.api.conftest import Tenant

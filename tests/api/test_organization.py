@@ -10,7 +10,7 @@ from rest_framework.test import APIClient
 
 from billing.models import LedgerEntry, Reservation
 from billing.services import api_key_create
-from runs import admission
+from runs.admission import run_admission
 from runs.models import Run
 from tests import factories
 from tests.api.conftest import Tenant
@@ -55,15 +55,15 @@ def test_the_organization_shows_the_default_limits_and_nothing_in_use(
 def test_the_organization_shows_its_own_limits_once_set_and_the_runs_in_use(
     tenant: Tenant,
 ) -> None:
-    admission.limits_set(
+    run_admission.limits_set(
         tenant.organization.pk, actor="test", max_running_runs=1, max_pending_runs=5, share=3
     )
     for _ in range(3):
         created = tenant.post("/api/v1/runs", {"plan": factories.plan(), "start": True})
         assert created.status_code == 201
     first, second, _ = Run.objects.filter(organization=tenant.organization).order_by("created_at")
-    assert admission.admit(first.pk)  # as a worker's pick-up would
-    assert not admission.admit(second.pk)
+    assert run_admission.admit(first.pk)  # as a worker's pick-up would
+    assert not run_admission.admit(second.pk)
 
     body = tenant.get("/api/v1/organization").json()
 
@@ -86,7 +86,7 @@ def test_the_organization_shows_its_own_limits_once_set_and_the_runs_in_use(
 def test_one_pending_run_too_many_is_refused_with_429_and_nothing_written(
     tenant: Tenant,
 ) -> None:
-    admission.limits_set(tenant.organization.pk, actor="test", max_pending_runs=2)
+    run_admission.limits_set(tenant.organization.pk, actor="test", max_pending_runs=2)
     for _ in range(2):
         assert (
             tenant.post("/api/v1/runs", {"plan": factories.plan(), "start": True}).status_code
@@ -118,7 +118,7 @@ def test_one_pending_run_too_many_is_refused_with_429_and_nothing_written(
     assert Run.objects.get(pk=created["id"]).status == "created"
 
     # Raised, the limit lets it start at once.
-    admission.limits_set(tenant.organization.pk, actor="test", max_pending_runs=3)
+    run_admission.limits_set(tenant.organization.pk, actor="test", max_pending_runs=3)
     assert tenant.post(f"/api/v1/runs/{created['id']}/start").status_code == 200
 
 
@@ -127,16 +127,18 @@ def test_limits_are_validated_and_none_goes_back_to_the_setting(
 ) -> None:
     settings.ORG_MAX_RUNNING_RUNS = 9
     organization = tenant.organization
-    with pytest.raises(admission.InvalidLimits):
-        admission.limits_set(organization.pk, actor="test", max_running_runs=0)
-    with pytest.raises(admission.InvalidLimits):
-        admission.limits_set(organization.pk, actor="test", share=None)
-    with pytest.raises(admission.InvalidLimits):
-        admission.limits_set(organization.pk, actor="test", max_running_jobs=3)
-    admission.limits_set(organization.pk, actor="test", max_running_runs=2)
-    assert admission.limits_of(organization.pk).max_running_runs == 2
+    with pytest.raises(run_admission.InvalidLimits):
+        run_admission.limits_set(organization.pk, actor="test", max_running_runs=0)
+    with pytest.raises(run_admission.InvalidLimits):
+        run_admission.limits_set(organization.pk, actor="test", share=None)
+    with pytest.raises(run_admission.InvalidLimits):
+        run_admission.limits_set(organization.pk, actor="test", max_running_jobs=3)
+    run_admission.limits_set(organization.pk, actor="test", max_running_runs=2)
+    assert run_admission.limits_of(organization.pk).max_running_runs == 2
     assert (
-        admission.limits_set(organization.pk, actor="test", max_running_runs=None).max_running_runs
+        run_admission.limits_set(
+            organization.pk, actor="test", max_running_runs=None
+        ).max_running_runs
         == 9
     )
 

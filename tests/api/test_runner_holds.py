@@ -1,7 +1,7 @@
 """Held runner polls over real HTTP (pytest-django's live server, the real PostgreSQL and
 Redis): at most the organization's quota `runner_polls` held at once (`429
 too_many_polls`), and a hold ended by its key's revocation or its organization's
-suspension, having claimed nothing since (api/runners.py, runs/runners.py)."""
+suspension, having claimed nothing since (api/runners.py, runs/waits/runners.py)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from billing import quotas
 from billing.models import ApiKey, Organization
 from billing.selectors import KEY_REVOKED, ORGANIZATION_SUSPENDED
 from billing.services import api_key_revoke
-from runs import runners, suspension
 from runs.models import Runner, RunnerJob
+from runs.people import suspension
+from runs.waits import runners
 from tests import factories
 from tests.api import states
 from tests.support import wait_until

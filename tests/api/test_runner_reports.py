@@ -1,5 +1,5 @@
 """Several reports of one runner in one request (`POST /runner/reports`,
-runs.runners.report_many): each applied as its single route would, each refused alone."""
+runs.waits.runners.report_many): each applied as its single route would, each refused alone."""
 
 from __future__ import annotations
 

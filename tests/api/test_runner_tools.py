@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from orchestrator.tools.packages import remote
-from runs import catalogue, runners
+from runs import catalogue
 from runs.engine.outcomes import Outcome, record
 from runs.models import NO_WORKER_OFFERS_TOOL, Runner, RunnerJob, Step
 from runs.transitions import claim_step
+from runs.waits import runners
 from tests import factories
 from tests.api import states
 from tests.api.conftest import Tenant

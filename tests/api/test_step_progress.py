@@ -1,5 +1,5 @@
 """A fleet tool's progress (``Context.heartbeat``) is kept on its step's row by the lease's
-renewal (orchestrator.heartbeat.renew, at the step heartbeat's pace), what it said after
+renewal (orchestrator.lease_keeper.renew, at the step heartbeat's pace), what it said after
 the last renewal by the step's end (the lease keeper's ``end``), and read with the
 step (GET /runs/{id}/steps `progress`), as a worker tool's is read from its job
 (tests/api/test_runner_tools.py); the end to end is tests/integration/test_worker_tools.py."""
@@ -13,7 +13,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from orchestrator.heartbeat import _UNSAID, PROGRESS_MAX_BYTES, _LeaseKeeper, renew
+from orchestrator.lease_keeper import _UNSAID, PROGRESS_MAX_BYTES, _LeaseKeeper, renew
 from runs.models import Step
 from runs.transitions import claim_step
 from tests.api import states
@@ -81,7 +81,7 @@ def test_progress_a_jsonb_column_cannot_keep_is_left_out_and_the_lease_renewed(
     renew(step.pk, step.run_id, step.attempts, progress={"sentence": 1})
     Step.objects.filter(pk=step.pk).update(lease_expires_at=None)
 
-    with caplog.at_level(logging.WARNING, logger="orchestrator.heartbeat"):
+    with caplog.at_level(logging.WARNING, logger="orchestrator.lease_keeper"):
         assert renew(step.pk, step.run_id, step.attempts, progress=progress)
 
     kept = Step.objects.get(pk=step.pk)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.heartbeat import renew
+from orchestrator.lease_keeper import renew
 from orchestrator_client import Client
 from orchestrator_client.types import STATUS_ONLY
 from runs.models import RunnerJob, Step

@@ -21,9 +21,10 @@ from artifacts.models import Artifact
 from orchestrator_client import worker as worker_module
 from orchestrator_client.tools import Context, tool
 from orchestrator_client.worker import Worker
-from runs import runners, services
+from runs import services
 from runs.engine.start import run_start
 from runs.models import RunnerJob, Step
+from runs.waits import runners
 from tests import factories
 from tests.artifacts.conftest import s3_server, use_s3
 from tests.client.conftest import Tenant

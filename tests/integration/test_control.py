@@ -13,9 +13,10 @@ from django.utils import timezone
 
 from config.celery import QUEUE_STEPS, app
 from orchestrator import sweeps
-from runs import approvals, services
+from runs import services
 from runs.engine.start import run_start
 from runs.models import Run, RunAttempt, Step
+from runs.people import approvals
 from runs.selectors import run_history
 from runs.states import InvalidTransition
 from tests import factories

@@ -11,8 +11,8 @@ from billing.models import LedgerEntry
 from billing.pricing import tool_price
 from config.celery import QUEUE_STEPS, QUEUE_SWEEPS, app
 from orchestrator.transport import EXECUTE_STEP_TASK
-from runs import approvals
 from runs.models import HistoryEvent, Run, Step
+from runs.people import approvals
 from tests.factories import plan, step
 from tests.integration.engine_support import assert_books_balanced, steps_of, submit, wait_for
 from tests.support import wait_until

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from runs import admission, approvals
+from runs.admission import run_admission
 from runs.models import EventKind, Run, Step
+from runs.people import approvals
 from runs.selectors import run_history
 from tests import factories
 from tests.api.conftest import make_tenant
@@ -77,7 +78,7 @@ def still_waiting(*runs: Run) -> bool:
 
 def test_runs_beyond_the_limit_wait_and_start_by_priority_then_fifo(celery_worker: str) -> None:
     organization = factories.org()
-    admission.limits_set(organization.pk, actor="test", max_running_runs=2)
+    run_admission.limits_set(organization.pk, actor="test", max_running_runs=2)
     first = submit(gated("first"), organization=organization)
     second = submit(gated("second"), organization=organization)
     wait_for(first, GATED)
@@ -114,13 +115,13 @@ def test_runs_beyond_the_limit_wait_and_start_by_priority_then_fifo(celery_worke
 
 def test_a_limit_raised_in_the_admin_applies_without_a_restart(celery_worker: str) -> None:
     organization = factories.org()
-    admission.limits_set(organization.pk, actor="test", max_running_runs=1)
+    run_admission.limits_set(organization.pk, actor="test", max_running_runs=1)
     first = submit(gated("first"), organization=organization)
     wait_for(first, GATED)
     second = submit(gated("second"), organization=organization)
     queued(second)
 
-    admission.limits_set(organization.pk, actor="admin:ops", max_running_runs=2)
+    run_admission.limits_set(organization.pk, actor="admin:ops", max_running_runs=2)
 
     wait_for(second, GATED)
     for run in (first, second):
@@ -132,7 +133,7 @@ def test_pending_runs_beyond_their_limit_are_refused_until_one_starts(
 ) -> None:
     tenant = make_tenant()
     organization = tenant.organization
-    admission.limits_set(organization.pk, actor="test", max_running_runs=1, max_pending_runs=2)
+    run_admission.limits_set(organization.pk, actor="test", max_running_runs=1, max_pending_runs=2)
     first = submit(gated("first"), organization=organization)
     wait_for(first, GATED)
     waiting = [submit(gated(f"waiting-{i}"), organization=organization) for i in range(2)]
@@ -179,7 +180,7 @@ def test_a_concurrency_key_runs_one_per_customer_in_order(celery_worker: str) ->
 
 def test_steps_beyond_the_limit_never_execute_at_once(celery_worker: str) -> None:
     organization = factories.org()
-    admission.limits_set(organization.pk, actor="test", max_running_steps=1)
+    run_admission.limits_set(organization.pk, actor="test", max_running_steps=1)
     sleepers = [{"name": f"s{i}", "tool": "sleep", "params": {"seconds": 0.1}} for i in range(6)]
     spec = {
         "name": "one-at-a-time",
@@ -250,7 +251,7 @@ def test_child_runs_are_their_parents_work_and_never_wait_for_a_place(
     concurrency key the parent also holds) needed a place of its own would wait for it
     forever: children hold none and are never queued."""
     organization = factories.org()
-    admission.limits_set(organization.pk, actor="test", max_running_runs=1, max_pending_runs=1)
+    run_admission.limits_set(organization.pk, actor="test", max_running_runs=1, max_pending_runs=1)
     child_plan = {
         "name": "child",
         "concurrency": {"key": "same"},

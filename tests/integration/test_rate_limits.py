@@ -13,7 +13,8 @@ import pytest
 from billing.models import Organization
 from orchestrator.prometheus import OrchestratorCollector
 from ratelimits.models import RateGrant
-from runs import services, step_admission
+from runs import services
+from runs.admission import step_admission
 from runs.models import Run, Step
 from tests import factories
 from tests.integration.engine_support import assert_books_balanced, submit, wait_for

@@ -12,11 +12,12 @@ from rest_framework.test import APIClient
 
 from billing.models import LedgerEntry, Organization
 from billing.services import api_key_create
-from runs import approvals, services
+from runs import services
+from runs.admin.run_page.layout import run_graph
+from runs.admin.run_page.svg import graph_svg
 from runs.models import Run, RunAttempt, Step
-from runs.runpage import run_graph
+from runs.people import approvals
 from runs.selectors import run_history
-from runs.svg import graph_svg
 from tests import factories
 from tests.http_fixture import HttpServer
 from tests.integration.engine_support import assert_books_balanced, steps_of, submit, wait_for

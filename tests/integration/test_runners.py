@@ -21,9 +21,10 @@ from artifacts import storage
 from artifacts.models import Artifact
 from billing import quotas
 from billing.services import api_key_create
-from runs import runners, services
+from runs import services
 from runs.models import Runner, RunnerJob
 from runs.selectors import run_history
+from runs.waits import runners
 from tests import factories
 from tests.integration.engine_support import assert_books_balanced, steps_of, submit, wait_for
 from tests.integration.web_support import gunicorn

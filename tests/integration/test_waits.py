@@ -12,10 +12,10 @@ from rest_framework.test import APIClient
 
 from artifacts.models import Artifact
 from billing.services import api_key_create
-from runs import callbacks
-from runs.callbacks import POLL_BODY_LIMIT
 from runs.models import Run, RunnerJob, StepWait
 from runs.states import RunStatus
+from runs.waits import callbacks
+from runs.waits.callbacks import POLL_BODY_LIMIT
 from tests.http_fixture import HttpServer, gzip_bomb
 from tests.integration.engine_support import assert_books_balanced, steps_of, submit, wait_for
 from tests.support import wait_until

@@ -20,9 +20,10 @@ from django.utils import timezone
 from billing.pricing import tool_price
 from billing.services import api_key_create
 from orchestrator.tools import packages
-from runs import catalogue, runners, selectors, services
+from runs import catalogue, selectors, services
 from runs.models import NO_WORKER_OFFERS_TOOL, Run, Runner, RunnerJob, Step
 from runs.plan import PlanInvalid
+from runs.waits import runners
 from tests import factories
 from tests.integration.engine_support import assert_books_balanced, submit, wait_for
 from tests.integration.web_support import gunicorn

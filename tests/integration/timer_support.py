@@ -9,9 +9,9 @@ from datetime import datetime
 from typing import Any
 
 from common.stores import broker_redis
+from runs.admission.step_admission import TIMER
 from runs.models import Run, Step
 from runs.selectors import run_history
-from runs.step_admission import TIMER
 from tests.support import wait_until
 
 

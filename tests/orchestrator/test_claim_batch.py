@@ -22,7 +22,7 @@ import pytest
 from billing.pricing import tool_price
 from common.invariants import violations
 from orchestrator import executor, sweeps
-from orchestrator.heartbeat import Held, lease_keeper
+from orchestrator.lease_keeper import Held, lease_keeper
 from orchestrator.transport import CeleryTransport
 from runs import services
 from runs.engine import control
@@ -241,7 +241,7 @@ def test_steps_held_behind_a_slow_step_are_handed_back_for_other_servers(
     settings: SettingsWrapper, rings: list[tuple[str, str]], kept: list[int]
 ) -> None:
     # s0's recording claims slow, s2, s3 and s4; slow runs past the hold, so the
-    # heartbeat thread hands s2 - s4 back (claimable, a doorbell rung for them) rather
+    # lease keeper thread hands s2 - s4 back (claimable, a doorbell rung for them) rather
     # than keep them from other servers for a second.
     settings.ENGINE_CLAIM_BATCH_HOLD_SECONDS = 0.2
     slow = step("slow", "sleep", params={"seconds": 1})

@@ -190,11 +190,11 @@ def test_a_recording_that_failed_is_replayed_before_the_doorbell_serves_on(
 
 
 def test_a_step_past_its_hard_limit_kills_the_process_it_runs_in() -> None:
-    # What Celery's hard time limit does to a pool process, kept by the heartbeat thread
+    # What Celery's hard time limit does to a pool process, kept by the lease keeper thread
     # for a step served by a doorbell; the pool replaces the process, the sweep the step.
     script = (
         "import django, time; django.setup(); "
-        "from orchestrator.heartbeat import lease_keeper; "
+        "from orchestrator.lease_keeper import lease_keeper; "
         "lease_keeper.hard_limit(0.2); time.sleep(30)"
     )
     began = time.monotonic()

@@ -20,11 +20,13 @@ from billing.models import Organization
 from common.tools.base import ToolContext
 from orchestrator import polling
 from orchestrator.tools.asynchronous import poll
-from runs import callbacks, fairness, suspension
-from runs.callbacks import POLL_BODY_LIMIT
+from runs.admission import fairness
 from runs.engine import control
 from runs.engine.outcomes import Outcome
 from runs.models import StepWait
+from runs.people import suspension
+from runs.waits import callbacks
+from runs.waits.callbacks import POLL_BODY_LIMIT
 from tests import factories
 from tests.http_fixture import MEMORY_BOUND, DrippingReceiver, HttpServer, gzip_bomb, peak_memory
 from tests.runs.engine.harness import EngineRun

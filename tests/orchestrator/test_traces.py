@@ -21,11 +21,13 @@ from common import tracing
 from orchestrator import executor
 from orchestrator.runner import Runner
 from orchestrator.tasks import pick_up_run_task
-from runs import approvals, children, services
+from runs import services
 from runs.engine import control
 from runs.engine.start import run_start
 from runs.models import Run, RunnerJob, Step
+from runs.people import approvals
 from runs.selectors import runner_job_list
+from runs.waits import children
 from tests import factories
 from tests.api.conftest import make_tenant
 from tests.factories import step

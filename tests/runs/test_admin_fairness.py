@@ -8,7 +8,8 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from billing.models import Organization
-from runs import admission, services
+from runs import services
+from runs.admission import run_admission
 from runs.engine import control
 from runs.engine.start import run_start
 from runs.models import Run
@@ -37,7 +38,7 @@ def test_the_limits_are_set_in_the_form_and_ask_for_the_waiting_runs(
     operator: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     organization = factories.org(name="acme")
-    admission.limits_set(organization.pk, actor="test", max_running_runs=1)
+    run_admission.limits_set(organization.pk, actor="test", max_running_runs=1)
     for _ in range(2):
         run = services.run_create(organization=organization, plan=factories.plan())
         run_start(run_id=run.pk)
@@ -45,7 +46,7 @@ def test_the_limits_are_set_in_the_form_and_ask_for_the_waiting_runs(
     waiting = Run.objects.get(organization=organization, status="pending")
     asked: list[tuple[str, object]] = []
     monkeypatch.setattr(
-        admission,
+        run_admission,
         "enqueue_run_message",
         lambda message, run_id, priority: asked.append((message, run_id)),
     )
@@ -71,7 +72,7 @@ def test_the_limits_are_set_in_the_form_and_ask_for_the_waiting_runs(
 
 def test_the_list_shows_runs_running_and_queued_per_organization(operator: Client) -> None:
     organization = factories.org(name="busy-org")
-    admission.limits_set(organization.pk, actor="test", max_running_runs=1)
+    run_admission.limits_set(organization.pk, actor="test", max_running_runs=1)
     for _ in range(3):
         run = services.run_create(organization=organization, plan=factories.plan())
         run_start(run_id=run.pk)
@@ -89,7 +90,7 @@ def test_the_list_shows_runs_running_and_queued_per_organization(operator: Clien
 
 def test_starting_one_run_too_many_from_the_admin_is_refused_by_name(operator: Client) -> None:
     organization = factories.org()
-    admission.limits_set(organization.pk, actor="test", max_pending_runs=1)
+    run_admission.limits_set(organization.pk, actor="test", max_pending_runs=1)
     first, second = (
         services.run_create(organization=organization, plan=factories.plan(name=name))
         for name in ("first", "second")

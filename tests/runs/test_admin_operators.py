@@ -1,5 +1,5 @@
 """What operators read and do in the admin's run pages: approve and reject from the run
-list, through ``runs.approvals`` as the API, recorded with the operator's name (a run
+list, through ``runs.people.approvals`` as the API, recorded with the operator's name (a run
 with nothing waiting is named, not counted); events named by their path in the plan, not
 by database ids."""
 

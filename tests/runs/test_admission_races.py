@@ -6,7 +6,7 @@ Eight processes, each with its own PostgreSQL connection, start one run each of 
 organization at the same moment (a barrier per round), round after round: the running
 limit, the pending limit, a concurrency key and the credits must come out exact, as if
 the starts had gone one at a time. Each test fails when the organization's lock or the
-check under it is taken away (the run's guess, ``admission.looks_free``, is only a guess).
+check under it is taken away (the run's guess, ``run_admission.looks_free``, is only a guess).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import pytest
 from billing.models import Organization
 from billing.services import to_credits
 from common.invariants import violations
-from runs import admission, services
+from runs import services
+from runs.admission import run_admission
 from runs.engine.start import run_start, stored_plan
 from runs.models import Run
 from runs.reservation import plan_reservation
@@ -54,13 +55,13 @@ def rounds_of(
     for _ in range(ROUNDS):
         organization = factories.org(credits=credits)
         if limits:
-            admission.limits_set(organization.pk, actor="test", **limits)
+            run_admission.limits_set(organization.pk, actor="test", **limits)
         rounds.append([make(organization).pk for _ in range(STARTERS)])
     return rounds
 
 
 def holding_a_place(ids: list[Any]) -> int:
-    return Run.objects.filter(admission.HOLDS_A_PLACE, pk__in=ids).count()
+    return Run.objects.filter(run_admission.HOLDS_A_PLACE, pk__in=ids).count()
 
 
 def assert_consistent() -> None:
@@ -128,7 +129,7 @@ def test_starts_at_once_never_overdraw_the_credits() -> None:
 
 def test_runs_that_waited_through_a_crowd_start_by_priority_then_in_order() -> None:
     organization = factories.org()
-    admission.limits_set(organization.pk, actor="test", max_running_runs=1)
+    run_admission.limits_set(organization.pk, actor="test", max_running_runs=1)
     holder = small(organization)
     run_start(run_id=holder.pk)
     priorities = [5, 3, 9, 3, 7, 1, 5, 3]
@@ -138,14 +139,14 @@ def test_runs_that_waited_through_a_crowd_start_by_priority_then_in_order() -> N
 
     assert outcomes == [Counter(waiting=STARTERS)]
     # Their pick-ups (no worker here) find no place and say why.
-    assert not any(admission.admit(pk) for pk in ids)
+    assert not any(run_admission.admit(pk) for pk in ids)
     services.run_cancel(run_id=holder.pk)
-    first = admission.admit_waiting(organization.pk)
+    first = run_admission.admit_waiting(organization.pk)
     # Priority first (1), then, among equals, the order they were created in.
     assert first == [ids[5]]
     order = sorted(range(STARTERS), key=lambda index: (priorities[index], index))
     waiting = (
-        Run.objects.filter(admission.WAITING, organization=organization)
+        Run.objects.filter(run_admission.WAITING, organization=organization)
         .order_by("priority", "created_at", "pk")
         .values_list("pk", flat=True)
     )

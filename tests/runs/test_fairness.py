@@ -13,7 +13,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.models import Organization
-from runs import admission, fairness, services
+from runs import services
+from runs.admission import fairness, run_admission
 from runs.engine import control
 from runs.engine.start import run_start
 from runs.models import EventKind, Run, StepSlot
@@ -48,7 +49,7 @@ def status(run: Run) -> str:
 # --------------------------------------------------------------------------- admission
 def test_runs_beyond_the_limit_wait_with_a_reason_and_an_event() -> None:
     organization = factories.org()
-    admission.limits_set(organization.pk, actor="test", max_running_runs=2)
+    run_admission.limits_set(organization.pk, actor="test", max_running_runs=2)
     runs = [started(organization) for _ in range(3)]
 
     picked = [control.pick_up(run.pk) for run in runs]
@@ -70,7 +71,7 @@ def test_runs_beyond_the_limit_wait_with_a_reason_and_an_event() -> None:
 
 def test_a_run_is_admitted_at_its_start_only_with_a_place_free_and_nobody_waiting() -> None:
     organization = factories.org()
-    admission.limits_set(organization.pk, actor="test", max_running_runs=2)
+    run_admission.limits_set(organization.pk, actor="test", max_running_runs=2)
     first = started(organization)
     assert Run.objects.get(pk=first.pk).admitted_at is not None  # its pick-up: one read
     blocker = started(organization)
@@ -88,22 +89,22 @@ def test_a_run_is_admitted_at_its_start_only_with_a_place_free_and_nobody_waitin
 def test_a_run_in_any_started_state_holds_its_place_at_a_start(holding: str) -> None:
     # engine.run_admission lists the started states in SQL: the same as runs.states'.
     organization = factories.org()
-    admission.limits_set(organization.pk, actor="test", max_running_runs=1)
+    run_admission.limits_set(organization.pk, actor="test", max_running_runs=1)
     first = started(organization)
     Run.objects.filter(pk=first.pk).update(status=holding)
 
     second = services.run_create(organization=organization, plan=factories.plan())
-    assert not admission.looks_free(second)
+    assert not run_admission.looks_free(second)
     with transaction.atomic():
-        assert not admission.on_start(second)
+        assert not run_admission.on_start(second)
 
     Run.objects.filter(pk=first.pk).update(status="completed")
-    assert admission.looks_free(second)
+    assert run_admission.looks_free(second)
 
 
 def test_waiting_runs_are_admitted_by_priority_then_fifo_as_places_free() -> None:
     organization = factories.org()
-    admission.limits_set(organization.pk, actor="test", max_running_runs=1)
+    run_admission.limits_set(organization.pk, actor="test", max_running_runs=1)
     first = started(organization)
     assert control.pick_up(first.pk)
     older, newer, urgent = (
@@ -115,7 +116,7 @@ def test_waiting_runs_are_admitted_by_priority_then_fifo_as_places_free() -> Non
         assert not control.pick_up(run.pk)
 
     services.run_cancel(run_id=first.pk)
-    assert admission.admit_waiting(organization.pk) == [urgent.pk]
+    assert run_admission.admit_waiting(organization.pk) == [urgent.pk]
     assert control.pick_up(urgent.pk)
     # The one behind it waits for the earlier one, not for a place.
     assert not control.pick_up(newer.pk)
@@ -124,7 +125,7 @@ def test_waiting_runs_are_admitted_by_priority_then_fifo_as_places_free() -> Non
     )
 
     services.run_cancel(run_id=urgent.pk)
-    assert admission.admit_waiting(organization.pk) == [older.pk]
+    assert run_admission.admit_waiting(organization.pk) == [older.pk]
     assert not control.pick_up(newer.pk)
     assert Run.objects.get(pk=newer.pk).queued_reason == (
         "waiting behind 1 earlier runs of the organization"
@@ -137,14 +138,14 @@ def test_waiting_runs_are_admitted_by_priority_then_fifo_as_places_free() -> Non
 
 def test_the_sweep_names_each_waiting_organization_once_and_asks_for_its_free_places() -> None:
     organization = factories.org()
-    admission.limits_set(organization.pk, actor="test", max_running_runs=1)
+    run_admission.limits_set(organization.pk, actor="test", max_running_runs=1)
     runs = [started(organization) for _ in range(4)]
     assert [control.pick_up(run.pk) for run in runs] == [True, False, False, False]
     factories.org()  # an organization with nothing waiting is not named
 
-    assert admission.organizations_waiting(100) == [organization.pk]
+    assert run_admission.organizations_waiting(100) == [organization.pk]
     services.run_cancel(run_id=runs[0].pk)
-    asked = [admission.admit_waiting(org) for org in admission.organizations_waiting(100)]
+    asked = [run_admission.admit_waiting(org) for org in run_admission.organizations_waiting(100)]
     assert asked == [[runs[1].pk]]
 
 
@@ -160,13 +161,13 @@ def test_a_concurrency_key_is_rendered_from_the_variables_and_limits_its_runs() 
     )
 
     services.run_cancel(run_id=a1.pk)
-    assert admission.admit_waiting(organization.pk) == [a2.pk]
+    assert run_admission.admit_waiting(organization.pk) == [a2.pk]
     assert control.pick_up(a2.pk)
 
 
 def test_runs_of_a_key_wait_in_order_and_do_not_hold_back_other_runs() -> None:
     organization = factories.org()
-    admission.limits_set(organization.pk, actor="test", max_running_runs=3)
+    run_admission.limits_set(organization.pk, actor="test", max_running_runs=3)
     a1 = keyed(organization, "a")
     assert control.pick_up(a1.pk)
     a2 = keyed(organization, "a")
@@ -185,7 +186,7 @@ def test_runs_of_a_key_wait_in_order_and_do_not_hold_back_other_runs() -> None:
         "waiting behind 1 earlier runs with concurrency key 'customer-a'"
     )
     services.run_cancel(run_id=a1.pk)
-    assert admission.admit_waiting(organization.pk) == [a2.pk]
+    assert run_admission.admit_waiting(organization.pk) == [a2.pk]
 
 
 def test_a_concurrency_key_reads_variables_only_and_must_render() -> None:
@@ -220,7 +221,7 @@ def test_a_concurrency_key_reads_variables_only_and_must_render() -> None:
 
 def test_a_retried_attempt_waits_for_admission_again() -> None:
     organization = factories.org()
-    admission.limits_set(organization.pk, actor="test", max_running_runs=1)
+    run_admission.limits_set(organization.pk, actor="test", max_running_runs=1)
     first = started(organization)
     assert control.pick_up(first.pk)
     services.run_fail(run_id=first.pk, code="tool_error", message="failed for the test")
@@ -237,7 +238,7 @@ def test_a_retried_attempt_waits_for_admission_again() -> None:
 # --------------------------------------------------------------------------- slots
 def test_slots_cap_the_steps_executing_and_follow_the_limit_as_it_changes() -> None:
     organization = factories.org()
-    admission.limits_set(organization.pk, actor="test", max_running_steps=2)
+    run_admission.limits_set(organization.pk, actor="test", max_running_steps=2)
     one = fairness.acquire_slot(organization.pk, "w1")
     two = fairness.acquire_slot(organization.pk, "w2")
     assert one is not None
@@ -253,18 +254,18 @@ def test_slots_cap_the_steps_executing_and_follow_the_limit_as_it_changes() -> N
     fairness.release_slot(one)
     assert fairness.steps_executing(organization.pk) == 2
 
-    admission.limits_set(organization.pk, actor="test", max_running_steps=3)
+    run_admission.limits_set(organization.pk, actor="test", max_running_steps=3)
     assert fairness.acquire_slot(organization.pk, "w4") is not None
     assert fairness.acquire_slot(organization.pk, "w5") is None
 
     # Lowered, the limit lets no new holder in until enough have let go.
-    admission.limits_set(organization.pk, actor="test", max_running_steps=1)
+    run_admission.limits_set(organization.pk, actor="test", max_running_steps=1)
     assert fairness.acquire_slot(organization.pk, "w6") is None
 
 
 def test_a_slot_whose_holder_died_is_taken_when_its_lease_passes() -> None:
     organization = factories.org()
-    admission.limits_set(organization.pk, actor="test", max_running_steps=1)
+    run_admission.limits_set(organization.pk, actor="test", max_running_steps=1)
     dead = fairness.acquire_slot(organization.pk, "dead")
     assert dead is not None
     assert fairness.acquire_slot(organization.pk, "alive") is None
@@ -304,7 +305,7 @@ def test_next_run_serves_the_organization_with_the_fewest_steps_executing_by_sha
     fairness.acquire_slot(quiet.pk, "w2")
     fairness.acquire_slot(quiet.pk, "w3")
     assert fairness.next_run(me="me").run_id == busy_run.pk
-    admission.limits_set(quiet.pk, actor="test", share=3)
+    run_admission.limits_set(quiet.pk, actor="test", share=3)
     assert fairness.next_run(me="me").run_id == quiet_run.pk
     # An organization whose slots the worker found all held is left out.
     choice = fairness.next_run(me="me", full=frozenset({quiet.pk}))
@@ -355,7 +356,7 @@ def test_next_run_offers_only_runs_with_a_claimable_step() -> None:
 
 def test_the_load_counts_running_queued_pending_and_steps() -> None:
     organization = factories.org()
-    admission.limits_set(organization.pk, actor="test", max_running_runs=1)
+    run_admission.limits_set(organization.pk, actor="test", max_running_runs=1)
     assert control.pick_up(started(organization).pk)
     assert not control.pick_up(started(organization).pk)
     started(organization)

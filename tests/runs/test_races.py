@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from common.invariants import violations
-from runs import admission, fairness, services
+from runs import services
+from runs.admission import fairness, run_admission
 from runs.engine.start import run_start
 from runs.models import Run
 from runs.selectors import run_history
@@ -97,7 +98,7 @@ def test_two_runs_started_at_once_never_exceed_the_running_limit() -> None:
     pairs = []
     for _ in range(FAIR_ROUNDS):
         organization = factories.org()
-        admission.limits_set(organization.pk, actor="test", max_running_runs=1)
+        run_admission.limits_set(organization.pk, actor="test", max_running_runs=1)
         left, right = (factories.run(organization, steps=1) for _ in range(2))
         pairs.append(f"{left.pk}|{right.pk}")
 
@@ -111,7 +112,7 @@ def test_two_runs_started_at_once_never_exceed_the_running_limit() -> None:
         assert runs.filter(admitted_at__isnull=False).count() == 1
         # The other waits; at its pick-up it is told why.
         waiting = runs.get(admitted_at__isnull=True)
-        assert not admission.admit(waiting.pk)
+        assert not run_admission.admit(waiting.pk)
         assert Run.objects.get(pk=waiting.pk).queued_reason == (
             "the organization has 1 runs running, its limit (max_running_runs 1)"
         )
@@ -122,7 +123,7 @@ def test_two_workers_taking_the_last_slot_at_once_never_exceed_the_step_limit() 
     organizations = []
     for _ in range(FAIR_ROUNDS):
         organization = factories.org()
-        admission.limits_set(organization.pk, actor="test", max_running_steps=1)
+        run_admission.limits_set(organization.pk, actor="test", max_running_steps=1)
         organizations.append(str(organization.pk))
 
     outcomes = race("take_slot", "take_slot_too", organizations)
@@ -138,7 +139,7 @@ def test_a_worker_freeing_a_slot_while_another_takes_one_never_exceeds_the_step_
     organizations = []
     for _ in range(FAIR_ROUNDS):
         organization = factories.org()
-        admission.limits_set(organization.pk, actor="test", max_running_steps=2)
+        run_admission.limits_set(organization.pk, actor="test", max_running_steps=2)
         assert fairness.acquire_slot(organization.pk, "leaving") is not None
         assert fairness.acquire_slot(organization.pk, "staying") is not None
         organizations.append(str(organization.pk))

@@ -18,7 +18,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from orchestrator.tools.packages import remote
-from runs import catalogue, runpage, services, svg
+from runs import catalogue, services
+from runs.admin.run_page import layout, svg
 from runs.engine.outcomes import Outcome, record
 from runs.engine.start import run_start
 from runs.materialize import add_handler_rows
@@ -104,7 +105,7 @@ def test_the_graph_draws_every_node_by_status_and_every_dag_edge(operator: Clien
 
 def test_node_positions_follow_the_dag_depth(operator: Client) -> None:
     run = started(dag_plan())
-    graph = runpage.run_graph(run)
+    graph = layout.run_graph(run)
     fetch = graph.agents[0]
     nodes = {node.name: node for node in fetch.children[0].children}
 
@@ -199,7 +200,7 @@ def test_the_timeline_shows_queue_wait_backoff_and_attempts() -> None:
     event("pending", "running", 3.0, attempt=2)
     event("running", "completed", 4.5, attempt=2)
 
-    gantt = runpage.run_gantt(run, now=at(10))
+    gantt = layout.run_gantt(run, now=at(10))
 
     [row] = gantt.rows
     assert row.label == "agent-0.task-0.step-0"
@@ -237,14 +238,14 @@ def test_the_time_a_step_waited_parked_is_its_own_bar_before_the_attempt_that_ra
     event("pending", "running", 4.0, attempt=1)
     event("running", "completed", 4.5, attempt=1)
 
-    [row] = runpage.run_gantt(run, now=t0 + timedelta(seconds=10)).rows
+    [row] = layout.run_gantt(run, now=t0 + timedelta(seconds=10)).rows
 
     shape = [(s.kind, s.start, s.end) for s in row.segments]
     assert shape == [("queue", 0.0, 1.0), ("wait", 1.0, 4.0), ("run", 4.0, 4.5)]
     Step.objects.filter(pk=held.pk).update(waited_ms=3000)
-    assert "attempt(s), waited 3 s</title>" in svg.graph_svg(runpage.run_graph(run))
+    assert "attempt(s), waited 3 s</title>" in svg.graph_svg(layout.run_graph(run))
     assert 'class="seg wait"' in svg.gantt_svg(
-        runpage.run_gantt(run, now=t0 + timedelta(seconds=10))
+        layout.run_gantt(run, now=t0 + timedelta(seconds=10))
     )
 
 
@@ -265,10 +266,10 @@ def test_a_wait_for_approval_is_its_own_segment() -> None:
     run = started(spec)
     gate = Step.objects.get(run=run)
     transition(Step, gate.pk, "waiting_approval")
-    waiting = runpage.run_gantt(run).rows[0].segments[-1]
+    waiting = layout.run_gantt(run).rows[0].segments[-1]
     transition(Step, gate.pk, "completed")
 
-    decided = runpage.run_gantt(run).rows[0].segments[-1]
+    decided = layout.run_gantt(run).rows[0].segments[-1]
 
     assert (waiting.kind, waiting.outcome) == ("decision", "waiting_approval")
     assert (decided.kind, decided.outcome) == ("decision", "completed")
@@ -293,7 +294,7 @@ def test_a_running_attempt_runs_until_now() -> None:
     the_step = Step.objects.get(run=run)
     transition(Step, the_step.pk, "running", payload={"attempt": 1})
 
-    gantt = runpage.run_gantt(run, now=timezone.now() + timedelta(seconds=3))
+    gantt = layout.run_gantt(run, now=timezone.now() + timedelta(seconds=3))
 
     [row] = gantt.rows
     assert row.segments[-1].outcome == "running"
@@ -329,7 +330,7 @@ def test_the_event_log_is_paged_newest_first(operator: Client) -> None:
         RunEvent.objects.create(run=run, entity="run", entity_id=str(run.pk), kind="operator",
                                 message=f"note {number}")  # fmt: skip
     total = run_history(run).count()
-    assert total > runpage.EVENTS_PER_PAGE
+    assert total > layout.EVENTS_PER_PAGE
 
     first = page_of(operator, run)
     older = re.search(r'id="events-older" href="\?events_before=(\d+)"', first)
@@ -339,8 +340,8 @@ def test_the_event_log_is_paged_newest_first(operator: Client) -> None:
     def rows(text: str) -> int:
         return text.split('id="run-events"')[1].split("</table>")[0].count("<tr>") - 1
 
-    assert rows(first) == runpage.EVENTS_PER_PAGE
-    assert rows(second) == min(runpage.EVENTS_PER_PAGE, total - runpage.EVENTS_PER_PAGE)
+    assert rows(first) == layout.EVENTS_PER_PAGE
+    assert rows(second) == min(layout.EVENTS_PER_PAGE, total - layout.EVENTS_PER_PAGE)
     # Newest first: the run's creation (its first event) is on the last page only.
     assert "created -&gt; pending" not in first
     pages, before = [first], older[1]
@@ -457,7 +458,7 @@ def test_the_page_links_a_worker_tools_job_and_says_it_waits_for_a_worker() -> N
     record(step.pk, run.pk, claimed["attempts"], Outcome(wait=wait.wait))
     job = RunnerJob.objects.get(step=step)
 
-    (work,) = runpage.work_elsewhere(run)
+    (work,) = layout.work_elsewhere(run)
 
     assert (work.tool, work.job, work.waiting_reason) == (
         "acme.summarize",

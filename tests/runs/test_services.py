@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from common.invariants import violations
-from runs import approvals, services
+from runs import services
 from runs.engine.start import run_start
 from runs.models import Agent, HistoryEvent, Run, RunAttempt, Step, Task
+from runs.people import approvals
 from runs.selectors import run_history
 from runs.states import InvalidTransition
 from runs.transitions import transition

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from runs import admission, services
+from runs import services
+from runs.admission import run_admission
 from runs.engine import control
 from runs.engine.start import run_start
 from runs.models import Run, Step
@@ -121,7 +122,7 @@ def test_a_run_that_must_wait_for_a_place_is_left_pending(
     at_once: RecordingTransport, django_capture_on_commit_callbacks: Any
 ) -> None:
     organization = factories.org()
-    admission.limits_set(organization.pk, actor="test", max_running_runs=1)
+    run_admission.limits_set(organization.pk, actor="test", max_running_runs=1)
     first = factories.run(organization, steps=1)
     second = factories.run(organization, steps=1)
     assert start(first, django_capture_on_commit_callbacks).status == "running"

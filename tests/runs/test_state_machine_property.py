@@ -26,11 +26,12 @@ from hypothesis.stateful import (
 
 from common.invariants import violations
 from common.tools.base import ToolError
-from runs import approvals, services
+from runs import services
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record
 from runs.engine.start import run_start
 from runs.models import Run, Step
+from runs.people import approvals
 from runs.selectors import run_history
 from runs.states import InvalidTransition
 from runs.transitions import claim_next_step, transition

@@ -1,4 +1,4 @@
-"""The line of a shared bucket (runs.step_admission), in process against PostgreSQL:
+"""The line of a shared bucket (runs.admission.step_admission), in process against PostgreSQL:
 organizations take turns by share (one organization's priority-0 stream never pushes
 another's steps back for ever), priority orders each organization's own steps, a
 re-planning moves a bounded number of steps, and a wait of days has no message in the
@@ -17,7 +17,7 @@ from config.celery import app
 from orchestrator.transport import EXECUTE_STEP_TASK, CeleryTransport
 from ratelimits import selectors as limits
 from ratelimits.models import RateGrant, RateLimit
-from runs import step_admission
+from runs.admission import step_admission
 from runs.engine import dispatch
 from runs.models import Step
 from runs.outbox import use_transport

@@ -1,4 +1,4 @@
-"""A wait step's timer in PostgreSQL, without a worker (runs.step_admission.timer): the
+"""A wait step's timer in PostgreSQL, without a worker (runs.admission.step_admission.timer): the
 claim never lets it through before its time, the claim at its time counts the wait
 apart, and an attempt claimed again after its worker was lost does not wait anew."""
 
@@ -12,7 +12,8 @@ from django.utils import timezone
 
 from orchestrator import executor
 from orchestrator.sweeps import reclaim_expired_leases
-from runs import services, step_admission
+from runs import services
+from runs.admission import step_admission
 from runs.engine import control
 from runs.engine.start import run_start
 from runs.models import Run, Step

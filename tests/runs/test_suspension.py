@@ -1,4 +1,4 @@
-"""Suspending an organization (runs/suspension.py, docs/tenants.md): its keys answer 403
+"""Suspending an organization (runs/people/suspension.py, docs/tenants.md): its keys answer 403
 `organization_suspended`, its schedules skip with reason `suspended`, its running runs
 are paused; unsuspending resumes the runs the suspension paused, and nothing else."""
 
@@ -17,10 +17,12 @@ from django.test import Client
 
 from billing.models import ApiKeyScope, Organization
 from billing.services import api_key_create
-from runs import admission, services, suspension
+from runs import services
+from runs.admission import run_admission
 from runs.engine import control
 from runs.engine.start import run_start
 from runs.models import Run
+from runs.people import suspension
 from runs.selectors import run_history
 from schedules import services as schedule_services
 from schedules.models import ScheduleFire
@@ -133,11 +135,11 @@ def test_a_run_about_to_begin_when_the_suspension_came_waits_until_it_is_lifted(
     held = Run.objects.get(pk=run.pk)
     assert (held.status, held.queued_reason, held.admitted_at) == (
         "pending",
-        admission.SUSPENDED,
+        run_admission.SUSPENDED,
         None,
     )
 
-    with mock.patch.object(admission, "enqueue_run_message") as enqueued:
+    with mock.patch.object(run_admission, "enqueue_run_message") as enqueued:
         suspension.organization_unsuspend(organization=organization)
     # Unsuspending asks for its pick-up, which begins it now.
     assert [call.args[1] for call in enqueued.call_args_list] == [run.pk]

@@ -12,8 +12,8 @@ from django.db import IntegrityError, transaction
 from billing.models import Organization
 from billing.services import InsufficientCredits, credits_grant
 from common import metrics
-from runs import admission
 from runs import services as run_services
+from runs.admission import run_admission
 from runs.models import Run
 from runs.plan import PlanInvalid
 from schedules import selectors, services
@@ -317,7 +317,7 @@ def test_a_manual_pause_says_so_and_a_trigger_resets_the_refusals() -> None:
 
 def test_beyond_the_organizations_pending_runs_a_due_time_is_skipped() -> None:
     organization = factories.org()
-    admission.limits_set(organization.pk, actor="test", max_pending_runs=1)
+    run_admission.limits_set(organization.pk, actor="test", max_pending_runs=1)
     schedule = make_schedule(organization, overlap="allow")
 
     tick(T0 + MINUTE)

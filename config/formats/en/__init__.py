@@ -1,0 +1,1 @@
+"""The English formats (``formats``): how the admin writes dates and times."""

@@ -1,10 +1,10 @@
--- engine.run_admission: what admission weighs at a run's start (runs.admission:
+-- engine.run_admission: what admission weighs at a run's start (runs.admission.run_admission:
 -- on_start decides, looks_free guesses), in one statement.
 --
 -- Counts the organization's top-level runs under way, the run itself left out: those
 -- waiting to start (PENDING), those holding a place (started, or admitted and not yet
 -- picked up: RUNNING, waiting for an approval, PAUSED, RESUMING, ESCALATED, or PENDING
--- or RETRYING with admitted_at set; runs.admission.HOLDS_A_PLACE says the same for the
+-- or RETRYING with admitted_at set; runs.admission.run_admission.HOLDS_A_PLACE says the same for the
 -- ORM's queries) and, for a run with a concurrency key, those of its key holding one;
 -- whether any run waits for a place (PENDING or RETRYING, not admitted); and the
 -- organization's limits, its own or the defaults given. `p_lock`: the advisory lock

@@ -8,7 +8,7 @@
 -- `p_me` is the holder name of the asking worker's slot: its own slot does not count
 -- (or the organization it serves would look busier than it is and it would leave it).
 -- `busy`: the other workers executing the chosen organization's steps (a worker serving
--- it looks again less often the more they are: runs.fairness.Choice.busy).
+-- it looks again less often the more they are: runs.admission.fairness.Choice.busy).
 --
 -- With `p_held` (the organization of the slot the worker holds), the chosen run's next
 -- step is claimed for the worker too (engine.step_claim) when the run is that

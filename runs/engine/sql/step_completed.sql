@@ -88,7 +88,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    -- The worker's fair choice, when its slice is over (runs.fairness), made before any
+    -- The worker's fair choice, when its slice is over (runs.admission.fairness), made before any
     -- row lock is taken (it takes none) and returned whatever it is (with nothing
     -- recorded, when a duplicate of this recording recorded the step meanwhile: the
     -- worker then drops its result and the choice). The step claimed below is of

@@ -3,7 +3,7 @@
 -- A server that claimed several of a run's steps at once (engine.step_claim's batch)
 -- runs them in turn; those it will not start (it stops serving: its burst spent, the run
 -- no longer RUNNING, its result dropped; or they waited too long behind a slow step:
--- orchestrator.heartbeat) go back to where the claim found them: PENDING, dispatched, so
+-- orchestrator.lease_keeper) go back to where the claim found them: PENDING, dispatched, so
 -- claimable again, or PAUSED when the run is paused, as the lease sweep leaves a step it
 -- reclaims (docs/engine.md, "Batches"). The attempt the claim counted never began and
 -- charged nothing (a charge is written by the recording alone), so it is taken back: the

@@ -3,7 +3,7 @@
 [--quota-rate-limits N] [--quota-event-streams N] [--quota-runner-polls N]
 [--quota-webhooks-in-flight N] [--quota-artifacts N] [--quota-artifact-bytes N]
 [--quota-parked-waits N]`: an organization's limits
-(docs/fairness.md) through ``runs.admission.limits_set`` and its quotas (docs/tenants.md)
+(docs/fairness.md) through ``run_admission.limits_set`` and its quotas (docs/tenants.md)
 through ``billing.quotas.quotas_set``, as the admin sets them; `default` puts one back to
 its setting. Prints the limits in force as JSON, the quotas under `quotas`."""
 
@@ -18,7 +18,7 @@ from django.db import transaction
 
 from billing import quotas
 from billing.selectors import organization_named
-from runs import admission
+from runs.admission import run_admission
 
 DEFAULT = "default"
 
@@ -28,7 +28,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("organization", help="its name or id")
-        for name in admission.LIMIT_FIELDS:
+        for name in run_admission.LIMIT_FIELDS:
             parser.add_argument(
                 f"--{name.replace('_', '-')}",
                 dest=name,
@@ -46,7 +46,7 @@ class Command(BaseCommand):
             raise CommandError(f"no organization named or with id {wanted!r}")
         limits = {
             name: _read(name, options[name], defaultable=name != "share")
-            for name in admission.LIMIT_FIELDS
+            for name in run_admission.LIMIT_FIELDS
             if options.get(name) is not None
         }
         wanted_quotas = {
@@ -57,9 +57,9 @@ class Command(BaseCommand):
         try:
             # One transaction: a bad quota leaves the limits as they were, and the reverse.
             with transaction.atomic():
-                applied = admission.limits_set(found.pk, actor="cli", **limits)
+                applied = run_admission.limits_set(found.pk, actor="cli", **limits)
                 in_force = quotas.quotas_set(found.pk, actor="cli", **wanted_quotas)
-        except (admission.InvalidLimits, quotas.InvalidQuotas) as exc:
+        except (run_admission.InvalidLimits, quotas.InvalidQuotas) as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(
             json.dumps({"organization_id": str(found.pk), **asdict(applied), "quotas": in_force})

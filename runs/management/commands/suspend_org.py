@@ -1,5 +1,5 @@
 """`python manage.py suspend_org ORGANIZATION [--reason TEXT]`: suspend an organization
-(by name or id) through ``runs.suspension.organization_suspend``, as the admin's action
+(by name or id) through ``runs.people.suspension.organization_suspend``, as the admin's action
 does: its keys answer 403 `organization_suspended`, its schedules skip, its webhooks hold
 their deliveries, its running runs are paused (docs/tenants.md). Prints JSON."""
 
@@ -11,7 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from billing.selectors import organization_named
-from runs.suspension import REASON_MAX_LENGTH, organization_suspend
+from runs.people.suspension import REASON_MAX_LENGTH, organization_suspend
 
 
 class Command(BaseCommand):

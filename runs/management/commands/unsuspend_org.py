@@ -1,5 +1,5 @@
 """`python manage.py unsuspend_org ORGANIZATION`: lift an organization's suspension (by
-name or id) through ``runs.suspension.organization_unsuspend``, as the admin's action
+name or id) through ``runs.people.suspension.organization_unsuspend``, as the admin's action
 does, and resume the runs the suspension paused, only those (docs/tenants.md). Prints
 JSON."""
 
@@ -11,7 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from billing.selectors import organization_named
-from runs.suspension import organization_unsuspend
+from runs.people.suspension import organization_unsuspend
 
 
 class Command(BaseCommand):

@@ -18,7 +18,8 @@ from typing import Any
 from billing.models import Organization
 from common.tools.base import ToolError
 from orchestrator import rate_limit_asks
-from runs import services, step_admission
+from runs import services
+from runs.admission import step_admission
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record
 from runs.engine.start import run_start

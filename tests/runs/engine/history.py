@@ -29,12 +29,13 @@ from typing import Any
 from rest_framework.test import APIClient
 
 from orchestrator import executor
-from runs import children, replanning
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record
 from runs.models import Run, Step
 from runs.outbox import RunMessage
-from runs.planners import planner_named
+from runs.people import replanning
+from runs.people.planners import planner_named
+from runs.waits import children
 from tests.runs.engine.harness import EngineRun, RecordingTransport
 
 # The worker's name in the claims' events: ``execute_step`` adds its process id.

@@ -17,10 +17,11 @@ from billing.services import InsufficientCredits
 from common.invariants import violations
 from common.tools.base import ToolError
 from orchestrator import sweeps
-from runs import approvals, escalations, services
+from runs import services
 from runs.engine.outcomes import Outcome
 from runs.models import EscalationTicket, StepFailure
 from runs.outbox import RunMessage
+from runs.people import approvals, escalations
 from runs.selectors import run_history
 from runs.states import InvalidTransition
 from tests import factories

@@ -21,10 +21,10 @@ from django.db import connection
 from billing.models import LedgerEntry, Organization, Reservation
 from common.invariants import violations
 from common.tools.base import ToolError
-from runs import approvals
 from runs.engine import hotpath
 from runs.engine.outcomes import Outcome, record
 from runs.models import Agent, Run, RunAttempt, Step, Task
+from runs.people import approvals
 from runs.selectors import run_history
 from runs.states import StepStatus
 from tests.runs.engine.harness import EngineRun

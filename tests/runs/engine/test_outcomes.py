@@ -17,10 +17,11 @@ import pytest
 from billing.models import LedgerEntry, Reservation
 from common.invariants import violations
 from common.tools.base import ToolError
-from runs import approvals, services
+from runs import services
 from runs.engine.outcomes import Outcome, record
 from runs.models import Agent, RunAttempt, Step, Task
 from runs.outbox import RunMessage
+from runs.people import approvals
 from runs.selectors import run_history
 from runs.transitions import claim_step
 from tests.runs.engine.harness import EngineRun

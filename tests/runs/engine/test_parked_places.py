@@ -1,4 +1,5 @@
-"""A parked step holds no place of its task's ``max_concurrent_steps`` (runs.step_admission):
+"""A parked step holds no place of its task's ``max_concurrent_steps``
+(runs.admission.step_admission):
 a wait on its timer or a step in a rate limit's line gives its place to the task's next
 ready step as it parks, and takes one again when its wait ends, even past the limit.
 In process, each step's attempt the worker's own (``orchestrator.executor``); the same

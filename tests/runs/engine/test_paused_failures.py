@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from common.invariants import violations
-from runs import escalations, services
+from runs import services
 from runs.engine import control
 from runs.models import EscalationTicket, Run
+from runs.people import escalations
 from runs.selectors import run_history
 from runs.states import RunStatus
 from tests.runs.engine.harness import EngineRun

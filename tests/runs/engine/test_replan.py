@@ -13,10 +13,10 @@ import pytest
 
 from billing.models import LedgerEntry, Reservation
 from common.invariants import violations
-from runs import escalations, replanning
 from runs.models import Agent, EscalationTicket, Replan
 from runs.outbox import RunMessage
-from runs.planners import PlanningRequest, planner_named, rule_planner
+from runs.people import escalations, replanning
+from runs.people.planners import PlanningRequest, planner_named, rule_planner
 from runs.selectors import run_history
 from tests import factories
 from tests.http_fixture import HttpServer

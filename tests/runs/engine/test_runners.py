@@ -1,12 +1,11 @@
 """Runner jobs in the engine, in process: a `runner` step parks, a runner claims its job,
-and the job's reports end the step's attempt (runs.runners, runs.engine.waiting)."""
+and the job's reports end the step's attempt (runs.waits.runners, runs.engine.waiting)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,11 +16,13 @@ from django.utils import timezone
 from billing.models import Organization, Reservation
 from orchestrator.tools.builtin import runner as runner_tool
 from orchestrator.tools.builtin import validate_runner
-from runs import runners, services
+from runs import services
 from runs.engine.outcomes import Outcome
 from runs.models import Run, Runner, RunnerJob
-from runs.runners import DuplicateRunner, NotJobOwner, Report, RunnerNotFound
+from runs.queries import QUERIES
 from runs.states import InvalidTransition
+from runs.waits import runners
+from runs.waits.runners import DuplicateRunner, NotJobOwner, Report, RunnerNotFound
 from tests.runs.engine.harness import EngineRun
 
 pytestmark = pytest.mark.django_db
@@ -175,7 +176,7 @@ def test_a_poll_claims_through_the_named_statement_in_runs_queries(engine_run: S
     engine = engine_run(runner_plan())
     job = park(engine)
     holder = register(engine.run.organization)
-    statement = (Path(runners.__file__).parent / "queries" / "runner_jobs_claim.sql").read_text()
+    statement = QUERIES["runner_jobs_claim"]
 
     with CaptureQueriesContext(connection) as ran:
         polled = claim(engine, holder)

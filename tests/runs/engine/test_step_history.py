@@ -20,12 +20,13 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
 from orchestrator.executor import execute_step
-from runs import callbacks, services
+from runs import services
 from runs.engine import sql
 from runs.engine.outcomes import Outcome, record
 from runs.models import RunEvent, Step
 from runs.selectors import run_history
 from runs.transitions import claim_step, hand_back_steps
+from runs.waits import callbacks
 from tests.runs.engine.harness import EngineRun
 
 Start = Callable[..., EngineRun]

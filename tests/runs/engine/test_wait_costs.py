@@ -1,4 +1,5 @@
-"""What a `wait` step costs and how many an organization may park (runs.step_admission.timer),
+"""What a `wait` step costs and how many an organization may park
+(runs.admission.step_admission.timer),
 in process against PostgreSQL: its time is charged once, as it parks, per started day,
 and reserved when its run starts; past the organization's quota `parked_waits` (exactly,
 two parks at once included) or beyond its run's reservation, its attempt fails instead
@@ -20,7 +21,8 @@ from billing import quotas
 from billing.models import LedgerEntry
 from billing.services import api_key_create
 from orchestrator import executor
-from runs import services, step_admission
+from runs import services
+from runs.admission import step_admission
 from runs.models import RunAttempt, Step
 from runs.plan import parse_plan
 from runs.reservation import plan_reservation

@@ -1,4 +1,4 @@
-"""A callback's wait as a span of the run's trace (runs.callbacks), in process with the
+"""A callback's wait as a span of the run's trace (runs.waits.callbacks), in process with the
 SDK's in-memory exporter: under the attempt that parked, from the wait's creation to
 the post that ended it (docs/observability.md)."""
 
@@ -10,8 +10,8 @@ from typing import Any
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from common import tracing
-from runs import callbacks
 from runs.models import StepWait
+from runs.waits import callbacks
 from tests.runs.engine.harness import EngineRun
 from tests.runs.engine.test_waits import HOOK, open_and_park, plan_with
 

@@ -1,6 +1,7 @@
 """Child runs, callbacks and polls in the engine, in process: the `run`, `callback` and
 `poll` steps park, and what ends their wait records the attempt (runs.engine.waiting,
-runs.children, runs.callbacks). The same with real workers: tests/integration/test_waits.py.
+runs.waits.children, runs.waits.callbacks).
+The same with real workers: tests/integration/test_waits.py.
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ from orchestrator import polling
 from orchestrator.context import StepContext
 from orchestrator.tools.asynchronous import child_run, poll
 from orchestrator.transport import CeleryTransport
-from runs import callbacks, children, services
-from runs.callbacks import CallbackNotFound, CallbackRefused, Reading
+from runs import services
 from runs.engine import control
 from runs.engine.outcomes import Outcome, record
 from runs.models import Run, Step, StepWait
@@ -33,6 +33,8 @@ from runs.reservation import plan_reservation
 from runs.selectors import RunOutputs, run_history, run_outputs
 from runs.states import RunStatus
 from runs.transitions import claim_next_step, claim_step
+from runs.waits import callbacks, children
+from runs.waits.callbacks import CallbackNotFound, CallbackRefused, Reading
 from tests.integration.engine_support import assert_books_balanced
 from tests.runs.engine.harness import EngineRun
 

@@ -37,7 +37,6 @@ from common import tracing
 from common.redaction import CALLBACK_PATH
 from common.text import storable_text
 from common.tools.base import ToolError
-from runs.children import child_ended
 from runs.engine.outcomes import Outcome, record
 from runs.engine.waiting import Parked
 from runs.models import EventKind, Run, Step, StepWait, StepWaitKind, StepWaitStatus
@@ -45,6 +44,7 @@ from runs.outbox import after_commit, schedule_poll
 from runs.services import lock_run, run_cancel
 from runs.states import RUN_TERMINAL, StepStatus
 from runs.transitions import record_event
+from runs.waits.children import child_ended
 
 W = StepWaitStatus
 # How much of a poll's response its wait keeps (and a completed poll step outputs).

@@ -5,7 +5,7 @@ state the page polls while the run moves.
 Reads only, a fixed number of queries whatever the size of the run (one per level of the
 hierarchy, one for the step events of the time line), and layouts computed in one pass
 over the rows: a 2,000-step run is a few thousand rows and no per-row query. Drawing is
-``runs.svg``'s; the admin (``runs.admin.run_page``) wires both into the page.
+``runs.admin.run_page.svg``'s; the admin (``runs.admin.run_page.view``) wires both into the page.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Server-side SVG of the run page (``runs.runpage`` lays out, this draws): the run's
+"""Server-side SVG of the run page (``runs.admin.run_page.layout`` lays out, this draws): the run's
 graph and its time line of step attempts. Plain strings, every name escaped; no script
 and no external asset, so the page works offline. Colours come from the page's CSS by
 class (``st-<status>``), which is what the page's poller changes as the run moves.
@@ -11,7 +11,7 @@ from html import escape
 from django.utils.safestring import SafeString, mark_safe
 
 from common.units import duration_text
-from runs.runpage import Gantt, Graph, Node
+from runs.admin.run_page.layout import Gantt, Graph, Node
 
 MARGIN = 4
 GANTT_LABEL_W, GANTT_W, GANTT_ROW, GANTT_AXIS = 260, 900, 14, 22

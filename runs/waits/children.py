@@ -11,7 +11,7 @@ commit, and ``child_ended`` here tells the parent, once (``Run.parent_notified_a
 - async_callback: the step's on_callback handlers, held until now, start;
 - async_poll: nothing waits; the end is only recorded.
 
-A lost message is made good by the wait sweep (``runs.callbacks.sweep``). The lock order
+A lost message is made good by the wait sweep (``runs.waits.callbacks.sweep``). The lock order
 is parent before child everywhere: a cancel cascades down within one transaction, and
 an end travels up only after the child's transaction committed.
 """

@@ -4,7 +4,7 @@ While ``Organization.suspended_at`` is set, every request with its keys answers 
 ``organization_suspended`` (api/authentication.py), its schedules skip each due time
 (reason ``suspended``, schedules/services.py), its webhook deliveries are held (the
 sweep's claim leaves them), its runs that were running are paused and those about to
-begin wait (``runs.admission.admit``: queued with the reason ``SUSPENDED``). Those reads look at
+begin wait (``run_admission.admit``: queued with the reason ``SUSPENDED``). Those reads look at
 the field where they already read the organization's row; this module is the one door
 that writes it, for the admin's actions and ``manage.py suspend_org`` / ``unsuspend_org``.
 
@@ -23,8 +23,8 @@ writes: the organization's row is committed before the runs are listed, and each
 run is locked before it is looked at, so either the resume ran first (the run is
 ``running`` when its lock is had, and is paused here) or it runs after (and reads the
 suspension). The other doors a suspension closes read the same row: a callback's post
-(``runs.callbacks``, 409 ``organization_suspended``) and a runner's held poll, which the
-suspension wakes so that it ends at once (``runs.runners.poll``).
+(``runs.waits.callbacks``, 409 ``organization_suspended``) and a runner's held poll, which the
+suspension wakes so that it ends at once (``runs.waits.runners.poll``).
 """
 
 from __future__ import annotations
@@ -38,14 +38,15 @@ from django.db.models import OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
 from billing.models import Organization
-from runs import admission, services
+from runs import services
+from runs.admission import run_admission
 from runs.models import HistoryEvent, Run
 from runs.outbox import wake_runners
 from runs.states import InvalidTransition, RunStatus
 
 logger = logging.getLogger(__name__)
 
-SUSPENSION_ACTOR = admission.SUSPENSION_ACTOR
+SUSPENSION_ACTOR = run_admission.SUSPENSION_ACTOR
 REASON_MAX_LENGTH = 500
 
 
@@ -114,9 +115,9 @@ def organization_unsuspend(*, organization: Organization, actor: str = "system")
         except InvalidTransition:
             continue  # cancelled or failed meanwhile
         done.runs.append(run_id)
-    # The runs that were to begin while it lasted waited (``admission.admit``): their
+    # The runs that were to begin while it lasted waited (``run_admission.admit``): their
     # turn now, as places allow.
-    admission.admit_waiting(locked.pk)
+    run_admission.admit_waiting(locked.pk)
     return done
 
 

@@ -34,7 +34,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from billing.models import Organization
-from runs.admission import HOLDS_A_PLACE, TOP, WAITING, OrgLimits, limits_of
+from runs.admission.run_admission import HOLDS_A_PLACE, TOP, WAITING, OrgLimits, limits_of
 from runs.models import Run, StepSlot
 from runs.queries import QUERIES
 from runs.states import RunStatus

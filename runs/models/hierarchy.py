@@ -1,4 +1,4 @@
-"""The run hierarchy: Run -> RunAttempt -> Agent -> Task -> Step, and RunEvent.
+"""The run hierarchy: Run -> RunAttempt -> Agent -> Task -> Step, and the step cache.
 
 The links of the rows every run and step writes (a run to its organization; an attempt,
 agent, task, step, event and wait to its parents) are foreign keys the database does not
@@ -9,7 +9,6 @@ and a key-share lock on the parent's row per link) guarded nothing.
 "Links the database does not check"). Counters carry check constraints so that they
 cannot go negative, and statuses are constrained to their tables' states. Rows are never
 changed except through ``runs.transitions`` and the services; nothing here has behaviour
-beyond small derived properties.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from billing.models import Organization
+from runs.models.base import Timestamps, non_negative, status_in
 from runs.states import NodeStatus, RunStatus, StepStatus
 
 
@@ -37,34 +37,6 @@ class Mode(models.TextChoices):
     SEQUENTIAL = "sequential"
     PARALLEL = "parallel"
     DAG = "dag"
-
-
-def _non_negative(model: str, *fields: str) -> models.CheckConstraint:
-    """One constraint for all of a row's counters: PostgreSQL prepares each CHECK of a
-    table again for every statement that writes it (about 7 us each; a step's row is
-    written four times), so one condition costs less than one per column."""
-    return models.CheckConstraint(
-        condition=Q(**{f"{field}__gte": 0 for field in fields}), name=f"{model}_counts_gte_0"
-    )
-
-
-def _status_in(model: str, choices: type[models.TextChoices]) -> models.CheckConstraint:
-    return models.CheckConstraint(
-        condition=Q(status__in=choices.values), name=f"{model}_status_valid"
-    )
-
-
-class Timestamps(models.Model):
-    """When an entity started, finished, and last changed state."""
-
-    created_at = models.DateTimeField(auto_now_add=True)
-    status_changed_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    completed_at = models.DateTimeField(null=True, blank=True)
-    duration_ms = models.BigIntegerField(null=True, blank=True)
-
-    class Meta:
-        abstract = True
 
 
 class Run(Timestamps):
@@ -221,8 +193,8 @@ class Run(Timestamps):
             ),
         ]
         constraints = [
-            _status_in("run", RunStatus),
-            _non_negative(
+            status_in("run", RunStatus),
+            non_negative(
                 "run", "agent_count", "open_children", "active_children", "waiting_approvals"
             ),
             models.CheckConstraint(condition=Q(priority__lte=9), name="run_priority_0_9"),
@@ -322,8 +294,8 @@ class Agent(Node):
         indexes = [models.Index(fields=["run", "status"], name="agent_run_status")]
         constraints = [
             models.UniqueConstraint(fields=["attempt", "name"], name="agent_unique_name"),
-            _status_in("agent", NodeStatus),
-            _non_negative(
+            status_in("agent", NodeStatus),
+            non_negative(
                 "agent",
                 "pending_dependencies",
                 "task_count",
@@ -367,8 +339,8 @@ class Task(Node):
             models.UniqueConstraint(
                 fields=["agent", "generation", "name"], name="task_unique_name"
             ),
-            _status_in("task", NodeStatus),
-            _non_negative(
+            status_in("task", NodeStatus),
+            non_negative(
                 "task",
                 "pending_dependencies",
                 "step_count",
@@ -560,31 +532,14 @@ class Step(Timestamps):
         ]
         constraints = [
             models.UniqueConstraint(fields=["task", "generation", "name"], name="step_unique_name"),
-            _status_in("step", StepStatus),
-            _non_negative(
+            status_in("step", StepStatus),
+            non_negative(
                 "step", "pending_dependencies", "attempts", "failures", "reclaims", "cost"
             ),
         ]
 
     def __str__(self) -> str:
         return self.name
-
-
-class EventKind(models.TextChoices):
-    CREATED = "created"
-    TRANSITION = "transition"
-    RETRY = "retry"
-    CHARGE = "charge"
-    APPROVAL = "approval"
-    ERROR = "error"
-    OPERATOR = "operator"
-    RUNNER = "runner"  # a runner job created, claimed, reported or stopped
-    CHILD = "child"  # a child run started or ended
-    WAIT = "wait"  # a callback opened or received, a poll made
-    ESCALATION = "escalation"  # escalated, a ticket acknowledged or resolved, on-call told
-    REPLAN = "replan"  # a re-plan asked for, proposed, spawned or failed
-    QUEUE = "queue"  # a run waits to start (its queued_reason), or was admitted
-    REUSE = "reuse"  # a step completed with a reused or cached output; a run forked
 
 
 class StepCacheEntry(models.Model):
@@ -617,558 +572,3 @@ class StepCacheEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tool} {self.key}"
-
-
-class Event(models.Model):
-    """What an event of a run shows: the fields of an event row and of a listed event."""
-
-    attempt_number = models.PositiveSmallIntegerField(default=0)
-    entity = models.CharField(max_length=10)
-    entity_id = models.CharField(max_length=40)
-    kind = models.CharField(max_length=12, choices=EventKind.choices)
-    from_status = models.CharField(max_length=20, blank=True)
-    to_status = models.CharField(max_length=20, blank=True)
-    actor = models.CharField(max_length=200, blank=True)
-    message = models.TextField(blank=True)
-    payload = models.JSONField(default=dict, blank=True)
-
-    class Meta:
-        abstract = True
-
-    def __str__(self) -> str:
-        return f"{self.entity} {self.entity_id}: {self.kind} {self.from_status}->{self.to_status}"
-
-
-class RunEvent(Event):
-    """Append-only history of a run: the audit trail and the source of its timeline.
-
-    The rows of it that are written as rows: a step's claim and plain completion are kept
-    on the step's row instead (``Step.claim_event``). Read a run's history, both, as
-    ``HistoryEvent`` (``runs.selectors.run_history``)."""
-
-    id = models.BigAutoField(primary_key=True)
-    # No index of its own: event_run_order leads with it, and every step writes events.
-    run = models.ForeignKey(
-        Run, on_delete=models.CASCADE, related_name="events", db_index=False, db_constraint=False
-    )
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["run", "id"]
-        indexes = [models.Index(fields=["run", "id"], name="event_run_order")]
-
-    def save(self, *args: object, **kwargs: object) -> None:
-        if not self._state.adding:
-            raise ValueError("run events are append-only")
-        super().save(*args, **kwargs)  # type: ignore[arg-type]
-
-    def delete(self, *args: object, **kwargs: object) -> tuple[int, dict[str, int]]:
-        raise ValueError("run events are append-only")
-
-
-class HistoryManager(models.Manager["HistoryEvent"]):
-    """The view's rows that are events: a step's row is in its parts whether or not it
-    keeps such an event, without an id where it keeps none (run_history.sql says why)."""
-
-    def get_queryset(self) -> models.QuerySet[HistoryEvent]:
-        return super().get_queryset().filter(id__isnull=False)
-
-
-class HistoryEvent(Event):
-    """A run's history as its readers list it (the API's events and their stream, the
-    run page, the admin, the checks and tools that read events): the event rows and the
-    events kept on its steps' rows, each as its row would be, in id order. The
-    database's view engine.run_history (runs/engine/sql/run_history.sql); read-only."""
-
-    id = models.BigIntegerField(primary_key=True)
-    run = models.ForeignKey(
-        Run,
-        on_delete=models.DO_NOTHING,
-        related_name="+",
-        db_index=False,
-        db_constraint=False,
-    )
-    created_at = models.DateTimeField()
-
-    objects = HistoryManager()
-
-    class Meta:
-        managed = False
-        db_table = '"engine"."run_history"'
-        ordering = ["run", "id"]
-
-
-# --------------------------------------------------------------------------- runners
-# The runner protocol (docs/runners.md): runners are processes on other hosts
-# that long-poll this coordinator for jobs. A `runner` step's attempt is one job; the
-# step stays RUNNING, with no worker and no lease, until the job's runner reports.
-
-
-# The waiting_reason of a step parked on a worker tool's job that no online worker of
-# its organization offers (docs/tools.md); cleared when a worker claims the job, or when
-# the job ends unclaimed.
-NO_WORKER_OFFERS_TOOL = "no_worker_offers_tool"
-
-
-class RunnerJobStatus(models.TextChoices):
-    PENDING = "pending"  # waiting for a runner that matches its demands
-    CLAIMED = "claimed"  # a runner has it, and has not said it started
-    RUNNING = "running"
-    STOPPING = "stopping"  # a stop was asked for; the runner has not confirmed it
-    COMPLETED = "completed"
-    FAILED = "failed"
-    STOPPED = "stopped"
-
-
-class Runner(models.Model):
-    """A registered runner. Its id is derived from (organization, hostname, project_dir,
-    executor_type): the same host and directory reconnect as the same runner."""
-
-    id = models.CharField(primary_key=True, max_length=40)
-    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="runners")
-    hostname = models.CharField(max_length=255)
-    project_dir = models.CharField(max_length=1000)
-    executor_type = models.CharField(max_length=100)
-    tags = models.JSONField(default=list, blank=True)
-    # The published tools an `orch worker` offers, {name: version} (docs/tools.md): it
-    # claims the jobs of those tools and no other; a runner offering none, `runner` jobs.
-    tools = models.JSONField(default=dict, blank=True)
-    registered_at = models.DateTimeField()
-    last_heartbeat = models.DateTimeField()
-    deregistered_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["organization", "hostname", "project_dir"]
-        indexes = [models.Index(fields=["organization", "last_heartbeat"], name="runner_org_beat")]
-
-    def __str__(self) -> str:
-        return f"{self.id} ({self.hostname}:{self.project_dir})"
-
-
-class RunnerJob(models.Model):
-    """One attempt of a `runner` step, or of a step of a published tool that runs on an
-    `orch worker` (``tool`` set: docs/tools.md), as a runner receives it."""
-
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    organization = models.ForeignKey(
-        Organization, on_delete=models.CASCADE, related_name="runner_jobs"
-    )
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="runner_jobs")
-    # No index of its own: runnerjob_one_per_attempt leads with it.
-    step = models.ForeignKey(
-        "Step", on_delete=models.CASCADE, related_name="runner_jobs", db_index=False
-    )
-    attempt = models.PositiveIntegerField()
-    priority = models.PositiveSmallIntegerField(default=5)
-    type = models.CharField(max_length=20, default="start_session")
-    prompt = models.TextField()
-    session_id = models.CharField(max_length=40)
-    agent_name = models.CharField(max_length=100, blank=True)
-    project_dir = models.CharField(max_length=1000, blank=True)
-    # {"hostname", "project_dir", "executor_type": exact when set; "tags": all required}
-    demands = models.JSONField(default=dict, blank=True)
-    # A resume_session job goes to the runner that holds its session, and only there.
-    required_runner = models.ForeignKey(
-        Runner, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    status = models.CharField(
-        max_length=10, choices=RunnerJobStatus.choices, default=RunnerJobStatus.PENDING
-    )
-    runner = models.ForeignKey(
-        Runner, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
-    )
-    result = models.JSONField(null=True, blank=True)
-    error = models.TextField(blank=True)
-    signal = models.CharField(max_length=10, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    claimed_at = models.DateTimeField(null=True, blank=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    stop_requested_at = models.DateTimeField(null=True, blank=True)
-    # When a poll handed the stop command to the runner (it is handed over once).
-    stop_delivered_at = models.DateTimeField(null=True, blank=True)
-    completed_at = models.DateTimeField(null=True, blank=True)
-    # When a pending job fails with no_matching_runner.
-    timeout_at = models.DateTimeField()
-    # Its step attempt's traceparent, handed to the runner (which continues the trace).
-    trace_context = models.CharField(max_length=128, blank=True, default="", db_default="")
-    # A worker tool's job: the tool, its version when the job was made, and the step's
-    # rendered params; "" for a `runner` step's job (its prompt says what to do).
-    tool = models.CharField(max_length=64, blank=True, default="", db_default="")
-    tool_version = models.CharField(max_length=40, blank=True, default="", db_default="")
-    params = models.JSONField(null=True, blank=True)
-    # What the tool last said of its progress (``Context.heartbeat``), sent with the
-    # worker's heartbeats.
-    progress = models.JSONField(null=True, blank=True)
-    # A worker tool's failure as the tool classified it (an engine error code, and
-    # whether the step's retry policy may try again); "" for a `runner_failed`.
-    error_code = models.CharField(max_length=40, blank=True, default="", db_default="")
-    retryable = models.BooleanField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["created_at"]
-        indexes = [
-            # What a poll claims: an organization's pending jobs, by priority then age.
-            models.Index(
-                fields=["organization", "priority", "created_at"],
-                name="runnerjob_claimable",
-                condition=Q(status="pending"),
-            ),
-            # What a runner holds (its stop commands, and the stale-runner sweep).
-            models.Index(
-                fields=["runner", "status"],
-                name="runnerjob_held",
-                condition=Q(status__in=["claimed", "running", "stopping"]),
-            ),
-            models.Index(fields=["session_id"], name="runnerjob_session"),
-        ]
-        constraints = [
-            models.UniqueConstraint(fields=["step", "attempt"], name="runnerjob_one_per_attempt"),
-            _status_in("runnerjob", RunnerJobStatus),
-        ]
-
-    def __str__(self) -> str:
-        return f"job {self.id} ({self.status})"
-
-
-# --------------------------------------------------------------------------- published tools
-# Tools written with the client's ``@tool`` (docs/tools.md): each version a package of the
-# fleet or an organization's ``orch worker`` published, with the JSON Schema a plan's
-# steps are checked against at submission (``runs.catalogue``).
-
-
-class ToolPlacement(models.TextChoices):
-    FLEET = "fleet"  # installed on the Celery workers: every organization's
-    WORKER = "worker"  # offered by an organization's own workers (runners)
-
-
-class PublishedTool(models.Model):
-    """One version of a published tool. A version's schema never changes once published
-    (``digest``): a change is a new version, and the newest first published is the
-    current one, that plans are checked against and jobs are made for."""
-
-    # None: the fleet's, every organization's.
-    organization = models.ForeignKey(
-        Organization,
-        null=True,
-        blank=True,
-        on_delete=models.CASCADE,
-        related_name="published_tools",
-    )
-    name = models.CharField(max_length=64)
-    version = models.CharField(max_length=40)
-    placement = models.CharField(max_length=10, choices=ToolPlacement.choices)
-    description = models.TextField(blank=True)
-    params_schema = models.JSONField(default=dict)
-    output_schema = models.JSONField(default=dict)
-    # The cost rule as the tool declares it: {"credits": "0.02"}, {"computed": true}, {}.
-    cost = models.JSONField(default=dict, blank=True)
-    digest = models.CharField(max_length=64)
-    published_at = models.DateTimeField()
-    last_published_at = models.DateTimeField()
-    # The fleet workers that published it at their start: {hostname: when}.
-    published_by = models.JSONField(default=dict, blank=True)
-
-    class Meta:
-        ordering = ["name", "-published_at"]
-        constraints = [
-            models.UniqueConstraint(
-                fields=["organization", "name", "version"],
-                name="publishedtool_one_per_version",
-                nulls_distinct=False,
-            ),
-            models.CheckConstraint(
-                condition=Q(placement__in=ToolPlacement.values),
-                name="publishedtool_placement_valid",
-            ),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.name} {self.version} ({self.placement})"
-
-
-# --------------------------------------------------------------------------- waits
-# A `callback` or `poll` step's attempt waits here (runs.callbacks; docs/runners.md,
-# "Asynchronous steps"): RUNNING with no worker until a callback is posted, a poll's
-# condition holds, or its time runs out.
-
-
-class StepWaitKind(models.TextChoices):
-    CALLBACK = "callback"
-    POLL = "poll"
-
-
-class StepWaitStatus(models.TextChoices):
-    WAITING = "waiting"
-    COMPLETED = "completed"  # the callback said completed, or done_when held
-    FAILED = "failed"  # the callback said failed, failed_when held, or polls ran out
-    CLOSED = "closed"  # the attempt ended otherwise (cancelled, timed out)
-
-
-class StepWait(models.Model):
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    run = models.ForeignKey(
-        Run, on_delete=models.CASCADE, related_name="waits", db_constraint=False
-    )
-    # No index of its own: stepwait_one_per_attempt leads with it.
-    step = models.ForeignKey(
-        "Step",
-        on_delete=models.CASCADE,
-        related_name="waits",
-        db_index=False,
-        db_constraint=False,
-    )
-    attempt = models.PositiveIntegerField()
-    kind = models.CharField(max_length=10, choices=StepWaitKind.choices)
-    status = models.CharField(
-        max_length=10, choices=StepWaitStatus.choices, default=StepWaitStatus.WAITING
-    )
-    # A callback's secret, as its SHA-256 (the token itself is never stored).
-    token_digest = models.CharField(max_length=64, blank=True)
-    # A poll's rendered parameters (url, interval, max_attempts, done_when, ...).
-    params = models.JSONField(default=dict, blank=True)
-    polls = models.PositiveIntegerField(default=0)
-    next_poll_at = models.DateTimeField(null=True, blank=True)
-    last_response = models.JSONField(null=True, blank=True)
-    expires_at = models.DateTimeField()
-    result = models.JSONField(null=True, blank=True)
-    error = models.TextField(blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    ended_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["created_at"]
-        indexes = [
-            # What the sweep looks at: the waits still open, by when they are due.
-            models.Index(
-                fields=["next_poll_at"], name="stepwait_due", condition=Q(status="waiting")
-            ),
-            models.Index(
-                fields=["expires_at"], name="stepwait_expiry", condition=Q(status="waiting")
-            ),
-        ]
-        constraints = [
-            models.UniqueConstraint(fields=["step", "attempt"], name="stepwait_one_per_attempt"),
-            _status_in("stepwait", StepWaitStatus),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.kind} wait {self.id} ({self.status})"
-
-
-# --------------------------------------------------------------------------- escalation
-# The engine's policy layer (runs.engine.policy, runs.escalations, runs.replanning;
-# docs/escalation.md): failures on record, tickets for people, and re-plans.
-
-
-class StepFailure(models.Model):
-    """One failed step attempt, as the escalation triggers count them (how many in the
-    window) and a ticket shows them. Written with the attempt's outcome."""
-
-    id = models.BigAutoField(primary_key=True)
-    # No index of its own: stepfailure_run_time leads with it.
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="failures", db_index=False)
-    attempt_number = models.PositiveSmallIntegerField()
-    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="+", db_index=False)
-    step_attempt = models.PositiveIntegerField()
-    code = models.CharField(max_length=64)
-    message = models.TextField(blank=True)
-    retryable = models.BooleanField(default=False)
-    created_at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        ordering = ["run", "created_at"]
-        indexes = [models.Index(fields=["run", "created_at"], name="stepfailure_run_time")]
-
-    def __str__(self) -> str:
-        return f"{self.code} (step {self.step_id} attempt {self.step_attempt})"
-
-
-class EscalationStatus(models.TextChoices):
-    OPEN = "open"
-    ACKNOWLEDGED = "acknowledged"
-    RESOLVED = "resolved"
-
-
-class EscalationReason(models.TextChoices):
-    ERROR_BURST = "error_burst"  # more failed attempts in the window than allowed
-    ERROR_RATE = "error_rate"  # too large a share of the window's attempts failed
-    BACKOFF_EXCEEDED = "backoff_exceeded"  # a retry would wait beyond max_delay_ms
-    ATTEMPTS_EXHAUSTED = "attempts_exhausted"  # a step's budget spent, on_exhausted: escalate
-    OPERATOR = "operator"  # a person escalated it
-
-
-class Resolution(models.TextChoices):
-    RESUME = "resume"  # carry on where it stopped; failed steps get their retries again
-    RETRY = "retry"  # a new attempt of the run
-    REPLAN = "replan"  # the failing agents replaced by what the planner proposes
-    CANCEL = "cancel"  # cancelled, unused credits refunded
-    ESCALATION_TIMEOUT = "escalation_timeout"  # nobody resolved it in time: the run failed
-    RUN_ENDED = "run_ended"  # the run ended otherwise while escalated
-
-
-class Severity(models.TextChoices):
-    LOW = "low"
-    MEDIUM = "medium"
-    HIGH = "high"
-    CRITICAL = "critical"
-
-
-class EscalationTicket(models.Model):
-    """A run handed to people. One open (or acknowledged) ticket per run at a time: a
-    run that keeps failing adds its failures to it instead of opening another."""
-
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    organization = models.ForeignKey(
-        Organization, on_delete=models.CASCADE, related_name="escalations"
-    )
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="escalations")
-    attempt_number = models.PositiveSmallIntegerField()
-    status = models.CharField(
-        max_length=12, choices=EscalationStatus.choices, default=EscalationStatus.OPEN
-    )
-    reason = models.CharField(max_length=20, choices=EscalationReason.choices)
-    severity = models.CharField(max_length=10, choices=Severity.choices, default=Severity.HIGH)
-    # The failures that triggered it, then any that followed while it was open (bounded).
-    errors = models.JSONField(default=list, blank=True)
-    opened_at = models.DateTimeField()
-    acknowledged_at = models.DateTimeField(null=True, blank=True)
-    acknowledged_by = models.CharField(max_length=200, blank=True)
-    resolved_at = models.DateTimeField(null=True, blank=True)
-    resolved_by = models.CharField(max_length=200, blank=True)
-    resolution = models.CharField(max_length=20, choices=Resolution.choices, blank=True)
-    note = models.TextField(blank=True)
-    # When on-call was told (the notification task took it): told once.
-    notified_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["-opened_at"]
-        indexes = [
-            models.Index(fields=["organization", "status", "-opened_at"], name="escalation_org"),
-        ]
-        constraints = [
-            models.UniqueConstraint(
-                fields=["run"],
-                condition=~Q(status="resolved"),
-                name="escalation_one_open_per_run",
-            ),
-            _status_in("escalation", EscalationStatus),
-        ]
-
-    def __str__(self) -> str:
-        return f"escalation {self.id} ({self.reason}, {self.status})"
-
-
-class NotificationChannel(models.TextChoices):
-    WEBHOOK = "webhook"
-    EMAIL = "email"
-
-
-class Notification(models.Model):
-    """One delivery attempt of an escalation notice, delivered or not."""
-
-    id = models.BigAutoField(primary_key=True)
-    ticket = models.ForeignKey(
-        EscalationTicket, on_delete=models.CASCADE, related_name="notifications"
-    )
-    channel = models.CharField(max_length=10, choices=NotificationChannel.choices)
-    attempt = models.PositiveIntegerField()
-    target = models.TextField()  # the URL, or the addresses
-    delivered = models.BooleanField(default=False)
-    status_code = models.PositiveIntegerField(null=True, blank=True)
-    error = models.TextField(blank=True)
-    duration_ms = models.PositiveIntegerField(default=0)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["ticket", "created_at", "id"]
-
-    def __str__(self) -> str:
-        outcome = "delivered" if self.delivered else "failed"
-        return f"{self.channel} attempt {self.attempt} ({outcome})"
-
-
-class ReplanStatus(models.TextChoices):
-    REQUESTED = "requested"  # with the planner
-    SPAWNED = "spawned"  # its agents were added to the running attempt
-    EMPTY = "empty"  # the planner proposed nothing
-    FAILED = "failed"  # the planner failed, its answer was refused, or credits lacked
-    DROPPED = "dropped"  # the run ended before the planner answered
-
-
-class ReplanTrigger(models.TextChoices):
-    AGENTS_FAILED = "agents_failed"
-    TASKS_FAILED = "tasks_failed"
-    OPERATOR = "operator"
-
-
-class Replan(models.Model):
-    """One re-plan of a run: what failed, what the planner proposed, what came of it."""
-
-    id = models.BigAutoField(primary_key=True)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="replans")
-    attempt_number = models.PositiveSmallIntegerField()
-    number = models.PositiveSmallIntegerField()
-    trigger = models.CharField(max_length=16, choices=ReplanTrigger.choices)
-    planner = models.CharField(max_length=100)
-    status = models.CharField(
-        max_length=10, choices=ReplanStatus.choices, default=ReplanStatus.REQUESTED
-    )
-    # The failures the planner was shown, taken when it was asked.
-    failures = models.JSONField(default=dict, blank=True)
-    # The agents it proposed (a plan fragment), as it answered them.
-    fragment = models.JSONField(null=True, blank=True)
-    agents = models.JSONField(default=list, blank=True)  # the names spawned
-    cost = models.DecimalField(max_digits=18, decimal_places=6, default=Decimal(0))
-    error = models.JSONField(null=True, blank=True)
-    usage = models.JSONField(null=True, blank=True)  # an LLM planner's token usage
-    requested_by = models.CharField(max_length=200, blank=True)
-    requested_at = models.DateTimeField()
-    finished_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["run", "number"]
-        constraints = [
-            models.UniqueConstraint(fields=["run", "number"], name="replan_unique_number"),
-        ]
-
-    def __str__(self) -> str:
-        return f"re-plan {self.number} of {self.run_id} ({self.status})"
-
-
-# --------------------------------------------------------------------------- fairness
-# Fair sharing of the workers between organizations (runs.fairness; docs/fairness.md).
-
-
-class FairTurn(models.Model):
-    """When fair dispatch last gave an organization a worker: organizations as loaded
-    as each other are served in turn, the longest waiting first."""
-
-    organization = models.OneToOneField(
-        Organization, on_delete=models.CASCADE, primary_key=True, related_name="+"
-    )
-    served_at = models.DateTimeField()
-
-    def __str__(self) -> str:
-        return f"{self.organization_id} served at {self.served_at}"
-
-
-class StepSlot(models.Model):
-    """One of an organization's ``max_running_steps`` slots: a worker holds one while it
-    executes that organization's steps, so that no more than that many execute at once.
-    A holder that died lets its slot go when ``expires_at`` passes."""
-
-    id = models.BigAutoField(primary_key=True)
-    organization = models.ForeignKey(
-        Organization, on_delete=models.CASCADE, related_name="+", db_index=False
-    )
-    slot = models.PositiveIntegerField()
-    holder = models.CharField(max_length=200, blank=True)
-    expires_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["organization", "slot"], name="stepslot_unique"),
-        ]
-
-    def __str__(self) -> str:
-        return f"slot {self.slot} of {self.organization_id} ({self.holder or 'free'})"

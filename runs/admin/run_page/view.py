@@ -1,4 +1,4 @@
-"""The run's page in the admin (laid out by ``runs.runpage``, drawn by ``runs.svg``), the
+"""The run's page in the admin (laid out by ``layout``, drawn by ``svg``, beside it), the
 live endpoint it polls, and its controls, each the API's service with the operator as
 the actor (the list's bulk actions use them too)."""
 
@@ -16,8 +16,11 @@ from django.urls import URLPattern, path, reverse
 
 from billing.services import InsufficientCredits
 from common.admin import actor_of
-from runs import admission, approvals, escalations, runpage, services, svg
+from runs import services
+from runs.admin.run_page import layout, svg
+from runs.admission import run_admission
 from runs.models import Run, Step
+from runs.people import approvals, escalations
 from runs.selectors import event_label
 from runs.states import RUN_TRANSITIONS, InvalidTransition, RunStatus
 
@@ -31,7 +34,7 @@ REFUSALS: tuple[type[Exception], ...] = (
     escalations.EscalationNotFound,
     escalations.EscalationResolved,
     escalations.ReplanLimitReached,
-    admission.TooManyPendingRuns,
+    run_admission.TooManyPendingRuns,
     approvals.NothingWaiting,
     services.StepNotFound,
 )
@@ -140,13 +143,13 @@ class RunPageAdmin(admin.ModelAdmin[Run]):
         obj: Run | None = None,
     ) -> HttpResponse:
         """The run's page: graph, time line, progress, credits, decisions waiting, the
-        control buttons and the event log (``runs.runpage``) above the run's fields (the
+        control buttons and the event log (``layout``) above the run's fields (the
         run the change view has already read and checked)."""
         if obj is not None:
             run = obj
             before = request.GET.get("events_before", "")
-            page = runpage.run_page(run)
-            events, older = runpage.event_page(run, int(before) if before.isdigit() else None)
+            page = layout.run_page(run)
+            events, older = layout.event_page(run, int(before) if before.isdigit() else None)
             context.update(
                 page=page,
                 graph_svg=svg.graph_svg(page.graph),
@@ -167,7 +170,7 @@ class RunPageAdmin(admin.ModelAdmin[Run]):
 
     def live_view(self, request: HttpRequest, run_id: Any) -> JsonResponse:
         """What the run page polls every two seconds while the run is live."""
-        return JsonResponse(runpage.run_live(self._run_or_404(request, run_id)))
+        return JsonResponse(layout.run_live(self._run_or_404(request, run_id)))
 
     def control_view(self, request: HttpRequest, run_id: Any, action: str) -> HttpResponse:
         """A control action from the run page: GET asks for confirmation, POST does it

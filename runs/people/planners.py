@@ -5,7 +5,7 @@ A planner is a callable named in settings (``ORCH_PLANNERS``; a plan picks one b
 failed, the limits) and returns new agents as plan JSON (a fragment: a list of agents,
 each as a plan writes it), or nothing (``None`` or an empty list), or a ``Proposal``
 with its token usage. It may raise ``PlanningFailed``; anything else it raises is
-recorded the same way. Its answer is never trusted: ``runs.replanning`` puts it through
+recorded the same way. Its answer is never trusted: ``runs.people.replanning`` puts it through
 the plan validator with the rest of the plan before anything is spawned.
 
 The rule-based planner and the lookup by name live here; the LLM planner, which speaks

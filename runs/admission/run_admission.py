@@ -42,7 +42,7 @@ LOCK_NAMESPACE = 0x7261_6E  # "ran"
 ACTIVE = (RunStatus.PENDING, *RUN_STARTED)
 # The queued_reason of a run held by its organization's suspension.
 SUSPENDED = "the organization is suspended"
-# The actor of the pauses and resumes a suspension makes (runs/suspension.py, and the
+# The actor of the pauses and resumes a suspension makes (runs/people/suspension.py, and the
 # engine's resume, which pauses again a run its organization's suspension caught
 # resuming): how its pauses are told apart from a person's.
 SUSPENSION_ACTOR = "suspension"
@@ -233,7 +233,7 @@ def admit(run_id: Any, *, actor: str = "worker") -> bool:
             return True
         # A suspended organization's runs do not begin, even those admitted before the
         # suspension came (their pick-up in flight): they wait, their places given back,
-        # until unsuspending asks for them again (runs/suspension.py).
+        # until unsuspending asks for them again (runs/people/suspension.py).
         suspended = Organization.objects.filter(
             pk=run.organization_id, suspended_at__isnull=False
         ).exists()

@@ -1,4 +1,4 @@
-"""Step admission: what ``runs.admission`` is to a run starting, this is to a step's tool
+"""Step admission: what ``run_admission`` is to a run starting, this is to a step's tool
 running. It waits for its rate limits' units without holding a worker (docs/rate-limits.md).
 
 A worker claims a step as any other; if the step spends rate limits (its plan's

@@ -4,7 +4,7 @@ plan, paid for, and spawned into the running attempt.
 
 A re-plan is asked for by the engine (``runs.engine.policy.consider_replan``: too many
 agents or tasks failed) or by an operator resolving an escalation
-(``runs.escalations``); either way a ``Replan`` row waits in `requested` and the run is
+(``runs.people.escalations``); either way a ``Replan`` row waits in `requested` and the run is
 held open by one extra open child. ``replan_run`` (the worker's ``orchestrator.runs.
 replan`` task) answers it once: a duplicate message finds it answered and does nothing.
 
@@ -41,8 +41,8 @@ from runs.engine.propagation import finish_if_done
 from runs.materialize import add_agents, wiring
 from runs.models import Agent, EventKind, Mode, Replan, ReplanStatus, ReplanTrigger, Run
 from runs.outbox import Outbox
+from runs.people.planners import Planner, PlanningFailed, PlanningRequest, limits_for, proposal_of
 from runs.plan import AgentPlan, Limits, PlanInvalid, parse_plan
-from runs.planners import Planner, PlanningFailed, PlanningRequest, limits_for, proposal_of
 from runs.reservation import agents_reservation
 from runs.states import NodeStatus, RunStatus
 from runs.transitions import record_event, transition

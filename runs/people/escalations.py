@@ -11,7 +11,7 @@ the run out of ESCALATED:
   own reservation (402 without the credits, 409 once `max_attempts` are used: then
   nothing changes);
 - ``replan``: the agents holding the failures are replaced by what the run's planner
-  proposes (``runs.replanning``); 409 `replan_limit_reached` past `max_replans`;
+  proposes (``runs.people.replanning``); 409 `replan_limit_reached` past `max_replans`;
 - ``cancel``: cancelled, unused credits refunded.
 
 A run that ends any other way while escalated (its timeout, a cancel, a failure that

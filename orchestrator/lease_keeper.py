@@ -1,4 +1,4 @@
-"""Lease renewal for the step a worker process is running.
+"""The lease keeper: lease renewal for the step a worker process is running.
 
 One daemon thread per worker process, started on first use. While a step runs, it
 renews the step's lease and the run's `last_heartbeat` every ENGINE_HEARTBEAT_SECONDS
@@ -50,7 +50,7 @@ from common import metrics
 from common.connections import discard_interrupted_connection
 from common.text import unstorable_string
 from orchestrator.transport import CeleryTransport
-from runs.fairness import Slot, acquire_slot, release_slot, renew_slot
+from runs.admission.fairness import Slot, acquire_slot, release_slot, renew_slot
 from runs.models import Run, Step
 from runs.transitions import hand_back_steps
 
@@ -82,7 +82,7 @@ def hand_back(held: Held) -> int:
 
 
 class _LeaseKeeper:
-    """The heartbeat thread's charge: the step's lease and hard limit, the slot held."""
+    """The lease keeper's charge: the step's lease and hard limit, the slot held."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -95,7 +95,7 @@ class _LeaseKeeper:
         self.progress: Any = _UNSAID
         self.deadline: float | None = None  # monotonic; the hard limit of the step
         self.thread: threading.Thread | None = None
-        # The organization's slot the worker holds (runs.fairness), renewed alike.
+        # The organization's slot the worker holds (runs.admission.fairness), renewed alike.
         self.slot: Slot | None = None
         self.slot_since = 0.0
         # A batch's steps not started yet, and since when they wait (monotonic).
@@ -312,7 +312,7 @@ def give_back_slot(slot: Slot) -> None:
 
 @contextmanager
 def slot_held(organization_id: Any, holder: str) -> Iterator[Slot | None]:
-    """One of the organization's step slots (``runs.fairness``) for the block, renewed
+    """One of the organization's step slots (``runs.admission.fairness``) for the block, renewed
     by this thread meanwhile and given back after; None, and nothing held, when every
     slot is taken. (The executor holds its slots across several steps, by hand.)"""
     slot = acquire_slot(organization_id, holder)

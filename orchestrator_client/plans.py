@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 PlanFormat = Literal["json", "yaml"]
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -202,3 +202,19 @@ def _content_index(lines: list[str]) -> int | None:
     return next(
         (i for i, line in enumerate(lines) if line.strip() and not line.startswith("#")), None
     )
+
+
+@runtime_checkable
+class BuiltPlan(Protocol):
+    """A plan built in Python (``orchestrator_client.tools.plan.Plan``): what it gives
+    is the plan as JSON data."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+PlanData = Mapping[str, Any] | BuiltPlan
+
+
+def plan_data(plan: PlanData) -> dict[str, Any]:
+    """A plan to send: a dict as it is, a built plan as its ``to_dict()``."""
+    return plan.to_dict() if isinstance(plan, BuiltPlan) else dict(plan)

@@ -32,7 +32,7 @@ from orchestrator_client.types import (
 )
 
 if TYPE_CHECKING:
-    from orchestrator_client.client import Client
+    from orchestrator_client.resources.runs import Runs
 
 
 @dataclass
@@ -120,7 +120,7 @@ class WatchUpdate:
 class RunWatcher:
     """Iterate for updates until the run has ended; ``interval`` seconds between polls."""
 
-    def __init__(self, client: Client, run_id: str, *, interval: float = 1.0) -> None:
+    def __init__(self, client: Runs, run_id: str, *, interval: float = 1.0) -> None:
         self.client = client
         self.run_id = run_id
         self.interval = interval

@@ -128,6 +128,21 @@ def guarded(command: Command) -> Command:
     return wrapper  # type: ignore[return-value]
 
 
+Answer = TypeVar("Answer")
+
+
+def act(as_json: bool, call: Callable[[Client], Answer], said: Callable[[Answer], str]) -> None:
+    """One call to the server (a run cancelled, a schedule paused...), its answer printed:
+    as JSON, or as the line ``said`` makes of it."""
+    out = Output(as_json)
+    with client() as api:
+        answer = call(api)
+    if as_json:
+        out.json(answer)
+    else:
+        out.line(said(answer))
+
+
 def client() -> Client:
     """A client for the configured server. ``ORCH_TIMEOUT``: seconds per request (30);
     ``ORCH_RETRIES``: tries after a transient failure (3)."""

@@ -12,6 +12,7 @@ from orchestrator_client.cli.base import (
     JsonOption,
     LimitOption,
     Output,
+    act,
     client,
     group,
     guarded,
@@ -113,10 +114,8 @@ def jobs_show(job_id: JobArgument, as_json: JsonOption = False) -> None:
 def jobs_stop(job_id: JobArgument, as_json: JsonOption = False) -> None:
     """Stop a claimed or running job: its runner is told at once (the API answers 409
     for a job that is not running)."""
-    out = Output(as_json)
-    with client() as api:
-        job = api.stop_runner_job(job_id)
-    if as_json:
-        out.json(job)
-    else:
-        out.line(f"job {job['id']}: {job['status']}")
+    act(
+        as_json,
+        lambda api: api.stop_runner_job(job_id),
+        lambda job: f"job {job['id']}: {job['status']}",
+    )

@@ -16,6 +16,7 @@ from orchestrator_client.cli.base import (
     JsonOption,
     LimitOption,
     Output,
+    act,
     amount,
     client,
     group,
@@ -224,14 +225,8 @@ def runs_events(
             raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
-def _control(run_id: str, as_json: bool, act: Callable[[Client], RunDetail]) -> None:
-    out = Output(as_json)
-    with client() as api:
-        run = act(api)
-    if as_json:
-        out.json(run)
-    else:
-        out.line(f"run {run['id']}: {run['status']}")
+def _control(run_id: str, as_json: bool, call: Callable[[Client], RunDetail]) -> None:
+    act(as_json, call, lambda run: f"run {run['id']}: {run['status']}")
 
 
 @app.command("cancel")

@@ -16,6 +16,7 @@ from orchestrator_client.cli.base import (
     JsonOption,
     LimitOption,
     Output,
+    act,
     client,
     group,
     guarded,
@@ -219,17 +220,14 @@ def schedules_create(
 
 
 def _schedule_control(
-    schedule_id: str, as_json: bool, act: Callable[[Client], ScheduleDetail]
+    schedule_id: str, as_json: bool, call: Callable[[Client], ScheduleDetail]
 ) -> None:
-    out = Output(as_json)
-    with client() as api:
-        schedule = act(api)
-    if as_json:
-        out.json(schedule)
-    else:
+    def said(schedule: ScheduleDetail) -> str:
         status = schedule["status"]
         due = "" if status == "paused" else f", next due {_next_due(schedule)}"
-        out.line(f"schedule {schedule['id']}: {status}{due}")
+        return f"schedule {schedule['id']}: {status}{due}"
+
+    act(as_json, call, said)
 
 
 @app.command("pause")

@@ -1,6 +1,6 @@
 """``runner_jobs``: jobs served on a host, by one ``orch worker`` (concurrency 8, claiming
 up to its free slots per poll) and, beside it, by the reference runner (``python -m
-orchestrator.runner``, a process per job, concurrency 8), each of one organization.
+orchestrator_client.runner``, a process per job, concurrency 8), each of one organization.
 
 A run of ``JOBS`` parallel steps (``bench.noop``, a no-op ``@tool``, or a `runner` step
 whose command is ``true``) is started once the worker has registered and served a warm-up
@@ -72,7 +72,8 @@ def jobs_plan(width: int, reference: bool) -> dict[str, Any]:
 
 def _serving(url: str, key: str, reference: bool, log: Path) -> subprocess.Popen[bytes]:
     if reference:
-        command = [sys.executable, "-m", "orchestrator.runner", "--url", url, "--api-key", key,
+        command = [sys.executable, "-m", "orchestrator_client.runner",
+                   "--url", url, "--api-key", key,
                    "--command", "true", "--concurrency", str(CONCURRENCY),
                    "--hostname", "bench-reference"]  # fmt: skip
     else:

@@ -1,13 +1,13 @@
 """The OpenTelemetry SDK, set up in one place for every process that traces: the web
-(``config/wsgi.py``, in each gunicorn worker), the Celery worker's pool processes
-(``config/celery.py``, at ``worker_process_init``: a prefork child after its fork) and
-the reference runner (``orchestrator/runner.py``).
+(``config/wsgi.py``, in each gunicorn worker) and the Celery worker's pool processes
+(``config/celery.py``, at ``worker_process_init``: a prefork child after its fork). The
+reference runner, part of the client, which imports nothing of the server, sets up its
+own (``orchestrator_client/tracing.py``).
 
 Off unless ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set: then no SDK provider is installed, the
 API stays the no-op one and ``common.tracing.enabled`` stays False. The ``OTEL_*``
 variables are read by the settings (``config/settings/core.py``, docs/configuration.md)
-or, for the runner, which has no Django settings, from its environment by the same
-``config.env.Env``; they are handed to the SDK explicitly here. It imports no app.
+and handed to the SDK explicitly here. It imports no app.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ class TracingConfig:
     export_timeout_s: float = 10.0
 
 
-def read(env: Any, service_name: str = "orchestrator") -> TracingConfig:
-    """The OTEL_* variables through an ``config.env.Env`` (settings and the runner)."""
+def read(env: Any) -> TracingConfig:
+    """The OTEL_* variables through an ``config.env.Env`` (the settings)."""
     return TracingConfig(
         endpoint=env.url(
             "OTEL_EXPORTER_OTLP_ENDPOINT",
@@ -55,7 +55,7 @@ def read(env: Any, service_name: str = "orchestrator") -> TracingConfig:
             "OTEL_EXPORTER_OTLP_HEADERS", "", "headers sent to the collector: key=value,..."
         ),
         service_name=env.string(
-            "OTEL_SERVICE_NAME", service_name, "service.name of the traces' resource"
+            "OTEL_SERVICE_NAME", "orchestrator", "service.name of the traces' resource"
         ),
         sampler=env.choice(
             "OTEL_TRACES_SAMPLER", "parentbased_always_on", SAMPLERS, "which traces are kept"

@@ -622,7 +622,7 @@ class Cluster:
         self.start(
             "runner",
             "runner",
-            [sys.executable, "-m", "orchestrator.runner",
+            [sys.executable, "-m", "orchestrator_client.runner",
              "--url", f"http://{address('web2')}:{WEB_PORT}",
              "--api-key", runner_key["api_key"], "--command", command,
              "--hostname", "runner", *extra],

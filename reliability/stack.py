@@ -418,10 +418,10 @@ class Stack:
         return f"down {down_seconds:g}s"
 
     def start_runner(self, api_key: str, script: Path, effect_url: str) -> None:
-        """The reference runner (orchestrator.runner) against this stack's web, running
+        """The reference runner (orchestrator_client.runner) against this stack's web, running
         ``script`` for each job, four at a time."""
         args = [
-            sys.executable, "-m", "orchestrator.runner",
+            sys.executable, "-m", "orchestrator_client.runner",
             "--url", f"http://127.0.0.1:{self.web_port}",
             "--api-key", api_key,
             "--command", f"{sys.executable} {script}",

@@ -146,14 +146,14 @@ def test_the_runner_job_is_claimed_by_a_runner_and_completes(
 ) -> None:
     plan = example(
         "runner-job.yaml",
-        ".venv/bin/python -m orchestrator.runner --url $URL --api-key $KEY "
+        ".venv/bin/python -m orchestrator_client.runner --url $URL --api-key $KEY "
         "--tags example --command cat",
         ".venv/bin/orch runs submit examples/runner-job.yaml --watch",
     )
     organization, key = tenant
     runner = Child(
         python_cmd(
-            "-m", "orchestrator.runner", "--url", live_server.url, "--api-key", key,
+            "-m", "orchestrator_client.runner", "--url", live_server.url, "--api-key", key,
             "--tags", "example", "--command", "cat",
         ),
         child_env(),

@@ -1,5 +1,5 @@
 """The reference runner end to end, with real processes: gunicorn serving the API, the
-Celery worker, and `python -m orchestrator.runner` running a command per job."""
+Celery worker, and `python -m orchestrator_client.runner` running a command per job."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ class RunnerProcess:
         self.script = log.with_suffix(".py")
         self.script.write_text(textwrap.dedent(script))
         args = [
-            "-m", "orchestrator.runner",
+            "-m", "orchestrator_client.runner",
             "--url", url,
             "--api-key", key,
             "--command", f"{python_cmd()[0]} {self.script}",

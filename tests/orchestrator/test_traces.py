@@ -19,8 +19,8 @@ from rest_framework.test import APIClient
 from api.runners import JobOutput
 from common import tracing
 from orchestrator import executor
-from orchestrator.runner import Runner
 from orchestrator.tasks import pick_up_run_task
+from orchestrator_client.runner import Runner
 from runs import services
 from runs.engine import control
 from runs.engine.start import run_start

@@ -1,6 +1,7 @@
-"""The reference runner: ``python -m orchestrator.runner --url URL --api-key KEY --command CMD``.
+"""The reference runner:
+``python -m orchestrator_client.runner --url URL --api-key KEY --command CMD``.
 
-It needs the HTTP API only (no database, no Django settings): it registers, long-polls
+It needs the HTTP API only (the client package, no server code): it registers, long-polls
 for jobs, runs ``CMD`` once per job as a subprocess (the job as JSON on stdin,
 ``ORCH_JOB_ID``, ``ORCH_PROMPT``, ``ORCH_RUN_ID``, ``ORCH_URL`` and ``ORCH_API_KEY`` in its
 environment), reports what happened and
@@ -10,6 +11,8 @@ SIGTERM, then SIGKILL after ``--kill-after`` seconds, and reports the signal use
 SIGINT or SIGTERM to the runner stops its jobs the same way, deregisters and exits. When
 the server cannot be reached it tries again with backoff; a report is retried under the
 same ``Idempotency-Key`` so that it is applied once. The protocol: docs/runners.md.
+Its job's span continues the step attempt's trace when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is
+set (``orchestrator_client.tracing``).
 """
 
 from __future__ import annotations
@@ -29,17 +32,17 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-from opentelemetry import trace
-from opentelemetry.trace import Span
 
-from common import tracing
-from config import otel
-from config.env import Env
+from orchestrator_client import tracing
+from orchestrator_client.http import API_PREFIX, api_root, retry_after_seconds
 
-logger = logging.getLogger("orchestrator.runner")
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+logger = logging.getLogger("orchestrator_client.runner")
 
 STDERR_TAIL = 4000  # characters of stderr a failure report carries
 
@@ -57,7 +60,7 @@ class Job:
     id: str
     process: subprocess.Popen[bytes]
     stop_signal: str = ""  # the signal that ended it, when it was stopped
-    span: Span = trace.INVALID_SPAN  # its span in the run's trace (tracing on)
+    span: Span | None = None  # its span in the run's trace (tracing on)
 
 
 @dataclass
@@ -81,8 +84,9 @@ class Runner:
     polling: bool = False
 
     def __post_init__(self) -> None:
+        self.url = api_root(self.url)
         self.client = httpx.Client(
-            base_url=self.url.rstrip("/"),
+            base_url=self.url + API_PREFIX,
             headers={"Authorization": f"Bearer {self.api_key}"},
             timeout=httpx.Timeout(10.0, read=self.poll_wait + 15.0),
         )
@@ -109,7 +113,7 @@ class Runner:
         # The same key on every try: a report the server applied before the connection
         # dropped is replayed, not applied twice.
         headers = {"Idempotency-Key": f"runner-{uuid.uuid4()}"}
-        return self._request("POST", f"/api/v1{path}", json=body, headers=headers)
+        return self._request("POST", path, json=body, headers=headers)
 
     # ---------------------------------------------------------------- lifecycle
     def register(self) -> None:
@@ -159,7 +163,7 @@ class Runner:
         self.polling = True
         try:
             response = self._request(
-                "GET", "/api/v1/runner/jobs", params={"runner_id": self.runner_id, "wait": wait}
+                "GET", "/runner/jobs", params={"runner_id": self.runner_id, "wait": wait}
             )
         finally:
             self.polling = False
@@ -170,8 +174,7 @@ class Runner:
         if response.status_code == 429:
             # The organization holds as many polls as its quota allows (too_many_polls):
             # poll again once a place may be free, as the server says.
-            retry_after = response.headers.get("Retry-After", "")
-            wait_s = float(retry_after) if retry_after.isdigit() else 5.0
+            wait_s = retry_after_seconds(response.headers.get("Retry-After")) or 5.0
             logger.warning("poll: %s; polling again in %.0fs", response.text, wait_s)
             self.stopping.wait(min(max(wait_s, 1.0), 60.0))
             return
@@ -220,14 +223,14 @@ class Runner:
             "ORCH_JOB_ID": str(job["id"]),
             "ORCH_PROMPT": str(job["prompt"]),
             "ORCH_RUN_ID": str(job.get("run", "")),
-            "ORCH_URL": self.url.rstrip("/"),
+            "ORCH_URL": self.url,
             "ORCH_API_KEY": self.api_key,
         }
         # The job continues its step attempt's trace (docs/observability.md); the
         # command may continue it too, from TRACEPARENT (the W3C environment carrier).
         span = tracing.start(
             "runner job",
-            parent_context=str(job.get("traceparent") or ""),
+            traceparent=str(job.get("traceparent") or ""),
             attributes={
                 "orchestrator.runner_job.id": str(job["id"]),
                 "orchestrator.run.id": str(job.get("run", "")),
@@ -236,7 +239,7 @@ class Runner:
                 "orchestrator.runner_job.type": str(job.get("type", "")),
             },
         )
-        if traceparent := tracing.traceparent(span):
+        if traceparent := tracing.traceparent_of(span):
             env["TRACEPARENT"] = traceparent
         process = subprocess.Popen(
             self.command,
@@ -272,12 +275,12 @@ class Runner:
             tail = stderr.decode(errors="replace")[-STDERR_TAIL:]
             body["error"] = tail or f"exited with status {job.process.returncode}"
             self._post(f"/runner/jobs/{job.id}/failed", body)
-        job.span.set_attribute("process.exit.code", job.process.returncode)
+        code = job.process.returncode
+        attributes: dict[str, Any] = {"process.exit.code": code}
         if job.stop_signal:
-            job.span.set_attribute("orchestrator.runner_job.signal", job.stop_signal)
-        elif job.process.returncode != 0:
-            tracing.failed(job.span, f"exit {job.process.returncode}")
-        job.span.end()
+            attributes["orchestrator.runner_job.signal"] = job.stop_signal
+        failed = f"exit {code}" if code != 0 and not job.stop_signal else ""
+        tracing.end(job.span, attributes, error=failed)
 
     def stop(self, job_id: str) -> None:
         """SIGTERM to the job's process group, SIGKILL if it outlives ``kill_after``."""
@@ -301,7 +304,7 @@ def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m orchestrator.runner", description=__doc__.split("\n")[0]
+        prog="python -m orchestrator_client.runner", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--url", required=True, help="the orchestrator, e.g. http://127.0.0.1:8000")
     parser.add_argument("--api-key", required=True, help="a key of scope runner (or full)")
@@ -317,17 +320,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--concurrency must be at least 1 and --kill-after positive")
     if not shlex.split(args.command):
         parser.error("--command is empty")
+    try:
+        args.url = api_root(args.url)
+    except ValueError as exc:
+        parser.error(str(exc))
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s runner %(levelname)s %(message)s")
-    # Traces: on when OTEL_EXPORTER_OTLP_ENDPOINT is set (the runner reads the OTEL_*
-    # variables as the server's settings do, through config.env).
-    env = Env()
-    otel.setup(otel.read(env, "orchestrator-runner"), "runner")
-    env.raise_if_invalid()
+    tracing.setup("orchestrator-runner", "runner")
     runner = Runner(
         url=args.url,
         api_key=args.api_key,
@@ -351,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runner.run()
     finally:
-        otel.flush()
+        tracing.flush()
     return 0
 
 

@@ -469,7 +469,7 @@ def _apply(runner: Runner, job: RunnerJob, report: Report) -> RunnerJob:
 def _trace_wait(job: RunnerJob) -> None:
     """The step's wait for its runner job, a span under the step's attempt from the
     job's creation to its end (emitted at commit); the runner's own span for the job is
-    its sibling (orchestrator/runner.py)."""
+    its sibling (orchestrator_client/runner.py)."""
     attributes = {
         "orchestrator.run.id": str(job.run_id),
         "orchestrator.step.id": job.step_id,

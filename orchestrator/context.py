@@ -11,6 +11,7 @@ the executor can redact them from whatever the attempt leaves behind.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from billing.secrets import SecretUnreadable, secret_values
@@ -42,6 +43,19 @@ class StepContext:
         self._run: Run | None = None
         # name -> value of every secret resolved for this attempt, to be redacted.
         self.secrets_used: dict[str, str] = {}
+
+    def without_secrets(self, where: str) -> Callable[[Reference], Any]:
+        """This resolver with ``secrets`` refused: what ``where`` renders is stored and
+        shown (a cache key, a rate limit's key, a wait's time), or a condition, whose
+        error message must not quote a value (runs/plan/ refuses secrets in all of them;
+        this holds for a plan it did not check)."""
+
+        def resolve(ref: Reference) -> Any:
+            if ref[0] == "secrets":
+                raise UnresolvedReference(f"secrets cannot be used in {where}", ref)
+            return self(ref)
+
+        return resolve
 
     def _get_run(self) -> Run:
         if self._run is None:

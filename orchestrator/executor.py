@@ -34,7 +34,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any, BinaryIO
@@ -53,14 +53,13 @@ from common import logcontext, metrics, tracing
 from common.connections import discard_interrupted_connection
 from common.expressions import ExpressionError, parsed
 from common.redaction import redact, redact_text, redactable, redacting
-from common.templates import Reference, TemplateError, UnresolvedReference
+from common.templates import TemplateError, UnresolvedReference
 from common.text import storable_text, unstorable_string
 from common.tools import registry
 from common.tools.base import Tool, ToolContext, ToolError
-from orchestrator import rate_limit_asks, step_spans
+from orchestrator import asks, step_spans
 from orchestrator.context import StepContext, render_params
 from orchestrator.lease_keeper import Held, give_back_slot, hand_back, lease_keeper
-from orchestrator.reuse import borrowed, remember
 from orchestrator.transport import CeleryTransport, serving
 from orchestrator_client.tools.context import with_artifacts
 from runs.admission import fairness
@@ -147,15 +146,12 @@ def execute_step(step_id: int, *, worker: str = "", task_id: str = "") -> str:
             logcontext.add(attempt=attempt)
             began = time.monotonic()
             with step_spans.attempt(step, attempt) as span:
-                borrowing = borrowed(step, attempt)
-                refusal = borrowing.outcome
-                if refusal is None:
-                    verdict, refusal = rate_limit_asks.ask(step, attempt, span)
-                    if verdict == rate_limit_asks.WAIT:
-                        return "waiting"
-                outcome = refusal or run_attempt(step, attempt)
+                asked = asks.before_tool(step, attempt, span)
+                if asked.waits:
+                    return "waiting"
+                outcome = asked.outcome or run_attempt(step, attempt)
                 applied, _ = _record(step, attempt, outcome)
-                remember(step, borrowing, outcome, applied)
+                asks.remember(step, asked, outcome, applied)
                 step_spans.finished(span, step, outcome, applied)
             _measure(step, outcome, time.monotonic() - began, applied)
         finally:
@@ -277,15 +273,13 @@ class _Server:
         ):
             began = time.monotonic()
             with step_spans.attempt(step, attempt) as span:
-                # A reused or cached output: no rate limit spent, no tool run.
-                borrowing = borrowed(step, attempt)
-                refusal = borrowing.outcome
-                if refusal is None:
-                    verdict, refusal = rate_limit_asks.ask(step, attempt, span)
-                    if verdict == rate_limit_asks.WAIT:
-                        self.confirmed = False  # no recording: the batch's next asks first
-                        return True  # it waits for its units without this worker: serve on
-                outcome = refusal or run_time_limited(step, attempt, hard_limits=self.hard_limits)
+                asked = asks.before_tool(step, attempt, span)
+                if asked.waits:
+                    self.confirmed = False  # no recording: the batch's next asks first
+                    return True  # it waits for its time or units without this worker
+                outcome = asked.outcome or run_time_limited(
+                    step, attempt, hard_limits=self.hard_limits
+                )
                 self.served += 1
                 now = time.monotonic()
                 spent = self.served >= settings.ENGINE_BURST_STEPS or now >= self.deadline
@@ -294,7 +288,7 @@ class _Server:
                     claim = self.claim(choose=now >= until, batch=self.batch(now - began))
                 with serving(str(run_id)):
                     applied, after = _record(step, attempt, outcome, claim)
-                remember(step, borrowing, outcome, applied)
+                asks.remember(step, asked, outcome, applied)
                 step_spans.finished(span, step, outcome, applied)
             self.next, self.chosen, self.confirmed = after.claimed, after.chosen, after.running
             if after.held:
@@ -579,7 +573,7 @@ def run_attempt(step: Step, attempt: int) -> Outcome:
     opening = callbacks.new_callback() if step.tool == "callback" else None
     context = StepContext(step, step.run_id, attempt, opening.url if opening else "")
     try:
-        if step.when and not parsed(step.when).truthy(_without_secrets(context)):
+        if step.when and not parsed(step.when).truthy(context.without_secrets("conditions")):
             return Outcome(skipped=True)
     except (ExpressionError, TemplateError, UnresolvedReference) as exc:
         return Outcome(error=ToolError("condition_error", f"when: {exc}", False))
@@ -679,18 +673,6 @@ ARTIFACT_REFUSALS: dict[type[Exception], tuple[str, bool]] = {
     artifact_services.TooManyUploads: ("rate_limited", True),
     artifact_services.StorageUnavailable: ("service_unavailable", True),
 }
-
-
-def _without_secrets(context: StepContext) -> Callable[[Reference], Any]:
-    """The resolver of `when` conditions: runs/plan/ refuses secrets there, and this
-    keeps a value out of a condition's error message even for a plan it did not check."""
-
-    def resolve(ref: Reference) -> Any:
-        if ref[0] == "secrets":
-            raise UnresolvedReference("secrets cannot be used in conditions", ref)
-        return context(ref)
-
-    return resolve
 
 
 def _run_tool(tool: Tool, step: Step, params: dict[str, Any], ctx: ToolContext) -> Outcome:

@@ -17,7 +17,7 @@ its dependents as a step that ran, so templates and `when` conditions downstream
 its output as they would have.
 
 Such a step's output is *borrowed* (its outcome's ``borrowed``: ``reused_from`` or
-``cached_from``); the worker's side of the feature is ``orchestrator.reuse``.
+``cached_from``); the worker's side of the feature is ``orchestrator.asks``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The step cache on the worker's side (orchestrator/reuse.py, runs/reuse.py): an entry
+"""The step cache on the worker's side (orchestrator/asks.py, runs/reuse.py): an entry
 answers only a step of the same rendered params unless the cache says `inputs: false`,
 and there is one entry per organization, tool, key and inputs, the newest. Each step is
 executed in this process, as a worker would (``executor.execute_step``)."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from billing.models import Organization
 from common.tools.base import ToolError
-from orchestrator import rate_limit_asks
+from orchestrator import asks
 from runs import services
 from runs.admission import step_admission
 from runs.engine import control
@@ -162,7 +162,7 @@ class EngineRun:
         or is refused)."""
         attempt = self.claim(name)
         with self._committed():
-            return rate_limit_asks.timer(self.step(name), attempt, None, for_ms)
+            return asks.timer(self.step(name), attempt, None, for_ms)
 
     def record(self, name: str, attempt: int, outcome: Outcome | None = None) -> Step:
         """Record the outcome of an attempt ``claim`` made."""

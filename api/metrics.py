@@ -1,5 +1,5 @@
 """``RequestMetrics`` counts the API's requests by route, method and status for Prometheus
-(``common.metrics``; `GET /metrics` is ``orchestrator.prometheus``)."""
+(``common.metrics``; `GET /metrics` is ``web.prometheus``)."""
 
 from __future__ import annotations
 

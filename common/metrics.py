@@ -1,5 +1,5 @@
 """What processes count for Prometheus (docs/operations.md, Metrics), kept in the
-broker's Redis; the exposition, `GET /metrics`, is ``orchestrator.prometheus``.
+broker's Redis; the exposition, `GET /metrics`, is ``web.prometheus``.
 
 Step attempts by tool and outcome, step duration and queue wait by tool, sweep actions,
 API requests by route and status, doorbells, rate limits' grants and waits, webhook

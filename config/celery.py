@@ -18,6 +18,7 @@ from celery.signals import (
     worker_ready,
     worker_shutdown,
 )
+from django.conf import settings
 from kombu import Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
@@ -33,6 +34,19 @@ QUEUE_WEBHOOKS = "webhooks"
 # What the `worker` processes consume (Procfile, the tests' worker).
 WORKER_QUEUES = (QUEUE_RUNS_HIGH, QUEUE_RUNS_NORMAL, QUEUE_STEPS, QUEUE_SWEEPS)
 ALL_QUEUES = (*WORKER_QUEUES, QUEUE_WEBHOOKS)
+# Beat records its last tick here (orchestrator.beat), and `/healthz` reads it
+# (web.health): the one sign that beat is alive is beat saying so.
+BEAT_TICK_KEY = "orchestrator:beat:last_tick"
+
+
+def queue_keys(queue: str) -> list[str]:
+    """The Redis lists of a queue: kombu keeps one per priority step (the first is the
+    queue's own name). The worker's transport reads the steps queue's depth from them,
+    the dashboard and `GET /metrics` every queue's."""
+    options: dict[str, Any] = settings.CELERY_BROKER_TRANSPORT_OPTIONS
+    sep = options.get("sep", "\x06\x16")
+    return [queue if step == 0 else f"{queue}{sep}{step}" for step in options["priority_steps"]]
+
 
 app = Celery("orchestrator")
 app.config_from_object("django.conf:settings", namespace="CELERY")

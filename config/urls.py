@@ -7,10 +7,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from api.errors import UNKNOWN_ROUTE, JsonErrors, unknown_route
-from orchestrator.dashboard import dashboard_view
-from orchestrator.health import healthz
-from orchestrator.home import favicon_view, home_view
-from orchestrator.prometheus import metrics_view
+from web.dashboard import dashboard_view
+from web.health import healthz
+from web.home import favicon_view, home_view
+from web.prometheus import metrics_view
 
 # The admin's index links to the operators' dashboard (its template extends Django's).
 admin.site.index_template = "admin/orchestrator_index.html"

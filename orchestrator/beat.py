@@ -26,21 +26,14 @@ from django.db import Error as DatabaseError
 from django_celery_beat.schedulers import DatabaseScheduler
 
 from common.stores import broker_redis
+from config.celery import BEAT_TICK_KEY
 from orchestrator.periodic import PERIODIC_PREFIX, Periodic, periodic_tasks
 
 logger = logging.getLogger(__name__)
 
-BEAT_TICK_KEY = "orchestrator:beat:last_tick"
-
 
 def beat_client() -> redis.Redis[bytes]:
     return broker_redis(socket_timeout=2, socket_connect_timeout=2)
-
-
-def beat_last_tick() -> float | None:
-    """Unix time of beat's last recorded tick, or None if it never ticked."""
-    value = beat_client().get(BEAT_TICK_KEY)
-    return float(value) if value is not None else None
 
 
 class TrackingDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]

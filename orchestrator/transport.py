@@ -40,8 +40,7 @@ from redis.exceptions import RedisError
 
 from common import metrics
 from common.stores import broker_redis
-from config.celery import QUEUE_RUNS_HIGH, QUEUE_RUNS_NORMAL, QUEUE_STEPS, app
-from orchestrator.prometheus import queue_keys
+from config.celery import QUEUE_RUNS_HIGH, QUEUE_RUNS_NORMAL, QUEUE_STEPS, app, queue_keys
 from runs.outbox import RunMessage, StepMessage
 from runs.waits.runners import organization_channel, runner_channel
 

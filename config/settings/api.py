@@ -60,7 +60,7 @@ if not 0 < API_STREAM_SEND_TIMEOUT_S <= 300:
 IDEMPOTENCY_TTL_HOURS = env.integer(
     "IDEMPOTENCY_TTL_HOURS", 24, "hours an Idempotency-Key response is kept", minimum=1
 )
-# Prometheus (`GET /metrics`, orchestrator/prometheus.py): it answers only to this bearer
+# Prometheus (`GET /metrics`, web/prometheus.py): it answers only to this bearer
 # token; unset, the endpoint does not exist. `make run` generates one into .data/metrics-token.
 METRICS_TOKEN = env.string(
     "METRICS_TOKEN", "", "bearer token /metrics answers to; empty: no /metrics (404)"

@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "schedules",
     "webhooks",
     "api",
+    "web",
 ]
 
 MIDDLEWARE = [

@@ -17,7 +17,7 @@ HEALTH_BEAT_MAX_AGE = env.integer(
 )
 FLOWER_PORT = env.integer("FLOWER_PORT", 5555, "Flower's HTTP port", minimum=1, maximum=65535)
 FLOWER_ADDRESS = env.string("FLOWER_ADDRESS", "127.0.0.1", "address Flower listens on")
-# Where people reach Flower: the admin dashboard links to it (orchestrator/dashboard.py).
+# Where people reach Flower: the admin dashboard links to it (web/dashboard.py).
 # By default where `make run` starts it; set it when Flower is behind a proxy or listens
 # on every address (0.0.0.0 is no address to browse to). Not FLOWER_*: Flower takes those
 # as its own options (docs/configuration.md).

@@ -11,9 +11,9 @@ from django.test import Client
 
 from runs.models import Step
 from tests import factories
-from tests.api.test_metrics import TOKEN, scrape, value
 from tests.integration.engine_support import submit, wait_for
 from tests.support import wait_until
+from tests.web.test_prometheus import TOKEN, scrape, value
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

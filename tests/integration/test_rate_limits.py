@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from billing.models import Organization
-from orchestrator.prometheus import OrchestratorCollector
 from ratelimits.models import RateGrant
 from runs import services
 from runs.admission import step_admission
@@ -19,6 +18,7 @@ from runs.models import Run, Step
 from tests import factories
 from tests.integration.engine_support import assert_books_balanced, submit, wait_for
 from tests.support import wait_until
+from web.prometheus import OrchestratorCollector
 
 pytestmark = [
     pytest.mark.integration,

@@ -43,7 +43,6 @@ from kombu import Connection
 
 from common import metrics
 from config.celery import app
-from orchestrator import prometheus
 from runs.models import (
     NO_WORKER_OFFERS_TOOL,
     EscalationStatus,
@@ -56,6 +55,7 @@ from runs.models import (
 )
 from runs.states import RUN_TERMINAL, RunStatus, StepStatus
 from runs.waits.runners import is_online
+from web import prometheus
 
 RUNS_WINDOW = timedelta(hours=24)
 FAILURES_WINDOW = timedelta(hours=24)
@@ -251,7 +251,7 @@ class Queues:
 
 def queue_depths() -> Queues:
     """Messages waiting in each Celery queue, read from the broker's lists (one per
-    priority step: ``orchestrator.prometheus``), one pipelined round trip."""
+    priority step: ``config.celery.queue_keys``), one pipelined round trip."""
     options: dict[str, Any] = settings.CELERY_BROKER_TRANSPORT_OPTIONS
     try:
         with metrics.new_client() as client:

@@ -13,14 +13,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from config.celery import WORKER_QUEUES, app
-from orchestrator.beat import beat_client, beat_last_tick
+from common.stores import broker_redis
+from config.celery import BEAT_TICK_KEY, WORKER_QUEUES, app
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +35,19 @@ def check_database() -> dict[str, Any]:
     return {"ok": True}
 
 
+def _broker() -> redis.Redis[bytes]:
+    # Short timeouts: a probe is answered within seconds, whatever the broker does.
+    return broker_redis(socket_timeout=2, socket_connect_timeout=2)
+
+
+def beat_last_tick() -> float | None:
+    """Unix time of beat's last recorded tick, or None if it never ticked."""
+    value = _broker().get(BEAT_TICK_KEY)
+    return float(value) if value is not None else None
+
+
 def check_broker() -> dict[str, Any]:
-    beat_client().ping()
+    _broker().ping()
     return {"ok": True}
 
 

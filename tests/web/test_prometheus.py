@@ -1,4 +1,4 @@
-"""`GET /metrics` (orchestrator/prometheus.py; the counters: common/metrics.py, and
+"""`GET /metrics` (web/prometheus.py; the counters: common/metrics.py, and
 api/metrics.py for the API's requests): only with its bearer token, Prometheus's text
 format (parsed with prometheus_client's own parser), the database's figures and the
 counters processes keep in Redis. With a real worker: tests/integration/test_metrics.py."""

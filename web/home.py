@@ -16,9 +16,7 @@ FAVICON = "orchestrator/favicon.svg"
 
 @require_GET
 def home_view(request: HttpRequest) -> HttpResponse:
-    return TemplateResponse(
-        request, "orchestrator/home.html", {"flower_url": settings.DASHBOARD_FLOWER_URL}
-    )
+    return TemplateResponse(request, "web/home.html", {"flower_url": settings.DASHBOARD_FLOWER_URL})
 
 
 @require_GET

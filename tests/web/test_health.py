@@ -14,10 +14,9 @@ from celery import Celery
 from django.conf import LazySettings as SettingsWrapper
 from django.test import Client
 
-from config.celery import QUEUE_WEBHOOKS
-from orchestrator import health
-from orchestrator.beat import BEAT_TICK_KEY
+from config.celery import BEAT_TICK_KEY, QUEUE_WEBHOOKS
 from tests.support import Child, child_env, free_port, python_cmd, wait_until
+from web import health
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

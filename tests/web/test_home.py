@@ -11,7 +11,7 @@ from django.contrib.staticfiles import finders
 from django.templatetags.static import static
 from django.test import Client
 
-from orchestrator.home import FAVICON
+from web.home import FAVICON
 
 pytestmark = pytest.mark.django_db
 

@@ -1,4 +1,4 @@
-"""The operators' dashboard (orchestrator/dashboard.py, /admin/dashboard/): each figure
+"""The operators' dashboard (web/dashboard.py, /admin/dashboard/): each figure
 from real rows in the test PostgreSQL and a real Redis, the page for staff only, the page
 with the broker down, and (integration) a real worker listed as online."""
 
@@ -21,12 +21,12 @@ from django.urls import reverse
 from django.utils import timezone
 
 from billing.models import Organization
-from config.celery import ALL_QUEUES
-from orchestrator import dashboard, prometheus
+from config.celery import ALL_QUEUES, queue_keys
 from runs.models import EscalationTicket, Run, Runner, Step, StepFailure, Task
 from tests import factories
 from tests.api import states
 from tests.support import ROOT, free_port
+from web import dashboard
 
 pytestmark = pytest.mark.django_db
 
@@ -280,7 +280,7 @@ def test_top_failure_codes_shows_ten_and_counts_every_failure() -> None:
 
 
 def test_queue_depths_are_read_from_the_brokers_lists(quiet_broker: redis.Redis[bytes]) -> None:
-    normal = prometheus.queue_keys("runs.normal")
+    normal = queue_keys("runs.normal")
     quiet_broker.lpush("steps", "a", "b", "c")
     quiet_broker.lpush(normal[0], "x")
     quiet_broker.lpush(normal[-1], "y", "z")  # a lower priority's own list

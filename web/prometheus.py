@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from common import eventstreams, metrics
-from config.celery import ALL_QUEUES
+from config.celery import ALL_QUEUES, queue_keys
 
 logger = logging.getLogger(__name__)
 # The hashes processes count in, in the order the scrape reads them.
@@ -272,11 +272,3 @@ def queue_depths_in(answers: Sequence[int]) -> dict[str, int]:
         depths[queue] = sum(answers[index : index + count])
         index += count
     return depths
-
-
-def queue_keys(queue: str) -> list[str]:
-    """The Redis lists of a queue: kombu keeps one per priority step (the first is the
-    queue's own name)."""
-    options: dict[str, Any] = settings.CELERY_BROKER_TRANSPORT_OPTIONS
-    sep = options.get("sep", "\x06\x16")
-    return [queue if step == 0 else f"{queue}{sep}{step}" for step in options["priority_steps"]]

@@ -25,12 +25,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from api.authentication import organization_of
+from api.base import ApiView, page_response, validated
 from api.errors import LIST_ERRORS, READ_ERRORS, WRITE_ERRORS, error_responses
 from api.idempotency import idempotent
 from api.pagination import PageQuery, paginated
 from api.parsers import PayloadTooLarge
 from api.serializers import InputSerializer, StrictCharField
-from api.views import ApiView, page_response, validated
 from artifacts import selectors, services
 from artifacts.models import Artifact
 

@@ -14,10 +14,11 @@ from rest_framework.response import Response
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
 from api.authentication import organization_of
+from api.base import ApiView, page_response, validated
 from api.errors import LIST_ERRORS, READ_ERRORS, RETRY_AFTER_PARAMETER, error_responses
 from api.pagination import PageQuery, paginated
 from api.parsers import AnyStringJSONParser
-from api.query import filter_parameters
+from api.query_parameters import filter_parameters
 from api.runners import polls_held
 from api.serializers import (
     BalanceOutput,
@@ -25,7 +26,6 @@ from api.serializers import (
     LedgerEntryOutput,
     StrictCharField,
 )
-from api.views import ApiView, page_response, validated
 from artifacts.selectors import artifacts_held
 from billing import quotas
 from billing.filters import LedgerFilter

@@ -19,10 +19,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from api.authentication import client_of
+from api.base import POST_PARAMETERS, ApiView, validated
 from api.errors import WRITE_ERRORS, error_body, error_responses
 from api.idempotency import idempotent
 from api.serializers import InputSerializer
-from api.views import POST_PARAMETERS, ApiView, validated
 from common.text import unstorable_string
 from runs import selectors
 from runs.waits import callbacks

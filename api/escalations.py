@@ -15,11 +15,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from api.authentication import client_of, organization_of
+from api.base import ApiView, page_response, validated
 from api.errors import LIST_ERRORS, WRITE_ERRORS, error_responses
 from api.idempotency import idempotent
 from api.pagination import PageQuery, paginated
 from api.serializers import InputSerializer, StrictCharField
-from api.views import ApiView, page_response, validated
 from runs.models import EscalationReason, EscalationStatus, EscalationTicket, Resolution, Severity
 from runs.people import escalations
 

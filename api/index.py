@@ -17,7 +17,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from api.views import ApiView
+from api.base import ApiView
 
 
 def collections() -> dict[str, str]:

@@ -13,10 +13,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from api.authentication import organization_of
+from api.base import ApiView, page_response, validated
 from api.errors import LIST_ERRORS, READ_ERRORS, RETRY_AFTER_PARAMETER, error_responses
 from api.pagination import PageQuery, paginated
 from api.serializers import InputSerializer, StrictCharField, StrictIntegerField
-from api.views import ApiView, page_response, validated
 from ratelimits.models import MAX_LIMIT, MAX_PERIOD_MS
 from ratelimits.selectors import rate_limit_get, rate_limit_list
 from runs.admission.step_admission import rate_limit_delete, rate_limit_put

@@ -15,9 +15,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from api.authentication import client_of
+from api.base import POST_PARAMETERS, ApiView, validated
 from api.errors import WRITE_ERRORS, error_responses
 from api.idempotency import idempotent
 from api.parsers import BoundedJSONParser, BoundedYAMLParser
+from api.runs import TAG_RUNS, detail_response
 from api.schema import PlanField
 from api.serializers import (
     InputSerializer,
@@ -26,7 +28,6 @@ from api.serializers import (
     StrictCharField,
     credits_field,
 )
-from api.views import POST_PARAMETERS, TAG_RUNS, ApiView, detail_response, validated
 from runs import forks, reuse, selectors
 from runs.engine.start import run_start
 from runs.plan.fields import CACHE_KEY_MAX_LENGTH

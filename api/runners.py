@@ -25,11 +25,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from api.authentication import OrganizationSuspended, client_of, organization_of
+from api.base import ApiView, list_schema, page_response, validated
 from api.errors import LIST_ERRORS, WRITE_ERRORS, error_responses
 from api.idempotency import idempotent
 from api.pagination import PageQuery, paginated
 from api.serializers import EmptyInput, InputSerializer, StrictBooleanField, StrictCharField
-from api.views import ApiView, list_schema, page_response, validated
 from billing import quotas
 from billing.selectors import ORGANIZATION_SUSPENDED
 from common import leases

@@ -21,14 +21,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from api.authentication import client_of, organization_of
+from api.base import ApiView, page_response, validated
 from api.errors import LIST_ERRORS, READ_ERRORS, WRITE_ERRORS, error_responses
 from api.idempotency import IDEMPOTENCY_PARAMETER, REPLAYED_PARAMETER, idempotent
 from api.pagination import PageQuery, paginated
 from api.parsers import BoundedJSONParser, BoundedYAMLParser, plan_size_hint
-from api.query import filter_parameters
+from api.query_parameters import filter_parameters
 from api.schema import PlanField
 from api.serializers import EmptyInput, InputSerializer, StrictCharField
-from api.views import ApiView, page_response, validated
 from runs.plan import format_duration_ms
 from runs.plan.durations import DURATION_HELP, DURATION_RE
 from runs.states import RunStatus

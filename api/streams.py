@@ -69,8 +69,8 @@ from rest_framework.request import Request
 from rest_framework.utils.encoders import JSONEncoder
 
 from api.authentication import client_of
+from api.base import ApiView
 from api.serializers import EventOutput
-from api.views import ApiView
 from billing import quotas
 from billing.selectors import key_refused
 from common import eventstreams

@@ -12,9 +12,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from api.authentication import organization_of
+from api.base import ApiView, page_response
 from api.errors import LIST_ERRORS, error_responses
 from api.pagination import PageQuery, paginated
-from api.views import ApiView, page_response
 from runs import catalogue
 from runs.models import PublishedTool
 

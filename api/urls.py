@@ -7,10 +7,11 @@ from django.urls import path
 from api import artifacts as artifact_api
 from api import callbacks as callback_api
 from api import escalations as escalation_api
-from api import index, streams, views
+from api import index, streams
 from api import ratelimits as rate_limit_api
 from api import reuse as reuse_api
 from api import runners as runner_api
+from api import runs as run_api
 from api import schedules as schedule_api
 from api import tools as tool_api
 from api import webhooks as webhook_api
@@ -20,22 +21,22 @@ app_name = "api"
 
 urlpatterns = [
     path("", index.ApiIndexApi.as_view(), name="index"),
-    path("runs", views.RunsApi.as_view(), name="runs"),
-    path("runs/<uuid:run_id>", views.RunApi.as_view(), name="run"),
-    path("runs/<uuid:run_id>/start", views.RunStartApi.as_view(), name="run-start"),
-    path("runs/<uuid:run_id>/cancel", views.RunCancelApi.as_view(), name="run-cancel"),
-    path("runs/<uuid:run_id>/pause", views.RunPauseApi.as_view(), name="run-pause"),
-    path("runs/<uuid:run_id>/resume", views.RunResumeApi.as_view(), name="run-resume"),
-    path("runs/<uuid:run_id>/retry", views.RunRetryApi.as_view(), name="run-retry"),
+    path("runs", run_api.RunsApi.as_view(), name="runs"),
+    path("runs/<uuid:run_id>", run_api.RunApi.as_view(), name="run"),
+    path("runs/<uuid:run_id>/start", run_api.RunStartApi.as_view(), name="run-start"),
+    path("runs/<uuid:run_id>/cancel", run_api.RunCancelApi.as_view(), name="run-cancel"),
+    path("runs/<uuid:run_id>/pause", run_api.RunPauseApi.as_view(), name="run-pause"),
+    path("runs/<uuid:run_id>/resume", run_api.RunResumeApi.as_view(), name="run-resume"),
+    path("runs/<uuid:run_id>/retry", run_api.RunRetryApi.as_view(), name="run-retry"),
     path("runs/<uuid:run_id>/fork", reuse_api.RunForkApi.as_view(), name="run-fork"),
     path("cache/invalidate", reuse_api.CacheInvalidateApi.as_view(), name="cache-invalidate"),
     path("runs/<uuid:run_id>/callback", callback_api.RunCallbackApi.as_view(), name="run-callback"),
-    path("runs/<uuid:run_id>/approve", views.RunApproveApi.as_view(), name="run-approve"),
-    path("runs/<uuid:run_id>/reject", views.RunRejectApi.as_view(), name="run-reject"),
-    path("runs/<uuid:run_id>/agents", views.RunAgentsApi.as_view(), name="run-agents"),
-    path("runs/<uuid:run_id>/tasks", views.RunTasksApi.as_view(), name="run-tasks"),
-    path("runs/<uuid:run_id>/steps", views.RunStepsApi.as_view(), name="run-steps"),
-    path("runs/<uuid:run_id>/events", views.RunEventsApi.as_view(), name="run-events"),
+    path("runs/<uuid:run_id>/approve", run_api.RunApproveApi.as_view(), name="run-approve"),
+    path("runs/<uuid:run_id>/reject", run_api.RunRejectApi.as_view(), name="run-reject"),
+    path("runs/<uuid:run_id>/agents", run_api.RunAgentsApi.as_view(), name="run-agents"),
+    path("runs/<uuid:run_id>/tasks", run_api.RunTasksApi.as_view(), name="run-tasks"),
+    path("runs/<uuid:run_id>/steps", run_api.RunStepsApi.as_view(), name="run-steps"),
+    path("runs/<uuid:run_id>/events", run_api.RunEventsApi.as_view(), name="run-events"),
     path(
         "runs/<uuid:run_id>/events/stream",
         streams.RunEventsStreamApi.as_view(),

@@ -20,6 +20,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from api.authentication import client_of, organization_of
+from api.base import ApiView, page_response, validated
 from api.errors import (
     LIST_ERRORS,
     READ_ERRORS,
@@ -35,7 +36,6 @@ from api.idempotency import (
 )
 from api.pagination import PageQuery, paginated
 from api.serializers import EmptyInput, InputSerializer, StrictBooleanField, StrictCharField
-from api.views import ApiView, page_response, validated
 from webhooks import selectors, services
 from webhooks.models import (
     DESCRIPTION_MAX_LENGTH,

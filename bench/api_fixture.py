@@ -46,7 +46,7 @@ def urlconf() -> types.ModuleType:
     from rest_framework.request import Request
     from rest_framework.response import Response
 
-    from api.views import ApiView
+    from api.base import ApiView
     from config import urls
 
     class FloorApi(ApiView):

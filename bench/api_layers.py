@@ -32,8 +32,8 @@ LAYERS: tuple[tuple[str, str, str], ...] = (
      "check_throttles)"),
     ("idempotency", "idem", "the Idempotency-Key's claim, fingerprint, stored response and "
      "completion (api.idempotency's functions)"),
-    ("validation", "valid", "query and body: parsing and input serializers (api.query, "
-     "api.parsers, api.views.validated; DRF's Request._parse)"),
+    ("validation", "valid", "query and body: parsing and input serializers (api.query_parameters, "
+     "api.parsers, api.base.validated; DRF's Request._parse)"),
     ("services", "svc", "services and selectors (runs.services, runs.selectors, "
      "runs.people.approvals, billing.selectors, billing.secrets, api.pagination's page queries), "
      "the view's transaction and its after-commit work"),
@@ -274,12 +274,13 @@ def _install(patches: Patches) -> None:
     from rest_framework.response import Response
     from rest_framework.views import APIView
 
+    import api.base
     import api.idempotency
     import api.pagination
     import api.parsers
-    import api.query
+    import api.query_parameters
+    import api.runs
     import api.serializers
-    import api.views
     import billing.secrets
     import billing.selectors
     import common.logcontext
@@ -315,12 +316,12 @@ def _install(patches: Patches) -> None:
         ),
     )
     patches.replace(api.idempotency, "transaction", TimedTransactions(ledger, transaction))
-    patches.replace(api.views, "transaction", TimedTransactions(ledger, transaction))
+    patches.replace(api.runs, "transaction", TimedTransactions(ledger, transaction))
     # validation
     patches.method(Request, "_parse", "validation")
-    patches.module(api.query, "validation", names=("checked_query",))
+    patches.module(api.query_parameters, "validation", names=("checked_query",))
     patches.module(api.parsers, "validation", names=("refuse_if_too_large", "plan_size_hint"))
-    patches.module(api.views, "validation", names=("validated",))
+    patches.module(api.base, "validation", names=("validated",))
     # services and selectors
     for module in (
         runs.services,
@@ -344,7 +345,7 @@ def _install(patches: Patches) -> None:
             timed(patches.ledger, "serializers", function)
         )
         patches.replace(api.serializers.FastOutput, name, wrapper)
-    patches.module(api.views, "serializers", names=("written",))
+    patches.module(api.base, "serializers", names=("written",))
     patches.method(JSONRenderer, "render", "serializers")
     # log context, metrics
     bound = common.logcontext.bound
@@ -356,7 +357,7 @@ def _install(patches: Patches) -> None:
     patches.method(common.logcontext, "add", "logcontext")
     patches.method(common.metrics, "api_request", "metrics")
     # DRF's dispatch
-    patches.method(api.views.ApiView, "dispatch", "drf")
+    patches.method(api.base.ApiView, "dispatch", "drf")
     patches.method(APIView, "dispatch", "drf")
     # the connection, its commits and after-commit work
     wrapper_class = type(connections[connection.alias])

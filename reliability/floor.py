@@ -2,7 +2,7 @@
 
 ``FloorApi`` answers ``GET /api/v1/load-floor`` with the caller's organization, read by
 primary key: one row, through everything every API request goes through (gunicorn, the
-middleware, ``api.views.ApiView``: API-key authentication, scopes, throttling, the query
+middleware, ``api.base.ApiView``: API-key authentication, scopes, throttling, the query
 check, the JSON renderer) and nothing of the API's own logic. `make load` measures it
 beside the reads and the mix, on the same gunicorn, so that their requests/s read as a
 fraction of what Django, DRF and authentication allow on this machine.
@@ -19,7 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from api.authentication import organization_of
-from api.views import ApiView
+from api.base import ApiView
 from billing.models import Organization
 from config.urls import handler404, handler500
 from config.urls import urlpatterns as public_urlpatterns

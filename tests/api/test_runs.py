@@ -10,7 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from api.views import EXAMPLE_CREATE
+from api.runs import EXAMPLE_CREATE
 from billing.models import LedgerEntry
 from runs import services
 from runs.engine import control

@@ -64,6 +64,6 @@ def test_no_description_speaks_of_the_code(document: dict[str, Any]) -> None:
 
 
 def test_the_check_would_see_the_docstring_that_once_leaked() -> None:
-    from api.views import ApiView
+    from api.base import ApiView
 
     assert INTERNAL.search(ApiView.__doc__ or "")

@@ -1,20 +1,16 @@
-"""The runs API: one method per operation, each validating its input and calling one
-service or selector.
-
-Every query goes through the caller's organization (``organization_of``): another
-organization's run is "not found" (404) for every method and action, never 403.
-Every POST is idempotent under an `Idempotency-Key` (``@idempotent``).
+"""The runs API (`/api/v1/runs...`): create, list and read runs, their control actions
+(start, cancel, pause, resume, retry, approve, reject) and their agents, tasks, steps
+and events; one method per operation, each validating its input and calling one service
+or selector. Another organization's run is "not found" (404), never 403.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
-from typing import Any, ClassVar, TypeVar
+from typing import Any
 from uuid import UUID
 
 from django.db import transaction
-from django.http import QueryDict
 from django.urls import reverse
 from drf_spectacular.utils import (
     OpenApiExample,
@@ -22,13 +18,12 @@ from drf_spectacular.utils import (
     OpenApiResponse,
     extend_schema,
 )
-from opentelemetry.trace import SpanKind
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from api.authentication import ApiClient, client_of, organization_of
+from api.authentication import client_of, organization_of
+from api.base import POST_PARAMETERS, ApiView, Handler, list_schema, page_response, validated
 from api.errors import (
     LIST_ERRORS,
     READ_ERRORS,
@@ -36,7 +31,7 @@ from api.errors import (
     WRITE_ERRORS,
     error_responses,
 )
-from api.idempotency import IDEMPOTENCY_PARAMETER, REPLAYED_PARAMETER, idempotent
+from api.idempotency import idempotent
 from api.pagination import (
     Cursor,
     CursorQuery,
@@ -51,16 +46,14 @@ from api.parsers import (
     BoundedJSONParser,
     BoundedYAMLParser,
     plan_size_hint,
-    refuse_if_too_large,
 )
-from api.query import CommaSeparatedChoices, NoQuery, checked_query, filter_parameters
+from api.query_parameters import CommaSeparatedChoices, filter_parameters
 from api.schema import PlanField
 from api.serializers import (
     AgentOutput,
     ApprovalOutput,
     EmptyInput,
     EventOutput,
-    FastOutput,
     InputSerializer,
     RunDetailOutput,
     RunOutput,
@@ -70,8 +63,7 @@ from api.serializers import (
     StrictIntegerField,
     TaskOutput,
 )
-from common import logcontext, tracing
-from common.filters import MAX_BIGINT, StrictFilterSet
+from common.filters import MAX_BIGINT
 from runs import selectors, services
 from runs.engine.start import run_start
 from runs.filters import AgentFilter, EventFilter, StepFilter, TaskFilter
@@ -110,7 +102,6 @@ EXAMPLE_CREATE = {
     "start": True,
 }
 
-POST_PARAMETERS = [IDEMPOTENCY_PARAMETER, REPLAYED_PARAMETER, RETRY_AFTER_PARAMETER]
 LOCATION_PARAMETER = OpenApiParameter(
     name="Location",
     type=str,
@@ -126,100 +117,9 @@ StepPage = paginated(StepOutput, "PaginatedStepList")
 EventPage = cursor_paginated(EventOutput, "CursorPaginatedEventList")
 
 
-def validated(serializer_class: type[serializers.Serializer[Any]], data: Any) -> dict[str, Any]:
-    serializer = serializer_class(data=data)
-    serializer.is_valid(raise_exception=True)
-    return dict(serializer.validated_data)
-
-
-def written(output: Any, rows: list[Any]) -> Any:
-    """A page's rows as ``output`` (a serializer class, or a callable making one with its
-    context) writes them: a FastOutput the short way."""
-    if isinstance(output, type) and issubclass(output, FastOutput):
-        return output.rows(rows)
-    return output(rows, many=True).data
-
-
-def page_response(request: Request, rows: Any, params: dict[str, Any], output: Any) -> Response:
-    envelope, page = paginate(
-        request, rows, page=params.get("page"), page_size=params.get("page_size")
-    )
-    return Response({**envelope, "results": written(output, page)})
-
-
 def detail_response(request: Request, run_id: UUID, status: int = 200) -> Response:
     detail = selectors.run_detail(organization=organization_of(request), run_id=run_id)
     return Response(RunDetailOutput.row(detail), status=status)
-
-
-# A route's parameter in Django's syntax (`<uuid:run_id>`, `<token>`).
-_PARAMETER = re.compile(r"<(?:\w+:)?(\w+)>")
-
-
-def route_template(request: Any) -> str:
-    """The route the request matched, as a template: `/api/v1/callbacks/{token}`, what
-    a trace may carry (the path may hold a credential); "/" when none matched."""
-    route = getattr(getattr(request, "resolver_match", None), "route", "") or ""
-    return "/" + _PARAMETER.sub(r"{\1}", route)
-
-
-class ApiView(APIView):
-    """Authentication, throttling, parsing and errors come from REST_FRAMEWORK settings.
-
-    ``queries`` names the query parameters each method accepts besides filters (none by
-    default; a list's pagination), and ``filterset`` the filters of a GET list, which its
-    selector applies. Both are checked after authentication and throttling and before
-    anything is looked up (``api.query.checked_query``): the former validated into
-    ``self.query``, the latter kept as sent in ``self.filters``, for the selector, and
-    as the FilterSet cleans them in ``self.filter_values``, for a selector that applies
-    them in a statement of its own.
-    """
-
-    queries: ClassVar[dict[str, type[serializers.Serializer[Any]]]] = {}
-    filterset: ClassVar[type[StrictFilterSet] | None] = None
-    large_body: ClassVar[bool] = False
-    query: dict[str, Any]
-    filters: QueryDict
-    filter_values: dict[str, Any]
-
-    def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        # The request's log lines name the run it is about, and (once its key is known)
-        # the organization (common.logcontext).
-        with logcontext.bound(run_id=kwargs.get("run_id")):
-            if not tracing.enabled:
-                return super().dispatch(request, *args, **kwargs)
-            # The request's span: a trace's root, or a child of the client's
-            # `traceparent`; a run it creates keeps it (docs/observability.md). It
-            # names the route's template, never the path: a callback's token is in it.
-            route = route_template(request)
-            with tracing.span(
-                f"{request.method} {route}",
-                parent_context=tracing.from_headers(request.META),
-                kind=SpanKind.SERVER,
-                attributes={"http.request.method": request.method or "", "http.route": route},
-            ) as span:
-                response = super().dispatch(request, *args, **kwargs)
-                span.set_attribute("http.response.status_code", response.status_code)
-                if response.status_code >= 500:
-                    tracing.failed(span, str(response.status_code))
-                return response
-
-    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
-        super().initial(request, *args, **kwargs)
-        client = getattr(request, "user", None)
-        if isinstance(client, ApiClient):
-            logcontext.add(organization_id=client.api_key.organization_id)
-        method = (request.method or "").lower()
-        # Other methods' bodies are never read; a view taking files sets its own limit.
-        if method in ("post", "put", "patch") and not self.large_body:
-            refuse_if_too_large(request.META.get("CONTENT_LENGTH"))
-        filterset = self.filterset if method == "get" else None
-        self.query, self.filters, self.filter_values = checked_query(
-            request, self.queries.get(method, NoQuery), filterset
-        )
-
-
-Handler = TypeVar("Handler", bound=Callable[..., Response])
 
 
 def action_schema(
@@ -533,28 +433,13 @@ class RunRejectApi(ApiView):
 
 
 # --------------------------------------------------------------------------- hierarchy
-def list_schema(
-    summary: str,
-    query: Any,
-    filterset: type[StrictFilterSet],
-    page: Any,
-    operation_id: str,
-    tag: str = TAG_RUNS,
-) -> Callable[[Handler], Handler]:
-    return extend_schema(
-        tags=[tag],
-        summary=summary,
-        operation_id=operation_id,
-        parameters=[query, *filter_parameters(filterset), RETRY_AFTER_PARAMETER],
-        responses={200: page, **error_responses(*LIST_ERRORS)},
-    )
-
-
 class RunAgentsApi(ApiView):
     queries = {"get": PageQuery}
     filterset = AgentFilter
 
-    @list_schema("List a run's agents", PageQuery, AgentFilter, AgentPage, "runs_agents")
+    @list_schema(
+        "List a run's agents", PageQuery, AgentFilter, AgentPage, "runs_agents", tag=TAG_RUNS
+    )
     def get(self, request: Request, run_id: UUID) -> Response:
         """The agents of one attempt of the run (the current one unless `attempt` says)."""
         run = selectors.run_get(organization=organization_of(request), run_id=run_id)
@@ -566,7 +451,7 @@ class RunTasksApi(ApiView):
     queries = {"get": PageQuery}
     filterset = TaskFilter
 
-    @list_schema("List a run's tasks", PageQuery, TaskFilter, TaskPage, "runs_tasks")
+    @list_schema("List a run's tasks", PageQuery, TaskFilter, TaskPage, "runs_tasks", tag=TAG_RUNS)
     def get(self, request: Request, run_id: UUID) -> Response:
         """The tasks of one attempt of the run (the current one unless `attempt` says)."""
         run = selectors.run_get(organization=organization_of(request), run_id=run_id)
@@ -578,7 +463,7 @@ class RunStepsApi(ApiView):
     queries = {"get": PageQuery}
     filterset = StepFilter
 
-    @list_schema("List a run's steps", PageQuery, StepFilter, StepPage, "runs_steps")
+    @list_schema("List a run's steps", PageQuery, StepFilter, StepPage, "runs_steps", tag=TAG_RUNS)
     def get(self, request: Request, run_id: UUID) -> Response:
         """The steps of one attempt of the run (the current one unless `attempt` says), with
         their output, error and cost."""
@@ -598,7 +483,9 @@ class RunEventsApi(ApiView):
     queries = {"get": CursorQuery}
     filterset = EventFilter
 
-    @list_schema("List a run's events", CursorQuery, EventFilter, EventPage, "runs_events")
+    @list_schema(
+        "List a run's events", CursorQuery, EventFilter, EventPage, "runs_events", tag=TAG_RUNS
+    )
     def get(self, request: Request, run_id: UUID) -> Response:
         """The run's history, oldest first: transitions, retries, charges, approvals.
         Pages by cursor: follow `next` until it is null (no `count`, no `page`)."""

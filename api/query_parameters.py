@@ -133,7 +133,9 @@ def _schema(filter_: django_filters.Filter) -> tuple[dict[str, Any], str]:
         if field.max_length is not None:
             schema["maxLength"] = field.max_length
         return schema, ""
-    raise TypeError(f"no OpenAPI schema for {type(field).__name__}: teach api.query._schema")
+    raise TypeError(
+        f"no OpenAPI schema for {type(field).__name__}: teach api.query_parameters._schema"
+    )
 
 
 def filter_parameters(filterset_class: type[StrictFilterSet]) -> list[OpenApiParameter]:

@@ -211,14 +211,16 @@ class RunsApi(ApiView):
         length = None if "yaml" in request.content_type else request.META.get("CONTENT_LENGTH")
         size_hint = plan_size_hint(data["plan"], length)
         with transaction.atomic():
-            run = services.run_create(
+            run, plan = services.run_create_checked(
                 organization=client.organization,
                 plan=data["plan"],
                 actor=client.actor,
                 size_hint=size_hint,
             )
             if data["start"]:
-                run_start(run_id=run.pk, organization=client.organization, actor=client.actor)
+                run_start(
+                    run_id=run.pk, organization=client.organization, actor=client.actor, plan=plan
+                )
         if data["start"]:
             response = detail_response(request, run.pk, status=201)
         else:  # just created: its detail is the row in hand (no re-read, make profile-api)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from django.db import connection, transaction
@@ -223,6 +223,29 @@ def run_create(
     The run keeps ``plan`` exactly as submitted; its parsed form (defaults filled in) is
     derived from it again when a worker materialises the run.
     """
+    return run_create_checked(
+        organization=organization, plan=plan, actor=actor, size_hint=size_hint, parent=parent
+    ).run
+
+
+class Created(NamedTuple):
+    """A run ``run_create_checked`` stored, and its plan as it checked it in full."""
+
+    run: Run
+    plan: Plan
+
+
+def run_create_checked(
+    *,
+    organization: Organization,
+    plan: Any,
+    actor: str = "system",
+    size_hint: int | None = None,
+    parent: ChildOf | None = None,
+) -> Created:
+    """``run_create``, answering the typed plan with the run: a caller that starts the
+    run in the same transaction hands it to ``run_start`` (``plan``), and the request
+    reads its plan once."""
     parsed = parse_plan(
         plan, size_hint=size_hint, tools=catalogue.OrganizationCatalogue(organization.pk)
     )
@@ -273,7 +296,7 @@ def run_create(
             message=f"run created with {parsed.step_count} steps",
             payload={"priority": parsed.priority, "steps": parsed.step_count},
         )
-        return run
+        return Created(run, parsed)
 
 
 def concurrency_of(plan: Plan) -> tuple[str, int]:

@@ -477,10 +477,10 @@ def _cancel_previous(schedule: Schedule, fire: ScheduleFire) -> None:
 def _start_run(schedule: Schedule) -> Run:
     """Create and start the schedule's run, as ``POST /runs`` with ``start`` does."""
     actor = _actor_of(schedule)
-    run = run_services.run_create(
+    run, plan = run_services.run_create_checked(
         organization=schedule.organization, plan=run_plan(schedule), actor=actor
     )
-    return run_start(run_id=run.pk, organization=schedule.organization, actor=actor)
+    return run_start(run_id=run.pk, organization=schedule.organization, actor=actor, plan=plan)
 
 
 # What refuses a scheduled run without anything being wrong with the schedule's code:

@@ -32,7 +32,9 @@ from runs.engine.dispatch import announce, dispatch, step_from_row
 from runs.engine.propagation import finish_if_done
 from runs.models import Run, RunAttempt
 from runs.outbox import Outbox, RunMessage, enqueue_run_message
-from runs.plan import Limits, Plan, PlanInvalid
+from runs.plan import Limits, Plan
+from runs.plan.checks import check_plan
+from runs.plan.guard import refused_whole
 from runs.plan.model import read_plan
 from runs.reservation import plan_reservation
 from runs.states import RUN_TERMINAL, RunStatus
@@ -41,14 +43,21 @@ from runs.transitions import transition
 
 @transaction.atomic
 def run_start(
-    *, run_id: services.RunId, organization: Organization | None = None, actor: str = "system"
+    *,
+    run_id: services.RunId,
+    organization: Organization | None = None,
+    actor: str = "system",
+    plan: Plan | None = None,
 ) -> Run:
     """CREATED -> PENDING, then RUNNING at once when admitted with a small plan, else a
     pick-up asked for (module doc). Started already (pending, running or any state its
     start led to, short of a terminal one): returned unchanged. Too little available:
     InsufficientCredits, and the whole transaction rolls back, so the run stays CREATED.
+
+    ``plan``: the run's plan as ``services.run_create_checked`` checked it in this
+    transaction, not read again; None: read from the run (``stored_plan``).
     """
-    starting = run_to_start(run_id=run_id, organization=organization, actor=actor)
+    starting = run_to_start(run_id=run_id, organization=organization, actor=actor, plan=plan)
     if starting.plan is None:
         return starting.run
     if starting.plan.step_count <= settings.ENGINE_START_AT_ONCE_STEPS and run_admission.looks_free(
@@ -61,13 +70,24 @@ def run_start(
     run, plan = pending.run, pending.plan
     if pending.attempt is None or plan is None:
         return run
-    if pending.admitted and plan.step_count <= settings.ENGINE_START_AT_ONCE_STEPS:
+    small = plan.step_count <= settings.ENGINE_START_AT_ONCE_STEPS
+    if pending.admitted and small and _checked(starting):
         # Admitted after all (a place freed since the guess): begun under the locks.
-        checked = _checked(run)
-        if checked is not None:
-            return begin(run, checked, actor, pending.attempt)
+        return begin(run, plan, actor, pending.attempt)
     enqueue_run_message(RunMessage.PICK_UP, run.pk, run.priority)
     return run
+
+
+def _checked(starting: Starting) -> bool:
+    """Whether the run's plan passes every check now, as a pick-up checks it before it
+    begins a run; not for a plan the validator has grown stricter for since its creation,
+    left to the pick-up, which fails the run. Its model was read by ``run_to_start``: what
+    ``parse_plan`` adds is asked here of the same JSON, the whole plan's guard and checks,
+    not the model again."""
+    if starting.checked:
+        return True
+    data, limits = starting.run.plan, Limits.from_settings()
+    return not refused_whole(data, limits, None) and not check_plan(data, limits)
 
 
 class _NotAdmitted(Exception):
@@ -78,15 +98,14 @@ def _begin_then_admit(starting: Starting, actor: str) -> Run | None:
     """Begin the run, then take the organization's locks and ask admission; reserve its
     credits last. None, with nothing written, when admission lets it wait after all or
     its plan must be left to a pick-up: the caller starts it as a waiting run."""
-    run = starting.run
-    checked = _checked(run)
-    if checked is None:
+    run, plan = starting.run, starting.plan
+    if plan is None or not _checked(starting):
         return None
     try:
         with transaction.atomic():  # a savepoint: undone whole when admission says no
             pending = run_start_pending(starting, actor=actor, admitted=True)
             assert pending.attempt is not None
-            begin(run, checked, actor, pending.attempt)
+            begin(run, plan, actor, pending.attempt)
             # Ended as it began (nothing to run): its attempt closed and settled a
             # reservation not made yet. Rare; started the general way instead.
             if run.status in RUN_TERMINAL or not run_admission.on_start(run):
@@ -96,16 +115,6 @@ def _begin_then_admit(starting: Starting, actor: str) -> Run | None:
         run.refresh_from_db()
         return None
     return run
-
-
-def _checked(run: Run) -> Plan | None:
-    """The run's plan checked in full, as a pick-up checks it; None for a plan the
-    validator has grown stricter for since its creation: left to the pick-up, which fails
-    the run."""
-    try:
-        return services.plan_of(run)
-    except PlanInvalid:
-        return None
 
 
 def begin(run: Run, plan: Plan, actor: str, attempt: RunAttempt | None = None) -> Run:
@@ -145,13 +154,15 @@ STARTED = frozenset(
 
 @dataclass(frozen=True)
 class Starting:
-    """A run locked for its start (``run_to_start``): its plan as stored and the credits
-    its first attempt reserves. ``plan`` None: the run was started before and is returned
-    as it is."""
+    """A run locked for its start (``run_to_start``): its plan as stored, whether that
+    plan was checked in full in this transaction (handed over by its creation) and the
+    credits its first attempt reserves. ``plan`` None: the run was started before and is
+    returned as it is."""
 
     run: Run
     plan: Plan | None = None
     amount: Decimal = Decimal(0)
+    checked: bool = False
 
 
 @dataclass(frozen=True)
@@ -166,11 +177,16 @@ class Pending:
 
 
 def run_to_start(
-    *, run_id: services.RunId, organization: Organization | None = None, actor: str = "system"
+    *,
+    run_id: services.RunId,
+    organization: Organization | None = None,
+    actor: str = "system",
+    plan: Plan | None = None,
 ) -> Starting:
     """The run locked (in the caller's transaction) and checked for its start: deleted,
     refused; started already (pending, running or any state its start led to, short of a
-    terminal one), returned as it is; a terminal state, refused by the transition table."""
+    terminal one), returned as it is; a terminal state, refused by the transition table.
+    ``plan``: the run's plan checked in full by the caller (``run_start``)."""
     run = services.lock_run(run_id, organization)
     if run.deleted_at is not None:
         raise services.RunDeleted(f"run {run.pk} was deleted")
@@ -181,11 +197,13 @@ def run_to_start(
         return Starting(transition(Run, run.pk, RunStatus.PENDING, actor=actor).obj)
     if tracing.enabled:
         _trace_start(run)
-    plan = stored_plan(run)
+    checked = plan is not None
+    if plan is None:
+        plan = stored_plan(run)
     amount = to_credits(plan_reservation(plan, run.reuse))
     if amount <= 0:
         raise ValueError("a reservation must be positive")
-    return Starting(run, plan, amount)
+    return Starting(run, plan, amount, checked)
 
 
 def run_start_pending(starting: Starting, *, actor: str, admitted: bool | None = None) -> Pending:
@@ -251,8 +269,9 @@ def stored_plan(run: Run) -> Plan:
     """The typed plan of a stored run, for what its start reads of it (the steps, the
     credits to reserve). The plan passed every check when the run was created: its shape
     is read again (the typed plan is built from it), not its whole-plan checks
-    (dependencies, cycles, templates), which the pick-up makes before it writes; a plan
-    whose shape no longer reads is refused in full, as at creation."""
+    (dependencies, cycles, templates), which the pick-up makes before it writes, and a
+    start before it begins the run (``_checked``); a plan whose shape no longer reads is
+    refused in full, as at creation."""
     plan, problems = read_plan(run.plan, Limits.from_settings())
     if problems or plan is None:
         return services.plan_of(run)  # raises PlanInvalid with every problem

@@ -118,6 +118,23 @@ def test_a_plan_over_the_limit_is_left_to_a_workers_pick_up(
     assert at_once.runs == [(RunMessage.PICK_UP, str(run.pk))]
 
 
+def test_a_stored_plan_that_fails_its_checks_now_is_left_to_the_pick_up(
+    at_once: RecordingTransport, django_capture_on_commit_callbacks: Any
+) -> None:
+    run = factories.run(steps=2)
+    # As if the validator grew stricter after the run was created: the plan's shape still
+    # reads (its steps and credits), a whole-plan check fails (two steps of one name).
+    stale = factories.plan(steps=2)
+    stale["agents"][0]["tasks"][0]["steps"][1]["name"] = "step-0"
+    Run.objects.filter(pk=run.pk).update(plan=stale)
+
+    started = start(run, django_capture_on_commit_callbacks)
+
+    assert started.status == "pending"
+    assert not Step.objects.filter(run=run).exists()  # the pick-up fails it, unbegun
+    assert at_once.runs == [(RunMessage.PICK_UP, str(run.pk))]
+
+
 def test_a_run_that_must_wait_for_a_place_is_left_pending(
     at_once: RecordingTransport, django_capture_on_commit_callbacks: Any
 ) -> None:

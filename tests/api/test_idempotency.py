@@ -231,16 +231,16 @@ def test_a_key_of_255_characters_is_accepted(tenant: Tenant) -> None:
 def blocked_create(
     monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[tuple[threading.Event, threading.Event]]:
-    """run_create waits (inside the first request) until the test releases it."""
+    """The run's creation waits (inside the first request) until the test releases it."""
     entered, release = threading.Event(), threading.Event()
-    real = services.run_create
+    real = services.run_create_checked
 
-    def slow(**kwargs: Any) -> Run:
+    def slow(**kwargs: Any) -> services.Created:
         entered.set()
         assert release.wait(30)
         return real(**kwargs)
 
-    monkeypatch.setattr(services, "run_create", slow)
+    monkeypatch.setattr(services, "run_create_checked", slow)
     yield entered, release
     release.set()
 

@@ -116,7 +116,7 @@ class RunForkApi(ApiView):
             }
             return Response(ForkPreviewOutput(preview).data)
         with transaction.atomic():
-            run = forks.run_fork(
+            run, plan = forks.run_fork(
                 run_id=run_id,
                 organization=client.organization,
                 from_path=data["from"],
@@ -125,7 +125,9 @@ class RunForkApi(ApiView):
                 actor=client.actor,
             )
             if data["start"]:
-                run_start(run_id=run.pk, organization=client.organization, actor=client.actor)
+                run_start(
+                    run_id=run.pk, organization=client.organization, actor=client.actor, plan=plan
+                )
         if data["start"]:
             response = detail_response(request, run.pk, status=201)
         else:

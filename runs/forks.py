@@ -20,7 +20,7 @@ from billing.models import Organization
 from billing.services import to_credits
 from common.expressions import parsed
 from common.templates import Template
-from runs import services
+from runs import catalogue, services
 from runs.materialize import wiring
 from runs.models import EventKind, Run
 from runs.plan import Plan, StepPlan, parse_plan
@@ -52,6 +52,9 @@ class Fork:
     reuse: dict[str, dict[str, Any]]
     run: list[str]
     reservation: Decimal
+    # ``plan`` parsed and checked against the organization's tools: the fork's run is
+    # created from it (``run_fork``), and started from it, without reading it again.
+    parsed: Plan
 
 
 def _reached(
@@ -156,7 +159,7 @@ def fork_of(
     # Plan variables that are not an object are parse_plan's to refuse, with their path.
     if variables is not None and isinstance(raw.get("variables", {}), dict):
         raw["variables"] = {**raw.get("variables", {}), **variables}
-    new = parse_plan(raw)
+    new = parse_plan(raw, tools=catalogue.OrganizationCatalogue(source.organization_id))
     again = downstream(new, from_path)
     if again is None:
         raise InvalidFork(f"the plan has no step {from_path!r} (agent.task.step)", [from_path])
@@ -184,7 +187,7 @@ def fork_of(
             sorted(changed),
         )
     runs = [path for path in new_steps if path not in reuse]
-    return Fork(raw, reuse, runs, to_credits(plan_reservation(new, reuse)))
+    return Fork(raw, reuse, runs, to_credits(plan_reservation(new, reuse)), new)
 
 
 def fork_preview(
@@ -211,12 +214,17 @@ def run_fork(
     plan: dict[str, Any] | None = None,
     variables: dict[str, Any] | None = None,
     actor: str = "system",
-) -> Run:
+) -> services.Created:
     """Create (CREATED, not started) the fork of a terminal run from ``from_path``; the
-    source lists it (``Run.forks``) and both runs record the fork in their history."""
+    source lists it (``Run.forks``) and both runs record the fork in their history. With
+    its plan as the fork checked it, for a start in the same transaction (``run_start``'s
+    ``plan``)."""
     source = services.lock_run(run_id, organization)
     fork = fork_of(source, from_path, plan, variables)
-    run = services.run_create(organization=organization, plan=fork.plan, actor=actor)
+    created = services.run_create_checked(
+        organization=organization, plan=fork.plan, actor=actor, parsed=fork.parsed
+    )
+    run = created.run
     Run.objects.filter(pk=run.pk).update(
         reuse=fork.reuse, forked_from_run=source, forked_from_step=from_path
     )
@@ -236,4 +244,4 @@ def run_fork(
         message=f"forked at {from_path} as run {run.pk}",
         payload={"fork": str(run.pk), "step": from_path},
     )
-    return run
+    return created

@@ -242,13 +242,16 @@ def run_create_checked(
     actor: str = "system",
     size_hint: int | None = None,
     parent: ChildOf | None = None,
+    parsed: Plan | None = None,
 ) -> Created:
     """``run_create``, answering the typed plan with the run: a caller that starts the
     run in the same transaction hands it to ``run_start`` (``plan``), and the request
-    reads its plan once."""
-    parsed = parse_plan(
-        plan, size_hint=size_hint, tools=catalogue.OrganizationCatalogue(organization.pk)
-    )
+    reads its plan once. ``parsed``: ``plan`` parsed already against the organization's
+    tools (a fork's), not read again."""
+    if parsed is None:
+        parsed = parse_plan(
+            plan, size_hint=size_hint, tools=catalogue.OrganizationCatalogue(organization.pk)
+        )
     problems = step_admission.plan_problems(organization.pk, parsed)
     if problems:
         raise PlanInvalid(problems)

@@ -16,6 +16,7 @@ from runs import services
 from runs.plan import Plan
 from runs.plan.checks import check_plan
 from tests import factories
+from tests.api import states
 from tests.api.conftest import Tenant
 from tests.schedules.conftest import make_schedule
 
@@ -97,3 +98,21 @@ def test_a_created_run_not_started_reads_its_plan_once(tenant: Tenant) -> None:
 
     assert response.status_code == 201, response.json()
     assert reads.counts == (1, 1)
+
+
+@START_PATHS
+def test_forking_and_starting_a_run_reads_the_forks_plan_once(
+    tenant: Tenant, settings: LazySettings, at_once_steps: int
+) -> None:
+    settings.ENGINE_START_AT_ONCE_STEPS = at_once_steps
+    source = states.failed(tenant.organization)
+
+    with plan_reads() as reads:
+        response = tenant.post(
+            f"/api/v1/runs/{source.pk}/fork", {"from": "agent-0.task-0.step-0", "start": True}
+        )
+
+    assert response.status_code == 201, response.json()
+    assert response.json()["status"] == ("running" if at_once_steps else "pending")
+    # The source's plan, read to compare its steps with the fork's, and the fork's own.
+    assert reads.counts == (2, 2)

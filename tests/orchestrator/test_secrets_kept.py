@@ -273,7 +273,7 @@ def test_a_secret_in_a_child_plan_written_out_stays_a_reference_through_fork_and
     services.run_retry(run_id=child.pk)
     assert control.pick_up(child.pk)
     assert execute(child, "use") == "failed"
-    fork = run_fork(run_id=child.pk, organization=tenant.organization, from_path="a.t.use")
+    fork = run_fork(run_id=child.pk, organization=tenant.organization, from_path="a.t.use").run
 
     for kept in (Run.objects.get(pk=child.pk), fork):
         assert kept.plan["agents"][0]["tasks"][0]["steps"][0]["params"]["message"] == (

@@ -1,9 +1,9 @@
 """How a tool's failure reads to the engine: an error code, a message, and whether the
 step's retry policy may try again.
 
-The codes are the engine's (docs/api.md, "Step errors"), written out here because this
-package imports nothing of the server; ``tests/client/test_tools.py`` holds the two lists
-equal. A tool raises ``ToolFailure`` with one of them, or declares which of its own
+The codes are the engine's (docs/api.md, "Step errors"), written here, once: this package
+imports nothing of the server, and the server reads them from here (``common.errors``). A
+tool raises ``ToolFailure`` with one of them, or declares which of its own
 exceptions mean which code (``@tool(errors={TimeoutError: "timeout"})``); anything else it
 raises is ``tool_error``, not retried, as a crash of a built-in tool is.
 """
@@ -28,8 +28,10 @@ RETRYABLE_CODES = frozenset(
         "llm_service_error",
         "worker_lost",
         "transient",
+        # Runner jobs (docs/runners.md): a runner reported a failure, or went silent.
         "runner_failed",
         "runner_lost",
+        # A callback step's callback said it failed (docs/runners.md, "Callbacks").
         "callback_failed",
     }
 )
@@ -55,11 +57,15 @@ NON_RETRYABLE_CODES = frozenset(
         "address_not_allowed",
         "runner_stopped",
         "no_matching_runner",
+        # Child runs: the child has its own retries and failure modes; a child plan
+        # that does not validate, or that would nest too deep, never will.
         "child_failed",
         "child_cancelled",
         "invalid_plan",
         "run_depth_exceeded",
+        # Rate limits (docs/rate-limits.md): a step's units, rendered, exceed its limit.
         "rate_limit_exceeded",
+        # Polls: failed_when held, or max_attempts polls without done_when holding.
         "poll_failed",
         "poll_exhausted",
     }

@@ -15,9 +15,7 @@ import jsonschema
 import pydantic
 import pytest
 
-from common import errors as engine_errors
 from orchestrator_client.tools import Cancelled, Context, ToolFailure, tool
-from orchestrator_client.tools import failures as client_failures
 from orchestrator_client.tools.harness import FakeContext, call
 
 
@@ -326,11 +324,6 @@ def test_parameters_a_step_cannot_give_are_refused_when_decorating() -> None:
     for function, message in cases:
         with pytest.raises(TypeError, match=message):
             tool(name="a.b")(function)
-
-
-def test_the_client_knows_the_engines_error_codes_and_which_are_retryable() -> None:
-    assert client_failures.RETRYABLE_CODES == engine_errors.RETRYABLE_CODES
-    assert client_failures.NON_RETRYABLE_CODES == engine_errors.NON_RETRYABLE_CODES
 
 
 def test_an_unknown_error_code_cannot_be_raised() -> None:

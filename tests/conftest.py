@@ -104,7 +104,7 @@ def broker() -> Iterator[redis.Redis[bytes]]:
 @pytest.fixture(scope="session")
 def otlp_collector() -> Iterator[Collector]:
     """An OTLP/HTTP trace receiver on the loopback, keeping what it decodes: the session's
-    worker exports its spans to it (tests/orchestrator/test_traces_end_to_end.py)."""
+    worker exports its spans to it (tests/integration/test_traces.py)."""
     collector = Collector(keep=True).start()
     yield collector
     collector.stop()

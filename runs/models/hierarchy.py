@@ -430,7 +430,7 @@ class Step(Timestamps):
     trace_context = models.CharField(max_length=128, blank=True, default="", db_default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     # What a fleet tool last said of its progress (``Context.heartbeat``), written with
-    # its lease's renewal (orchestrator.heartbeat), as ``{"attempt": N, "value": ...}``:
+    # its lease's renewal (orchestrator.lease_keeper), as ``{"attempt": N, "value": ...}``:
     # shown with the step while N is its latest attempt. A worker tool's is its job's
     # (RunnerJob.progress), read from there (runs/queries/steps_page.sql).
     progress = models.JSONField(null=True, blank=True)

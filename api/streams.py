@@ -150,7 +150,7 @@ SELECT pg_snapshot_xmin(s)::text::bigint,
        COALESCE(pg_sequence_last_value(
            pg_get_serial_sequence('runs_runevent', 'id')::regclass), 0),
        (SELECT status FROM runs_run WHERE id = %(run)s),
-       EXISTS (SELECT 1 FROM engine.run_history WHERE run_id = %(run)s AND id > %(after)s)
+       EXISTS (SELECT 1 FROM runs.run_history WHERE run_id = %(run)s AND id > %(after)s)
 FROM pg_current_snapshot() AS s
 """
 

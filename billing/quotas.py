@@ -10,7 +10,7 @@
   (``common.leases``, api/runners.py); one more hold is refused (``TooManyPolls``, 429
   `too_many_polls`).
 - ``webhooks_in_flight``: webhook deliveries being sent at once. Nothing is refused: the
-  sweep's claim (runs/engine/sql/webhook_claim.sql, which reads the field and takes the
+  sweep's claim (webhooks/sql/webhook_claim.sql, which reads the field and takes the
   setting as its default, the same rule as ``quota_of``) leaves the organization's other
   due deliveries pending until one of its sends ends.
 - ``artifacts``, ``artifact_bytes``: the artifacts an organization stores, counted, and

@@ -164,7 +164,7 @@ def credits_grant(
     return entry
 
 
-# The organization's credits move by the database's functions (runs/engine/sql/credits_*.sql:
+# The organization's credits move by the database's functions (billing/sql/credits_*.sql:
 # reserve, charge, settle), which the engine's recordings call too: each rule once.
 
 
@@ -177,7 +177,7 @@ def credits_reserve(
     amount: Decimal | int | str,
     actor: str = "system",
 ) -> UUID:
-    """Hold ``amount`` for a run attempt (``engine.credits_reserve``) and return its
+    """Hold ``amount`` for a run attempt (``billing.credits_reserve``) and return its
     ledger entry's id; raise InsufficientCredits if it is not available. Keyed by the
     attempt: a retried call returns the first reservation."""
     amount = to_credits(amount)
@@ -185,7 +185,7 @@ def credits_reserve(
         raise ValueError("a reservation must be positive")
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT engine.credits_reserve(%s, %s, %s, %s::smallint, %s, %s)",
+            "SELECT billing.credits_reserve(%s, %s, %s, %s::smallint, %s, %s)",
             [organization_id, run_id, attempt_id, attempt_number, amount, actor],
         )
         entry_id = cursor.fetchone()[0]
@@ -246,13 +246,13 @@ def credits_reserve_more(
 
 
 def reserve_reason(run_id: UUID, attempt_number: int) -> str:
-    """The reason a reservation's ledger entry gives (engine.credits_reserve writes it so)."""
+    """The reason a reservation's ledger entry gives (billing.credits_reserve writes it so)."""
     return f"run {run_id} attempt {attempt_number}"
 
 
 def credits_charge(*, run_id: UUID, attempt_number: int, amount: Decimal | int | str) -> Decimal:
     """Draw one step attempt's cost on the run attempt's reservation
-    (``engine.credits_charge``): its counter, not the ledger, which receives the attempt's
+    (``billing.credits_charge``): its counter, not the ledger, which receives the attempt's
     charges as one entry when it settles. Returns the amount drawn; a zero cost draws
     nothing. Beyond the reservation (or after settlement): BudgetExhausted, nothing drawn.
 
@@ -266,7 +266,7 @@ def credits_charge(*, run_id: UUID, attempt_number: int, amount: Decimal | int |
         return amount
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT engine.credits_charge(%s, %s::smallint, %s)", [run_id, attempt_number, amount]
+            "SELECT billing.credits_charge(%s, %s::smallint, %s)", [run_id, attempt_number, amount]
         )
         drawn = cursor.fetchone()[0]
     if not drawn:
@@ -280,13 +280,13 @@ def credits_charge(*, run_id: UUID, attempt_number: int, amount: Decimal | int |
 def credits_settle(
     *, run_id: UUID, attempt_number: int, actor: str = "system"
 ) -> LedgerEntry | None:
-    """On a terminal state (``engine.credits_settle``): the attempt's charges entered in the
+    """On a terminal state (``billing.credits_settle``): the attempt's charges entered in the
     ledger as one entry, and whatever is reserved and not charged refunded; the refund's
     entry, or None when nothing remained. Idempotent: settled already, the first refund's
     entry."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT engine.credits_settle(%s, %s::smallint, %s)", [run_id, attempt_number, actor]
+            "SELECT billing.credits_settle(%s, %s::smallint, %s)", [run_id, attempt_number, actor]
         )
         refunded = cursor.fetchone()[0]
     reservation = Reservation.objects.filter(run_id=run_id, attempt_number=attempt_number).first()

@@ -3,9 +3,10 @@
 per file, ``queries/<name>.sql``, and runs them by that name with the parameters the
 file's header names (``%(run)s``). Nothing assembles SQL from Python strings.
 
-The database's functions and triggers are another matter: they are installed in the
-schema ``engine`` from ``runs/engine/sql/`` (docs/engine.md, "Database code"); the files
-here are plain statements, read once per process.
+The database's functions and triggers are another matter: they are installed from each
+app's ``sql/`` folder in the schema named for the app (``common.database_code``;
+docs/engine.md, "Database code"); the files here are plain statements, read once per
+process.
 """
 
 from __future__ import annotations

@@ -312,7 +312,7 @@ class _Server:
         """How many of the run's next steps the recording may claim for this server:
         after a short step (BATCH_AFTER_S), up to ENGINE_CLAIM_BATCH, no more than its
         burst has left nor than its organization's max_running_steps; one otherwise.
-        The claim takes at most half of what the run has claimable (engine.step_claim)."""
+        The claim takes at most half of what the run has claimable (runs.step_claim)."""
         wanted = int(settings.ENGINE_CLAIM_BATCH)
         if wanted <= 1 or worked_s > BATCH_AFTER_S or self.slot is None:
             return 1

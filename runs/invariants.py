@@ -119,7 +119,7 @@ def hierarchy_links() -> list[str]:
         problems.append(f"step {step.pk}: run differs from its task's run")
     for step in Step.objects.exclude(attempt_number=F("task__attempt_number"))[:LIMIT]:
         problems.append(f"step {step.pk}: attempt_number differs from its task")
-    # The ledger's links, written from the rows they name (runs/engine/sql/credits_*.sql).
+    # The ledger's links, written from the rows they name (billing/sql/credits_*.sql).
     # A grant names no run, a reserve or refund no step: only the links an entry has.
     entries = LedgerEntry.objects.order_by("pk")
     for link, differs, what in (

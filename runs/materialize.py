@@ -4,7 +4,7 @@ Runs carry no agents until a worker picks them up (a PENDING run has
 agent_count = 0); ``run_pick_up`` calls ``materialize``, which moves the run to RUNNING
 with its rows (a start that begins its run at once calls it too). Python works out the
 new rows' values from the typed plan and one engine function writes them
-(``engine.run_pick_up``): a small run's pick-up is one statement, a 20,000-step plan's
+(``runs.run_pick_up``): a small run's pick-up is one statement, a 20,000-step plan's
 ten.
 """
 
@@ -52,7 +52,7 @@ def wiring(
 
 def agent_values(plan: AgentPlan, position: int, wired: tuple[int, list[str]]) -> dict[str, Any]:
     """A new agent's columns that its plan and place decide (the rest, what every new
-    agent starts with, ``engine.attempt_materialize`` sets)."""
+    agent starts with, ``runs.attempt_materialize`` sets)."""
     return {
         "name": plan.name,
         "position": position,
@@ -94,7 +94,7 @@ def step_values(
     reused_from: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A new step's columns that its plan and place decide (``agent_values``;
-    ``engine.steps_insert`` sets the rest)."""
+    ``runs.steps_insert`` sets the rest)."""
     return {
         "name": plan.name,
         "position": position,
@@ -206,7 +206,7 @@ def step_rows(run: Run, task: Task, plan: TaskPlan, generation: int = 0) -> list
 
 
 def materialize(run: Run, attempt: RunAttempt, plan: Plan, *, actor: str, now: datetime) -> int:
-    """The attempt's rows, and the run PENDING -> RUNNING with them (``engine.run_pick_up``:
+    """The attempt's rows, and the run PENDING -> RUNNING with them (``runs.run_pick_up``:
     its caller holds the run locked and has seen it PENDING); the steps ``Run.reuse``
     names complete with their earlier output when they come to run, without running
     (docs/engine.md). Returns how many agents it has."""
@@ -228,8 +228,8 @@ def add_agents(
     return _write(run, attempt, plans, wired, first_position, None, now, _ADD_SQL, [now])
 
 
-_PICK_UP_SQL = "SELECT engine.run_pick_up(%s, %s, %s, %s, %s, %s, %s, %s)"
-_ADD_SQL = "SELECT engine.attempt_materialize(%s, %s, %s, %s, %s, %s, %s)"
+_PICK_UP_SQL = "SELECT runs.run_pick_up(%s, %s, %s, %s, %s, %s, %s, %s)"
+_ADD_SQL = "SELECT runs.attempt_materialize(%s, %s, %s, %s, %s, %s, %s)"
 
 
 def _write(
@@ -243,10 +243,10 @@ def _write(
     statement: str,
     extra: list[Any],
 ) -> int:
-    """Write ``plans``' rows from their values with ``statement`` (``engine.run_pick_up``
-    or ``engine.attempt_materialize``, ``extra`` its arguments after the rows): the
+    """Write ``plans``' rows from their values with ``statement`` (``runs.run_pick_up``
+    or ``runs.attempt_materialize``, ``extra`` its arguments after the rows): the
     agents, the tasks and the first STEPS_PER_STATEMENT steps, then the rest of a wide
-    plan's steps in batches (``engine.steps_insert``)."""
+    plan's steps in batches (``runs.steps_insert``)."""
     agents: list[dict[str, Any]] = []
     tasks: list[dict[str, Any]] = []
     for index, agent_plan in enumerate(plans):
@@ -273,7 +273,7 @@ def _write(
         task_ids = cursor.fetchone()[0]
         while batch := list(islice(steps, STEPS_PER_STATEMENT)):
             cursor.execute(
-                "SELECT engine.steps_insert(%s, %s, %s, %s, %s)",
+                "SELECT runs.steps_insert(%s, %s, %s, %s, %s)",
                 [run.pk, attempt.attempt_number, task_ids, _json(batch), now],
             )
     return len(agents)

@@ -75,7 +75,7 @@ def run_rows(runs: QuerySet[Run]) -> QuerySet[Any]:
 
 def attach_credits(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Set each run's credits over all its attempts (``credits_reserved``,
-    ``credits_charged``, ``credits_refunded``, ``credits_held``: engine.run_credits), for
+    ``credits_charged``, ``credits_refunded``, ``credits_held``: billing.run_credits), for
     runs already read (dict rows with their ``id``): one statement for all of them."""
     sums: dict[Any, tuple[Decimal, Decimal, Decimal, Decimal]] = {}
     if runs:
@@ -145,14 +145,14 @@ class RunSummary:
 
 def run_summary(run: Run) -> RunSummary:
     """The current attempt's counts and progress: one statement whatever the size of the
-    run (engine.run_counts)."""
+    run (runs.run_counts)."""
     with connection.cursor() as cursor:
         cursor.execute(QUERIES["run_summary"], {"run": run.pk, "attempt": run.attempt_number})
         return _summary(run, cursor.fetchall())
 
 
 def _summary(run: Run, counted: list[Any]) -> RunSummary:
-    """A summary from engine.run_counts's rows: (kind, status, handler, count)."""
+    """A summary from runs.run_counts's rows: (kind, status, handler, count)."""
     counts: dict[str, dict[str, int]] = {"agents": {}, "tasks": {}, "steps": {}}
     total = finished = 0
     for kind, status, handler, n in counted:
@@ -188,7 +188,7 @@ def steps_page(
     """A page of the run's steps of one attempt in plan order, as ``query`` (the cleaned
     values of ``StepFilter``: attempt, the current one when None; task, status, tool)
     selects them, each with ``task_name``, ``agent_name`` and the work it started
-    (``job``, ``child_run``: engine.step_work): one statement
+    (``job``, ``child_run``: runs.step_work): one statement
     (runs/queries/steps_page.sql). Returns how many match in all (None when the page is
     empty) and the page, a dict a step."""
     params = {name: query.get(name) or None for name in ("attempt", "task", "status", "tool")}
@@ -201,10 +201,10 @@ def steps_page(
 
 def with_work(steps: QuerySet[Step]) -> QuerySet[Step]:
     """Each step with ``job``, the id of its latest attempt's runner job (a `runner`
-    step's, engine.step_work; a worker tool's, by the job's (step, attempt) index), and
+    step's, runs.step_work; a worker tool's, by the job's (step, attempt) index), and
     ``child_run``, the child run its latest attempt started (a `run` step); None for
     other tools and until the attempt creates them."""
-    work = Func(F("pk"), F("tool"), template=INLINED % "engine.step_work", output_field=UUIDField())
+    work = Func(F("pk"), F("tool"), template=INLINED % "runs.step_work", output_field=UUIDField())
     tool_job = RunnerJob.objects.filter(step=OuterRef("pk")).order_by("-attempt").values("id")
     return steps.annotate(
         job=Case(
@@ -249,7 +249,7 @@ def runner_job(*, organization: Organization, job_id: Any) -> RunnerJob | None:
 def run_history(run: Run | UUID | str) -> QuerySet[HistoryEvent]:
     """The run's history in id order, as every reader lists it: its event rows and the
     events kept on its steps' rows (a claim, a plain completion), each as its row would
-    be (engine.run_history; docs/engine.md, "A step's history"). Read a run's events
+    be (runs.run_history; docs/engine.md, "A step's history"). Read a run's events
     here, never from ``RunEvent``, which holds the rows alone."""
     run_id = run.pk if isinstance(run, Run) else run
     return HistoryEvent.objects.filter(run_id=run_id).order_by("id")
@@ -260,7 +260,7 @@ def events_page(
 ) -> list[dict[str, Any]]:
     """The run's events (its history, ``run_history``) in ascending id, as ``query`` (the
     cleaned values of ``EventFilter``: attempt, kind, after) selects them, each with its
-    ``path`` (engine.event_path): the ``limit`` first after ``after`` or, with ``before``,
+    ``path`` (runs.event_path): the ``limit`` first after ``after`` or, with ``before``,
     the ``limit`` last before it, a dict an event. One statement
     (runs/queries/events_page.sql) on the history's (run, id) indexes, to keyset pages and
     to follow a run as it grows."""
@@ -280,11 +280,11 @@ def events_page(
 def with_paths(events: QuerySet[HistoryEvent]) -> QuerySet[HistoryEvent]:
     """Events annotated with ``path``: where in the plan the entity they name is,
     ``agent.task.step`` (``agent.task``, ``agent``; "" for the run itself), as people
-    read it, rather than a database id (engine.event_path)."""
+    read it, rather than a database id (runs.event_path)."""
     path = Func(
         F("entity"),
         F("entity_id"),
-        template=INLINED % "engine.event_path",
+        template=INLINED % "runs.event_path",
         output_field=CharField(),
     )
     return events.annotate(path=path)
@@ -379,7 +379,7 @@ class RunOutputs:
 def run_outputs(run: Run, max_bytes: int = OUTPUTS_MAX_BYTES) -> RunOutputs:
     """``{"agent.task.step": output}`` of the completed steps of the run's current
     attempt (a task run again by its failure mode: its last generation's), in plan
-    order, as many as fit in ``max_bytes`` of JSON (engine.run_outputs)."""
+    order, as many as fit in ``max_bytes`` of JSON (runs.run_outputs)."""
     _, rows = fetch(QUERIES["all_outputs"], {"run": run.pk, "attempt": run.attempt_number})
     # jsonb arrives as text
     decoded = [(*names, None if output is None else json.loads(output)) for *names, output in rows]

@@ -109,7 +109,7 @@ def _lock_sql(columns: list[str], *, in_organization: bool) -> str:
         f"SELECT {', '.join(connection.ops.quote_name(name) for name in columns)} "  # noqa: S608
         "FROM runs_run WHERE id = %s "
         + ("AND organization_id = %s " if in_organization else "")
-        + "AND (SELECT engine.run_gate(%s)) FOR NO KEY UPDATE"
+        + "AND (SELECT runs.run_gate(%s)) FOR NO KEY UPDATE"
     )
 
 
@@ -331,7 +331,7 @@ def concurrency_of(plan: Plan) -> tuple[str, int]:
 
 # --------------------------------------------------------------------------- pick up
 def short_of_credits(organization_id: UUID, amount: Decimal) -> InsufficientCredits:
-    """A reservation the organization could not cover (engine.attempt_open wrote nothing):
+    """A reservation the organization could not cover (runs.attempt_open wrote nothing):
     402 to an API client."""
     available = Organization.objects.values_list("credits_available", flat=True).get(
         pk=organization_id
@@ -340,12 +340,12 @@ def short_of_credits(organization_id: UUID, amount: Decimal) -> InsufficientCred
 
 
 def _open_attempt(run: Run, actor: str) -> RunAttempt:
-    """Open the run's current attempt with its credits reserved (``engine.attempt_open``,
+    """Open the run's current attempt with its credits reserved (``runs.attempt_open``,
     same transaction)."""
     amount = to_credits(plan_reservation(plan_of(run), run.reuse))
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT engine.attempt_open(%s, %s::smallint, %s, %s)",
+            "SELECT runs.attempt_open(%s, %s::smallint, %s, %s)",
             [run.pk, run.attempt_number, amount, actor],
         )
         attempt_id = cursor.fetchone()[0]
@@ -383,7 +383,7 @@ def run_pick_up_locked(
     attempt = attempt or current_attempt(run)
     now = timezone.now()
     agent_count = materialize(run, attempt, plan, actor=actor, now=now)
-    # The caller's copy of the row, as engine.run_pick_up left it.
+    # The caller's copy of the row, as runs.run_pick_up left it.
     run.status, run.status_changed_at, run.updated_at = RunStatus.RUNNING, now, now
     if run.picked_up_at is None:
         run.picked_up_at = now
@@ -427,7 +427,7 @@ def _finish_attempt(run: Run, actor: str = "system") -> None:
     _ended(run, actor)
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT engine.attempt_close(%s, %s::smallint, %s, %s, %s)",
+            "SELECT runs.attempt_close(%s, %s::smallint, %s, %s, %s)",
             [run.pk, run.attempt_number, run.status, run.completed_at or timezone.now(), actor],
         )
     eventstreams.events_written(run.pk)  # a refund's event
@@ -477,11 +477,11 @@ def run_complete(*, run_id: RunId, actor: str = "system") -> Run:
             )
         if run.status != RunStatus.RUNNING:
             raise InvalidTransition("run", run.status, RunStatus.COMPLETED)
-        # The database's rule, the hot path's too (runs/engine/sql/run_finish.sql): the
+        # The database's rule, the hot path's too (runs/sql/run_finish.sql): the
         # run's row, its event, its attempt closed and settled.
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT engine.run_finish(%s, %s::smallint, 0, %s, %s)",
+                "SELECT runs.run_finish(%s, %s::smallint, 0, %s, %s)",
                 [run.pk, run.attempt_number, actor, timezone.now()],
             )
         eventstreams.events_written(run.pk)

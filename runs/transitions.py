@@ -85,7 +85,7 @@ def _apply(obj: Run | Agent | Task | Step, entity: str, to_status: str, now: dat
         fields.append("started_at")
     if to_status in TERMINAL[entity]:
         obj.completed_at = now
-        # Written by the database's one rule (runs/engine/sql/duration_ms.sql); the
+        # Written by the database's one rule (runs/sql/duration_ms.sql); the
         # caller's copy reads it back when asked for (``_written_back``).
         obj.duration_ms = lasted(now)
         fields += ["completed_at", "duration_ms"]
@@ -94,14 +94,14 @@ def _apply(obj: Run | Agent | Task | Step, entity: str, to_status: str, now: dat
 
 def lasted(now: Any, since: str = "started_at", created: str = "created_at") -> models.Expression:
     """How long a row's state lasted when it ends at ``now`` (a moment, or an expression
-    of one), in whole milliseconds: engine.duration_ms of the row's columns ``since``
+    of one), in whole milliseconds: runs.duration_ms of the row's columns ``since``
     (``created`` when that is unset) as they were before the UPDATE that writes it."""
     moment = now if isinstance(now, models.Expression) else Value(now)
     return Func(
         moment,
         F(since),
         F(created),
-        function="engine.duration_ms",
+        function="runs.duration_ms",
         output_field=models.BigIntegerField(),
     )
 
@@ -171,7 +171,7 @@ def _event(
 
 
 # --------------------------------------------------------------------------- the gate
-# A run's gate (engine.run_gate, runs/engine/sql/run_gate.sql): recordings of the run's
+# A run's gate (runs.run_gate, runs/sql/run_gate.sql): recordings of the run's
 # steps take it shared, and so overlap; every other change of the run takes it
 # exclusively first (``lock_gate``: services.lock_run, and transition() of a run).
 
@@ -180,7 +180,7 @@ def lock_gate(run_id: Any, *, shared: bool = False) -> None:
     """Close the run's gate for the rest of the transaction (``shared``: as a recording
     of its steps does, beside the others)."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT engine.run_gate(%s, %s)", [run_id, shared])
+        cursor.execute("SELECT runs.run_gate(%s, %s)", [run_id, shared])
 
 
 def transition(
@@ -346,19 +346,19 @@ def record_event(
 
 
 # --------------------------------------------------------------------------- the claim
-# A worker's PENDING -> RUNNING is the hottest transition: one call of engine.step_claim
-# (runs/engine/sql/step_claim.sql) moves the step, writes its event and returns what the
+# A worker's PENDING -> RUNNING is the hottest transition: one call of runs.step_claim
+# (runs/sql/step_claim.sql) moves the step, writes its event and returns what the
 # attempt needs, instead of transition()'s lock, read, save and insert. It is still this
 # module's: the table must allow it.
 if not is_allowed("step", "pending", "running"):
     raise RuntimeError("runs.states no longer allows step pending -> running; fix claim_step")
 
-_CLAIM_SQL = "SELECT * FROM engine.step_claim(%s, %s, %s, %s, %s)"
+_CLAIM_SQL = "SELECT * FROM runs.step_claim(%s, %s, %s, %s, %s)"
 
 
 def claimed_from_json(value: Any) -> dict[str, Any]:
-    """A claimed step's row given as JSON (``to_jsonb`` of engine.step_claim's row, as
-    engine.step_completed and engine.run_choose return it), as ``claim_step`` returns it."""
+    """A claimed step's row given as JSON (``to_jsonb`` of runs.step_claim's row, as
+    runs.step_completed and runs.run_choose return it), as ``claim_step`` returns it."""
     row = json.loads(value) if isinstance(value, str) else dict(value)
     row["run_id"] = UUID(row["run_id"])
     for name in ("dispatched_at", "status_changed_at"):
@@ -431,11 +431,11 @@ def _claim(params: list[Any]) -> dict[str, Any] | None:
 
 
 # A batch's steps that will not start go back: running -> pending (-> paused in a paused
-# run), by engine.steps_hand_back (runs/engine/sql/steps_hand_back.sql).
+# run), by runs.steps_hand_back (runs/sql/steps_hand_back.sql).
 if not (is_allowed("step", "running", "pending") and is_allowed("step", "pending", "paused")):
     raise RuntimeError("runs.states no longer allows a step's hand-back; fix hand_back_steps")
 
-_HAND_BACK_SQL = "SELECT engine.steps_hand_back(%s, %s::bigint[], %s::integer[], %s)"
+_HAND_BACK_SQL = "SELECT runs.steps_hand_back(%s, %s::bigint[], %s::integer[], %s)"
 
 
 def hand_back_steps(run_id: Any, steps: Sequence[tuple[int, int]], *, actor: str) -> int:

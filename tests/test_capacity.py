@@ -84,7 +84,7 @@ def test_make_capacity_measures_a_step_and_a_small_run_on_servers_of_its_own(
         # The table counters are read after every backend has reported its own.
         assert phase["tables"]["runs_step"]["inserted"] == phase["steps"]
         assert phase["tables"]["runs_run"]["inserted"] == (4 if phase["unit"] == "run" else 1)
-        recordings = [s for s in phase["statements"] if "engine.step_completed" in s["query"]]
+        recordings = [s for s in phase["statements"] if "runs.step_completed" in s["query"]]
         assert recordings
         assert recordings[0]["calls"] > 0
         per_unit = phase["per_unit"]

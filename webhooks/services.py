@@ -347,8 +347,8 @@ class Claim:
 def deliveries_claim(
     *, limit: int, per_endpoint: int, lease_seconds: float, per_organization: int | None = None
 ) -> list[Claim]:
-    """Claim up to ``limit`` due deliveries, fairly (``engine.webhook_claim``,
-    runs/engine/sql/webhook_claim.sql): at most ``per_endpoint`` in flight to any endpoint
+    """Claim up to ``limit`` due deliveries, fairly (``webhooks.webhook_claim``,
+    webhooks/sql/webhook_claim.sql): at most ``per_endpoint`` in flight to any endpoint
     and, across its endpoints, at most its quota `webhooks_in_flight` to any organization
     (its own, else ``per_organization``: by default QUOTA_WEBHOOKS_IN_FLIGHT; claimed
     ones whose lease runs count),
@@ -363,7 +363,7 @@ def deliveries_claim(
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             "SELECT delivery_id, token"
-            " FROM engine.webhook_claim(%s::int, %s::int, %s::int, %s::float8)",
+            " FROM webhooks.webhook_claim(%s::int, %s::int, %s::int, %s::float8)",
             [limit, per_endpoint, per_organization, lease_seconds],
         )
         return [Claim(delivery_id, str(token)) for delivery_id, token in cursor.fetchall()]
@@ -385,7 +385,7 @@ def deliveries_next_due() -> datetime | None:
     concurrency counts as due: the attempt that holds the endpoint asks for a sweep when it
     is answered (``kick``), or its lease ends. A suspended organization's are not."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT engine.webhook_next_due()")
+        cursor.execute("SELECT webhooks.webhook_next_due()")
         due: datetime | None = cursor.fetchone()[0]
         return due
 

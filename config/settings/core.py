@@ -50,6 +50,10 @@ INSTALLED_APPS = [
     "api",
     "web",
 ]
+# The apps whose database code (each `<app>/sql/*.sql`) is installed after `migrate`, each
+# in the schema named for the app, in this order: an app's code may use the code of the
+# apps before it (common/database_code.py; docs/engine.md, "Database code").
+DATABASE_CODE = ["billing", "runs", "webhooks"]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

@@ -4,7 +4,7 @@ of one organization execute at once (docs/fairness.md).
 Ready steps are claimable rows (``runs.transitions.claim_next_step``); Celery carries the
 doorbells that wake workers and is the fleet. What a worker serves is decided here, on
 PostgreSQL's rows: every ENGINE_FAIR_SLICE seconds a worker serving steps asks
-``next_run`` again (the database's ``engine.run_choose``, runs/engine/sql/run_choose.sql),
+``next_run`` again (the database's ``runs.run_choose``, runs/sql/run_choose.sql),
 which looks at every organization with work ready (a running run with a claimable step,
 or a run waiting to be picked up) and chooses
 
@@ -129,8 +129,8 @@ class Choice:
     busy: int = 0
 
 
-# The choice (and the claim with it) is engine.run_choose: runs/engine/sql/run_choose.sql.
-_NEXT_SQL = "SELECT * FROM engine.run_choose(%s, %s::uuid[], %s::uuid[], %s, %s, %s, %s)"
+# The choice (and the claim with it) is runs.run_choose: runs/sql/run_choose.sql.
+_NEXT_SQL = "SELECT * FROM runs.run_choose(%s, %s::uuid[], %s::uuid[], %s, %s, %s, %s)"
 
 
 @dataclass(frozen=True)

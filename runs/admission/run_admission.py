@@ -116,11 +116,11 @@ def looks_free(run: Run) -> bool:
 
 def _at_start(run: Run, *, locked: bool) -> tuple[int, int, bool]:
     """(runs of the organization waiting to start, their limit, whether ``run`` may be
-    admitted at once), from ``engine.run_admission``: one statement on every start,
+    admitted at once), from ``runs.run_admission``: one statement on every start,
     which takes the organization's lock first when ``locked``."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT * FROM engine.run_admission(%s, %s, %s, %s, %s, %s)",
+            "SELECT * FROM runs.run_admission(%s, %s, %s, %s, %s, %s)",
             [
                 run.organization_id,
                 run.pk,
@@ -137,7 +137,7 @@ def _at_start(run: Run, *, locked: bool) -> tuple[int, int, bool]:
 
 
 # A run holds a place among its organization's running runs from its admission (an
-# admitted run not yet picked up included) until it ends (engine.run_admission counts
+# admitted run not yet picked up included) until it ends (runs.run_admission counts
 # the same at a start). Child runs hold none and
 # never wait: they are their parent's work, and a parent waiting for a child queued
 # behind it (or behind its own concurrency key) would wait forever.

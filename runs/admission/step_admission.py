@@ -457,7 +457,7 @@ def _park(
             "worker": "",
             "attempts": attempt - 1,
             # The claim, kept on the row, forgotten with its worker and attempt: written
-            # as its event row by the update (engine.run_history).
+            # as its event row by the update (runs.run_history).
             "claim_event": None,
             "claimed_at": None,
             "waiting_reason": reason,

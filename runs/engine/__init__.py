@@ -24,7 +24,7 @@ The modules, each importing only those after it (an import contract checks it):
 - ``handlers``: a failed step's on_error handlers;
 - ``failure``: failure modes (continue, retry the level, fail fast) and level restarts;
 - ``propagation``: a finished child counted, its dependents released, its parent finished
-  (``engine.child_done``: the rule is the database's, as the hot path's is);
+  (``runs.child_done``: the rule is the database's, as the hot path's is);
 - ``dispatch``: the children that are ready, within the concurrency limits (the
   database's ``engine.*_dispatch``);
 - ``tree``: the levels treated alike; ``retry``: a step's retry policy and backoff.

@@ -1,7 +1,7 @@
 """Dispatch: which children are ready to start, within each parent's concurrency limit.
 
-The rule is the database's (``engine.agents_dispatch``, ``engine.tasks_dispatch``,
-``engine.steps_dispatch``, each level's free places by ``engine.free_places``): agents
+The rule is the database's (``runs.agents_dispatch``, ``runs.tasks_dispatch``,
+``runs.steps_dispatch``, each level's free places by ``runs.free_places``): agents
 and tasks become RUNNING in the caller's transaction, steps are marked dispatched, and
 here their messages are put in the outbox (published after commit). An approval step is
 never sent to a worker: it waits for a decision (``runs.people.approvals``)."""
@@ -123,12 +123,12 @@ def step_from_row(values: dict[str, Any]) -> Step:
     return Step.from_db("default", names, [values[name] for name in names])
 
 
-# Each level's dispatch, in the database (runs/engine/sql/*_dispatch.sql): its ready
-# children started within its free places (engine.free_places), down to their steps.
+# Each level's dispatch, in the database (runs/sql/*_dispatch.sql): its ready
+# children started within its free places (runs.free_places), down to their steps.
 _DISPATCH_SQL: dict[type[Run | Agent | Task], str] = {
-    Run: "SELECT * FROM engine.agents_dispatch(%s, %s)",
-    Agent: "SELECT * FROM engine.tasks_dispatch(%s, %s)",
-    Task: "SELECT * FROM engine.steps_dispatch(%s, %s)",
+    Run: "SELECT * FROM runs.agents_dispatch(%s, %s)",
+    Agent: "SELECT * FROM runs.tasks_dispatch(%s, %s)",
+    Task: "SELECT * FROM runs.steps_dispatch(%s, %s)",
 }
 # The columns of a step dispatched, as ``step_from_row`` takes them.
 DISPATCHED = ("id", "tool", "timeout_ms", "run_id", "attempt_number", "status")

@@ -18,7 +18,7 @@ from runs.transitions import record_event
 
 def handler_finished(run: Run, task: Task, handler: Step, outbox: Outbox) -> None:
     """An on_error handler ended (counted off in its task, its successors released or
-    skipped: ``engine.child_done``): the original failure is handled once the last
+    skipped: ``runs.child_done``): the original failure is handled once the last
     completes, and propagates when one fails."""
     child_done(run, handler, outbox)
     original = Step.objects.get(pk=handler.handler_for_id or 0)

@@ -3,13 +3,13 @@
 Most step outcomes are the plainest case: the attempt succeeded, the step is not an
 on_error handler, and nothing above its agent changes. The general path
 (``outcomes._record``) spends ten to twenty-five ORM statements on it. Here it is one
-call of ``engine.step_completed`` (``runs/engine/sql/step_completed.sql``, which reads as
+call of ``runs.step_completed`` (``runs/sql/step_completed.sql``, which reads as
 the path of one step: the locks, the shape, the charge, the next claim), in its own
 transaction: no round trip to the worker while a lock is held. With 32 worker processes
 on two cores, a lock held across round trips was often held by a process waiting for a
 CPU (docs/engine.md). The function changes exactly what the general path would, and only
 when it is sure to; otherwise it writes nothing and the caller takes the general path.
-The same goes for a run just picked up (``start``: ``engine.run_begin``).
+The same goes for a run just picked up (``start``: ``runs.run_begin``).
 ``tests/runs/engine/test_hotpath.py`` plays plans with the hot path on and off and
 compares everything they leave behind.
 """
@@ -37,7 +37,7 @@ if not is_allowed("step", "running", "completed"):
     raise RuntimeError("runs.states no longer allows step running -> completed; fix the hot path")
 
 _COMPLETE_SQL = (
-    "SELECT * FROM engine.step_completed(%(step)s, %(attempt)s, %(run)s, %(output)s, "
+    "SELECT * FROM runs.step_completed(%(step)s, %(attempt)s, %(run)s, %(output)s, "
     "%(cost)s, %(cost_text)s, %(amount)s, %(claim)s, %(worker)s, %(task_id)s, %(lease)s, "
     "%(choose)s, %(me)s, %(full)s::uuid[], %(skip)s::uuid[], %(held)s, %(batch)s)"
 )
@@ -70,7 +70,7 @@ class Choose:
 class Claim:
     """Who claims the next step with the recording (``claim_next_step``'s terms): the
     run's, or with ``choose`` that of the run its fair choice gives; ``batch``: up to that
-    many of the run's next steps at once (engine.step_claim's batch)."""
+    many of the run's next steps at once (runs.step_claim's batch)."""
 
     worker: str
     task_id: str
@@ -113,7 +113,7 @@ def complete(
     claim: Claim | None = None,
 ) -> tuple[Completed | None, Next]:
     """Complete ``step_id``'s ``attempt`` and advance its run, in one call of
-    ``engine.step_completed`` (in the caller's transaction, or its own).
+    ``runs.step_completed`` (in the caller's transaction, or its own).
 
     Returns what it recorded, None when the step is not the plain case or not running
     this attempt (nothing was written: the general path decides), and, with ``claim``,
@@ -193,10 +193,10 @@ class Started:
 
 def start(run: Run, now: datetime) -> Started | None:
     """Start the ready agents, tasks and steps of a run just picked up, in one call of
-    ``engine.run_begin``; None when it is not that plain case (nothing was written): the
+    ``runs.run_begin``; None when it is not that plain case (nothing was written): the
     caller dispatches the general way."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT * FROM engine.run_begin(%s, %s)", [run.pk, now])
+        cursor.execute("SELECT * FROM runs.run_begin(%s, %s)", [run.pk, now])
         rows = cursor.fetchall()
     if not rows:
         return None

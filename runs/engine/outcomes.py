@@ -161,11 +161,11 @@ def _announce(run_id: Any, done: hotpath.Completed) -> None:
         run_admission.released(run)
 
 
-_FINISH_SQL = "SELECT engine.step_finish(%s, %s, %s, %s, %s, %s, %s, %s)"
+_FINISH_SQL = "SELECT runs.step_finish(%s, %s, %s, %s, %s, %s, %s, %s)"
 
 
 def _finish(run: Run, step: Step, attempt: int, outcome: Outcome, now: datetime) -> Step:
-    """The step completes, as the hot path completes one (``engine.step_finish``: its
+    """The step completes, as the hot path completes one (``runs.step_finish``: its
     event kept on its row), with the output it borrowed, if any; ``step`` is returned
     as it now is."""
     borrowed = outcome.borrowed or {}
@@ -220,7 +220,7 @@ def _record(run: Run, step_id: int, attempt: int, outcome: Outcome, now: datetim
         return False  # cancelled, failed by a sweep or reclaimed meanwhile: result dropped
     outbox = Outbox()
     with connection.cursor() as cursor:  # when due, as every recording beats
-        cursor.execute("SELECT engine.run_heartbeat(%s, %s, %s)", [run.pk, run.last_heartbeat, now])
+        cursor.execute("SELECT runs.run_heartbeat(%s, %s, %s)", [run.pk, run.last_heartbeat, now])
     if outcome.wait is not None:
         try:
             output = park(run, step, outcome.wait, now)

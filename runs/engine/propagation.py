@@ -1,7 +1,7 @@
 """Propagation: a child finished for good; its parent counts it, releases its dependents,
 and finishes when it was the last, which a level up is the same again.
 
-The rule is the database's (``engine.child_done``, runs/engine/sql/child_done.sql), the
+The rule is the database's (``runs.child_done``, runs/sql/child_done.sql), the
 same functions the hot path's recordings are made of: here it is called after the
 child's own transition, its dispatched steps announced and the run completed when the
 propagation reached it with nothing left open."""
@@ -18,8 +18,8 @@ from runs.models import Agent, Run, Step, Task
 from runs.outbox import Outbox
 from runs.states import InvalidTransition, RunStatus
 
-_CHILD_DONE_SQL = "SELECT * FROM engine.child_done(%s, %s, %s)"
-_REFUSED = "OEI01"  # engine.node_finish's SQLSTATE
+_CHILD_DONE_SQL = "SELECT * FROM runs.child_done(%s, %s, %s)"
+_REFUSED = "OEI01"  # runs.node_finish's SQLSTATE
 _ENTITIES: dict[type[Agent | Task | Step], str] = {Agent: "agent", Task: "task", Step: "step"}
 
 
@@ -39,7 +39,7 @@ def child_done(run: Run, child: Agent | Task | Step, outbox: Outbox) -> None:
             cursor.execute(_CHILD_DONE_SQL, [_ENTITIES[type(child)], child.pk, now])
             rows = cursor.fetchall()
     except DatabaseError as exc:
-        # A parent the transition table does not let finish (engine.node_finish): the
+        # A parent the transition table does not let finish (runs.node_finish): the
         # refusal runs.transitions raises, for the caller's savepoint to undo.
         if getattr(exc.__cause__, "sqlstate", None) != _REFUSED:
             raise

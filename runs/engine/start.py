@@ -208,7 +208,7 @@ def run_to_start(
 
 def run_start_pending(starting: Starting, *, actor: str, admitted: bool | None = None) -> Pending:
     """CREATED -> PENDING for a run ``run_to_start`` locked: attempt 1 opened
-    (``engine.run_start``). ``admitted`` None: admission is asked whether a place is free
+    (``runs.run_start``). ``admitted`` None: admission is asked whether a place is free
     at once (``runs.admission.run_admission.on_start``: its lock on the organization held until
     commit) and the credits are reserved here (InsufficientCredits when short: the
     caller's transaction rolls back, the run stays CREATED). ``admitted`` True: the
@@ -227,7 +227,7 @@ def run_start_pending(starting: Starting, *, actor: str, admitted: bool | None =
     now = timezone.now()
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT * FROM engine.run_start(%s, %s, %s, %s, %s, %s)",
+            "SELECT * FROM runs.run_start(%s, %s, %s, %s, %s, %s)",
             [run.pk, starting.amount, actor, admitted_at, now, reserve],
         )
         row = cursor.fetchone()

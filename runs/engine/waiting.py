@@ -93,7 +93,7 @@ def park(run: Run, step: Step, wait: dict[str, Any], now: datetime) -> dict[str,
     else:
         raise ValueError(f"unknown wait {kind!r}")
     # The worker forgotten, so is the claim it made (kept on the row): the update writes
-    # it as its event row (engine.run_history).
+    # it as its event row (runs.run_history).
     Step.objects.filter(pk=step.pk).update(
         lease_expires_at=None,
         celery_task_id="",

@@ -84,7 +84,7 @@ class HistoryEvent(Event):
     """A run's history as its readers list it (the API's events and their stream, the
     run page, the admin, the checks and tools that read events): the event rows and the
     events kept on its steps' rows, each as its row would be, in id order. The
-    database's view engine.run_history (runs/engine/sql/run_history.sql); read-only."""
+    database's view runs.run_history (runs/sql/run_history.sql); read-only."""
 
     id = models.BigIntegerField(primary_key=True)
     run = models.ForeignKey(
@@ -100,5 +100,5 @@ class HistoryEvent(Event):
 
     class Meta:
         managed = False
-        db_table = '"engine"."run_history"'
+        db_table = '"runs"."run_history"'
         ordering = ["run", "id"]

@@ -419,7 +419,7 @@ class Step(Timestamps):
     waiting_reason = models.CharField(max_length=120, blank=True, default="", db_default="")
     # Milliseconds it spent parked (in a rate limit's line, on a timer) before the attempt
     # that ran its tool: started_at and duration_ms are that attempt's alone. Added up by
-    # each claim that ends a wait (engine.step_claim), and by a pause.
+    # each claim that ends a wait (runs.step_claim), and by a pause.
     waited_ms = models.BigIntegerField(default=0, db_default=0)
     # Parked beyond the step-message horizon (RATE_LIMIT_MAX_COUNTDOWN_S): no message
     # carries it; the wake sweep sends its message once next_run_at comes within the
@@ -458,9 +458,9 @@ class Step(Timestamps):
     # are events of the run's history kept on this row, not rows of runs_runevent: each
     # its id, drawn from the events' sequence by the statement that claims or completes,
     # and what it shows that the row does not keep otherwise (the claim's time, the cost
-    # the completion shows). engine.run_history lists them among the event rows; a change
+    # the completion shows). runs.run_history lists them among the event rows; a change
     # of the row that would alter one writes it as a row first, with its id
-    # (runs/engine/sql/run_history.sql; docs/engine.md, "A step's history"). Written by
+    # (runs/sql/run_history.sql; docs/engine.md, "A step's history"). Written by
     # the database's code alone.
     claim_event = models.BigIntegerField(null=True, blank=True, editable=False)
     claimed_at = models.DateTimeField(null=True, blank=True, editable=False)
@@ -516,7 +516,7 @@ class Step(Timestamps):
             ),
             # An organization's parked waits (its quota), counted through its runs.
             models.Index(fields=["run"], name="step_timer", condition=Q(waiting_reason="timer")),
-            # A run's events kept on its steps' rows, in id order (engine.run_history): a
+            # A run's events kept on its steps' rows, in id order (runs.run_history): a
             # page of its history is cut on these as on event_run_order. Only the
             # versions that hold such an event take an entry.
             models.Index(

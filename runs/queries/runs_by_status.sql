@@ -25,5 +25,5 @@ FROM (
     ORDER BY created_at DESC, id DESC
     LIMIT %(limit)s OFFSET %(offset)s
 ) page
-CROSS JOIN LATERAL engine.run_credits(page.id) credits
+CROSS JOIN LATERAL billing.run_credits(page.id) credits
 ORDER BY page.created_at DESC, page.id DESC

@@ -8,6 +8,6 @@ FROM (
     SELECT COALESCE(MAX(slot) + 1, 0) AS slot FROM runs_stepslot
     WHERE organization_id = %(organization)s
 ) AS next
-WHERE next.slot < engine.step_limit(%(organization)s, %(default)s)
+WHERE next.slot < runs.step_limit(%(organization)s, %(default)s)
 ON CONFLICT (organization_id, slot) DO NOTHING
-RETURNING id, slot, engine.step_limit(%(organization)s, %(default)s)
+RETURNING id, slot, runs.step_limit(%(organization)s, %(default)s)

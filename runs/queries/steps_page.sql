@@ -1,6 +1,6 @@
 -- A page of a run's steps of one attempt (GET /runs/{id}/steps: runs.selectors.
 -- steps_page), in plan order, each with the names of its task and agent, the work its
--- current attempt started (engine.step_work; a worker tool's job, by the job's unique
+-- current attempt started (runs.step_work; a worker tool's job, by the job's unique
 -- (step, attempt) index), what its tool last said of its progress in that attempt (a
 -- worker tool's on its job, a fleet tool's on the step's row) and how many steps match
 -- in all (`total`, on every row). The page is cut on the ordering keys alone; the steps'
@@ -36,7 +36,7 @@ FROM (
     LIMIT %(limit)s OFFSET %(offset)s
 ) page
 JOIN runs_step s ON s.id = page.id
-CROSS JOIN LATERAL engine.step_work(s.id, s.tool) started
+CROSS JOIN LATERAL runs.step_work(s.id, s.tool) started
 -- A published tool's name has a dot, a built-in tool's none: only the former have jobs.
 LEFT JOIN LATERAL (
     SELECT j.id, j.attempt, j.progress FROM runs_runnerjob AS j

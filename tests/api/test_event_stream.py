@@ -485,7 +485,7 @@ def test_a_claim_kept_on_its_steps_row_committed_out_of_id_order_waits_for_it_to
     ) as other:
         with other.cursor() as cursor:
             cursor.execute(
-                "SELECT id FROM engine.step_claim(NULL, %s, 'worker:other', 'task', 60)",
+                "SELECT id FROM runs.step_claim(NULL, %s, 'worker:other', 'task', 60)",
                 [run.pk],
             )
             assert cursor.fetchone() is not None

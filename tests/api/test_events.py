@@ -146,7 +146,7 @@ def test_a_page_costs_one_query_that_never_counts_whatever_the_history(tenant: T
     every = first_short + first_long + deep_long + back_long
     assert not [sql for sql in every if "COUNT(" in sql.upper()]
     # One query reads the page, by key (an OFFSET would scan every row before it).
-    event_queries = [sql for sql in deep_long if "engine.run_history" in sql]
+    event_queries = [sql for sql in deep_long if "runs.run_history" in sql]
     assert len(event_queries) == 1
     assert "OFFSET" not in event_queries[0].upper()
 

@@ -11,7 +11,7 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
-from runs.engine import sql
+from common import database_code
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -27,7 +27,7 @@ def at_the_old_schema() -> Iterator[MigrationExecutor]:
     yield executor
     executor.loader.build_graph()
     executor.migrate(executor.loader.graph.leaf_nodes())  # the latest schema again
-    sql.install(connection)  # and its code, as `migrate` installs it after them
+    database_code.install(connection)  # and its code, as `migrate` installs it after them
 
 
 def test_every_attempts_credits_are_copied_to_its_reservation(

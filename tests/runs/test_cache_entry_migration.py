@@ -10,7 +10,7 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
-from runs.engine import sql
+from common import database_code
 from runs.models import Run, Step
 from tests import factories
 
@@ -60,4 +60,4 @@ def test_the_newest_entry_of_each_key_is_kept_and_the_others_dropped() -> None:
     finally:
         executor.loader.build_graph()
         executor.migrate(executor.loader.graph.leaf_nodes())
-        sql.install(connection)  # the latest schema's code, as `migrate` installs it
+        database_code.install(connection)  # the latest schema's code, as `migrate` installs it

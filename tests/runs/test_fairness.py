@@ -87,7 +87,7 @@ def test_a_run_is_admitted_at_its_start_only_with_a_place_free_and_nobody_waitin
 
 @pytest.mark.parametrize("holding", sorted(RUN_STARTED))
 def test_a_run_in_any_started_state_holds_its_place_at_a_start(holding: str) -> None:
-    # engine.run_admission lists the started states in SQL: the same as runs.states'.
+    # runs.run_admission lists the started states in SQL: the same as runs.states'.
     organization = factories.org()
     run_admission.limits_set(organization.pk, actor="test", max_running_runs=1)
     first = started(organization)

@@ -1,4 +1,4 @@
-"""runs.materialize: the rows ``engine.attempt_materialize`` writes are the rows the plan
+"""runs.materialize: the rows ``runs.attempt_materialize`` writes are the rows the plan
 says, the columns nobody sets the models' defaults, and ids in plan order."""
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def test_a_pick_up_moves_the_run_with_its_rows_and_its_copy_is_the_stored_row() 
 
     stored = Run.objects.get(pk=run.pk)
     columns = [f.attname for f in Run._meta.concrete_fields]
-    # What the pick-up hands its caller is the row as engine.run_pick_up left it.
+    # What the pick-up hands its caller is the row as runs.run_pick_up left it.
     assert {c: getattr(picked, c) for c in columns} == {c: getattr(stored, c) for c in columns}
     assert (stored.status, stored.agent_count, stored.open_children) == ("running", 2, 2)
     assert stored.picked_up_at == stored.status_changed_at == stored.last_heartbeat

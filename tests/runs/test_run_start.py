@@ -1,4 +1,4 @@
-"""``run_start``: the run locked and checked, then one call of ``engine.run_start``
+"""``run_start``: the run locked and checked, then one call of ``runs.run_start``
 draws the credits, moves the run to PENDING, opens attempt 1 and writes its reservation,
 its ledger entry and the two events; nothing at all when the credits are short. Each case
 checks every row a start leaves: the run, its attempt, its reservation, its ledger entry,
@@ -153,7 +153,7 @@ def test_a_start_leaves_the_run_pending_with_its_attempt_reservation_and_events(
     assert Organization.objects.get(pk=organization.pk).credits_available == 1000 - amount
     assert transport.runs == [(RunMessage.PICK_UP, str(run.pk))]
     # The lock (with the plan), admission's lock with its count of the organization's
-    # runs (one statement, engine.run_admission), and the call, inside run_start's
+    # runs (one statement, runs.run_admission), and the call, inside run_start's
     # transaction (a savepoint here: the test runs in a transaction of its own).
     written = [q["sql"] for q in statements.captured_queries if "SAVEPOINT" not in q["sql"]]
     assert len(written) == 3, written

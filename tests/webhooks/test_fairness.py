@@ -1,4 +1,4 @@
-"""Whose deliveries a sweep claims (runs/engine/sql/webhook_claim.sql): an endpoint's
+"""Whose deliveries a sweep claims (webhooks/sql/webhook_claim.sql): an endpoint's
 and an organization's in-flight bounds applied inside the claim, organizations served in
 turns, a suspended organization's deliveries held; the bound on what a test or a
 redelivery may add to an endpoint's pending deliveries, and an endpoint disabled past its

@@ -23,8 +23,8 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
 from billing.models import LedgerEntry, Reservation
+from common import database_code
 from common.invariants import violations
-from runs.engine import sql
 from runs.engine.outcomes import Outcome
 from runs.models import RunAttempt, Step
 from tests.runs.engine.harness import EngineRun
@@ -48,7 +48,7 @@ def latest(executor: MigrationExecutor) -> None:
     """The latest schema, and its code installed after it, as `migrate` does."""
     executor.loader.build_graph()
     executor.migrate(executor.loader.graph.leaf_nodes())
-    sql.install(connection)
+    database_code.install(connection)
 
 
 @pytest.fixture

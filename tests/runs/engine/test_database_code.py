@@ -1,15 +1,17 @@
-"""The database's code (runs/engine/sql) reaches every database the same way.
+"""The database's code (each app's sql/ folder) reaches every database the same way.
 
-The files are installed whole into the schema ``engine`` after migrations, whenever a
-checksum differs (``runs.engine.sql``). A database created now and one upgraded from the
-state earlier versions left (the engine's function and the triggers in ``public``,
-installed by migrations, and an ``engine`` schema of other files) end with the same
-functions and triggers, compared by their definitions as PostgreSQL prints them.
+The files are installed whole, each app's into the schema named for it, after
+migrations, whenever a checksum differs (``common.database_code``). A database created
+now and one upgraded from a state earlier versions left (the engine's function and the
+triggers in ``public``, installed by migrations; all of the code in the one schema
+``engine``) end with the same schemas, functions, views and triggers, compared by their
+definitions as PostgreSQL prints them.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,18 +23,26 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from runs.engine import sql
+from common import database_code
 
 pytestmark = pytest.mark.django_db
 
 ROOT = Path(__file__).resolve().parents[3]
 
+SCHEMAS = """
+SELECT nspname, nspname FROM pg_namespace
+WHERE nspname NOT LIKE 'pg\\_%' AND nspname <> 'information_schema' ORDER BY 1
+"""
 FUNCTIONS = """
 SELECT n.nspname || '.' || p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')',
        pg_get_functiondef(p.oid)
 FROM pg_proc AS p JOIN pg_namespace AS n ON n.oid = p.pronamespace
 WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') AND p.prokind = 'f'
 ORDER BY 1
+"""
+VIEWS = """
+SELECT schemaname || '.' || viewname, definition FROM pg_views
+WHERE schemaname NOT IN ('pg_catalog', 'information_schema') ORDER BY 1
 """
 TRIGGERS = """
 SELECT tgrelid::regclass::text || ' ' || tgname, pg_get_triggerdef(oid)
@@ -73,12 +83,24 @@ INSERT INTO engine.installed (file, checksum) VALUES ('step_completed.sql', 'ear
 def definitions(conn: Any) -> dict[str, dict[str, str]]:
     with conn.cursor() as cursor:
         found = {}
-        for name, query in (("functions", FUNCTIONS), ("triggers", TRIGGERS)):
+        for name, query in (
+            ("schemas", SCHEMAS),
+            ("functions", FUNCTIONS),
+            ("views", VIEWS),
+            ("triggers", TRIGGERS),
+        ):
             cursor.execute(query)
             found[name] = dict(cursor.fetchall())
-        cursor.execute("SELECT file, checksum FROM engine.installed ORDER BY file")
-        found["installed"] = dict(cursor.fetchall())
+        for schema in settings.DATABASE_CODE:
+            cursor.execute(f"SELECT file, checksum FROM {schema}.installed ORDER BY file")  # noqa: S608
+            found[f"{schema}.installed"] = dict(cursor.fetchall())
     return found
+
+
+def in_one_schema(text: str, names: str) -> str:
+    """A file's text as earlier versions installed it: its objects, and those of the
+    other apps it names, in the schema ``engine``."""
+    return re.sub(rf"\b(?:{'|'.join(settings.DATABASE_CODE)})\.({names})\b", r"engine.\1", text)
 
 
 @pytest.fixture
@@ -105,9 +127,13 @@ def migrate(url: str, *target: str) -> None:
     )
 
 
-def test_the_database_holds_the_code_of_the_files() -> None:
-    assert sql.current(connection)
-    assert set(sql.installed(connection)) == {path.name for path in sql.FOLDER.glob("*.sql")}
+def test_the_database_holds_the_code_of_the_files_each_apps_in_its_schema() -> None:
+    assert database_code.current(connection)
+    installed = database_code.installed(connection)
+    assert list(installed) == ["billing", "runs", "webhooks"]
+    for schema, folder in database_code.folders().items():
+        assert folder == ROOT / schema / "sql"
+        assert set(installed[schema]) == {path.name for path in folder.glob("*.sql")}
 
 
 def test_an_upgraded_database_ends_with_the_code_of_a_fresh_one(other_database: str) -> None:
@@ -123,3 +149,57 @@ def test_an_upgraded_database_ends_with_the_code_of_a_fresh_one(other_database: 
 
     with psycopg.connect(other_database) as upgraded:
         assert definitions(upgraded) == definitions(connection.connection)
+
+
+def test_a_database_with_all_the_code_in_the_schema_engine_ends_with_the_schemas_of_a_fresh_one(
+    other_database: str,
+) -> None:
+    migrate(other_database)
+    # The code as earlier versions installed it, at the latest tables: every file in the
+    # one schema `engine`, its triggers on the tables calling it there, and its checksums.
+    sources = database_code.sources()
+    names = "|".join(
+        name
+        for files in sources.values()
+        for text in files.values()
+        for name in re.findall(r"CREATE (?:FUNCTION|VIEW) \w+\.(\w+)", text)
+    )
+    with psycopg.connect(other_database, autocommit=True) as upgraded, upgraded.transaction():
+        for schema in settings.DATABASE_CODE:
+            upgraded.execute(f"DROP SCHEMA {schema} CASCADE")
+        upgraded.execute("CREATE SCHEMA engine")
+        for files in sources.values():
+            for text in files.values():
+                upgraded.execute(in_one_schema(text, names))
+        upgraded.execute(
+            "CREATE TABLE engine.installed (file text PRIMARY KEY, checksum text NOT NULL, "
+            "installed_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for checksums in database_code.checksums().values():
+            for file, checksum in checksums.items():
+                upgraded.execute(
+                    "INSERT INTO engine.installed VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                    [file, checksum],
+                )
+        trigger = "SELECT tgfoid::regproc::text FROM pg_trigger WHERE tgname = %s"
+        assert upgraded.execute(trigger, ["runs_runevent_append_only"]).fetchone() == (
+            "engine.refuse_change",
+        )
+
+    migrate(other_database)  # nothing left to migrate: the code alone is installed
+
+    with psycopg.connect(other_database) as upgraded:
+        assert upgraded.execute("SELECT to_regnamespace('engine')").fetchone() == (None,)
+        assert definitions(upgraded) == definitions(connection.connection)
+
+
+def test_a_way_back_before_the_schemas_per_app_leaves_no_code_for_the_earlier_one_to_meet(
+    other_database: str,
+) -> None:
+    migrate(other_database)
+
+    migrate(other_database, "runs", "0031")
+
+    with psycopg.connect(other_database) as back:
+        assert [name for name, _ in back.execute(SCHEMAS)] == ["public"]
+        assert back.execute(TRIGGERS).fetchall() == []

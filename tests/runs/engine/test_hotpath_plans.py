@@ -1,7 +1,7 @@
 """The hot path's statements touch rows in proportion to the step, not to the tables.
 
-Each statement of the database's functions (runs/engine/sql) is planned by PostgreSQL
-from its statistics. After the database grew by thousands of other steps and ledger
+Each statement of the database's functions (the apps' sql/ folders) is planned by
+PostgreSQL from its statistics. After the database grew by thousands of other steps and ledger
 entries of the same organization (and was analysed, as autovacuum would), each shape is
 run for a step of a fresh run (then rolled back) with ``auto_explain`` reporting the plan
 of every statement the functions ran, as it ran (``EXPLAIN ANALYZE``), and no part of any
@@ -77,9 +77,9 @@ def dag() -> dict[str, Any]:
     }
 
 
-# A shape of engine.step_completed, the step recorded, the shape's name in its rows, and
+# A shape of runs.step_completed, the step recorded, the shape's name in its rows, and
 # whether the recording claims the worker's next step (the step it makes ready, held for
-# that claim: engine.step_claimed_next, engine.step_claim's `p_held`).
+# that claim: runs.step_claimed_next, runs.step_claim's `p_held`).
 SHAPES = {
     "a step among others": (parallel, "p0", "in_task", False),
     "a task's last step": (dag, "r", "last_in_task", False),
@@ -119,7 +119,7 @@ def plans_of_recording(
     claimed = claim_step(target.pk, worker="test", task_id="t", lease_seconds=60)
     assert claimed is not None
     rows, plans = explained(
-        "SELECT * FROM engine.step_completed(%s, %s, %s, %s, 0.001, '0.001', 0.001, %s, "
+        "SELECT * FROM runs.step_completed(%s, %s, %s, %s, 0.001, '0.001', 0.001, %s, "
         "'test', 't', 60, false, '', '{}', '{}', NULL)",
         [target.pk, claimed["attempts"], run.pk, json.dumps({"n": 1}), claim],
     )
@@ -231,7 +231,7 @@ def test_no_part_of_the_starts_plan_grows_with_the_tables() -> None:
     run, picked = services.run_pick_up(run_id=run.pk)  # materialised, not yet started
     assert picked
 
-    rows, plans = explained("SELECT * FROM engine.run_begin(%s, now())", [run.pk])
+    rows, plans = explained("SELECT * FROM runs.run_begin(%s, now())", [run.pk])
 
     assert rows, "nothing was started: the test measures nothing"
     wide = wide_parts(plans)
@@ -245,7 +245,7 @@ def test_no_part_of_the_claims_plan_grows_with_the_tables() -> None:
     run_start(run_id=run.pk)
     assert control.pick_up(run.pk)
 
-    rows, plans = explained("SELECT * FROM engine.step_claim(NULL, %s, 'test', 't', 60)", [run.pk])
+    rows, plans = explained("SELECT * FROM runs.step_claim(NULL, %s, 'test', 't', 60)", [run.pk])
 
     assert len(rows) == 1, "nothing was claimed: the test measures nothing"
     wide = wide_parts(plans)
@@ -280,7 +280,7 @@ def test_no_part_of_a_batch_claims_plan_grows_with_the_tables(
     assert control.pick_up(run.pk)
 
     rows, plans = explained(
-        "SELECT * FROM engine.step_claim(NULL, %s, 'test', 't', 60, now(), %s)",
+        "SELECT * FROM runs.step_claim(NULL, %s, 'test', 't', 60, now(), %s)",
         [run.pk, batch],
         plan_cache_mode,
     )
@@ -338,7 +338,7 @@ def test_a_wide_start_probes_its_ids_once() -> None:
     run, picked = services.run_pick_up(run_id=run.pk)  # materialised, not yet started
     assert picked
 
-    rows, plans = explained("SELECT * FROM engine.run_begin(%s, now())", [run.pk])
+    rows, plans = explained("SELECT * FROM runs.run_begin(%s, now())", [run.pk])
 
     assert len(rows) >= 2 * WIDE, "the start did not apply: it measures nothing"
     repeated = [(loops, where) for plan in plans for loops, where in probes(plan) if loops > 1]

@@ -2,7 +2,7 @@
 
 A step attempt's claim and its plain completion write no event row: each keeps its
 event's id (drawn from the events' sequence) on the step's row, and the run's history
-(``runs.selectors.run_history``: engine.run_history) lists it exactly as the row would
+(``runs.selectors.run_history``: runs.run_history) lists it exactly as the row would
 have been. Any other change that would alter such an event writes it first as a row with
 the same id, so that a reader who saw it at that id sees the same event there after. The
 golden histories (test_history_golden.py) hold what clients read of whole runs to what
@@ -19,9 +19,9 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
+from common import database_code
 from orchestrator.executor import execute_step
 from runs import services
-from runs.engine import sql
 from runs.engine.outcomes import Outcome, record
 from runs.models import RunEvent, Step
 from runs.selectors import run_history
@@ -310,7 +310,7 @@ def latest(executor: MigrationExecutor) -> None:
     """The latest schema, and its code installed after it, as `migrate` does."""
     executor.loader.build_graph()
     executor.migrate(executor.loader.graph.leaf_nodes())
-    sql.install(connection)
+    database_code.install(connection)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -26,7 +26,7 @@ The modules, each importing only those after it (an import contract checks it):
 - ``propagation``: a finished child counted, its dependents released, its parent finished
   (``runs.child_done``: the rule is the database's, as the hot path's is);
 - ``dispatch``: the children that are ready, within the concurrency limits (the
-  database's ``engine.*_dispatch``);
+  database's ``runs.*_dispatch``);
 - ``tree``: the levels treated alike; ``retry``: a step's retry policy and backoff.
 
 Nothing here imports Celery or the orchestrator app: it runs in any process with a

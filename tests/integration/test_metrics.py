@@ -60,17 +60,26 @@ def test_the_workers_counters_move_during_a_run(celery_worker: str, settings: An
         what="the worker's counters to reach the run's steps",
     )
 
+    # The session's worker serves every integration test of this process, and sums a
+    # step's figures for up to a second before it sends them (common.metrics): what an
+    # earlier test's steps left unsent can land after `before`. Each counter is therefore
+    # held to at least this run's share; that each attempt counts exactly once is
+    # tests/web/test_prometheus.py's, in one process.
     started = value(before, "orchestrator_step_attempts_total", **attempts)
     midway = value(during, "orchestrator_step_attempts_total", **attempts)
     ended = value(after, "orchestrator_step_attempts_total", **attempts)
     assert started < midway < ended
-    assert ended - started == STEPS
-    durations = "orchestrator_step_duration_seconds_count"
-    assert value(after, durations, tool="sleep") - value(before, durations, tool="sleep") == STEPS
-    slow = value(after, "orchestrator_step_duration_seconds_bucket", tool="sleep", le="0.025")
-    assert slow == value(
-        before, "orchestrator_step_duration_seconds_bucket", tool="sleep", le="0.025"
+    assert ended - started >= STEPS
+    durations = "orchestrator_step_duration_seconds"
+    grew = value(after, f"{durations}_count", tool="sleep") - value(
+        before, f"{durations}_count", tool="sleep"
     )
+    assert grew >= STEPS
+    # Each step slept a quarter of a second: the durations are the tools' own.
+    slept = value(after, f"{durations}_sum", tool="sleep") - value(
+        before, f"{durations}_sum", tool="sleep"
+    )
+    assert slept >= STEPS * 0.25
     waits = "orchestrator_step_queue_wait_seconds_count"
-    assert value(after, waits, tool="sleep") - value(before, waits, tool="sleep") == STEPS
+    assert value(after, waits, tool="sleep") - value(before, waits, tool="sleep") >= STEPS
     assert value(after, "orchestrator_runs", status="completed") >= 1

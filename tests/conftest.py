@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import redis
 from django.conf import settings
+from django.contrib.auth.models import User
+from django.test import Client
 from hypothesis import Phase
 from hypothesis import settings as hypothesis_settings
 from xdist.scheduler import LoadScopeScheduling
@@ -115,6 +117,13 @@ def traced() -> Iterator[InMemorySpanExporter]:
     """Tracing on in the test process for one test, its spans in memory
     (tests/tracing_support.py)."""
     yield from traced_spans()
+
+
+@pytest.fixture
+def operator(client: Client) -> Client:
+    """The test client signed in to the admin as a superuser."""
+    client.force_login(User.objects.create_superuser("ops", "ops@example.com", "a-long-password"))
+    return client
 
 
 def _answers_ping(worker: Child, hostname: str) -> bool:

@@ -9,7 +9,6 @@ import re
 import pytest
 from django.contrib import admin
 from django.contrib.admin.utils import quote
-from django.contrib.auth.models import User
 from django.db.models import Model
 from django.test import Client
 from django.urls import reverse
@@ -20,13 +19,6 @@ from tests import admin_rows, factories
 from tests.schedules.conftest import make_schedule
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def operator(client: Client) -> Client:
-    user = User.objects.create_superuser("ops", "ops@example.com", "a-long-password")
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture

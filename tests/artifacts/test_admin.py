@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client
 
 from artifacts import services
@@ -14,13 +13,6 @@ from tests import factories
 from tests.api import states
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def operator(client: Client) -> Client:
-    user = User.objects.create_superuser("ops", "ops@example.com", "a-long-password")
-    client.force_login(user)
-    return client
 
 
 def test_an_operator_lists_downloads_and_sees_storage_per_organization(

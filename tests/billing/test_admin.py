@@ -5,7 +5,6 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client
 
 from billing.models import LedgerEntry, Organization
@@ -13,12 +12,6 @@ from runs.engine.start import run_start
 from tests import factories
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def operator(client: Client) -> Client:
-    client.force_login(User.objects.create_superuser("ops", "ops@example.com", "pw-123456789"))
-    return client
 
 
 def test_organization_page_shows_balances(operator: Client) -> None:

@@ -4,7 +4,6 @@ never rendered back), saved through the service, so stored encrypted."""
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client
 
 from billing.models import Secret
@@ -15,12 +14,6 @@ pytestmark = pytest.mark.django_db
 
 VALUE = "admin-typed-secret-value-4b3c2d1e"
 ADD = "/admin/billing/secret/add/"
-
-
-@pytest.fixture
-def operator(client: Client) -> Client:
-    client.force_login(User.objects.create_superuser("ops", "ops@example.com", "pw-123456789"))
-    return client
 
 
 def value_of(organization_id: object, name: str) -> str | None:

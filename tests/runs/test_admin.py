@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -15,13 +14,6 @@ from tests import factories
 from tests.api import states
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def operator(client: Client) -> Client:
-    user = User.objects.create_superuser("ops", "ops@example.com", "a-long-password")
-    client.force_login(user)
-    return client
 
 
 def make_runs(count: int) -> Run:

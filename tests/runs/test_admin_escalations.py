@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client
 
 from billing.models import Organization
@@ -18,12 +17,6 @@ from tests import factories
 from tests.api import states
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def operator(client: Client) -> Client:
-    client.force_login(User.objects.create_superuser("ops", "ops@example.com", "long-password"))
-    return client
 
 
 def act(operator: Client, url: str, action: str, *rows: Any) -> Any:

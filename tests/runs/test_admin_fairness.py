@@ -4,7 +4,6 @@ for the waiting runs at once), and the runs running and queued shown per organiz
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client
 
 from billing.models import Organization
@@ -17,12 +16,6 @@ from runs.outbox import RunMessage
 from tests import factories
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def operator(client: Client) -> Client:
-    client.force_login(User.objects.create_superuser("ops", "ops@example.com", "pw"))
-    return client
 
 
 def form(organization: Organization, **limits: str) -> dict[str, str]:

@@ -6,7 +6,6 @@ by database ids."""
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client
 
 from runs.models import Run, Step
@@ -16,12 +15,6 @@ from tests import factories
 from tests.api import states
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def operator(client: Client) -> Client:
-    client.force_login(User.objects.create_superuser("ops", "ops@example.com", "long-password"))
-    return client
 
 
 def act(operator: Client, action: str, *runs: Run) -> str:

@@ -10,7 +10,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -31,13 +30,6 @@ from tests.api import states
 from tests.factories import step
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def operator(client: Client) -> Client:
-    user = User.objects.create_superuser("ops", "ops@example.com", "a-long-password")
-    client.force_login(user)
-    return client
 
 
 def started(spec: dict[str, Any]) -> Run:

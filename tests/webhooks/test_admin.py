@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client
 
 from tests import factories
@@ -12,13 +11,6 @@ from webhooks import services
 from webhooks.models import WebhookDelivery, WebhookEndpoint
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def operator(client: Client) -> Client:
-    user = User.objects.create_superuser("ops", "ops@example.com", "a-long-password")
-    client.force_login(user)
-    return client
 
 
 def act(operator: Client, url: str, action: str, *pks: object) -> None:

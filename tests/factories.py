@@ -65,6 +65,22 @@ def plan(
     }
 
 
+def fan(width: int, name: str = "fan", *, join: bool = True, **step_extra: Any) -> dict[str, Any]:
+    """``width`` no-op steps s0, s1, ... all running at once (their recordings commit in
+    their own order), then, with ``join``, a task of one step, j."""
+    tasks = [
+        {
+            "name": "fan",
+            "mode": "parallel",
+            "max_concurrent_steps": width,
+            "steps": [step(f"s{n}", **step_extra) for n in range(width)],
+        }
+    ]
+    if join:
+        tasks.append({"name": "join", "steps": [step("j")]})
+    return plan(name=name, steps=0) | {"agents": [{"name": "a", "tasks": tasks}]}
+
+
 def sleeper_plan(seconds: float) -> dict[str, Any]:
     """One step of the `sleep` tool: a run that stays RUNNING for ``seconds``."""
     spec = plan(name="sleeper", steps=0)

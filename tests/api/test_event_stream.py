@@ -65,26 +65,6 @@ def listed(live: Live, run_id: object) -> list[dict[str, Any]]:
     return found
 
 
-def fan_out(width: int) -> dict[str, Any]:
-    """Parallel no-op steps (their recordings commit in their own order), then a join."""
-    return factories.plan(name="fan", steps=0) | {
-        "agents": [
-            {
-                "name": "a",
-                "tasks": [
-                    {
-                        "name": "fan",
-                        "mode": "parallel",
-                        "max_concurrent_steps": width,
-                        "steps": [factories.step(f"s{n}") for n in range(width)],
-                    },
-                    {"name": "join", "steps": [factories.step("j")]},
-                ],
-            }
-        ],
-    }
-
-
 def sleeps(*seconds: float) -> dict[str, Any]:
     plan = factories.plan(name="sleeps", steps=0)
     plan["agents"][0]["tasks"][0]["steps"] = [
@@ -121,7 +101,7 @@ def finished_run(organization: Organization) -> Run:
 def test_a_runs_events_arrive_in_id_order_exactly_as_listed_and_the_stream_ends_with_it(
     live: Live,
 ) -> None:
-    run = services.run_create(organization=live.organization, plan=fan_out(24))
+    run = services.run_create(organization=live.organization, plan=factories.fan(24))
 
     with httpx.Client(timeout=60) as http, open_stream(http, live.url, run.pk, live.key) as r:
         assert r.status_code == 200

@@ -9,7 +9,6 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -26,7 +25,7 @@ from runs import services
 from runs.models import Run, Step
 from tests import factories
 from tests.api.sse import blocks, open_stream, subscribers
-from tests.integration.web_support import gunicorn
+from tests.integration.web_support import Web, gunicorn
 from tests.support import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker")]
@@ -39,17 +38,12 @@ POOL = 10  # DATABASE_POOL_SIZE of the web process (config/gunicorn.py's default
 FOLLOW_S = 120.0
 
 
-@dataclass(frozen=True)
-class Web:
-    url: str
-    log: Path
-
-
 @pytest.fixture(scope="module")
 def web(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Web]:
-    log = tmp_path_factory.mktemp("web") / "web.log"
-    with gunicorn(log, API_STREAM_HEARTBEAT_S="2", DATABASE_POOL_SIZE=str(POOL)) as url:
-        yield Web(url, log)
+    with gunicorn(
+        tmp_path_factory, API_STREAM_HEARTBEAT_S="2", DATABASE_POOL_SIZE=str(POOL)
+    ) as web:
+        yield web
 
 
 def database_connections() -> int:
@@ -57,25 +51,6 @@ def database_connections() -> int:
         cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
         (count,) = cursor.fetchone()
     return int(count)
-
-
-def fan_out(width: int) -> dict[str, Any]:
-    return factories.plan(name="watched", steps=0) | {
-        "agents": [
-            {
-                "name": "a",
-                "tasks": [
-                    {
-                        "name": "fan",
-                        "mode": "parallel",
-                        "max_concurrent_steps": width,
-                        "steps": [factories.step(f"s{n}") for n in range(width)],
-                    },
-                    {"name": "join", "steps": [factories.step("j")]},
-                ],
-            }
-        ],
-    }
 
 
 class GaveUp(Exception):
@@ -192,7 +167,7 @@ def test_two_hundred_streams_on_one_gevent_process_all_follow_a_run_to_its_end(
     quotas.quotas_set(organization.pk, actor="test", event_streams=STREAMS)  # 50 by default
     _, key = api_key_create(organization=organization, name="watchers", scope="read")
     _, full = api_key_create(organization=organization, name="client", scope="full")
-    run = services.run_create(organization=organization, plan=fan_out(10))
+    run = services.run_create(organization=organization, plan=factories.fan(10, "watched"))
     channel = eventstreams.channel(run.pk)
     baseline = database_connections()
     # Until the run is started the streams only wait; if the test fails before or after,

@@ -27,22 +27,10 @@ pytestmark = [
 ]
 
 
-def wide(width: int, uses: list[dict[str, Any]], name: str = "limited") -> dict[str, Any]:
-    return factories.plan(name=name, steps=0) | {
-        "variables": {"customer": "acme"},
-        "agents": [
-            {
-                "name": "a",
-                "tasks": [
-                    {
-                        "name": "fan",
-                        "mode": "parallel",
-                        "max_concurrent_steps": width,
-                        "steps": [factories.step(f"s{n}", rate_limits=uses) for n in range(width)],
-                    }
-                ],
-            }
-        ],
+def limited(width: int, uses: list[dict[str, Any]], name: str = "limited") -> dict[str, Any]:
+    """``width`` steps at once, each using the rate limits ``uses``."""
+    return factories.fan(width, name, join=False, rate_limits=uses) | {
+        "variables": {"customer": "acme"}
     }
 
 
@@ -76,7 +64,7 @@ def test_three_hundred_steps_under_fifty_per_five_seconds_never_exceed_it_and_al
 ):
     organization = factories.org(credits=10_000)
     limit(organization, "openai", 50, 5000)
-    run = submit(wide(300, [{"name": "openai"}]), organization=organization)
+    run = submit(limited(300, [{"name": "openai"}]), organization=organization)
 
     done = wait_for(run, timeout=120)
 
@@ -123,10 +111,10 @@ def test_keyed_buckets_are_independent_and_a_limit_changed_while_steps_wait_appl
     organization = factories.org(credits=10_000)
     limit(organization, "per-customer", 2, 60_000)
     acme = submit(
-        wide(4, [{"name": "per-customer", "key": "${variables.customer}"}], name="acme"),
+        limited(4, [{"name": "per-customer", "key": "${variables.customer}"}], name="acme"),
         organization=organization,
     )
-    globex_plan = wide(2, [{"name": "per-customer", "key": "globex"}], name="globex")
+    globex_plan = limited(2, [{"name": "per-customer", "key": "globex"}], name="globex")
     globex = submit(globex_plan, organization=organization)
 
     # globex's bucket is its own: both of its steps run while acme's last two wait.
@@ -151,13 +139,13 @@ def test_keyed_buckets_are_independent_and_a_limit_changed_while_steps_wait_appl
 def test_a_cancelled_run_gives_its_places_back_and_a_paused_one_asks_again() -> None:
     organization = factories.org(credits=10_000)
     limit(organization, "slow", 1, 60_000)
-    first = submit(wide(3, [{"name": "slow"}], name="first"), organization=organization)
+    first = submit(limited(3, [{"name": "slow"}], name="first"), organization=organization)
     wait_until(
         lambda: Step.objects.filter(run=first).exclude(waiting_reason="").count() == 2,
         timeout=30,
         what="two of the first run's steps to wait",
     )
-    second = submit(wide(1, [{"name": "slow"}], name="second"), organization=organization)
+    second = submit(limited(1, [{"name": "slow"}], name="second"), organization=organization)
     wait_until(
         lambda: Step.objects.filter(run=second).exclude(waiting_reason="").count() == 1,
         timeout=30,
@@ -191,7 +179,7 @@ def test_a_cancelled_run_gives_its_places_back_and_a_paused_one_asks_again() -> 
 def test_steps_in_a_limits_line_start_when_their_units_come_and_count_the_wait_apart() -> None:
     organization = factories.org(credits=1000)
     limit(organization, "timed", 2, 1000)
-    run = submit(wide(8, [{"name": "timed"}], name="timed"), organization=organization)
+    run = submit(limited(8, [{"name": "timed"}], name="timed"), organization=organization)
 
     done = wait_for(run, timeout=60)
 

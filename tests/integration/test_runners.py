@@ -36,8 +36,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 @pytest.fixture(scope="module")
 def web(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """gunicorn on a free loopback port, against the test database; yields its URL."""
-    with gunicorn(tmp_path_factory.mktemp("web") / "web.log") as url:
-        yield url
+    with gunicorn(tmp_path_factory) as web:
+        yield web.url
 
 
 class RunnerProcess:

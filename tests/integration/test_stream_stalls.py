@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
@@ -25,7 +23,7 @@ from runs.models import EventKind, Run
 from runs.transitions import record_event
 from tests import factories
 from tests.api.sse import stream_url
-from tests.integration.web_support import gunicorn
+from tests.integration.web_support import Web, gunicorn
 from tests.support import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -38,21 +36,14 @@ LAPSE_S = 2 * HEARTBEAT_S + SEND_TIMEOUT_S + 10
 EVENTS, EVENT_BYTES = 100, 100_000
 
 
-@dataclass(frozen=True)
-class Web:
-    url: str
-    log: Path
-
-
 @pytest.fixture(scope="module")
 def web(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Web]:
-    log = tmp_path_factory.mktemp("web") / "web.log"
     with gunicorn(
-        log,
+        tmp_path_factory,
         API_STREAM_HEARTBEAT_S=str(HEARTBEAT_S),
         API_STREAM_SEND_TIMEOUT_S=str(SEND_TIMEOUT_S),
-    ) as url:
-        yield Web(url, log)
+    ) as web:
+        yield web
 
 
 def loud_run(organization: Organization) -> Run:

@@ -36,8 +36,8 @@ TOOLS = "tests.integration.worker_tools"
 
 @pytest.fixture(scope="module")
 def web(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with gunicorn(tmp_path_factory.mktemp("web") / "web.log") as url:
-        yield url
+    with gunicorn(tmp_path_factory) as web:
+        yield web.url
 
 
 class WorkerProcess:

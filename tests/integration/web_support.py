@@ -7,17 +7,28 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.support import Child, child_env, free_port, python_cmd, wait_until
 
 
+@dataclass(frozen=True)
+class Web:
+    url: str
+    log: Path
+
+
 @contextmanager
-def gunicorn(log: Path, *, workers: int = 1, **env: str) -> Iterator[str]:
-    """Serve the API with gunicorn until the block ends; yields its URL. ``env`` is added
-    to the server's environment (settings such as ``API_STREAM_HEARTBEAT_S``)."""
+def gunicorn(
+    tmp_path_factory: pytest.TempPathFactory, *, workers: int = 1, **env: str
+) -> Iterator[Web]:
+    """Serve the API with gunicorn until the block ends; yields its URL and log. ``env``
+    is added to the server's environment (settings such as ``API_STREAM_HEARTBEAT_S``)."""
+    log = tmp_path_factory.mktemp("web") / "web.log"
     port = free_port()
     server = Child(
         python_cmd(
@@ -46,7 +57,7 @@ def gunicorn(log: Path, *, workers: int = 1, **env: str) -> Iterator[str]:
 
     try:
         wait_until(up, timeout=60, what="gunicorn to serve the API")
-        yield url
+        yield Web(url, log)
     finally:
         server.stop(timeout=10)
         server.kill_group()

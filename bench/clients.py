@@ -32,7 +32,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.context import SpawnProcess
-from types import TracebackType
 from typing import Any
 
 # How long a client may take to start (spawn, Django set up) and prepare its share.
@@ -106,12 +105,7 @@ class Clients:
     def __enter__(self) -> Clients:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _start(self) -> None:

@@ -23,7 +23,6 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from types import TracebackType
 from typing import Any, Literal, Self
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -165,12 +164,7 @@ class HttpClient:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ------------------------------------------------------------------ transport

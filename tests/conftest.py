@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +26,7 @@ from xdist.scheduler import LoadScopeScheduling
 from bench.collector import Collector
 from config.celery import QUEUE_WEBHOOKS, WORKER_QUEUES, app
 from tests.support import Child, child_env, python_cmd, tracing_env, wait_until, worker_cmd
+from tests.tenants import Tenant, make_tenant
 from tests.tracing_support import traced_spans
 
 if TYPE_CHECKING:  # imported by pytest as a plugin (below), where its asserts are rewritten
@@ -117,6 +118,21 @@ def traced() -> Iterator[InMemorySpanExporter]:
     """Tracing on in the test process for one test, its spans in memory
     (tests/tracing_support.py)."""
     yield from traced_spans()
+
+
+@pytest.fixture
+def tenant(db: None) -> Tenant:
+    return make_tenant()
+
+
+@pytest.fixture
+def other_tenant(db: None) -> Tenant:
+    return make_tenant()
+
+
+@pytest.fixture
+def new_tenant(db: None) -> Callable[..., Tenant]:
+    return make_tenant
 
 
 @pytest.fixture

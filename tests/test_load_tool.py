@@ -313,7 +313,7 @@ def test_the_floor_is_routed_by_the_load_urlconf_and_not_by_the_public_one() -> 
 @pytest.mark.django_db
 def test_the_public_api_answers_404_for_the_floor_even_with_a_key() -> None:
     from reliability.load_mix import FLOOR
-    from tests.api.conftest import make_tenant
+    from tests.tenants import make_tenant
 
     answer = make_tenant().get(FLOOR)
 
@@ -326,7 +326,7 @@ def test_the_floor_reads_the_callers_organization_through_the_apis_authenticatio
     settings: Any,
 ) -> None:
     from reliability.load_mix import FLOOR
-    from tests.api.conftest import make_tenant
+    from tests.tenants import make_tenant
 
     settings.ROOT_URLCONF = "reliability.floor"
     tenant = make_tenant()

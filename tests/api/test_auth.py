@@ -7,8 +7,8 @@ from rest_framework.test import APIClient
 
 from billing.models import ApiKey
 from billing.services import api_key_revoke
-from tests.api.conftest import Tenant
 from tests.api.routes import api_routes
+from tests.tenants import Tenant
 
 pytestmark = pytest.mark.django_db
 

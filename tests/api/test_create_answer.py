@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from tests import factories
-from tests.api.conftest import Tenant
 from tests.api.test_yaml_plans import PLAN, post_yaml
+from tests.tenants import Tenant
 
 pytestmark = pytest.mark.django_db
 

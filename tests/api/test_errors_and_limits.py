@@ -13,7 +13,7 @@ from runs import selectors
 from runs.models import Run
 from tests import factories
 from tests.api import states
-from tests.api.conftest import Tenant, make_tenant
+from tests.tenants import Tenant, assert_error, make_tenant
 
 pytestmark = pytest.mark.django_db
 
@@ -22,16 +22,6 @@ RUNS = "/api/v1/runs"
 
 def raw_post(tenant: Tenant, body: bytes | str, content_type: str = "application/json") -> Any:
     return tenant.client.post(RUNS, body, content_type=content_type)
-
-
-def assert_error(response: Any, status: int, code: str) -> dict[str, Any]:
-    assert response.status_code == status, response.content
-    assert response["Content-Type"] == "application/json"
-    body: dict[str, Any] = response.json()
-    assert set(body) == {"code", "message", "details"}
-    assert body["code"] == code
-    assert body["message"]
-    return body
 
 
 # --------------------------------------------------------------------------- sizes

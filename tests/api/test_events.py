@@ -18,7 +18,7 @@ from runs.models import Run, RunEvent
 from runs.selectors import run_history
 from runs.transitions import claim_next_step
 from tests.api import states
-from tests.api.conftest import Tenant
+from tests.tenants import Tenant
 
 pytestmark = pytest.mark.django_db
 

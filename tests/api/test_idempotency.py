@@ -36,8 +36,8 @@ from runs.engine.start import run_start
 from runs.models import HistoryEvent, Run
 from tests import factories
 from tests.api import states
-from tests.api.conftest import Tenant, make_tenant
 from tests.api.routes import Route, post_routes
+from tests.tenants import Tenant, make_tenant
 
 KEY = "idem_550e8400-e29b-41d4-a716-446655440000"
 RUNS = "/api/v1/runs"

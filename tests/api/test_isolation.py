@@ -17,9 +17,9 @@ from runs.models import Run
 from runs.selectors import run_history
 from schedules.models import Schedule, ScheduleFire
 from tests.api import states
-from tests.api.conftest import Tenant
 from tests.api.routes import Route, api_routes, routes_with, routes_without_parameters
 from tests.api.states import publish_tool
+from tests.tenants import Tenant
 from webhooks.models import WebhookDelivery, WebhookEndpoint
 
 pytestmark = pytest.mark.django_db

@@ -12,8 +12,8 @@ from billing.models import LedgerEntry
 from runs.models import HistoryEvent, Run
 from tests import factories
 from tests.api import states
-from tests.api.conftest import Tenant
 from tests.api.routes import Route, post_routes
+from tests.tenants import Tenant
 
 pytestmark = pytest.mark.django_db
 

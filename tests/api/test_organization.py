@@ -13,7 +13,7 @@ from billing.services import api_key_create
 from runs.admission import run_admission
 from runs.models import Run
 from tests import factories
-from tests.api.conftest import Tenant
+from tests.tenants import Tenant
 
 pytestmark = pytest.mark.django_db
 

@@ -35,7 +35,7 @@ from runs.states import STEP_TERMINAL
 from runs.transitions import claim_step
 from tests import factories
 from tests.api import states
-from tests.api.conftest import Tenant
+from tests.tenants import Tenant
 
 pytestmark = pytest.mark.django_db
 

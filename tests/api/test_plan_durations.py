@@ -10,7 +10,7 @@ import pytest
 
 from runs.models import Run
 from runs.plan.durations import DURATION_FORMS
-from tests.api.conftest import Tenant
+from tests.tenants import Tenant
 
 pytestmark = pytest.mark.django_db
 

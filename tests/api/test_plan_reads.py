@@ -17,8 +17,8 @@ from runs.plan import Plan
 from runs.plan.checks import check_plan
 from tests import factories
 from tests.api import states
-from tests.api.conftest import Tenant
 from tests.schedules.conftest import make_schedule
+from tests.tenants import Tenant
 
 pytestmark = pytest.mark.django_db
 

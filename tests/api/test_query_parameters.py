@@ -12,8 +12,8 @@ from django.core.exceptions import ValidationError
 from common.filters import QueryInvalid
 from runs import selectors
 from tests.api import states
-from tests.api.conftest import Tenant
 from tests.api.routes import Route, api_routes
+from tests.tenants import Tenant
 
 pytestmark = pytest.mark.django_db
 

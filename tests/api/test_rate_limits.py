@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 from billing.services import api_key_create
 from ratelimits.models import RateLimit
 from tests import factories
-from tests.api.conftest import Tenant
+from tests.tenants import Tenant
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,7 @@ import pytest
 
 from runs.models import Run
 from tests.api import states
-from tests.api.conftest import Tenant
+from tests.tenants import Tenant
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import pytest
 
 from api import runners as runner_api
 from tests.api import states
-from tests.api.conftest import Tenant
+from tests.tenants import Tenant
 
 pytestmark = pytest.mark.django_db
 

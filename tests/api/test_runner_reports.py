@@ -15,8 +15,8 @@ from runs.models import Run, RunEvent, RunnerJob, Step
 from runs.transitions import claim_step
 from tests import factories
 from tests.api import states
-from tests.api.conftest import Tenant
 from tests.api.test_runner_tools import poll, tool_job, worker
+from tests.tenants import Tenant
 
 pytestmark = pytest.mark.django_db
 

@@ -16,7 +16,7 @@ from runs.transitions import claim_step
 from runs.waits import runners
 from tests import factories
 from tests.api import states
-from tests.api.conftest import Tenant
+from tests.tenants import Tenant
 
 pytestmark = pytest.mark.django_db
 

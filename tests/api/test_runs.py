@@ -19,7 +19,7 @@ from runs.models import Run, Step
 from runs.selectors import run_history
 from tests import factories
 from tests.api import states
-from tests.api.conftest import Tenant
+from tests.tenants import Tenant
 
 pytestmark = pytest.mark.django_db
 

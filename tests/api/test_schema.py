@@ -29,7 +29,7 @@ from runs.models import Run
 from schedules import services as schedule_services
 from schedules.models import Schedule
 from tests.api import states
-from tests.api.conftest import Tenant, make_tenant
+from tests.tenants import Tenant, make_tenant
 from webhooks.models import WebhookDelivery
 
 CHECKS = [

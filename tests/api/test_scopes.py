@@ -14,9 +14,9 @@ from billing.secrets import secret_put
 from billing.services import api_key_create
 from runs.models import Run
 from tests.api import states
-from tests.api.conftest import Tenant
 from tests.api.routes import Route, api_routes
 from tests.api.test_isolation import snapshot
+from tests.tenants import Tenant
 
 pytestmark = pytest.mark.django_db
 

@@ -14,7 +14,7 @@ from pytest_django.fixtures import Settings as SettingsWrapper
 
 from billing.models import Secret
 from billing.secrets import SecretUnreadable, secret_put, secret_values, secrets_rotate
-from tests.api.conftest import Tenant
+from tests.tenants import Tenant
 
 pytestmark = pytest.mark.django_db
 

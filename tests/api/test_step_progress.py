@@ -17,7 +17,7 @@ from orchestrator.lease_keeper import _UNSAID, PROGRESS_MAX_BYTES, _LeaseKeeper,
 from runs.models import Step
 from runs.transitions import claim_step
 from tests.api import states
-from tests.api.conftest import Tenant
+from tests.tenants import Tenant
 
 pytestmark = pytest.mark.django_db
 

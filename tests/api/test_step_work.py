@@ -10,7 +10,7 @@ import pytest
 from runs.models import RunnerJob, Step
 from tests import factories
 from tests.api import states
-from tests.api.conftest import Tenant
+from tests.tenants import Tenant
 
 pytestmark = pytest.mark.django_db
 

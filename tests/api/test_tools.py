@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.api.conftest import Tenant
 from tests.api.states import SCHEMA, publish_tool
+from tests.tenants import Tenant
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,7 @@ import pytest
 from django.test import Client
 from drf_spectacular.generators import SchemaGenerator
 
-from tests.api.conftest import Tenant
+from tests.tenants import Tenant, assert_error
 
 pytestmark = pytest.mark.django_db
 
@@ -44,21 +44,11 @@ def debug(request: pytest.FixtureRequest, settings: Any) -> bool:
     return bool(request.param)
 
 
-def assert_json_error(response: Any, status: int, code: str) -> dict[str, Any]:
-    assert response.status_code == status, response.content
-    assert response["Content-Type"] == "application/json"
-    body: dict[str, Any] = response.json()
-    assert set(body) == {"code", "message", "details"}
-    assert body["code"] == code
-    assert body["message"]
-    return body
-
-
 @pytest.mark.parametrize("path", UNKNOWN_PATHS)
 def test_an_unknown_api_path_is_a_json_404_with_or_without_debug(
     tenant: Tenant, debug: bool, path: str
 ) -> None:
-    body = assert_json_error(tenant.client.get(path), 404, "not_found")
+    body = assert_error(tenant.client.get(path), 404, "not_found")
 
     assert body == {"code": "not_found", "message": "not found", "details": None}
 
@@ -93,11 +83,11 @@ def test_a_post_to_an_unknown_api_path_is_a_404_not_a_csrf_failure(debug: bool) 
 
     response = client.post("/api/v1/hooks", {"url": "https://x"}, content_type="application/json")
 
-    assert_json_error(response, 404, "not_found")
+    assert_error(response, 404, "not_found")
 
 
 def test_an_unknown_api_path_is_a_404_without_an_api_key_too(debug: bool) -> None:
-    assert_json_error(Client().get("/api/v1/hooks"), 404, "not_found")
+    assert_error(Client().get("/api/v1/hooks"), 404, "not_found")
 
 
 @pytest.mark.parametrize(
@@ -115,7 +105,7 @@ def test_a_known_route_without_the_method_is_a_json_405_with_or_without_debug(
 ) -> None:
     response = getattr(tenant.client, method)(path, {}, format="json")
 
-    assert_json_error(response, 405, "method_not_allowed")
+    assert_error(response, 405, "method_not_allowed")
     assert response["Allow"]
 
 
@@ -124,7 +114,7 @@ def test_the_schema_and_its_pages_answer_a_method_they_lack_in_json(debug: bool,
     # They answer YAML and HTML; their errors would be too, but for api.errors.JsonErrors.
     response = Client().post(path, {}, content_type="application/json")
 
-    assert_json_error(response, 405, "method_not_allowed")
+    assert_error(response, 405, "method_not_allowed")
 
 
 def test_a_schema_page_asked_without_its_slash_is_still_sent_to_it(debug: bool) -> None:
@@ -134,7 +124,7 @@ def test_a_schema_page_asked_without_its_slash_is_still_sent_to_it(debug: bool) 
 
     assert response.status_code == 301
     assert response["Location"] == "/api/docs/?x=1"
-    assert_json_error(Client().post("/api/docs"), 404, "not_found")
+    assert_error(Client().post("/api/docs"), 404, "not_found")
 
 
 def test_the_schema_lists_no_catch_all_route() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from runs.models import Run
-from tests.api.conftest import Tenant
+from tests.tenants import Tenant
 
 pytestmark = pytest.mark.django_db
 

@@ -22,9 +22,9 @@ from artifacts.services import sweep
 from runs import services as run_services
 from runs.models import Run
 from tests import factories
-from tests.api.conftest import Tenant, make_tenant
 from tests.artifacts.conftest import use_s3
 from tests.support import free_port
+from tests.tenants import Tenant, make_tenant
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

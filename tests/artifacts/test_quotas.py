@@ -24,9 +24,9 @@ from billing.quotas import QuotaExceeded
 from runs import services as run_services
 from runs.models import Run
 from tests import factories
-from tests.api.conftest import Tenant, make_tenant
 from tests.billing.test_quotas import _waiting_for_a_quota_lock
 from tests.support import wait_until
+from tests.tenants import Tenant, make_tenant
 
 
 @pytest.fixture(autouse=True)

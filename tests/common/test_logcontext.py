@@ -136,7 +136,7 @@ def test_an_api_request_binds_its_run_and_organization(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from runs import selectors, services
-    from tests.api.conftest import make_tenant
+    from tests.tenants import make_tenant
 
     tenant = make_tenant()
     run = services.run_create(organization=tenant.organization, plan=factories.plan())

@@ -19,10 +19,10 @@ from django.utils import timezone
 from billing.secrets import oncall_set
 from orchestrator import sweeps
 from runs.models import EscalationTicket, Notification, Replan, Run, StepFailure
-from tests.api.conftest import Tenant, make_tenant
 from tests.http_fixture import HttpServer
 from tests.integration.engine_support import assert_books_balanced, steps_of, wait_for
 from tests.support import wait_until
+from tests.tenants import Tenant, make_tenant
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

@@ -16,9 +16,9 @@ from runs.models import EventKind, Run, Step
 from runs.people import approvals
 from runs.selectors import run_history
 from tests import factories
-from tests.api.conftest import make_tenant
 from tests.integration.engine_support import assert_books_balanced, submit, wait_for
 from tests.support import wait_until
+from tests.tenants import make_tenant
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

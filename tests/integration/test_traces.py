@@ -13,9 +13,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from bench.collector import Collector, ReceivedSpan, tree
 from runs.models import Run, Step
-from tests.api.conftest import make_tenant
 from tests.integration.engine_support import wait_for
 from tests.support import wait_until
+from tests.tenants import make_tenant
 from tests.tracing_support import export_to, provider
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker")]

@@ -26,8 +26,8 @@ from runs.engine import control
 from runs.engine.start import run_start
 from runs.forks import run_fork
 from runs.models import Run, RunnerJob, Step, StepWait
-from tests.api.conftest import Tenant, make_tenant
 from tests.secret_spellings import every_spelling
+from tests.tenants import Tenant, make_tenant
 
 if TYPE_CHECKING:
     from pytest_django.fixtures import Settings as SettingsWrapper

@@ -25,8 +25,8 @@ from runs.models import Run, Step
 from runs.plan import PlanInvalid
 from runs.selectors import run_history
 from tests import factories
-from tests.api.conftest import Tenant, make_tenant
 from tests.integration.engine_support import wait_for
+from tests.tenants import Tenant, make_tenant
 
 if TYPE_CHECKING:
     from pytest_django.fixtures import Settings as SettingsWrapper

@@ -29,9 +29,9 @@ from runs.people import approvals
 from runs.selectors import runner_job_list
 from runs.waits import children
 from tests import factories
-from tests.api.conftest import make_tenant
 from tests.factories import step
 from tests.support import wait_until
+from tests.tenants import make_tenant
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

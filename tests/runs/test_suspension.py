@@ -27,8 +27,8 @@ from runs.selectors import run_history
 from schedules import services as schedule_services
 from schedules.models import ScheduleFire
 from tests import factories
-from tests.api.conftest import make_tenant
 from tests.schedules.conftest import T0, make_schedule
+from tests.tenants import make_tenant
 
 pytestmark = pytest.mark.django_db
 

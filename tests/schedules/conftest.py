@@ -5,13 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-import pytest
-
 from billing.models import Organization
 from schedules import services
 from schedules.models import Schedule
 from tests import factories
-from tests.api.conftest import Tenant, make_tenant
 
 # The moment every test's schedules are created at.
 T0 = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
@@ -29,13 +26,3 @@ def make_schedule(organization: Organization | None = None, **fields: Any) -> Sc
     fields.setdefault("plan", scheduled_plan())
     fields.setdefault("now", T0)
     return services.schedule_create(organization=organization or factories.org(), **fields)
-
-
-@pytest.fixture
-def tenant(db: None) -> Tenant:
-    return make_tenant()
-
-
-@pytest.fixture
-def other_tenant(db: None) -> Tenant:
-    return make_tenant()

@@ -12,8 +12,8 @@ import yaml
 from runs.models import Run
 from schedules import services
 from schedules.models import Schedule, ScheduleFire
-from tests.api.conftest import Tenant, make_tenant
 from tests.schedules.conftest import scheduled_plan
+from tests.tenants import Tenant, make_tenant
 
 pytestmark = pytest.mark.django_db
 

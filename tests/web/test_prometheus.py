@@ -17,7 +17,7 @@ from orchestrator import tasks
 from runs import services
 from runs.engine.start import run_start
 from tests import factories
-from tests.api.conftest import Tenant
+from tests.tenants import Tenant
 
 pytestmark = pytest.mark.django_db
 

@@ -15,7 +15,7 @@ from billing.secrets import decrypt_value
 from billing.services import api_key_create
 from runs.services import run_cancel
 from tests import factories
-from tests.api.conftest import Tenant, make_tenant
+from tests.tenants import Tenant, make_tenant
 from webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from webhooks.services import AttemptResult, attempt_record, deliveries_claim
 

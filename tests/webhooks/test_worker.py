@@ -24,10 +24,10 @@ from orchestrator import webhooks as sender
 from orchestrator.tasks import sweep_webhooks_task, webhook_delivery_task
 from runs.models import Run, Step
 from tests import factories
-from tests.api.conftest import make_tenant
 from tests.http_fixture import DrippingReceiver, HttpServer
 from tests.integration.engine_support import wait_for
 from tests.support import Child, child_env, python_cmd, wait_until
+from tests.tenants import make_tenant
 from tests.webhooks.support import SECRET, delivery_ids, endpoint, verify
 from webhooks import services
 from webhooks.models import WebhookAttempt, WebhookDelivery

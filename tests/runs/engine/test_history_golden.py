@@ -36,11 +36,11 @@ from billing.models import ApiKey
 from billing.pricing import tool_price
 from runs.engine.outcomes import Outcome
 from runs.models import Run
-from tests.api.conftest import Tenant, make_tenant
 from tests.api.sse import Block, blocks
 from tests.http_fixture import HttpServer
 from tests.runs.engine.harness import EngineRun
 from tests.runs.engine.history import Driver, History, golden_text, normalised, read
+from tests.tenants import Tenant, make_tenant
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"

@@ -1,12 +1,12 @@
-"""Tenants for API tests: an organization with credits, its API key and a client using it."""
+"""Tenants for API tests: an organization with credits, its API key and a client using it
+(the fixtures `tenant`, `other_tenant` and `new_tenant` are tests/conftest.py's), and the
+shape every API error answers with."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import pytest
 from rest_framework.test import APIClient
 
 from billing.models import Organization
@@ -35,16 +35,13 @@ def make_tenant(credits: int | str = 1000) -> Tenant:
     return Tenant(organization, key, client)
 
 
-@pytest.fixture
-def tenant(db: None) -> Tenant:
-    return make_tenant()
-
-
-@pytest.fixture
-def other_tenant(db: None) -> Tenant:
-    return make_tenant()
-
-
-@pytest.fixture
-def new_tenant(db: None) -> Callable[..., Tenant]:
-    return make_tenant
+def assert_error(response: Any, status: int, code: str) -> dict[str, Any]:
+    """``response`` is an API error of ``status`` and ``code``: JSON with a code, a message
+    and details (api/errors.py); returns its body."""
+    assert response.status_code == status, response.content
+    assert response["Content-Type"] == "application/json"
+    body: dict[str, Any] = response.json()
+    assert set(body) == {"code", "message", "details"}
+    assert body["code"] == code
+    assert body["message"]
+    return body

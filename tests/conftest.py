@@ -25,8 +25,9 @@ from xdist.scheduler import LoadScopeScheduling
 
 from bench.collector import Collector
 from config.celery import QUEUE_WEBHOOKS, WORKER_QUEUES, app
+from tests import factories
 from tests.support import Child, child_env, python_cmd, tracing_env, wait_until, worker_cmd
-from tests.tenants import Tenant, make_tenant
+from tests.tenants import LiveTenant, Tenant, make_tenant
 from tests.tracing_support import traced_spans
 
 if TYPE_CHECKING:  # imported by pytest as a plugin (below), where its asserts are rewritten
@@ -136,6 +137,13 @@ def new_tenant(db: None) -> Callable[..., Tenant]:
 
 
 @pytest.fixture
+def live(live_server: Any) -> LiveTenant:
+    """A new organization and its key, on pytest-django's live server."""
+    organization, key = factories.org_with_key()
+    return LiveTenant(live_server.url, key, organization)
+
+
+@pytest.fixture
 def operator(client: Client) -> Client:
     """The test client signed in to the admin as a superuser."""
     client.force_login(User.objects.create_superuser("ops", "ops@example.com", "a-long-password"))
@@ -147,6 +155,21 @@ def _answers_ping(worker: Child, hostname: str) -> bool:
         raise AssertionError(f"{hostname} exited early:\n{worker.output()}")
     replies = app.control.ping(destination=[hostname], timeout=0.5) or []
     return any(hostname in reply for reply in replies)
+
+
+def _serving(worker: Child, hostname: str) -> Iterator[str]:
+    """Yield ``hostname`` once its worker answers a ping; then stop it: a warm shutdown,
+    then SIGKILL to its group (nothing here must survive)."""
+    try:
+        wait_until(
+            partial(_answers_ping, worker, hostname),
+            timeout=60,
+            what=f"{hostname} to answer a ping",
+        )
+        yield hostname
+    finally:
+        worker.stop(timeout=10)
+        worker.kill_group()
 
 
 @pytest.fixture(scope="session")
@@ -174,16 +197,7 @@ def celery_worker(
         log,
     )  # fmt: skip
 
-    try:
-        wait_until(
-            partial(_answers_ping, worker, hostname),
-            timeout=60,
-            what="the Celery worker to answer a ping",
-        )
-        yield hostname
-    finally:
-        worker.stop(timeout=10)  # warm shutdown, then SIGKILL: nothing here must survive
-        worker.kill_group()
+    yield from _serving(worker, hostname)
 
 
 @pytest.fixture
@@ -237,13 +251,4 @@ def webhooks_process(
         child_env(HTTP_TOOL_ALLOWED_NETWORKS="127.0.0.0/8"),  # the tests' receivers
         log,
     )  # fmt: skip
-    try:
-        wait_until(
-            partial(_answers_ping, worker, hostname),
-            timeout=60,
-            what="the webhooks worker to answer a ping",
-        )
-        yield hostname
-    finally:
-        worker.stop(timeout=10)
-        worker.kill_group()
+    yield from _serving(worker, hostname)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 from rest_framework.test import APIClient
 
 from billing.models import Organization
@@ -25,6 +26,26 @@ class Tenant:
 
     def get(self, path: str, params: Any = None) -> Any:
         return self.client.get(path, params)
+
+
+@dataclass(frozen=True)
+class LiveTenant:
+    """A tenant of pytest-django's live server (a real HTTP server in a thread): its URL,
+    its key and its organization (the fixture ``live``)."""
+
+    url: str
+    key: str
+    organization: Organization
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+    def call(self, method: str, path: str, body: Any = None) -> httpx.Response:
+        """``method`` /api/v1/``path`` with this tenant's key."""
+        return httpx.request(
+            method, f"{self.url}/api/v1/{path}", json=body, headers=self.auth, timeout=10
+        )
 
 
 def make_tenant(credits: int | str = 1000) -> Tenant:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -33,28 +32,12 @@ from tests import factories
 from tests.api import states
 from tests.api.sse import Block, blocks, open_stream, read_all, stream_url, subscribers
 from tests.support import free_port, wait_until
+from tests.tenants import LiveTenant
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@dataclass(frozen=True)
-class Live:
-    url: str
-    key: str
-    organization: Organization
-
-    @property
-    def auth(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.key}"}
-
-
-@pytest.fixture
-def live(live_server: Any) -> Live:
-    organization, key = factories.org_with_key()
-    return Live(live_server.url, key, organization)
-
-
-def listed(live: Live, run_id: object) -> list[dict[str, Any]]:
+def listed(live: LiveTenant, run_id: object) -> list[dict[str, Any]]:
     """Every event of the run as the events list shows it (every cursor page)."""
     found: list[dict[str, Any]] = []
     url: str | None = f"{live.url}/api/v1/runs/{run_id}/events?page_size=500"
@@ -99,7 +82,7 @@ def finished_run(organization: Organization) -> Run:
 # --------------------------------------------------------------------------- what it sends
 @pytest.mark.usefixtures("celery_worker")
 def test_a_runs_events_arrive_in_id_order_exactly_as_listed_and_the_stream_ends_with_it(
-    live: Live,
+    live: LiveTenant,
 ) -> None:
     run = services.run_create(organization=live.organization, plan=factories.fan(24))
 
@@ -123,7 +106,9 @@ def test_a_runs_events_arrive_in_id_order_exactly_as_listed_and_the_stream_ends_
 
 
 @pytest.mark.usefixtures("celery_worker")
-def test_a_stream_resumed_by_last_event_id_goes_on_with_no_gap_and_no_repeat(live: Live) -> None:
+def test_a_stream_resumed_by_last_event_id_goes_on_with_no_gap_and_no_repeat(
+    live: LiveTenant,
+) -> None:
     run = services.run_create(organization=live.organization, plan=sleeps(0.05, 0.05, 0.05, 0.05))
 
     with httpx.Client(timeout=60) as http, open_stream(http, live.url, run.pk, live.key) as r:
@@ -139,7 +124,7 @@ def test_a_stream_resumed_by_last_event_id_goes_on_with_no_gap_and_no_repeat(liv
 
 
 @pytest.mark.usefixtures("celery_worker")
-def test_a_cancelled_run_ends_its_stream_after_its_last_event(live: Live) -> None:
+def test_a_cancelled_run_ends_its_stream_after_its_last_event(live: LiveTenant) -> None:
     run = services.run_create(organization=live.organization, plan=sleeps(60))
 
     with httpx.Client(timeout=60) as http, open_stream(http, live.url, run.pk, live.key) as r:
@@ -158,7 +143,9 @@ def test_a_cancelled_run_ends_its_stream_after_its_last_event(live: Live) -> Non
     assert [e["id"] for e in listed(live, run.pk)][-len(rest) :] == [e["id"] for e in rest]
 
 
-def test_a_finished_runs_stream_sends_what_follows_last_event_id_and_closes(live: Live) -> None:
+def test_a_finished_runs_stream_sends_what_follows_last_event_id_and_closes(
+    live: LiveTenant,
+) -> None:
     run = finished_run(live.organization)
     events = listed(live, run.pk)
     ids = [str(event["id"]) for event in events]
@@ -185,7 +172,7 @@ def test_a_finished_runs_stream_sends_what_follows_last_event_id_and_closes(live
 
 
 def test_without_redis_a_stream_still_opens_and_sends_what_postgresql_holds(
-    live: Live, settings: Any
+    live: LiveTenant, settings: Any
 ) -> None:
     run = finished_run(live.organization)
     events = listed(live, run.pk)
@@ -194,7 +181,7 @@ def test_without_redis_a_stream_still_opens_and_sends_what_postgresql_holds(
     assert read_all(live.url, run.pk, live.key) == events
 
 
-def test_a_read_key_may_stream_as_it_may_list_events(live: Live) -> None:
+def test_a_read_key_may_stream_as_it_may_list_events(live: LiveTenant) -> None:
     run = finished_run(live.organization)
     _, reader = api_key_create(organization=live.organization, name="dash", scope="read")
 
@@ -205,7 +192,7 @@ def test_a_read_key_may_stream_as_it_may_list_events(live: Live) -> None:
 NOT_FOUND = {"code": "not_found", "message": "not found", "details": None}
 
 
-def test_another_organizations_run_is_404_in_json_whatever_accept_says(live: Live) -> None:
+def test_another_organizations_run_is_404_in_json_whatever_accept_says(live: LiveTenant) -> None:
     theirs = factories.run(factories.org())
     unknown = "00000000-0000-4000-8000-000000000000"
 
@@ -220,7 +207,7 @@ def test_another_organizations_run_is_404_in_json_whatever_accept_says(live: Liv
             assert response.json() == NOT_FOUND
 
 
-def test_without_a_key_it_is_401_and_with_a_runner_key_403(live: Live) -> None:
+def test_without_a_key_it_is_401_and_with_a_runner_key_403(live: LiveTenant) -> None:
     run = factories.run(live.organization)
     _, runner_key = api_key_create(organization=live.organization, name="r", scope="runner")
     accept = {"Accept": "text/event-stream"}
@@ -238,7 +225,7 @@ def test_without_a_key_it_is_401_and_with_a_runner_key_403(live: Live) -> None:
 
 
 @pytest.mark.parametrize("value", ["abc", "-1", "1.5", "0x10", "", "1 2", "9" * 30])
-def test_a_malformed_last_event_id_is_400_naming_it(live: Live, value: str) -> None:
+def test_a_malformed_last_event_id_is_400_naming_it(live: LiveTenant, value: str) -> None:
     run = factories.run(live.organization)
 
     response = httpx.get(
@@ -265,7 +252,7 @@ def test_a_malformed_last_event_id_is_400_naming_it(live: Live, value: str) -> N
      ({"after": "3"}, "after")],
 )  # fmt: skip
 def test_a_malformed_or_unknown_query_parameter_is_400_naming_it(
-    live: Live, query: dict[str, str], path: str
+    live: LiveTenant, query: dict[str, str], path: str
 ) -> None:
     run = factories.run(live.organization)
 
@@ -282,7 +269,7 @@ def test_a_malformed_or_unknown_query_parameter_is_400_naming_it(
 
 # --------------------------------------------------------------------------- how it waits
 def test_a_quiet_stream_sends_keepalives_and_keeps_its_run_watched(
-    live: Live, settings: Any, broker: redis.Redis[bytes]
+    live: LiveTenant, settings: Any, broker: redis.Redis[bytes]
 ) -> None:
     settings.API_STREAM_HEARTBEAT_S = 0.2
     run = factories.run(live.organization)  # created: nothing happens to it
@@ -306,7 +293,7 @@ def test_a_quiet_stream_sends_keepalives_and_keeps_its_run_watched(
 
 
 def test_open_streams_and_the_runs_they_follow_are_in_the_metrics(
-    live: Live, settings: Any, broker: redis.Redis[bytes]
+    live: LiveTenant, settings: Any, broker: redis.Redis[bytes]
 ) -> None:
     settings.METRICS_TOKEN = "scrape-me"
     settings.API_STREAM_HEARTBEAT_S = 0.2  # the server sees the streams closed soon after
@@ -336,7 +323,7 @@ def test_open_streams_and_the_runs_they_follow_are_in_the_metrics(
 
 
 def test_an_event_reaches_a_stream_by_its_wakeup_not_by_a_timer(
-    live: Live, settings: Any, broker: redis.Redis[bytes], monkeypatch: pytest.MonkeyPatch
+    live: LiveTenant, settings: Any, broker: redis.Redis[bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Heartbeat and first re-check an hour away: only a Redis wake-up brings events in.
     settings.API_STREAM_HEARTBEAT_S = 300
@@ -372,7 +359,7 @@ def test_an_event_reaches_a_stream_by_its_wakeup_not_by_a_timer(
 
 
 def test_an_event_its_writer_did_not_announce_is_read_soon_after_the_stream_opened(
-    live: Live, settings: Any, broker: redis.Redis[bytes], monkeypatch: pytest.MonkeyPatch
+    live: LiveTenant, settings: Any, broker: redis.Redis[bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The writer read the watched runs just before this stream registered: it announces
     # nothing for a while. The stream reads PostgreSQL again shortly after it opened.
@@ -399,7 +386,7 @@ def test_an_event_its_writer_did_not_announce_is_read_soon_after_the_stream_open
 
 
 def test_an_event_committed_out_of_id_order_waits_for_the_one_before_it(
-    live: Live,
+    live: LiveTenant,
 ) -> None:
     # A transaction draws event id N and stays open; another draws N+1 and commits. The
     # stream must not send N+1 (a client resuming after it would never get N) until N is
@@ -447,7 +434,7 @@ def test_an_event_committed_out_of_id_order_waits_for_the_one_before_it(
 
 
 def test_a_claim_kept_on_its_steps_row_committed_out_of_id_order_waits_for_it_too(
-    live: Live,
+    live: LiveTenant,
 ) -> None:
     # A claim draws its event's id and keeps it on the step's row (no event row), in a
     # transaction that stays open; an event drawn after it commits first. The stream

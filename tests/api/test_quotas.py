@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -26,33 +25,12 @@ from tests import factories
 from tests.api.sse import Block, blocks, open_stream, stream_url
 from tests.schedules.conftest import scheduled_plan
 from tests.support import wait_until
+from tests.tenants import LiveTenant
 from webhooks.models import WebhookEndpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 HOOK = {"url": "https://hooks.example.com/in", "events": ["run.completed"]}
-
-
-@dataclass(frozen=True)
-class Live:
-    url: str
-    key: str
-    organization: Organization
-
-    def call(self, method: str, path: str, body: Any = None) -> httpx.Response:
-        return httpx.request(
-            method,
-            f"{self.url}/api/v1/{path}",
-            json=body,
-            headers={"Authorization": f"Bearer {self.key}"},
-            timeout=10,
-        )
-
-
-@pytest.fixture
-def live(live_server: Any) -> Live:
-    organization, key = factories.org_with_key()
-    return Live(live_server.url, key, organization)
 
 
 def schedule(name: str) -> dict[str, Any]:
@@ -61,7 +39,7 @@ def schedule(name: str) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- creates
 def test_one_webhook_endpoint_past_the_quota_is_409_and_a_deleted_one_frees_its_place(
-    live: Live,
+    live: LiveTenant,
 ) -> None:
     quotas.quotas_set(live.organization.pk, actor="test", webhook_endpoints=2)
     created = [live.call("POST", "webhooks", HOOK) for _ in range(2)]
@@ -81,7 +59,7 @@ def test_one_webhook_endpoint_past_the_quota_is_409_and_a_deleted_one_frees_its_
     assert live.call("POST", "webhooks", HOOK).status_code == 201
 
 
-def test_one_schedule_past_the_quota_is_409(live: Live, settings: Any) -> None:
+def test_one_schedule_past_the_quota_is_409(live: LiveTenant, settings: Any) -> None:
     settings.QUOTA_SCHEDULES = 1  # the default, for an organization without its own
     assert live.call("POST", "schedules", schedule("first")).status_code == 201
 
@@ -97,7 +75,7 @@ def test_one_schedule_past_the_quota_is_409(live: Live, settings: Any) -> None:
     assert list(Schedule.objects.values_list("name", flat=True)) == ["first"]
 
 
-def test_a_new_rate_limit_past_the_quota_is_409_but_a_change_never_is(live: Live) -> None:
+def test_a_new_rate_limit_past_the_quota_is_409_but_a_change_never_is(live: LiveTenant) -> None:
     quotas.quotas_set(live.organization.pk, actor="test", rate_limits=1)
     assert live.call("PUT", "rate-limits/openai", {"limit": 5, "period": "1s"}).status_code == 201
 
@@ -114,7 +92,9 @@ def test_a_new_rate_limit_past_the_quota_is_409_but_a_change_never_is(live: Live
     assert (changed.status_code, changed.json()["limit"]) == (200, 9)
 
 
-def test_the_organization_shows_each_quota_in_force_and_its_use(live: Live, settings: Any) -> None:
+def test_the_organization_shows_each_quota_in_force_and_its_use(
+    live: LiveTenant, settings: Any
+) -> None:
     settings.API_STREAM_HEARTBEAT_S = 0.2  # the server sees the stream closed at once
     settings.QUOTA_SCHEDULES = 40
     quotas.quotas_set(live.organization.pk, actor="test", webhook_endpoints=5, event_streams=2)
@@ -162,7 +142,7 @@ def _keepalives_until_the_end(received: Iterator[Block], most: int) -> int:
 
 
 def test_one_stream_past_the_quota_is_429_and_a_closed_one_frees_its_place(
-    live: Live, settings: Any
+    live: LiveTenant, settings: Any
 ) -> None:
     settings.API_STREAM_HEARTBEAT_S = 0.2  # the server sees a closed stream at its next one
     quotas.quotas_set(live.organization.pk, actor="test", event_streams=1)
@@ -204,7 +184,7 @@ def test_a_stream_never_started_is_released_when_the_server_closes_it() -> None:
 
 
 def test_a_revoked_keys_stream_ends_at_the_next_heartbeat_and_frees_its_place(
-    live: Live, settings: Any
+    live: LiveTenant, settings: Any
 ) -> None:
     settings.API_STREAM_HEARTBEAT_S = 0.2
     run = factories.run(live.organization)
@@ -225,7 +205,7 @@ def test_a_revoked_keys_stream_ends_at_the_next_heartbeat_and_frees_its_place(
 
 
 def test_a_suspended_organizations_stream_ends_at_the_next_heartbeat(
-    live: Live, settings: Any
+    live: LiveTenant, settings: Any
 ) -> None:
     settings.API_STREAM_HEARTBEAT_S = 0.2
     run = factories.run(live.organization)
@@ -242,7 +222,9 @@ def test_a_suspended_organizations_stream_ends_at_the_next_heartbeat(
     wait_until(lambda: streams_open(live.organization.pk) == 0, what="the stream's release")
 
 
-def test_a_stream_goes_on_while_its_key_and_organization_stand(live: Live, settings: Any) -> None:
+def test_a_stream_goes_on_while_its_key_and_organization_stand(
+    live: LiveTenant, settings: Any
+) -> None:
     """The check at each heartbeat refuses nothing else: another key revoked, another
     organization suspended."""
     settings.API_STREAM_HEARTBEAT_S = 0.2

@@ -16,7 +16,7 @@ from django.db import transaction
 
 from api.runners import polls_held
 from billing import quotas
-from billing.models import ApiKey, Organization
+from billing.models import ApiKey
 from billing.selectors import KEY_REVOKED, ORGANIZATION_SUSPENDED
 from billing.services import api_key_revoke
 from runs.models import Runner, RunnerJob
@@ -25,22 +25,20 @@ from runs.waits import runners
 from tests import factories
 from tests.api import states
 from tests.support import wait_until
+from tests.tenants import LiveTenant
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @dataclass(frozen=True)
-class Live:
-    url: str
-    key: str
-    organization: Organization
+class Live(LiveTenant):
     runner: Runner
 
     def poll(self, wait: int) -> httpx.Response:
         return httpx.get(
             f"{self.url}/api/v1/runner/jobs",
             params={"runner_id": self.runner.pk, "wait": wait},
-            headers={"Authorization": f"Bearer {self.key}"},
+            headers=self.auth,
             timeout=60,
         )
 

@@ -6,8 +6,8 @@ The browser resolves no name but the loopback's (`--host-resolver-rules`), so a 
 that reaches for the internet (a CDN) fails here as it would on a machine without
 access, and no test opens a connection beyond 127.0.0.0/8. It also records every
 request its pages make (`requested`), so a test can fail on one that leaves the
-loopback. Screenshots go to TEST_SCREENSHOTS_DIR (default:
-<tmp>/orchestrator-test-screenshots)."""
+loopback; `log_in` signs an operator in to the admin. Screenshots go to
+TEST_SCREENSHOTS_DIR (default: <tmp>/orchestrator-test-screenshots)."""
 
 from __future__ import annotations
 
@@ -85,3 +85,18 @@ def requested(browser: Any) -> list[str]:
         elif message["method"] == "Network.loadingFailed" and params.get("blockedReason") == "csp":
             stopped.add(params["requestId"])
     return [url for request_id, url in asked.items() if request_id not in stopped]
+
+
+def log_in(browser: Any, url: str) -> None:
+    """Sign in to the admin at ``url`` as a new superuser."""
+    from django.contrib.auth.models import User
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    password = "a-long-operator-password"
+    User.objects.create_superuser("ops", "ops@example.com", password)
+    browser.get(f"{url}/admin/login/")
+    browser.find_element(By.NAME, "username").send_keys("ops")
+    browser.find_element(By.NAME, "password").send_keys(password)
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    WebDriverWait(browser, 30).until(lambda driver: "Site administration" in driver.page_source)

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 from django.contrib import admin
-from django.contrib.auth.models import User
 from django.urls import reverse
 
 from runs.models import RunEvent
 from tests import admin_rows
+from tests.browser.conftest import log_in
 from webhooks import services as webhook_services
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -22,7 +22,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 WIDTH, HEIGHT = 1280, 800
 # Pixels each list must have to spare at its narrowest (every cell wrapped at its spaces).
 SPARE = 40
-PASSWORD = "a-long-operator-password"
 LONG_URL = "https://hooks.acme-analytics.example.com/orchestrator/v2/notifications?team=finance"
 # The lists operators open most: each must have rows when measured.
 MAIN_LISTS = (
@@ -63,18 +62,6 @@ return {
     .join(', '),
 };
 """
-
-
-def log_in(browser: Any, url: str) -> None:
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    User.objects.create_superuser("ops", "ops@example.com", PASSWORD)
-    browser.get(f"{url}/admin/login/")
-    browser.find_element(By.NAME, "username").send_keys("ops")
-    browser.find_element(By.NAME, "password").send_keys(PASSWORD)
-    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-    WebDriverWait(browser, 30).until(lambda driver: "Site administration" in driver.page_source)
 
 
 def test_every_change_list_fits_a_1280_pixel_window(

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 
 from runs.models import Run, Step
 from runs.selectors import run_history
+from tests.browser.conftest import log_in
 from tests.factories import step
 from tests.integration.engine_support import submit
 
@@ -22,8 +22,6 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.django_db(transaction=True),
 ]
-
-PASSWORD = "a-long-operator-password"
 
 
 def plan() -> dict[str, Any]:
@@ -65,17 +63,6 @@ def wait(browser: Any, condition: Any, timeout: float = 60) -> Any:
     from selenium.webdriver.support.ui import WebDriverWait
 
     return WebDriverWait(browser, timeout, poll_frequency=0.2).until(condition)
-
-
-def log_in(browser: Any, url: str) -> None:
-    from selenium.webdriver.common.by import By
-
-    User.objects.create_superuser("ops", "ops@example.com", PASSWORD)
-    browser.get(f"{url}/admin/login/")
-    browser.find_element(By.NAME, "username").send_keys("ops")
-    browser.find_element(By.NAME, "password").send_keys(PASSWORD)
-    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-    wait(browser, lambda driver: "Site administration" in driver.page_source)
 
 
 def status_of(browser: Any, dom_id: str) -> str | None:

@@ -16,28 +16,21 @@ from typing import Any
 import pytest
 
 from orchestrator_client import Client
-from tests import factories
+from tests.tenants import LiveTenant
 
 # scripts/bootstrap.sh installs the checkout (`pip install -e .`): the script sits next to
 # the interpreter running the tests.
 ORCH = Path(sys.executable).parent / "orch"
 
 
-@dataclass(frozen=True)
-class Tenant:
-    url: str
-    key: str
-    organization: Any
+@pytest.fixture
+def tenant(live: LiveTenant) -> LiveTenant:
+    """The live server's tenant (``live``), under the name the client's tests give it."""
+    return live
 
 
 @pytest.fixture
-def tenant(live_server: Any) -> Tenant:
-    organization, key = factories.org_with_key()
-    return Tenant(url=live_server.url, key=key, organization=organization)
-
-
-@pytest.fixture
-def client(tenant: Tenant) -> Iterator[Client]:
+def client(tenant: LiveTenant) -> Iterator[Client]:
     with Client(tenant.url, tenant.key, timeout=10) as api:
         yield api
 
@@ -85,7 +78,7 @@ def orch_env(home: Path, **extra: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def orch(tenant: Tenant, tmp_path: Path) -> Orch:
+def orch(tenant: LiveTenant, tmp_path: Path) -> Orch:
     """``orch`` set up by the environment (ORCH_URL, ORCH_API_KEY) for ``tenant``."""
     if not ORCH.exists():
         pytest.fail(f"{ORCH} is not installed: run scripts/bootstrap.sh (make install)")

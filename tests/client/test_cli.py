@@ -18,8 +18,9 @@ from orchestrator_client import Client
 from runs.models import Run
 from tests import factories
 from tests.api import states
-from tests.client.conftest import Orch, Tenant
+from tests.client.conftest import Orch
 from tests.support import free_port, wait_until
+from tests.tenants import LiveTenant
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -78,7 +79,7 @@ def read_until(process: subprocess.Popen[str], pattern: str) -> re.Match[str]:
 
 # --------------------------------------------------------------------------- no worker needed
 def test_login_keeps_the_key_in_a_file_only_its_owner_can_read(
-    bare_orch: Orch, tenant: Tenant, tmp_path: Path
+    bare_orch: Orch, tenant: LiveTenant, tmp_path: Path
 ) -> None:
     refused = bare_orch.run("login", "--url", tenant.url, "--api-key", "ork_wrong_key")
     logged_in = bare_orch.run("login", "--url", tenant.url + "/api/v1/", "--api-key", tenant.key)
@@ -307,7 +308,7 @@ def test_every_command_prints_json_for_scripts(orch: Orch, client: Client, tmp_p
 
 
 def test_a_run_is_forked_with_an_edited_plan_read_from_yaml_as_submit_reads_it(
-    orch: Orch, tenant: Tenant, tmp_path: Path
+    orch: Orch, tenant: LiveTenant, tmp_path: Path
 ) -> None:
     """`--plan` took JSON only (`not JSON: Expecting value`) while `runs submit` takes YAML."""
     failed = states.failed(tenant.organization)
@@ -328,7 +329,7 @@ def test_a_run_is_forked_with_an_edited_plan_read_from_yaml_as_submit_reads_it(
 
 
 def test_a_failed_run_is_forked_dry_and_retried_reusing_what_completed(
-    orch: Orch, tenant: Tenant
+    orch: Orch, tenant: LiveTenant
 ) -> None:
     failed = states.failed(tenant.organization)
 

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from orchestrator_client import Client
 from orchestrator_client.cli import app
-from tests.client.conftest import Tenant
 from tests.schedules.conftest import scheduled_plan
+from tests.tenants import LiveTenant
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -25,7 +25,7 @@ Orch = Callable[..., Any]
 
 
 @pytest.fixture
-def orch(tenant: Tenant, tmp_path: Path) -> Orch:
+def orch(tenant: LiveTenant, tmp_path: Path) -> Orch:
     """``orch ARGS`` in this process, configured for ``tenant`` by the environment."""
     runner = CliRunner()
     env = {
@@ -73,7 +73,7 @@ def test_a_json_error_is_reported_at_the_files_own_line_and_column(
 
 
 def test_a_schedule_shows_its_times_in_its_zone_and_no_next_due_time_while_paused(
-    orch: Orch, tenant: Tenant
+    orch: Orch, tenant: LiveTenant
 ) -> None:
     with Client(tenant.url, tenant.key, timeout=10) as api:
         created = api.create_schedule(

@@ -28,9 +28,9 @@ from orchestrator_client import (
 )
 from orchestrator_client.plans import PlanFile, PlanFileError, json_body, yaml_body
 from tests import factories
-from tests.client.conftest import Tenant
 from tests.http_fixture import HttpServer
 from tests.support import free_port
+from tests.tenants import LiveTenant
 
 live = pytest.mark.django_db(transaction=True)
 
@@ -121,7 +121,7 @@ def test_plan_files_are_sent_as_written_json_or_yaml(client: Client, tmp_path: P
 
 @live
 def test_api_errors_are_exceptions_with_code_details_and_status(
-    client: Client, tenant: Tenant
+    client: Client, tenant: LiveTenant
 ) -> None:
     plan = factories.plan()
     plan["agents"][0]["tasks"][0]["steps"][0]["tool"] = "ech"

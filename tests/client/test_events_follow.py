@@ -16,9 +16,10 @@ import pytest
 
 from orchestrator_client import Client, NotFound
 from tests import factories
-from tests.client.conftest import Orch, Tenant, orch_env
+from tests.client.conftest import Orch, orch_env
 from tests.http_fixture import HttpServer
 from tests.support import wait_until
+from tests.tenants import LiveTenant
 
 
 def json_lines(text: str) -> list[dict[str, Any]]:
@@ -151,7 +152,7 @@ def _close(sock: socket.socket) -> None:
 
 
 @pytest.fixture
-def proxy(tenant: Tenant) -> Iterator[CuttingProxy]:
+def proxy(tenant: LiveTenant) -> Iterator[CuttingProxy]:
     cutter = CuttingProxy(tenant.url, cut_after=3)
     yield cutter
     cutter.close()
@@ -161,7 +162,7 @@ def proxy(tenant: Tenant) -> Iterator[CuttingProxy]:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.integration
 def test_follow_resumes_a_cut_stream_by_last_event_id_with_no_gap_or_repeat(
-    orch: Orch, client: Client, tenant: Tenant, proxy: CuttingProxy
+    orch: Orch, client: Client, tenant: LiveTenant, proxy: CuttingProxy
 ) -> None:
     run = client.submit(factories.approval_plan())
     through = Orch(orch_env(orch.cwd, ORCH_URL=proxy.url, ORCH_API_KEY=tenant.key), orch.cwd)

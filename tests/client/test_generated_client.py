@@ -33,7 +33,7 @@ from django.test import Client
 
 from runs.models import Run
 from runs.selectors import run_history
-from tests.client.conftest import Tenant
+from tests.tenants import LiveTenant
 
 REQUIREMENTS = Path(__file__).with_name("openapi-python-client.txt")
 DRIVER = Path(__file__).with_name("drive_generated_client.py")
@@ -135,7 +135,7 @@ def test_the_generator_understands_every_json_operation_and_schema(generated: Ge
 @pytest.mark.integration
 @pytest.mark.django_db(transaction=True)
 def test_the_generated_client_creates_starts_follows_and_reads_a_dag_run(
-    generated: Generated, generator_python: Path, tenant: Tenant, celery_worker: str
+    generated: Generated, generator_python: Path, tenant: LiveTenant, celery_worker: str
 ) -> None:
     # Its own environment: nothing of this project's virtualenv or settings.
     env = {name: value for name, value in os.environ.items() if name in ("PATH", "HOME", "TMPDIR")}

@@ -11,12 +11,13 @@ from orchestrator_client.types import STATUS_ONLY
 from runs.models import RunnerJob, Step
 from runs.transitions import claim_step
 from tests.api import states
-from tests.client.conftest import Orch, Tenant
+from tests.client.conftest import Orch
+from tests.tenants import LiveTenant
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
-def test_jobs_are_listed_filtered_shown_and_stopped(orch: Orch, tenant: Tenant) -> None:
+def test_jobs_are_listed_filtered_shown_and_stopped(orch: Orch, tenant: LiveTenant) -> None:
     holder = states.runner(tenant.organization)
     claimed = states.runner_job(tenant.organization, holder)
     pending = states.runner_job(tenant.organization)
@@ -53,7 +54,7 @@ def test_jobs_are_listed_filtered_shown_and_stopped(orch: Orch, tenant: Tenant) 
     assert RunnerJob.objects.get(pk=pending.pk).status == "pending"
 
 
-def test_runs_show_names_each_steps_job_and_child_run(orch: Orch, tenant: Tenant) -> None:
+def test_runs_show_names_each_steps_job_and_child_run(orch: Orch, tenant: LiveTenant) -> None:
     job = states.runner_job(tenant.organization)
     step, child = states.child_step(tenant.organization)
 
@@ -66,7 +67,9 @@ def test_runs_show_names_each_steps_job_and_child_run(orch: Orch, tenant: Tenant
     assert f"child run {child.pk}" in with_child.stdout
 
 
-def test_status_polls_leave_the_plan_and_the_outputs_out(client: Client, tenant: Tenant) -> None:
+def test_status_polls_leave_the_plan_and_the_outputs_out(
+    client: Client, tenant: LiveTenant
+) -> None:
     run = states.running(tenant.organization)
 
     whole = client.get_run(str(run.pk))
@@ -82,7 +85,7 @@ def test_status_polls_leave_the_plan_and_the_outputs_out(client: Client, tenant:
     assert status_only["progress"] == whole["progress"]
 
 
-def test_runs_show_says_how_far_a_running_steps_tool_got(orch: Orch, tenant: Tenant) -> None:
+def test_runs_show_says_how_far_a_running_steps_tool_got(orch: Orch, tenant: LiveTenant) -> None:
     run = states.running(tenant.organization)
     step = Step.objects.filter(run=run).order_by("id").first()
     assert step is not None

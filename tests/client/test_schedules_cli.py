@@ -14,8 +14,9 @@ from orchestrator_client import BadRequest, Client, InvalidPlan, NotFound
 from runs.models import Run
 from schedules import services
 from schedules.models import Schedule, ScheduleFire
-from tests.client.conftest import Orch, Tenant
+from tests.client.conftest import Orch
 from tests.schedules.conftest import scheduled_plan
+from tests.tenants import LiveTenant
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -121,7 +122,7 @@ def test_refusals_exit_with_the_apis_code_and_usage_errors_with_2(
     assert not Schedule.objects.exists()
 
 
-def test_the_client_covers_every_schedule_route(tenant: Tenant) -> None:
+def test_the_client_covers_every_schedule_route(tenant: LiveTenant) -> None:
     with Client(tenant.url, tenant.key, timeout=10) as api:
         created = api.create_schedule(
             scheduled_plan(), name="every-minute", interval="1m", overlap="allow"

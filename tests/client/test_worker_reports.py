@@ -27,8 +27,8 @@ from runs.models import RunnerJob, Step
 from runs.waits import runners
 from tests import factories
 from tests.artifacts.conftest import s3_server, use_s3
-from tests.client.conftest import Tenant
 from tests.support import wait_until
+from tests.tenants import LiveTenant
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("celery_worker")]
 __all__ = ["s3_server"]  # the artifacts tests' moto server, a fixture here too
@@ -102,7 +102,7 @@ def serving(worker: Worker) -> Iterator[Worker]:
 
 
 def parked(
-    tenant: Tenant,
+    tenant: LiveTenant,
     count: int,
     tool: str = "testing.double",
     params: Callable[[int], dict[str, Any]] = lambda n: {"n": n},
@@ -121,7 +121,9 @@ def parked(
     return list(jobs.order_by("step__name"))
 
 
-def test_the_jobs_of_one_poll_are_reported_in_one_request(tenant: Tenant, monkeypatch: Any) -> None:
+def test_the_jobs_of_one_poll_are_reported_in_one_request(
+    tenant: LiveTenant, monkeypatch: Any
+) -> None:
     # No window: the reports wait until no job of the poll is still running.
     monkeypatch.setattr(worker_module, "BATCH_WINDOW", 60.0)
     worker = Worker([double], url=tenant.url, api_key=tenant.key, concurrency=4, poll_wait=0)
@@ -147,7 +149,7 @@ def test_the_jobs_of_one_poll_are_reported_in_one_request(tenant: Tenant, monkey
     wait_until(lambda: not worker.jobs, timeout=5, what="the slots given back")
 
 
-def test_a_tool_on_a_worker_is_told_its_steps_path_run_and_attempt(tenant: Tenant) -> None:
+def test_a_tool_on_a_worker_is_told_its_steps_path_run_and_attempt(tenant: LiveTenant) -> None:
     worker = Worker([where], url=tenant.url, api_key=tenant.key, concurrency=1, poll_wait=0)
     worker.register()
     (job,) = parked(tenant, 1, tool="testing.where", params=lambda n: {})
@@ -169,7 +171,7 @@ def test_a_tool_on_a_worker_is_told_its_steps_path_run_and_attempt(tenant: Tenan
 
 
 def test_a_worker_tools_upload_is_an_artifact_of_its_step_listed_in_its_output(
-    tenant: Tenant, settings: Any, monkeypatch: pytest.MonkeyPatch, s3_server: str
+    tenant: LiveTenant, settings: Any, monkeypatch: pytest.MonkeyPatch, s3_server: str
 ) -> None:
     bucket = use_s3(settings, monkeypatch, s3_server)
     boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").create_bucket(Bucket=bucket)
@@ -200,7 +202,7 @@ def test_a_worker_tools_upload_is_an_artifact_of_its_step_listed_in_its_output(
 
 
 def test_a_runner_may_upload_only_for_a_job_it_holds(
-    tenant: Tenant, settings: Any, tmp_path: Any
+    tenant: LiveTenant, settings: Any, tmp_path: Any
 ) -> None:
     settings.ARTIFACTS_BACKEND = "filesystem"
     settings.ARTIFACTS_ROOT = str(tmp_path / "artifacts")
@@ -232,7 +234,7 @@ def test_a_runner_may_upload_only_for_a_job_it_holds(
     ]
 
 
-def test_an_async_tool_on_a_worker_has_its_output_recorded(tenant: Tenant) -> None:
+def test_an_async_tool_on_a_worker_has_its_output_recorded(tenant: LiveTenant) -> None:
     worker = Worker([shout_async], url=tenant.url, api_key=tenant.key, concurrency=2, poll_wait=0)
     worker.register()
     jobs = parked(tenant, 2, "testing.shout_async", lambda n: {"text": f"step {n}"})
@@ -251,7 +253,7 @@ def test_an_async_tool_on_a_worker_has_its_output_recorded(tenant: Tenant) -> No
     wait_until(lambda: not worker.jobs, timeout=5, what="the slots given back")
 
 
-def test_a_cancel_reaches_an_async_tools_coroutine_on_a_worker(tenant: Tenant) -> None:
+def test_a_cancel_reaches_an_async_tools_coroutine_on_a_worker(tenant: LiveTenant) -> None:
     cancel_seen.clear()
     worker = Worker([wait_async], url=tenant.url, api_key=tenant.key, grace_period=10, poll_wait=1)
     with serving(worker):

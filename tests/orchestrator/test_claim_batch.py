@@ -15,9 +15,11 @@ import os
 import signal
 import subprocess
 import sys
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from django.utils import timezone
 
 from billing.pricing import tool_price
 from common.invariants import violations
@@ -31,7 +33,7 @@ from runs.models import Run, Step
 from runs.selectors import run_history
 from tests import factories
 from tests.factories import step
-from tests.support import ROOT, child_env, wait_until
+from tests.support import ROOT, child_env
 
 if TYPE_CHECKING:
     from pytest_django.fixtures import Settings as SettingsWrapper
@@ -310,10 +312,15 @@ def test_a_worker_killed_with_a_batch_held_has_every_step_recovered_and_run_once
         "executor.serve(sys.argv[1], 5, worker='victim', task_id='bell-victim', "
         "hard_limits=False)"
     )
+    # Leases and the hold far longer than the child can take, however loaded the
+    # machine: importing the killer's module took over a second once, the hold's hand-back
+    # and the killer's renewals went first, and the held steps were no longer as killed.
     env = child_env(
         ENGINE_CLAIM_BATCH="4",
         ENGINE_FAIR_SLICE="60",
         ENGINE_BURST_SECONDS="60",
+        ENGINE_LEASE_SECONDS="600",
+        ENGINE_CLAIM_BATCH_HOLD_SECONDS="300",
         KILL_WORKER="1",
         PYTHON_TOOL_ALLOWLIST=",".join(settings.PYTHON_TOOL_ALLOWLIST),
     )
@@ -334,12 +341,10 @@ def test_a_worker_killed_with_a_batch_held_has_every_step_recovered_and_run_once
         ("running", "bell-victim")
     }
 
-    # What beat does when the first lease has expired: the sweep.
-    wait_until(
-        lambda: sweeps.reclaim_expired_leases()["reclaimed"],
-        timeout=60,
-        what="the batch's leases to expire",
-    )
+    # Their leases lapse (as ten minutes later), and beat sends the sweep.
+    lapsed = timezone.now() - timedelta(seconds=1)
+    Step.objects.filter(run=run, name__in=held).update(lease_expires_at=lapsed)
+    assert sweeps.reclaim_expired_leases() == {"reclaimed": 4, "failed": 0}
 
     steps = steps_of(run)
     assert {(steps[name].status, steps[name].reclaims) for name in held} == {("pending", 1)}

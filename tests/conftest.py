@@ -18,6 +18,7 @@ import pytest
 import redis
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.db import connection
 from django.test import Client
 from hypothesis import Phase
 from hypothesis import settings as hypothesis_settings
@@ -94,6 +95,19 @@ def _dispatch_only_with_a_worker(request: pytest.FixtureRequest, settings: Any) 
     """
     if not {"celery_worker", "webhooks_worker"} & set(request.fixturenames):
         settings.ORCHESTRATOR_DISPATCH_ENABLED = False
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _nothing_connected_at_the_end(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """Before pytest-django drops the test database, end the sessions still connected
+    to it: threads of tests (a pool's, the live server's) keep their connections when
+    they end, and the drop then failed, leaving the database and a warning behind."""
+    yield
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
 
 
 @pytest.fixture(scope="session")

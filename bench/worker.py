@@ -101,12 +101,13 @@ class Worker:
         return sum(vm_rss_kib(pid) for pid in (self.pid, *descendants(self.pid)))
 
     def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM the process group (warm shutdown), SIGKILL what is left after ``timeout``."""
+        """SIGTERM the main process (a warm shutdown; its pool's children would die
+        mid-task of their own), SIGKILL the process group after ``timeout``."""
         if self.proc is None:
             return
         if self.alive():
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
+                os.kill(self.proc.pid, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout)
         with contextlib.suppress(ProcessLookupError):

@@ -143,11 +143,13 @@ class Process:
             self.proc.wait(10)
 
     def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM (a warm shutdown), then SIGKILL whatever is left of the session."""
+        """SIGTERM to the main process (a warm shutdown: a worker finishes the tasks it
+        runs, gunicorn its requests), then SIGKILL whatever is left of the session. Not
+        SIGTERM to the whole session: a pool's child takes it itself and dies mid-task."""
         if self.alive():
             assert self.proc is not None
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
+                os.kill(self.proc.pid, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout)
         self.kill()

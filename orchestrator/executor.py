@@ -64,7 +64,7 @@ from orchestrator.transport import CeleryTransport, serving
 from orchestrator_client.tools.context import with_artifacts
 from runs.admission import fairness
 from runs.engine import control, hotpath
-from runs.engine.dispatch import rearm, step_from_row, step_timeout_s
+from runs.engine.dispatch import rearm, step_from_row
 from runs.engine.outcomes import Outcome, record_and_claim
 from runs.models import Run, Step
 from runs.states import StepStatus
@@ -521,7 +521,7 @@ def in_pool_process() -> bool:
 
 def run_time_limited(step: Step, attempt: int, *, hard_limits: bool) -> Outcome:
     """``run_attempt`` under the step's own time limits (Celery's are the doorbell's)."""
-    timeout = step_timeout_s(step)
+    timeout = step.timeout_s
     outcome: Outcome | None = None
     try:
         with _soft_limit(timeout):
@@ -594,7 +594,7 @@ def run_attempt(step: Step, attempt: int) -> Outcome:
         step_id=step.pk,
         run_id=str(step.run_id),
         attempt=attempt,
-        timeout_s=step_timeout_s(step),
+        timeout_s=step.timeout_s,
         stop_requested=lambda: (
             not Step.objects.filter(
                 pk=step.pk, status=StepStatus.RUNNING, attempts=attempt
@@ -701,7 +701,7 @@ def _run_tool(tool: Tool, step: Step, params: dict[str, Any], ctx: ToolContext) 
 
 
 def _timed_out(step: Step) -> Outcome:
-    timeout = step_timeout_s(step)
+    timeout = step.timeout_s
     return Outcome(
         error=ToolError("timeout", f"step timed out after {timeout:g}s"),
         cost=tool_price(step.tool),

@@ -19,7 +19,6 @@ from django.utils import timezone
 
 from runs import services
 from runs.admission import run_admission
-from runs.engine.dispatch import step_timeout_s
 from runs.engine.failure import Failure, node_timed_out
 from runs.engine.outcomes import step_failed
 from runs.models import Agent, EventKind, Run, Step, Task
@@ -80,7 +79,7 @@ def _reclaim(run: Any, step: Step, outbox: Outbox) -> None:
         updates={"reclaims": step.reclaims + 1, "lease_expires_at": None, "next_run_at": None},
     ).obj
     if run.status == RunStatus.RUNNING:
-        outbox.add(StepMessage(pending.pk, str(run.pk), run.priority, step_timeout_s(pending)))
+        outbox.add(StepMessage(pending.pk, str(run.pk), run.priority, pending.timeout_s))
     elif run.status == RunStatus.PAUSED:
         transition(Step, pending.pk, StepStatus.PAUSED, message="run is paused")
 
@@ -260,7 +259,7 @@ def redispatch_lost(now: datetime | None = None, older_than: float | None = None
             sent = Step.objects.filter(pk__in=[s.pk for s in steps])
             sent.update(dispatched_at=now, asleep=False)
             for step in steps:
-                outbox.add(StepMessage(step.pk, str(run.pk), run.priority, step_timeout_s(step)))
+                outbox.add(StepMessage(step.pk, str(run.pk), run.priority, step.timeout_s))
             if steps:
                 record_event(
                     run,

@@ -466,13 +466,8 @@ def _park(
         },
         now=now,
     )
-    Outbox().add(StepMessage(step.pk, str(run_id), priority, _timeout_s(step.timeout_ms), wait_s))
+    Outbox().add(StepMessage(step.pk, str(run_id), priority, step.timeout_s, wait_s))
     return Admission(until=until, reason=reason, freed=freed)
-
-
-def _timeout_s(timeout_ms: int | None) -> float:
-    # runs.engine.dispatch.step_timeout_s's rule (the engine is a layer above this one).
-    return timeout_ms / 1000 if timeout_ms else float(settings.ENGINE_DEFAULT_STEP_TIMEOUT)
 
 
 # --------------------------------------------------------------------------- moving the line
@@ -570,16 +565,14 @@ def _tell_moved(moved: dict[Any, tuple[datetime, Any, int]], now: datetime, outb
     waiting = Step.objects.filter(
         pk__in=list(moved), status=StepStatus.PENDING, run__status=RunStatus.RUNNING
     ).exclude(waiting_reason="")
-    rows = list(
-        waiting.select_for_update(no_key=True, skip_locked=True, of=("self",)).values_list(
-            "pk", "timeout_ms"
-        )
+    steps = list(
+        waiting.select_for_update(no_key=True, skip_locked=True, of=("self",)).only("timeout_ms")
     )
-    for pk, timeout_ms in rows:
-        at, run_id, priority = moved[pk]
+    for step in steps:
+        at, run_id, priority = moved[step.pk]
         wait_s = max(0.0, (at - now).total_seconds())
-        Step.objects.filter(pk=pk).update(next_run_at=at, asleep=asleep(wait_s))
-        outbox.add(StepMessage(pk, str(run_id), priority, _timeout_s(timeout_ms), wait_s))
+        Step.objects.filter(pk=step.pk).update(next_run_at=at, asleep=asleep(wait_s))
+        outbox.add(StepMessage(step.pk, str(run_id), priority, step.timeout_s, wait_s))
 
 
 def release_run(run: Run, *, paused: bool = False) -> None:

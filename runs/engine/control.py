@@ -13,7 +13,7 @@ from billing.models import Organization
 from common import logcontext, tracing
 from runs import services
 from runs.admission import run_admission
-from runs.engine.dispatch import dispatch, step_timeout_s, update_waiting_state
+from runs.engine.dispatch import dispatch, update_waiting_state
 from runs.engine.failure import held_failure, run_failed
 from runs.engine.policy import escalation_held
 from runs.engine.propagation import finish_if_done
@@ -139,9 +139,7 @@ def redispatch(run: Run, now: datetime) -> None:
     held.filter(asleep=True).exclude(next_run_at__gt=horizon).update(asleep=False)
     for step in held.only("pk", "timeout_ms", "next_run_at"):
         wait = (step.next_run_at - now).total_seconds() if step.next_run_at else 0.0
-        outbox.add(
-            StepMessage(step.pk, str(run.pk), run.priority, step_timeout_s(step), max(wait, 0.0))
-        )
+        outbox.add(StepMessage(step.pk, str(run.pk), run.priority, step.timeout_s, max(wait, 0.0)))
     dispatch(run, run, outbox)
     for agent in Agent.objects.filter(
         run=run, attempt_number=run.attempt_number, status=NodeStatus.RUNNING

@@ -47,7 +47,7 @@ def rearm(step_id: int) -> float | None:
         if asleep(wait_s):
             Step.objects.filter(pk=step.pk).update(asleep=True)
         priority: int = step.priority
-        Outbox().add(StepMessage(step.pk, str(step.run_id), priority, step_timeout_s(step), wait_s))
+        Outbox().add(StepMessage(step.pk, str(step.run_id), priority, step.timeout_s, wait_s))
         return wait_s
 
 
@@ -88,9 +88,7 @@ def wake_asleep(now: datetime | None = None) -> int:
                 assert step.next_run_at is not None  # selected by it
                 wait_s = max((step.next_run_at - now).total_seconds(), 0.0)
                 outbox.add(
-                    StepMessage(
-                        step.pk, str(step.run_id), step.priority, step_timeout_s(step), wait_s
-                    )
+                    StepMessage(step.pk, str(step.run_id), step.priority, step.timeout_s, wait_s)
                 )
         sent += len(due)
         if len(due) < settings.ENGINE_SWEEP_BATCH:
@@ -109,12 +107,6 @@ def asleep_next_due() -> datetime | None:
     if first is None:
         return None
     return first - timedelta(seconds=settings.RATE_LIMIT_MAX_COUNTDOWN_S)
-
-
-def step_timeout_s(step: Step) -> float:
-    if step.timeout_ms:
-        return step.timeout_ms / 1000
-    return float(settings.ENGINE_DEFAULT_STEP_TIMEOUT)
 
 
 def step_from_row(values: dict[str, Any]) -> Step:
@@ -174,7 +166,7 @@ def announce_steps(run_id: str, priority: int, ready: list[Step], outbox: Outbox
     """Steps just marked dispatched, none of them an approval (the hot path's): each
     gets its message (``announce`` without the approvals' part)."""
     for step in ready:
-        outbox.add(StepMessage(step.pk, run_id, priority, step_timeout_s(step)))
+        outbox.add(StepMessage(step.pk, run_id, priority, step.timeout_s))
 
 
 def update_waiting_state(run: Run) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.db.models import F
 from django.utils import timezone
 
-from runs.engine.dispatch import dispatch, step_timeout_s
+from runs.engine.dispatch import dispatch
 from runs.engine.failure import Failure, child_failed
 from runs.engine.propagation import child_done
 from runs.materialize import add_handler_rows
@@ -56,7 +56,7 @@ def start_handlers(run: Run, task: Task, step: Step, outbox: Outbox) -> bool:
     Step.objects.filter(pk=first.pk).update(dispatched_at=timezone.now())
     Task.objects.filter(pk=task.pk).update(active_children=F("active_children") + 1)
     task.active_children += 1
-    outbox.add(StepMessage(first.pk, str(run.pk), run.priority, step_timeout_s(first)))
+    outbox.add(StepMessage(first.pk, str(run.pk), run.priority, first.timeout_s))
     record_event(
         run,
         EventKind.ERROR,

@@ -19,7 +19,7 @@ from common.tools.base import ToolError
 from runs import services
 from runs.admission import run_admission
 from runs.engine import hotpath, policy
-from runs.engine.dispatch import announce_steps, step_from_row, step_timeout_s, update_waiting_state
+from runs.engine.dispatch import announce_steps, step_from_row, update_waiting_state
 from runs.engine.failure import Failure, child_failed, end_child
 from runs.engine.handlers import handler_finished, start_handlers
 from runs.engine.propagation import child_done
@@ -311,7 +311,7 @@ def _record(run: Run, step_id: int, attempt: int, outcome: Outcome, now: datetim
         )
         outbox.add(
             StepMessage(
-                step.pk, str(run.pk), run.priority, step_timeout_s(step), decision.delay_ms / 1000
+                step.pk, str(run.pk), run.priority, step.timeout_s, decision.delay_ms / 1000
             )
         )
         return True

@@ -16,6 +16,7 @@ from __future__ import annotations
 import uuid
 from decimal import Decimal
 
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -540,6 +541,13 @@ class Step(Timestamps):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def timeout_s(self) -> float:
+        """How long an attempt may run: its own timeout, else ENGINE_DEFAULT_STEP_TIMEOUT."""
+        if self.timeout_ms:
+            return self.timeout_ms / 1000
+        return float(settings.ENGINE_DEFAULT_STEP_TIMEOUT)
 
 
 class StepCacheEntry(models.Model):

@@ -150,6 +150,10 @@ def test_models_and_migrations_agree_and_system_checks_pass() -> None:
             {"ENGINE_CLAIM_BATCH_HOLD_SECONDS": "40", "ENGINE_LEASE_SECONDS": "60"},
             ["ENGINE_CLAIM_BATCH_HOLD_SECONDS", "ENGINE_LEASE_SECONDS", "lose its lease"],
         ),
+        (
+            {"DATABASE_URL": "postgres://runs:a-password@127.0.0.1:5432/orchestrator"},
+            ["DATABASE_URL", "'runs'", "billing, runs, webhooks", "search path"],
+        ),
     ],
     ids=[
         "heartbeat-vs-lease",
@@ -163,6 +167,7 @@ def test_models_and_migrations_agree_and_system_checks_pass() -> None:
         "schedule-grace-vs-tick",
         "webhook-lease-vs-timeout",
         "batch-hold-vs-lease",
+        "role-named-as-a-schema",
     ],
 )
 def test_a_bad_combination_refuses_to_start_naming_the_variables(

@@ -9,6 +9,7 @@ that names the variables.
 
 from __future__ import annotations
 
+import getpass
 import math
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -128,6 +129,17 @@ def check_consistency(env: Env, settings: dict[str, Any]) -> None:
             f"ARTIFACT_MAX_FILE_BYTES ({settings['ARTIFACT_MAX_FILE_BYTES']}) must not exceed "
             f"ARTIFACT_RUN_MAX_BYTES ({settings['ARTIFACT_RUN_MAX_BYTES']}): no run could hold "
             "a file that large"
+        )
+
+    role = settings["DATABASES"]["default"].get("USER") or getpass.getuser()
+    if role in settings["DATABASE_CODE"]:
+        # PostgreSQL's search path ("$user", public) puts a schema named for the role
+        # first: a migration's new table would be made in the database code's schema, and
+        # dropped with it at the next install (common.database_code).
+        env.errors.append(
+            f"DATABASE_URL's role must not be named {role!r}, the name of a schema of the "
+            f"database's code ({', '.join(settings['DATABASE_CODE'])}): the search path would "
+            "put the tables of new migrations there, to be dropped at the next install"
         )
 
     prices = {

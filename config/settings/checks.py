@@ -41,6 +41,15 @@ def _decimal_problem(name: str, value: Any) -> str | None:
     return None
 
 
+def _login_name() -> str:
+    """The role libpq uses when the URL names none: the user's login name ("" unknown,
+    as for a container's user with no entry in /etc/passwd)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return ""
+
+
 def check_consistency(env: Env, settings: dict[str, Any]) -> None:
     """Append to ``env.errors`` every inconsistent combination in a settings module's
     namespace (its ``globals()``, after its own overrides)."""
@@ -131,7 +140,7 @@ def check_consistency(env: Env, settings: dict[str, Any]) -> None:
             "a file that large"
         )
 
-    role = settings["DATABASES"]["default"].get("USER") or getpass.getuser()
+    role = settings["DATABASES"]["default"].get("USER") or _login_name()
     if role in settings["DATABASE_CODE"]:
         # PostgreSQL's search path ("$user", public) puts a schema named for the role
         # first: a migration's new table would be made in the database code's schema, and
